@@ -1,0 +1,124 @@
+"""The exception hierarchy and the one table that maps each failure to an exit code.
+
+Every error a user can cause has its own class. Its ``str()`` is the one line
+the CLI prints, so messages name the thing at fault (file, base, patch, hunk)
+rather than the code path that noticed it.
+"""
+
+from __future__ import annotations
+
+
+class ToolingError(Exception):
+    """Base class: a failure the user can act on. Never a bug."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(ToolingError):
+    """A pinned data file (bases.toml, series.toml) is missing or malformed."""
+
+    exit_code = 3
+
+
+class UnknownBaseError(ConfigError):
+    """A base version that bases.toml does not pin."""
+
+    exit_code = 4
+
+
+class NetworkError(ToolingError):
+    """The package index or a git remote could not be reached."""
+
+    exit_code = 5
+
+
+class IntegrityError(ToolingError):
+    """A file's digest differs from the pinned one."""
+
+    exit_code = 6
+
+
+class ArchiveError(ToolingError):
+    """An archive is truncated, corrupt or tries to escape its target folder."""
+
+    exit_code = 7
+
+
+class GitSourceError(ToolingError):
+    """A git URL or ref does not exist, or a moving ref was refused."""
+
+    exit_code = 8
+
+
+class CacheMissError(ToolingError):
+    """--offline and a needed file is not in the cache."""
+
+    exit_code = 9
+
+
+class SeriesError(ToolingError):
+    """A patch file is missing, unreadable, or its sha256 differs from series.toml."""
+
+    exit_code = 10
+
+
+class PatchConflictError(ToolingError):
+    """A patch neither applies nor is already present nor superseded."""
+
+    exit_code = 11
+
+
+class ProbeError(ToolingError):
+    """A behavioural probe could not run at all (no interpreter, crash)."""
+
+    exit_code = 12
+
+
+class BuildError(ToolingError):
+    """The wheel could not be built (refused mode, mismatched inputs, write failure)."""
+
+    exit_code = 13
+
+
+class VerifyIntegrityError(ToolingError):
+    """An installed file differs from RECORD."""
+
+    exit_code = 14
+
+
+class VerifyFixMissingError(ToolingError):
+    """A required fix is not present in the installed vLLM."""
+
+    exit_code = 15
+
+
+class VllmNotFoundError(ToolingError):
+    """No vLLM distribution in the environment that was asked about."""
+
+    exit_code = 16
+
+
+class SmokeError(ToolingError):
+    """A GPU smoke check failed or could not run."""
+
+    exit_code = 17
+
+
+class EnvironmentProblem(ToolingError):
+    """A required tool (nvcc, uv, GPU) is missing on this machine."""
+
+    exit_code = 18
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The process exit status for ``error``; 1 for anything unexpected."""
+    if isinstance(error, ToolingError):
+        return error.exit_code
+    return 1

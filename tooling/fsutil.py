@@ -1,0 +1,68 @@
+"""Small file-system helpers: digests and writes that never leave half a file."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_output(target: Path, mode: str = "wb") -> Iterator[BinaryIO]:
+    """Open a temp file beside ``target``; rename it over ``target`` only on success.
+
+    The temp file lives in the same folder so the rename is atomic, and its
+    name starts with a dot so a crash leaves nothing that looks like a result.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f  # type: ignore[misc]
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(target: Path, text: str) -> None:
+    with atomic_output(target, "w") as f:
+        f.write(text)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def staging_dir(target: Path) -> Iterator[Path]:
+    """A temp folder beside ``target`` that replaces it only on success."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,53 @@
+"""Where things live: the patch data, the per-user cache, the work trees."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+
+
+def default_patches_dir() -> Path:
+    """``$TOOLING_PATCHES_DIR``, else the ``patches/`` beside this package."""
+    env = os.environ.get("TOOLING_PATCHES_DIR")
+    path = Path(env) if env else REPO_DIR / "patches"
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no patches folder (set TOOLING_PATCHES_DIR)")
+    return path
+
+
+def default_cache_dir() -> Path:
+    """``$VLLM_DFLASH_CACHE``, else ``$XDG_CACHE_HOME/vllm-dflash`` (XDG base dirs)."""
+    env = os.environ.get("VLLM_DFLASH_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "vllm-dflash"
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The folders inside the cache. Everything here can be deleted and refetched."""
+
+    root: Path
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "pypi"
+
+    @property
+    def git(self) -> Path:
+        return self.root / "git"
+
+    @property
+    def sources(self) -> Path:
+        return self.root / "sources"
+
+    @property
+    def envs(self) -> Path:
+        return self.root / "envs"

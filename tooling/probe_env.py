@@ -1,0 +1,72 @@
+"""The CPU interpreter the probes run in: a cached virtualenv with torch and vLLM's imports.
+
+The environment is keyed by the digest of ``requirements/probe.txt``, built
+once per machine under the cache, and marked complete only after pip
+succeeded, so an interrupted install is rebuilt rather than trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+from .errors import EnvironmentProblem
+from .fsutil import sha256_file
+from .paths import REPO_DIR, CacheLayout
+
+REQUIREMENTS = REPO_DIR / "requirements" / "probe.txt"
+_MARKER = ".complete"
+
+
+def env_dir(cache: CacheLayout, requirements: Path = REQUIREMENTS) -> Path:
+    return cache.envs / f"probe-{sha256_file(requirements)[:12]}"
+
+
+def python_of(env: Path) -> Path:
+    return env / "bin" / "python"
+
+
+def ensure_probe_env(cache: CacheLayout, requirements: Path = REQUIREMENTS) -> Path:
+    """The probe interpreter, creating its environment on first use."""
+    if not requirements.is_file():
+        raise EnvironmentProblem(f"{requirements}: no probe requirements file")
+    env = env_dir(cache, requirements)
+    if (env / _MARKER).is_file():
+        return python_of(env)
+    if env.exists():
+        shutil.rmtree(env)
+    venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    cmd = [
+        str(python_of(env)),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "-r",
+        str(requirements),
+    ]
+    result = subprocess.run(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=sys.stderr,
+        stderr=sys.stderr,
+        env={**os.environ, "PIP_NO_INPUT": "1"},
+    )
+    if result.returncode != 0:
+        shutil.rmtree(env, ignore_errors=True)
+        raise EnvironmentProblem(
+            f"cannot build the probe environment from {requirements} (pip exit {result.returncode})"
+        )
+    (env / _MARKER).write_text(sha256_file(requirements) + "\n")
+    return python_of(env)
+
+
+def probe_python_from_env() -> Path | None:
+    """``$TOOLING_PROBE_PYTHON`` when set (the Makefile and CI set it)."""
+    value = os.environ.get("TOOLING_PROBE_PYTHON")
+    return Path(value) if value else None

@@ -1,0 +1,173 @@
+"""Behavioural probes: does a vLLM tree or environment behave as fixed?
+
+One probe per fix. A probe runs vLLM's own code on crafted configs in a
+separate interpreter (one that has torch and vLLM's import-time dependencies)
+and answers present / absent / unknown with evidence. It never searches text,
+so a fix that lives in another file or under another name is still found, and
+a textual patch that did not change behaviour is still caught.
+
+The same probes serve ``tooling patch`` (on a source tree), ``tooling build``
+and ``tooling verify`` (on an installed environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+
+__all__ = [
+    "ABSENT",
+    "ALL_PROBES",
+    "PRESENT",
+    "UNKNOWN",
+    "ProbeResult",
+    "ProbeRun",
+    "ProbeTarget",
+    "run_probes",
+    "start_probes",
+]
+
+ALL_PROBES = ("layer_offset", "swa_windows", "eagle_cache_drop")
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_CHILD_PACKAGE = "dflash_probes"
+DEFAULT_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """Which vLLM to question: ``python``'s own, or the tree at ``root`` put first on its path."""
+
+    python: Path
+    root: Path | None = None
+    extra_path: tuple[Path, ...] = ()
+    """Further folders after ``root`` (e.g. an installed site-packages for ``--site-packages``)."""
+    pycache: Path | None = None
+    """Where the probed interpreter may write bytecode (``PYTHONPYCACHEPREFIX``)."""
+
+    def describe(self) -> str:
+        return str(self.root) if self.root else f"the vLLM of {self.python}"
+
+
+@dataclass
+class ProbeRun:
+    """A probe subprocess in flight; ``wait()`` turns it into verdicts."""
+
+    target: ProbeTarget
+    names: tuple[str, ...]
+    process: subprocess.Popen | None
+    workdir: Path
+    log: Path
+    timeout_s: float
+    error: str | None = None
+    vllm_version: str | None = field(default=None, init=False)
+
+    def wait(self) -> dict[str, ProbeResult]:
+        try:
+            return self._collect()
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _collect(self) -> dict[str, ProbeResult]:
+        if self.process is None:
+            return self._unknown(self.error or "probe interpreter did not start")
+        try:
+            self.process.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return self._unknown(f"probes timed out after {self.timeout_s:.0f}s (log: {self.log})")
+        out = self.workdir / "out.json"
+        if not out.is_file():
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            return self._unknown(f"probe interpreter exited {self.process.returncode}: {tail[0]}")
+        data = json.loads(out.read_text())
+        self.vllm_version = data.get("vllm_version")
+        return {r["probe"]: ProbeResult.from_json(r) for r in data["results"]}
+
+    def _unknown(self, why: str) -> dict[str, ProbeResult]:
+        return {n: ProbeResult(probe=n, status=UNKNOWN, evidence=why) for n in self.names}
+
+
+def _child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    if target.pycache is not None:
+        # Bytecode goes to our cache, never into the probed tree or site-packages
+        # (where it would show up as unexpected files), and makes re-probing
+        # the same tree several times faster.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(target.pycache)
+    paths = [str(p) for p in ([target.root] if target.root else []) + list(target.extra_path)]
+    paths.append(str(package_parent))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(
+        # Probes are CPU-only by design; keep a GPU host's driver out of it.
+        CUDA_VISIBLE_DEVICES="",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+def start_probes(
+    target: ProbeTarget,
+    names: tuple[str, ...] = ALL_PROBES,
+    *,
+    log: Path | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ProbeRun:
+    """Start the probes in the background (they take seconds: vLLM imports are slow)."""
+    workdir = Path(tempfile.mkdtemp(prefix="dflash-probes-"))
+    # The probes travel as a copy under a neutral package name, so the probed
+    # interpreter sees neither the toolchain nor its dependencies.
+    shutil.copytree(
+        _PACKAGE_DIR,
+        workdir / _CHILD_PACKAGE,
+        ignore=shutil.ignore_patterns("__pycache__", "__init__.py"),
+    )
+    (workdir / _CHILD_PACKAGE / "__init__.py").write_text("")
+    log = log or workdir / "probes.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(target.python), "-m", f"{_CHILD_PACKAGE}.child", str(workdir / "out.json"), *names]
+    try:
+        with open(log, "wb") as log_file:
+            process = subprocess.Popen(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_env(target, workdir),
+                cwd=workdir,
+            )
+    except OSError as e:
+        return ProbeRun(
+            target,
+            names,
+            None,
+            workdir,
+            log,
+            timeout_s,
+            error=f"cannot start {target.python}: {e.strerror}",
+        )
+    return ProbeRun(target, names, process, workdir, log, timeout_s)
+
+
+def run_probes(
+    target: ProbeTarget,
+    names: tuple[str, ...] = ALL_PROBES,
+    *,
+    log: Path | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, ProbeResult]:
+    """Run the named probes against ``target`` and return their verdicts by name."""
+    return start_probes(target, names, log=log, timeout_s=timeout_s).wait()

@@ -1,0 +1,174 @@
+"""What every probe needs to run vLLM's own code on a CPU: a platform, configs, a process group.
+
+This module runs inside the probed interpreter, beside whichever vLLM it finds
+first on ``sys.path``. It imports only the standard library, torch,
+transformers and vLLM, never the rest of the toolchain.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_installed = False
+
+
+def install_cpu_platform() -> None:
+    """Give vLLM a platform on a machine without a GPU.
+
+    vLLM's CUDA platform needs a driver and the unspecified fallback picks no
+    attention backend and no device. The probes question the DFlash code, not
+    platform detection, so they run on a small CPU platform that selects the
+    FLASH_ATTN backend, the one a DFlash drafter runs on on sm90. It must be in
+    place before any vLLM module binds ``current_platform``.
+    """
+    global _installed
+    if _installed:
+        return
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+
+    class ProbeCpuPlatform(UnspecifiedPlatform):
+        device_type = "cpu"
+        device_name = "cpu"
+
+        @classmethod
+        def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+            return AttentionBackendEnum.FLASH_ATTN.get_path()
+
+    platforms._current_platform = ProbeCpuPlatform()
+    _installed = True
+
+
+@dataclass
+class TinyPair:
+    """Config-only tiny target and DFlash drafter folders (no weights needed)."""
+
+    target: Path
+    drafter: Path
+
+
+def write_tiny_pair(
+    root: Path,
+    *,
+    target_layers: int,
+    target_layer_ids: list[int],
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
+) -> TinyPair:
+    from transformers import Qwen3Config
+
+    common: dict[str, Any] = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+    )
+    target = root / "target"
+    Qwen3Config(
+        num_hidden_layers=target_layers, architectures=["Qwen3ForCausalLM"], **common
+    ).save_pretrained(target)
+    extra: dict[str, Any] = {}
+    if layer_types is not None:
+        extra.update(layer_types=layer_types, max_window_layers=len(layer_types))
+    if sliding_window is not None:
+        extra.update(sliding_window=sliding_window, use_sliding_window=True)
+    drafter_cfg = Qwen3Config(
+        num_hidden_layers=len(layer_types) if layer_types else 2,
+        architectures=["DFlashDraftModel"],
+        **common,
+        **extra,
+    )
+    drafter_cfg.dflash_config = {
+        "target_layer_ids": target_layer_ids,
+        "mask_token_id": 511,
+        "block_size": 4,
+    }
+    drafter_cfg.num_target_layers = target_layers
+    drafter_cfg.save_pretrained(root / "drafter")
+    return TinyPair(target=target, drafter=root / "drafter")
+
+
+def vllm_config(
+    pair: TinyPair,
+    *,
+    method: str | None = "dflash",
+    block_size: int = 16,
+    prefix_caching: bool = False,
+):
+    """A real VllmConfig for ``pair``, built the way the engine builds it."""
+    from vllm.config import (
+        CacheConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+
+    model = ModelConfig(
+        model=str(pair.target),
+        dtype="bfloat16",
+        seed=0,
+        skip_tokenizer_init=True,
+        max_model_len=1024,
+    )
+    spec = None
+    if method is not None:
+        spec = SpeculativeConfig(
+            method=method,
+            model=str(pair.drafter),
+            num_speculative_tokens=3,
+            target_model_config=model,
+            target_parallel_config=ParallelConfig(),
+        )
+    return VllmConfig(
+        model_config=model,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=4,
+            max_num_batched_tokens=1024,
+            max_model_len=1024,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching),
+        speculative_config=spec,
+    )
+
+
+_distributed = False
+
+
+def ensure_single_process_group(config) -> None:
+    """A world of one over gloo, which model layers need to ask their TP size."""
+    global _distributed
+    if _distributed:
+        return
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(config):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+            backend="gloo",
+        )
+        initialize_model_parallel(1, 1)
+    _distributed = True
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="dflash-probe-", dir=os.environ.get("TMPDIR")))
