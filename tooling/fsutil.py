@@ -37,6 +37,10 @@ def atomic_output(target: Path, mode: str = "wb") -> Iterator[BinaryIO]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     tmp = Path(tmp_name)
+    # mkstemp makes the file private; a result gets the permissions umask gives.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(fd, 0o666 & ~umask)
     try:
         with os.fdopen(fd, mode) as f:
             yield f  # type: ignore[misc]

@@ -103,7 +103,8 @@ def _child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
         # the same tree several times faster.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(target.pycache)
-    paths = [str(p) for p in ([target.root] if target.root else []) + list(target.extra_path)]
+    roots = ([target.root] if target.root else []) + list(target.extra_path)
+    paths = [str(Path(p).resolve()) for p in roots]
     paths.append(str(package_parent))
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(

@@ -1,0 +1,348 @@
+"""Build the patched CUDA wheel from the official one (precompiled mode).
+
+Every unchanged member of the official wheel is copied as stored, so the
+compiled kernels in the output are the official bytes; the patched Python
+files replace their originals; METADATA, WHEEL and RECORD are rewritten for
+the new version; a build manifest and an SBOM are added. The refusals come
+first: a patch that touches compiled code, or a touched file whose copy in
+the official wheel is not the pinned source's, means the kernels would not
+belong to the patched source.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
+
+from . import __version__, worktree
+from .apply import SeriesReport
+from .errors import BuildError
+from .fsutil import atomic_output, sha256_bytes
+from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
+from .sbom import SBOM_NAME, sbom_bytes
+from .series import Series, is_compiled_path
+from .upstream import Upstream
+from .wheelfile import (
+    CopiedMember,
+    Member,
+    NewMember,
+    dos_datetime,
+    open_wheel,
+    read_member,
+    record_hash,
+    write_wheel,
+)
+
+LOCAL_LABEL = "dflash"
+
+
+@dataclass(frozen=True)
+class WheelIdentity:
+    name: str
+    version: str
+    build_tag: str | None
+    tags: str
+    """The compressed tag triple exactly as the official file name spells it."""
+
+    @property
+    def filename(self) -> str:
+        build = f"-{self.build_tag}" if self.build_tag else ""
+        return f"{self.name}-{self.version}{build}-{self.tags}.whl"
+
+    @property
+    def dist_info(self) -> str:
+        return f"{self.name}-{self.version}.dist-info"
+
+
+def plan_identity(
+    official_filename: str, series: Series, build_tag: str | None = None
+) -> WheelIdentity:
+    """Name and version of the output wheel (pure).
+
+    Default: the base version plus a local label ``dflash.<patches>.<series digest>``,
+    keeping the official build tag. With ``build_tag``: the base version
+    unchanged (PyPI refuses local labels) and the given build tag, which must
+    sort above the official one so installers prefer ours.
+    """
+    _, version, official_build, _ = parse_wheel_filename(official_filename)
+    stem = official_filename.removesuffix(".whl").split("-")
+    tags = "-".join(stem[-3:])
+    dist = stem[0]
+    if build_tag is None:
+        label = f"{LOCAL_LABEL}.{len(series.patches)}.{series.digest[:8]}"
+        if series.skipped:
+            label += ".skip." + ".".join(s.replace("-", "") for s in series.skipped)
+        new_version = f"{version.public}+{label}"
+        Version(new_version)
+        keep = f"{official_build[0]}{official_build[1]}" if official_build else None
+        return WheelIdentity(dist, new_version, keep, tags)
+    if not re.fullmatch(r"\d+[A-Za-z0-9_]*", build_tag):
+        raise BuildError(f"--build-tag {build_tag!r}: must start with a digit (PEP 427)")
+    if official_build and int(re.match(r"\d+", build_tag).group()) <= official_build[0]:
+        raise BuildError(
+            f"--build-tag {build_tag}: must be above the official build tag {official_build[0]}"
+        )
+    return WheelIdentity(dist, str(version), build_tag, tags)
+
+
+def rewrite_metadata(text: str, version: str) -> str:
+    head, sep, body = text.partition("\n\n")
+    lines = head.split("\n")
+    hits = [i for i, line in enumerate(lines) if line.startswith("Version: ")]
+    if len(hits) != 1:
+        raise BuildError("official METADATA has no single Version header")
+    lines[hits[0]] = f"Version: {version}"
+    return "\n".join(lines) + sep + body
+
+
+def rewrite_wheel_file(text: str, identity: WheelIdentity) -> str:
+    """WHEEL with Tag lines that match the file name (the official one says linux_x86_64)."""
+    python, abi, platforms = identity.tags.split("-")
+    tags = [f"{p}-{a}-{pl}" for p in python.split(".") for a in abi.split(".")
+            for pl in platforms.split(".")]
+    kept = [ln for ln in text.splitlines() if ln and not ln.startswith(("Tag:", "Build:"))]
+    if identity.build_tag:
+        kept.append(f"Build: {identity.build_tag}")
+    kept += [f"Tag: {t}" for t in tags]
+    return "\n".join(kept) + "\n\n"
+
+
+def parse_record(data: bytes) -> dict[str, tuple[str, str]]:
+    rows = csv.reader(io.StringIO(data.decode("utf-8")))
+    return {row[0]: (row[1], row[2]) for row in rows if row}
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    filename: str
+    version: str
+    sha256: str
+    size: int
+    mode: str
+    seconds: float
+    manifest: BuildManifest
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    dist_dir: Path
+    build_tag: str | None = None
+    source_date_epoch: int | None = None
+
+
+def _owners(repo: git.Repo, path: str) -> list[str]:
+    """Patch files (by trailer) of the series commits that touch ``path``."""
+    owners = []
+    for commit in worktree.series_commits(repo):
+        touched = repo.git.diff_tree("--no-commit-id", "--name-only", "-r", commit.sha)
+        if path in touched.splitlines():
+            owners.append(commit.patch_file or commit.sha[:12])
+    return owners
+
+
+def check_compiled(series: Series, changed: dict[str, list[str]]) -> None:
+    for patch in series.patches:
+        if patch.touches_compiled_code:
+            raise BuildError(
+                f"patch {patch.id} touches compiled code (series.toml says so); "
+                "build with --mode source"
+            )
+    for path, owners in changed.items():
+        if is_compiled_path(path):
+            raise BuildError(
+                f"patch {', '.join(owners)} touches compiled code ({path}); "
+                "the official kernels would not match: build with --mode source"
+            )
+
+
+def build_precompiled(
+    upstream: Upstream, series: Series, report: SeriesReport, options: BuildOptions
+) -> BuildResult:
+    """Write the patched wheel into ``options.dist_dir`` and return what was built."""
+    started = time.perf_counter()
+    if upstream.wheel is None:
+        raise BuildError(
+            f"vLLM {upstream.base.version} has no pinned official wheel in bases.toml; "
+            "precompiled mode needs one (use --mode source)"
+        )
+    if not report.ok:
+        raise BuildError("the patch series did not apply cleanly; see `tooling patch`")
+    repo = git.Repo(report.work_dir)
+    paths = worktree.changed_files(repo, report.baseline, report.head)
+    changed = {p: _owners(repo, p) for p in paths}
+    check_compiled(series, changed)
+
+    official = open_wheel(upstream.wheel)
+    by_name = {info.filename: info for info in official.infolist()}
+    identity = plan_identity(upstream.wheel.name, series, options.build_tag)
+    epoch = options.source_date_epoch
+    new_content: dict[str, bytes | None] = {}
+    files: list[ChangedFile] = []
+    notes: list[str] = []
+    for path, owners in changed.items():
+        before = _blob(repo, report.baseline, path)
+        after = _blob(repo, report.head, path)
+        shipped = path in by_name or (path.split("/", 1)[0] + "/__init__.py") in by_name
+        if not shipped:
+            notes.append(f"{path}: not part of the wheel, left out")
+            continue
+        if before is not None:
+            in_wheel = read_member(official, path) if path in by_name else None
+            if in_wheel != before:
+                got = sha256_bytes(in_wheel) if in_wheel is not None else "missing"
+                raise BuildError(
+                    f"{path}: the official wheel's copy ({got[:16]}) is not the pinned "
+                    f"source's ({sha256_bytes(before)[:16]}); the wheel's binaries would not "
+                    "belong to the patched source"
+                )
+        new_content[path] = after
+        files.append(ChangedFile(
+            path=path, patches=owners,
+            sha256_before=sha256_bytes(before) if before is not None else None,
+            sha256_after=sha256_bytes(after) if after is not None else None,
+        ))
+
+    manifest = BuildManifest(
+        version=identity.version,
+        base_version=upstream.base.version,
+        mode="precompiled",
+        source=upstream.source,
+        upstream=upstream.artifacts(),
+        series_digest=series.digest,
+        validated_base=series.validated_base,
+        patches=[
+            PatchEntry(
+                id=o.patch_id, file=o.patch_file, sha256=o.sha256, status=o.status,
+                probe=_probe_name(series, o.patch_id),
+                probe_before=(o.probe_before or {}).get("status"),
+                probe_after=(o.probe_after or {}).get("status"),
+                commit=o.commit,
+            )
+            for o in report.outcomes
+        ],
+        skipped=list(series.skipped),
+        files=files,
+        toolchain={"name": "vllm-dflash-tooling", "version": __version__},
+        build_tag=identity.build_tag,
+        source_date_epoch=epoch,
+        notes=notes,
+    )
+    members = _members(official, by_name, identity, new_content, manifest, epoch)
+    target = options.dist_dir / identity.filename
+    try:
+        with atomic_output(target) as out:
+            digest = write_wheel(out, upstream.wheel, members)
+    except OSError as e:
+        raise BuildError(f"cannot write {target}: {e.strerror or e}") from None
+    return BuildResult(
+        path=target,
+        filename=identity.filename,
+        version=identity.version,
+        sha256=digest,
+        size=target.stat().st_size,
+        mode="precompiled",
+        seconds=time.perf_counter() - started,
+        manifest=manifest,
+        notes=notes,
+    )
+
+
+def _probe_name(series: Series, patch_id: str) -> str | None:
+    return next((p.probe for p in series.patches if p.id == patch_id), None)
+
+
+def _blob(repo: git.Repo, rev: str, path: str) -> bytes | None:
+    try:
+        return worktree.read_blob(repo, rev, path)
+    except git.GitCommandError:
+        return None
+
+
+def _members(
+    official: zipfile.ZipFile,
+    by_name: dict[str, zipfile.ZipInfo],
+    identity: WheelIdentity,
+    new_content: dict[str, bytes | None],
+    manifest: BuildManifest,
+    epoch: int | None,
+) -> list[Member]:
+    """The output members in order: package files, then .dist-info with RECORD last."""
+    dist_infos = {n.split("/", 1)[0] for n in by_name if n.split("/", 1)[0].endswith(".dist-info")}
+    if len(dist_infos) != 1:
+        found = sorted(dist_infos)
+        raise BuildError(f"{official.filename}: expected one .dist-info, found {found}")
+    old_info = dist_infos.pop()
+    record = parse_record(read_member(official, f"{old_info}/RECORD"))
+    members: list[Member] = []
+    dist_members: list[Member] = []
+    hashes: dict[str, tuple[str, str]] = {}
+
+    def stamp(info: zipfile.ZipInfo | None) -> tuple[int, int, int, int, int, int]:
+        if epoch is not None:
+            return dos_datetime(epoch)
+        return info.date_time if info else by_name[f"{old_info}/RECORD"].date_time
+
+    def add_new(name: str, data: bytes, info: zipfile.ZipInfo | None, into: list[Member]) -> None:
+        attr = info.external_attr if info else 0o100644 << 16
+        into.append(NewMember(name, data, stamp(info), attr))
+        hashes[name] = (record_hash(data), str(len(data)))
+
+    for info in official.infolist():
+        name = info.filename
+        if name.startswith(old_info + "/"):
+            new_name = identity.dist_info + name[len(old_info):]
+            leaf = name[len(old_info) + 1:]
+            if leaf == "RECORD":
+                continue
+            if leaf == "METADATA":
+                text = rewrite_metadata(read_member(official, name).decode(), identity.version)
+                add_new(new_name, text.encode(), info, dist_members)
+            elif leaf == "WHEEL":
+                text = rewrite_wheel_file(read_member(official, name).decode(), identity)
+                add_new(new_name, text.encode(), info, dist_members)
+            else:
+                dist_members.append(CopiedMember(new_name, info))
+                hashes[new_name] = _recorded(record, name)
+            continue
+        if name in new_content:
+            data = new_content[name]
+            if data is not None:
+                add_new(name, data, info, members)
+            continue
+        members.append(CopiedMember(name, info))
+        hashes[name] = _recorded(record, name)
+    for path, data in new_content.items():
+        if path not in by_name and data is not None:
+            add_new(path, data, None, members)
+    add_new(f"{identity.dist_info}/{MANIFEST_NAME}", manifest.to_bytes(), None, dist_members)
+    add_new(f"{identity.dist_info}/sboms/{SBOM_NAME}", sbom_bytes(manifest, identity.filename),
+            None, dist_members)
+    record_name = f"{identity.dist_info}/RECORD"
+    lines = io.StringIO()
+    writer = csv.writer(lines, lineterminator="\n")
+    for member in members + dist_members:
+        writer.writerow([member.name, *hashes[member.name]])
+    writer.writerow([record_name, "", ""])
+    record_info = by_name[f"{old_info}/RECORD"]
+    dist_members.append(NewMember(record_name, lines.getvalue().encode(), stamp(record_info),
+                                  record_info.external_attr))
+    return members + dist_members
+
+
+def _recorded(record: dict[str, tuple[str, str]], name: str) -> tuple[str, str]:
+    try:
+        return record[name]
+    except KeyError:
+        raise BuildError(f"official RECORD does not list {name}; the wheel is not valid") from None
+

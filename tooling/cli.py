@@ -1,0 +1,454 @@
+"""The ``tooling`` command line: thin Click commands over the library.
+
+Every command takes ``--json`` and then prints one JSON document on stdout.
+Errors are mapped to exit codes in one place (``ToolingGroup.invoke``); a
+ToolingError prints as a single line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .apply import ApplyOptions, SeriesReport, apply_series, reusable_report
+from .bases import Base, BaseCatalog, load_bases
+from .build import BuildOptions, BuildResult, build_precompiled
+from .errors import (
+    BuildError,
+    PatchConflictError,
+    SeriesError,
+    ToolingError,
+    exit_code_for,
+)
+from .export import check_export, export_patches
+from .fetch import DEFAULT_INDEX_URL, FetchOptions
+from .paths import CacheLayout, default_cache_dir, default_patches_dir
+from .probe_env import ensure_probe_env, env_dir, probe_python_from_env, python_of
+from .probes import ALL_PROBES, ProbeTarget, run_probes
+from .report import human_size, table
+from .series import Series, load_series
+from .status import status_matrix
+from .upstream import GitRequest, Upstream, fetch_upstream
+
+
+@dataclass
+class Settings:
+    """What the group options decided, shared by every command through the Click context."""
+
+    cache: CacheLayout = field(default_factory=lambda: CacheLayout(default_cache_dir()))
+    patches_dir_option: Path | None = None
+    index_url: str = DEFAULT_INDEX_URL
+    offline: bool = False
+    progress: bool = True
+    json: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Options of a command group, read by its subcommands."""
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.patches_dir_option or default_patches_dir()
+
+    def catalog(self) -> BaseCatalog:
+        return load_bases(self.patches_dir / "bases.toml")
+
+    def series(self, skip: tuple[str, ...] = ()) -> Series:
+        series = load_series(self.patches_dir / "series.toml")
+        return series.without(list(skip)) if skip else series
+
+    def fetch_options(self) -> FetchOptions:
+        return FetchOptions(cache=self.cache, index_url=self.index_url, offline=self.offline,
+                            progress=self.progress)
+
+    def probe_python(self, explicit: Path | None) -> Path | None:
+        """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env."""
+        if explicit:
+            return explicit
+        from_env = probe_python_from_env()
+        if from_env:
+            return from_env
+        env = env_dir(self.cache)
+        return python_of(env) if (env / ".complete").is_file() else None
+
+
+class ToolingGroup(click.Group):
+    """Maps every ToolingError to its exit code and a one-line message (or JSON)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ToolingError as e:
+            settings = ctx.find_object(Settings)
+            if settings is not None and settings.json:
+                click.echo(json.dumps({"ok": False, "error": str(e), "exit_code": e.exit_code,
+                                       **settings.extra}, indent=2))
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(exit_code_for(e))
+
+
+def json_option(f):
+    def callback(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+        ctx.ensure_object(Settings).json = value
+        return value
+
+    return click.option("--json", "as_json", is_flag=True, expose_value=False,
+                        callback=callback, help="Print one JSON document on stdout.")(f)
+
+
+def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
+    if settings.json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        click.echo(human)
+
+
+def base_options(f):
+    f = click.option("--base", "base_version", metavar="VERSION",
+                     help="Pinned upstream vLLM release (default: bases.toml's default).")(f)
+    f = click.option("--source", type=click.Choice(["pypi", "git"]), default="pypi",
+                     show_default=True, help="Where the upstream source comes from.")(f)
+    f = click.option("--git-url", metavar="URL", help="git remote (default: bases.toml's).")(f)
+    f = click.option("--ref", metavar="REF", help="git tag or commit (default: the base's tag).")(f)
+    f = click.option("--allow-moving-ref", is_flag=True,
+                     help="Accept a branch name as --ref (not reproducible).")(f)
+    return f
+
+
+def _fetch(settings: Settings, base_version: str | None, source: str, git_url: str | None,
+           ref: str | None, allow_moving_ref: bool, with_wheel: bool = True) -> Upstream:
+    catalog = settings.catalog()
+    base = catalog.get(base_version)
+    git_request = None
+    if source == "git":
+        git_request = GitRequest(url=git_url or catalog.git_url, ref=ref,
+                                 allow_moving_ref=allow_moving_ref)
+    return fetch_upstream(base, settings.fetch_options(), git=git_request, with_wheel=with_wheel)
+
+
+@click.group(cls=ToolingGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tooling")
+@click.option("--cache-dir", type=click.Path(path_type=Path), envvar="VLLM_DFLASH_CACHE",
+              help="Artifact cache (default: $XDG_CACHE_HOME/vllm-dflash).")
+@click.option("--patches-dir", type=click.Path(path_type=Path),
+              help="Folder with bases.toml, series.toml and the patches.")
+@click.option("--index-url", default=DEFAULT_INDEX_URL, show_default=True,
+              envvar="TOOLING_INDEX_URL", help="PEP 503/691 simple index.")
+@click.option("--offline", is_flag=True, help="Use only the cache; never touch the network.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.pass_context
+def main(ctx: click.Context, cache_dir: Path | None, patches_dir: Path | None, index_url: str,
+         offline: bool, no_progress: bool) -> None:
+    """Fetch, patch, build, verify and smoke-test vLLM with the DFlash fixes."""
+    settings = ctx.ensure_object(Settings)
+    settings.cache = CacheLayout(cache_dir or default_cache_dir())
+    settings.index_url = index_url
+    settings.offline = offline
+    settings.progress = not no_progress
+    settings.patches_dir_option = patches_dir
+
+
+def _settings(ctx: click.Context) -> Settings:
+    return ctx.find_object(Settings)
+
+
+@main.command()
+@base_options
+@click.option("--no-wheel", is_flag=True, help="Fetch only the source, not the official wheel.")
+@json_option
+@click.pass_context
+def fetch(ctx: click.Context, base_version: str | None, source: str, git_url: str | None,
+          ref: str | None, allow_moving_ref: bool, no_wheel: bool) -> None:
+    """Bring a pinned upstream vLLM (wheel + sdist, or git) into the cache, verified."""
+    settings = _settings(ctx)
+    upstream = _fetch(settings, base_version, source, git_url, ref, allow_moving_ref,
+                      with_wheel=not no_wheel)
+    data = {
+        "ok": True,
+        "base": upstream.base.version,
+        "source": upstream.source,
+        "source_dir": str(upstream.source_dir),
+        "wheel": str(upstream.wheel) if upstream.wheel else None,
+        "sdist": str(upstream.sdist) if upstream.sdist else None,
+        "commit": upstream.git.commit if upstream.git else None,
+        "artifacts": upstream.artifacts(),
+    }
+    rows = [[a["kind"], a.get("file") or a.get("url"), (a.get("sha256") or a.get("commit"))[:16]]
+            for a in upstream.artifacts()]
+    human = (f"vLLM {upstream.base.version} ({upstream.source}): source tree {upstream.source_dir}"
+             + (f"\nofficial wheel {upstream.wheel}" if upstream.wheel else "")
+             + "\n" + table(["artifact", "name", "digest"], rows))
+    emit(settings, data, human)
+
+
+def _work_dir(work_dir: Path | None, upstream: Upstream) -> Path:
+    if work_dir:
+        return work_dir.resolve()
+    suffix = f"-git-{upstream.git.commit[:12]}" if upstream.git else ""
+    return (Path("build") / "work" / f"vllm-{upstream.base.version}{suffix}").resolve()
+
+
+def _apply_options(settings: Settings, probe_python: Path | None, three_way: bool,
+                   keep_going: bool, series: Series) -> ApplyOptions:
+    preimages: tuple[bytes, ...] = ()
+    if three_way and series.validated_base:
+        validated = fetch_upstream(settings.catalog().get(series.validated_base),
+                                   settings.fetch_options(), with_wheel=False)
+        preimages = tuple(
+            (validated.source_dir / f).read_bytes()
+            for p in series.patches for f in p.files if (validated.source_dir / f).is_file()
+        )
+    return ApplyOptions(
+        probe_python=settings.probe_python(probe_python), three_way=three_way,
+        keep_going=keep_going, preimages=preimages, pycache=settings.cache.root / "pycache",
+    )
+
+
+def _outcome_rows(report: SeriesReport) -> list[list[str]]:
+    rows = []
+    for o in report.outcomes:
+        before = (o.probe_before or {}).get("status", "-")
+        after = (o.probe_after or {}).get("status", "-")
+        detail = o.problem or o.message
+        rows.append([o.patch_id, o.status, f"{before} -> {after}", detail[:110]])
+    return rows
+
+
+def _report_text(report: SeriesReport) -> str:
+    text = table(["patch", "status", "probe", "detail"], _outcome_rows(report))
+    lines = [f"vLLM {report.base} ({report.source}) work tree {report.work_dir}", text]
+    for o in report.outcomes:
+        lines += [f"  {o.patch_id}: {c}" for c in o.conflicts]
+    if report.probe_python is None:
+        lines.append("probes: not run (no probe interpreter; run `tooling probe-env`)")
+    return "\n".join(lines)
+
+
+def _fail_unless_ok(report: SeriesReport, settings: Settings) -> None:
+    if report.ok:
+        return
+    bad = [o for o in report.outcomes if not o.ok]
+    first = bad[0]
+    raise PatchConflictError(
+        f"patch {first.patch_id} ({first.patch_file}): {first.problem or first.message}"
+        + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+    )
+
+
+@main.group(cls=ToolingGroup, invoke_without_command=True)
+@base_options
+@click.option("--work-dir", type=click.Path(path_type=Path),
+              help="Work tree (default: build/work/vllm-<base>).")
+@click.option("--3way", "three_way", is_flag=True,
+              help="Fall back to a 3-way merge; kept only if the patch's probe then passes.")
+@click.option("--keep-going", is_flag=True, help="Report every later patch after a conflict.")
+@click.option("--skip", multiple=True, metavar="PATCH_ID", help="Leave a patch out.")
+@click.option("--probe-python", type=click.Path(path_type=Path, exists=True),
+              help="Interpreter for the probes (default: $TOOLING_PROBE_PYTHON or the cached env).")
+@json_option
+@click.pass_context
+def patch(ctx: click.Context, base_version: str | None, source: str, git_url: str | None,
+          ref: str | None, allow_moving_ref: bool, work_dir: Path | None, three_way: bool,
+          keep_going: bool, skip: tuple[str, ...], probe_python: Path | None) -> None:
+    """Apply the patch series to a pinned base in a git work tree (one commit per patch)."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj.extra = {"base": base_version, "source": source, "work_dir": work_dir,
+                         "probe_python": probe_python, "three_way": three_way}
+        return
+    settings = _settings(ctx)
+    series = settings.series(skip)
+    upstream = _fetch(settings, base_version, source, git_url, ref, allow_moving_ref,
+                      with_wheel=False)
+    options = _apply_options(settings, probe_python, three_way, keep_going, series)
+    report = apply_series(upstream, series, _work_dir(work_dir, upstream), options)
+    emit(settings, report.to_json(), _report_text(report))
+    _fail_unless_ok(report, settings)
+
+
+def _parse_bases(catalog: BaseCatalog, spec: str) -> list[Base]:
+    if spec == "all":
+        return list(catalog.bases.values())
+    return catalog.select([v.strip() for v in spec.split(",") if v.strip()])
+
+
+@patch.command("status")
+@click.option("--bases", "bases_spec", default="all", show_default=True,
+              help="Comma-separated releases, or all pinned ones.")
+@click.option("--workers", type=int, default=os.cpu_count() or 2, show_default=True)
+@json_option
+@click.pass_context
+def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
+    """The status of every patch on every release: the forward canary."""
+    settings = _settings(ctx)
+    series = settings.series()
+    bases = _parse_bases(settings.catalog(), bases_spec)
+    extra = settings.extra
+    options = _apply_options(settings, extra.get("probe_python"), extra.get("three_way", False),
+                             True, series)
+    started = time.perf_counter()
+    results = status_matrix(
+        bases, series, settings.fetch_options(), options, workers=workers,
+        on_done=lambda r: click.echo(f"  {r.base}: done", err=True) if not settings.json else None,
+    )
+    seconds = time.perf_counter() - started
+    ids = [p.id for p in series.patches]
+    rows = [[r.base, *(r.cell(i) for i in ids)] for r in results]
+    notes = [f"{r.base}: {r.error}" for r in results if r.error]
+    human = table(["base", *ids], rows) + "".join(f"\n{n}" for n in notes)
+    human += f"\n{len(bases)} releases in {seconds:.1f}s (! = applied but its probe is not present)"
+    emit(settings, {"ok": not notes, "seconds": seconds, "patches": ids,
+                    "bases": [r.to_json() for r in results]}, human)
+
+
+@patch.command("export")
+@click.option("--check", is_flag=True,
+              help="Apply the series to a scratch tree and fail if patches/ would change.")
+@json_option
+@click.pass_context
+def patch_export(ctx: click.Context, check: bool) -> None:
+    """Regenerate patches/ from the work tree's commits (or check it is current)."""
+    settings = _settings(ctx)
+    extra = settings.extra
+    if check:
+        series = settings.series()
+        upstream = _fetch(settings, extra.get("base") or series.validated_base,
+                          extra.get("source", "pypi"), None, None, False, with_wheel=False)
+        result = check_export(upstream, series)
+    else:
+        series = load_series(settings.patches_dir / "series.toml", check_digests=False)
+        upstream_version = extra.get("base") or series.validated_base
+        work = extra.get("work_dir") or Path("build") / "work" / f"vllm-{upstream_version}"
+        if not Path(work).is_dir():
+            raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
+        result = export_patches(Path(work), series)
+    rows = [[p.file, p.state, p.sha256[:16]] for p in result.patches]
+    emit(settings, {"ok": not (check and result.drifted), "check": check,
+                    "patches": [vars(p) for p in result.patches]},
+         table(["patch file", "state", "sha256"], rows))
+    if check and result.drifted:
+        names = ", ".join(f"{p.file} ({p.state})" for p in result.drifted)
+        raise SeriesError(f"patches/ is out of date: {names}; run `tooling patch export`")
+
+
+def ensure_patched(settings: Settings, upstream: Upstream, series: Series,
+                   work_dir: Path | None, probe_python: Path | None,
+                   require_probes: bool) -> SeriesReport:
+    """The applied series for ``upstream``: reused when the work tree is current, else applied."""
+    work = _work_dir(work_dir, upstream)
+    options = _apply_options(settings, probe_python, False, False, series)
+    if require_probes and options.probe_python is None:
+        raise BuildError("no probe interpreter: run `tooling probe-env`, set "
+                         "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)")
+    if work.is_dir():
+        report = reusable_report(work, upstream, series)
+        if report is not None and (report.probe_python or not require_probes):
+            return report
+    report = apply_series(upstream, series, work, options)
+    _fail_unless_ok(report, settings)
+    return report
+
+
+def _build_text(result: BuildResult, report: SeriesReport) -> str:
+    rows = [[o.patch_id, o.status, (o.probe_after or {}).get("status", "-")]
+            for o in report.outcomes]
+    return "\n".join([
+        table(["patch", "status", "probe"], rows),
+        table(["wheel", "version", "sha256", "size", "time"],
+              [[str(result.path), result.version, result.sha256,
+                human_size(result.size), f"{result.seconds:.2f}s"]]),
+    ])
+
+
+@main.command()
+@base_options
+@click.option("--mode", type=click.Choice(["precompiled", "source"]), default="precompiled",
+              show_default=True, help="Reuse the official kernels, or run vLLM's own build.")
+@click.option("--skip", multiple=True, metavar="PATCH_ID",
+              help="Build without this patch (ablation); recorded in version and manifest.")
+@click.option("--build-tag", metavar="N", help="Keep the base version; mark with build tag N.")
+@click.option("--dist", "dist_dir", type=click.Path(path_type=Path), default=Path("dist"),
+              show_default=True)
+@click.option("--work-dir", type=click.Path(path_type=Path))
+@click.option("--probe-python", type=click.Path(path_type=Path, exists=True))
+@click.option("--no-probes", is_flag=True, help="Build without behavioural checks.")
+@click.option("--use-precompiled-kernels", is_flag=True,
+              help="Source mode: vLLM's Python-only build against the cached official wheel.")
+@json_option
+@click.pass_context
+def build(ctx: click.Context, base_version: str | None, source: str, git_url: str | None,
+          ref: str | None, allow_moving_ref: bool, mode: str, skip: tuple[str, ...],
+          build_tag: str | None, dist_dir: Path, work_dir: Path | None,
+          probe_python: Path | None, no_probes: bool, use_precompiled_kernels: bool) -> None:
+    """Build the patched CUDA wheel into dist/."""
+    settings = _settings(ctx)
+    series = settings.series(skip)
+    upstream = _fetch(settings, base_version, source, git_url, ref, allow_moving_ref)
+    report = ensure_patched(settings, upstream, series, work_dir,
+                            None if no_probes else probe_python, require_probes=not no_probes)
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if mode == "source":
+        from .source_build import SourceBuildOptions, build_from_source
+
+        result = build_from_source(upstream, series, report, SourceBuildOptions(
+            dist_dir=dist_dir, use_precompiled_kernels=use_precompiled_kernels,
+            build_tag=build_tag, source_date_epoch=int(epoch) if epoch else None,
+        ))
+    else:
+        if use_precompiled_kernels:
+            raise BuildError("--use-precompiled-kernels goes with --mode source")
+        result = build_precompiled(upstream, series, report, BuildOptions(
+            dist_dir=dist_dir, build_tag=build_tag,
+            source_date_epoch=int(epoch) if epoch else None,
+        ))
+    data = {
+        "ok": True,
+        "wheel": str(result.path),
+        "filename": result.filename,
+        "version": result.version,
+        "sha256": result.sha256,
+        "size": result.size,
+        "mode": result.mode,
+        "seconds": result.seconds,
+        "patches": [{"id": o.patch_id, "status": o.status,
+                     "probe": (o.probe_after or {}).get("status")} for o in report.outcomes],
+        "notes": result.notes,
+    }
+    emit(settings, data, _build_text(result, report))
+
+
+@main.command()
+@click.option("--root", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="A folder holding vllm/ (default: the interpreter's installed vLLM).")
+@click.option("--python", "python", type=click.Path(path_type=Path, exists=True),
+              help="Interpreter to probe with (default: the probe environment).")
+@click.option("--probe", "names", multiple=True, type=click.Choice(ALL_PROBES))
+@json_option
+@click.pass_context
+def probe(ctx: click.Context, root: Path | None, python: Path | None,
+          names: tuple[str, ...]) -> None:
+    """Run the behavioural probes against a vLLM tree or environment."""
+    settings = _settings(ctx)
+    interpreter = python or settings.probe_python(None) or Path(sys.executable)
+    results = run_probes(
+        ProbeTarget(python=interpreter, root=root, pycache=settings.cache.root / "pycache"),
+        names or ALL_PROBES,
+    )
+    rows = [[r.probe, r.status, r.evidence] for r in results.values()]
+    emit(settings, {"ok": True, "results": [r.to_json() for r in results.values()]},
+         table(["probe", "status", "evidence"], rows))
+
+
+@main.command("probe-env")
+@json_option
+@click.pass_context
+def probe_env(ctx: click.Context) -> None:
+    """Create (once) the cached CPU interpreter the probes run in and print its path."""
+    settings = _settings(ctx)
+    python = ensure_probe_env(settings.cache)
+    emit(settings, {"ok": True, "python": str(python)}, str(python))

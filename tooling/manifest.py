@@ -1,0 +1,73 @@
+"""The build manifest stored inside the wheel's ``.dist-info``: what went into it.
+
+``tooling verify`` reads it back from an installed environment to map a
+modified file to the patch that owns it and to tell our fix from upstream's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MANIFEST_NAME = "dflash_build.json"
+SCHEMA = 1
+
+
+@dataclass
+class ChangedFile:
+    path: str
+    patches: list[str]
+    sha256_before: str | None
+    sha256_after: str | None
+
+
+@dataclass
+class PatchEntry:
+    id: str
+    file: str
+    sha256: str
+    status: str
+    probe: str | None
+    probe_before: str | None
+    probe_after: str | None
+    commit: str | None = None
+
+
+@dataclass
+class BuildManifest:
+    version: str
+    base_version: str
+    mode: str
+    source: str
+    upstream: list[dict[str, Any]]
+    series_digest: str
+    validated_base: str | None
+    patches: list[PatchEntry]
+    skipped: list[str]
+    files: list[ChangedFile]
+    toolchain: dict[str, str]
+    build_tag: str | None = None
+    source_date_epoch: int | None = None
+    schema: int = SCHEMA
+    notes: list[str] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BuildManifest:
+        data = dict(data)
+        data["patches"] = [PatchEntry(**p) for p in data["patches"]]
+        data["files"] = [ChangedFile(**f) for f in data["files"]]
+        return cls(**data)
+
+    def applied_patch_ids(self) -> set[str]:
+        """Patches whose code this build carries (applied by us, not found upstream)."""
+        return {p.id for p in self.patches if p.status == "applied"}
+
+    def owners(self, path: str) -> list[str]:
+        for f in self.files:
+            if f.path == path:
+                return f.patches
+        return []

@@ -1,0 +1,165 @@
+"""Write a wheel by copying most members of another one byte-for-byte.
+
+``zipfile`` can only write what it compresses itself, so re-packing a 244 MB
+wheel would inflate and deflate 520 MB of kernels. Here a member that does
+not change is copied as its stored (compressed) bytes under a fresh local
+header; only new or changed members are deflated. Zip64 is not needed for
+vLLM wheels and is refused rather than written wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+import zipfile
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import ArchiveError, BuildError
+
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_END = struct.Struct("<4sHHHHIIH")
+_LOCAL_SIG = b"PK\x03\x04"
+_CENTRAL_SIG = b"PK\x01\x02"
+_END_SIG = b"PK\x05\x06"
+_ZIP32_MAX = 0xFFFFFFFF
+_UTF8_FLAG = 0x800
+_COPY_CHUNK = 8 << 20
+
+
+def record_hash(data: bytes) -> str:
+    """A RECORD hash field: ``sha256=`` and the urlsafe base64 digest without padding."""
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def dos_datetime(epoch: int) -> tuple[int, int, int, int, int, int]:
+    """A zip date_time for ``epoch`` (UTC), clamped to 1980, the earliest zip can hold."""
+    import time
+
+    t = time.gmtime(max(epoch, 315532800))
+    return (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec)
+
+
+@dataclass(frozen=True)
+class NewMember:
+    """A member whose bytes we provide (deflated on write)."""
+
+    name: str
+    data: bytes
+    date_time: tuple[int, int, int, int, int, int]
+    external_attr: int = 0o100644 << 16
+
+
+@dataclass(frozen=True)
+class CopiedMember:
+    """A member of the source wheel copied as stored, possibly under a new name."""
+
+    name: str
+    source: zipfile.ZipInfo
+
+
+Member = NewMember | CopiedMember
+
+
+class _HashingWriter:
+    """Counts and hashes every byte written, so the output needs no second read."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self.offset = 0
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self._out.write(data)
+        self.sha256.update(data)
+        self.offset += len(data)
+
+
+def _dos(date_time: tuple[int, ...]) -> tuple[int, int]:
+    year, month, day, hour, minute, second = date_time
+    return (hour << 11) | (minute << 5) | (second // 2), ((year - 1980) << 9) | (month << 5) | day
+
+
+def read_member(wheel: zipfile.ZipFile, name: str) -> bytes:
+    try:
+        return wheel.read(name)
+    except KeyError:
+        raise BuildError(f"{wheel.filename}: has no member {name}") from None
+    except (zipfile.BadZipFile, zlib.error) as e:
+        raise ArchiveError(f"{wheel.filename}: member {name} is corrupt ({e})") from None
+
+
+def open_wheel(path: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ArchiveError(f"{path.name}: not a readable wheel ({e})") from None
+
+
+def _data_offset(src: BinaryIO, info: zipfile.ZipInfo) -> int:
+    src.seek(info.header_offset)
+    header = src.read(_LOCAL.size)
+    if len(header) != _LOCAL.size or header[:4] != _LOCAL_SIG:
+        raise ArchiveError(f"{info.filename}: bad local header at offset {info.header_offset}")
+    fields = _LOCAL.unpack(header)
+    return info.header_offset + _LOCAL.size + fields[9] + fields[10]
+
+
+def write_wheel(
+    target: BinaryIO, source_path: Path, members: Iterable[Member]
+) -> str:
+    """Write ``members`` in order as a zip to ``target``; return the output's sha256."""
+    out = _HashingWriter(target)
+    central: list[bytes] = []
+    with open(source_path, "rb") as src:
+        for member in members:
+            name = member.name.encode("utf-8")
+            if isinstance(member, CopiedMember):
+                info = member.source
+                method, crc = info.compress_type, info.CRC
+                csize, usize = info.compress_size, info.file_size
+                date_time, attr = info.date_time, info.external_attr
+                start = _data_offset(src, info)
+            else:
+                data = member.data
+                compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+                payload = compressor.compress(data) + compressor.flush()
+                method, crc = zipfile.ZIP_DEFLATED, zlib.crc32(data)
+                csize, usize = len(payload), len(data)
+                date_time, attr = member.date_time, member.external_attr
+            if max(csize, usize, out.offset) >= _ZIP32_MAX:
+                raise BuildError(f"{member.name}: needs zip64, which this writer does not do")
+            flags = _UTF8_FLAG if not member.name.isascii() else 0
+            dos_time, dos_date = _dos(date_time)
+            offset = out.offset
+            out.write(_LOCAL.pack(_LOCAL_SIG, 20, flags, method, dos_time, dos_date, crc,
+                                  csize, usize, len(name), 0) + name)
+            if isinstance(member, CopiedMember):
+                src.seek(start)
+                remaining = csize
+                while remaining:
+                    block = src.read(min(_COPY_CHUNK, remaining))
+                    if not block:
+                        raise ArchiveError(f"{member.name}: source wheel is truncated")
+                    out.write(block)
+                    remaining -= len(block)
+            else:
+                out.write(payload)
+            central.append(
+                _CENTRAL.pack(_CENTRAL_SIG, (3 << 8) | 20, 20, flags, method, dos_time, dos_date,
+                              crc, csize, usize, len(name), 0, 0, 0, 0, attr, offset) + name
+            )
+    directory_offset = out.offset
+    for entry in central:
+        out.write(entry)
+    size = out.offset - directory_offset
+    if len(central) >= 0xFFFF:
+        raise BuildError("too many members for a zip without zip64")
+    out.write(_END.pack(_END_SIG, 0, 0, len(central), len(central), size, directory_offset, 0))
+    return out.sha256.hexdigest()
