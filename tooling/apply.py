@@ -9,6 +9,7 @@ rule; ``apply_series`` gathers the observations and carries the decision out.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import git
 
 from . import worktree
 from .hunks import parse_diff, place_hunk
+from .errors import SeriesError
 from .probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from .series import Patch, Series
 from .upstream import Upstream
@@ -29,6 +31,11 @@ SKIPPED = "skipped"
 NOT_ATTEMPTED = "not-attempted"
 
 REPORT_FILE = "dflash-series.json"
+#: git apply's words for a patch file it cannot parse (a ledger problem, not a conflict).
+_MALFORMED = re.compile(
+    r"(corrupt patch at line \d+|patch with only garbage at line \d+|"
+    r"patch fragment without header at line \d+|No valid patches in input)"
+)
 
 
 def decide(forward_ok: bool, reverse_ok: bool, probe_status: str | None) -> str:
@@ -231,6 +238,11 @@ def _apply_one(
     log_dir: Path,
 ) -> None:
     forward_ok, complaint = worktree.apply_check(repo, patch.file)
+    if not forward_ok and _MALFORMED.search(complaint):
+        raise SeriesError(
+            f"patch {patch.id}: {patch.file.name} is not a valid patch "
+            f"({_MALFORMED.search(complaint).group(0)})"
+        )
     reverse_ok = False if forward_ok else worktree.apply_check(repo, patch.file, reverse=True)[0]
     status = decide(forward_ok, reverse_ok, probe_before.status if probe_before else None)
     trailers = {worktree.TRAILER_FILE: patch.file.name, worktree.TRAILER_SHA: patch.sha256}
@@ -268,7 +280,7 @@ def _try_three_way(
     try:
         commit = worktree.am(repo, patch.file, trailers, three_way=True)
     except git.GitCommandError as e:
-        outcome.message += f"; --3way failed too: {(worktree.git_error_lines(e) or ['?'])[-1]}"
+        outcome.message += f"; --3way failed too: {worktree.git_error_summary(e)}"
         return
     target = options.probe_target(work_dir)
     if target is None:

@@ -107,8 +107,12 @@ def rewrite_metadata(text: str, version: str) -> str:
 def rewrite_wheel_file(text: str, identity: WheelIdentity) -> str:
     """WHEEL with Tag lines that match the file name (the official one says linux_x86_64)."""
     python, abi, platforms = identity.tags.split("-")
-    tags = [f"{p}-{a}-{pl}" for p in python.split(".") for a in abi.split(".")
-            for pl in platforms.split(".")]
+    tags = [
+        f"{p}-{a}-{pl}"
+        for p in python.split(".")
+        for a in abi.split(".")
+        for pl in platforms.split(".")
+    ]
     kept = [ln for ln in text.splitlines() if ln and not ln.startswith(("Tag:", "Build:"))]
     if identity.build_tag:
         kept.append(f"Build: {identity.build_tag}")
@@ -207,11 +211,14 @@ def build_precompiled(
                     "belong to the patched source"
                 )
         new_content[path] = after
-        files.append(ChangedFile(
-            path=path, patches=owners,
-            sha256_before=sha256_bytes(before) if before is not None else None,
-            sha256_after=sha256_bytes(after) if after is not None else None,
-        ))
+        files.append(
+            ChangedFile(
+                path=path,
+                patches=owners,
+                sha256_before=sha256_bytes(before) if before is not None else None,
+                sha256_after=sha256_bytes(after) if after is not None else None,
+            )
+        )
 
     manifest = BuildManifest(
         version=identity.version,
@@ -223,7 +230,10 @@ def build_precompiled(
         validated_base=series.validated_base,
         patches=[
             PatchEntry(
-                id=o.patch_id, file=o.patch_file, sha256=o.sha256, status=o.status,
+                id=o.patch_id,
+                file=o.patch_file,
+                sha256=o.sha256,
+                status=o.status,
                 probe=_probe_name(series, o.patch_id),
                 probe_before=(o.probe_before or {}).get("status"),
                 probe_after=(o.probe_after or {}).get("status"),
@@ -301,8 +311,8 @@ def _members(
     for info in official.infolist():
         name = info.filename
         if name.startswith(old_info + "/"):
-            new_name = identity.dist_info + name[len(old_info):]
-            leaf = name[len(old_info) + 1:]
+            new_name = identity.dist_info + name[len(old_info) :]
+            leaf = name[len(old_info) + 1 :]
             if leaf == "RECORD":
                 continue
             if leaf == "METADATA":
@@ -326,8 +336,12 @@ def _members(
         if path not in by_name and data is not None:
             add_new(path, data, None, members)
     add_new(f"{identity.dist_info}/{MANIFEST_NAME}", manifest.to_bytes(), None, dist_members)
-    add_new(f"{identity.dist_info}/sboms/{SBOM_NAME}", sbom_bytes(manifest, identity.filename),
-            None, dist_members)
+    add_new(
+        f"{identity.dist_info}/sboms/{SBOM_NAME}",
+        sbom_bytes(manifest, identity.filename),
+        None,
+        dist_members,
+    )
     record_name = f"{identity.dist_info}/RECORD"
     lines = io.StringIO()
     writer = csv.writer(lines, lineterminator="\n")
@@ -335,8 +349,11 @@ def _members(
         writer.writerow([member.name, *hashes[member.name]])
     writer.writerow([record_name, "", ""])
     record_info = by_name[f"{old_info}/RECORD"]
-    dist_members.append(NewMember(record_name, lines.getvalue().encode(), stamp(record_info),
-                                  record_info.external_attr))
+    dist_members.append(
+        NewMember(
+            record_name, lines.getvalue().encode(), stamp(record_info), record_info.external_attr
+        )
+    )
     return members + dist_members
 
 
@@ -345,4 +362,3 @@ def _recorded(record: dict[str, tuple[str, str]], name: str) -> tuple[str, str]:
         return record[name]
     except KeyError:
         raise BuildError(f"official RECORD does not list {name}; the wheel is not valid") from None
-

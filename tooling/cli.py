@@ -26,6 +26,8 @@ from .errors import (
     PatchConflictError,
     SeriesError,
     ToolingError,
+    VerifyFixMissingError,
+    VerifyIntegrityError,
     exit_code_for,
 )
 from .export import check_export, export_patches
@@ -49,6 +51,7 @@ class Settings:
     offline: bool = False
     progress: bool = True
     json: bool = False
+    emitted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     """Options of a command group, read by its subcommands."""
 
@@ -64,8 +67,9 @@ class Settings:
         return series.without(list(skip)) if skip else series
 
     def fetch_options(self) -> FetchOptions:
-        return FetchOptions(cache=self.cache, index_url=self.index_url, offline=self.offline,
-                            progress=self.progress)
+        return FetchOptions(
+            cache=self.cache, index_url=self.index_url, offline=self.offline, progress=self.progress
+        )
 
     def probe_python(self, explicit: Path | None) -> Path | None:
         """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env."""
@@ -86,9 +90,13 @@ class ToolingGroup(click.Group):
             return super().invoke(ctx)
         except ToolingError as e:
             settings = ctx.find_object(Settings)
-            if settings is not None and settings.json:
-                click.echo(json.dumps({"ok": False, "error": str(e), "exit_code": e.exit_code,
-                                       **settings.extra}, indent=2))
+            if settings is not None and settings.json and not settings.emitted:
+                click.echo(
+                    json.dumps(
+                        {"ok": False, "error": str(e), "exit_code": e.exit_code, **settings.extra},
+                        indent=2,
+                    )
+                )
             click.echo(f"error: {e}", err=True)
             ctx.exit(exit_code_for(e))
 
@@ -98,11 +106,19 @@ def json_option(f):
         ctx.ensure_object(Settings).json = value
         return value
 
-    return click.option("--json", "as_json", is_flag=True, expose_value=False,
-                        callback=callback, help="Print one JSON document on stdout.")(f)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        expose_value=False,
+        callback=callback,
+        help="Print one JSON document on stdout.",
+    )(f)
 
 
 def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
+    """Print a command's result; a failure raised afterwards adds only its stderr line."""
+    settings.emitted = True
     if settings.json:
         click.echo(json.dumps(data, indent=2, default=str))
     else:
@@ -110,41 +126,77 @@ def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
 
 
 def base_options(f):
-    f = click.option("--base", "base_version", metavar="VERSION",
-                     help="Pinned upstream vLLM release (default: bases.toml's default).")(f)
-    f = click.option("--source", type=click.Choice(["pypi", "git"]), default="pypi",
-                     show_default=True, help="Where the upstream source comes from.")(f)
+    f = click.option(
+        "--base",
+        "base_version",
+        metavar="VERSION",
+        help="Pinned upstream vLLM release (default: bases.toml's default).",
+    )(f)
+    f = click.option(
+        "--source",
+        type=click.Choice(["pypi", "git"]),
+        default="pypi",
+        show_default=True,
+        help="Where the upstream source comes from.",
+    )(f)
     f = click.option("--git-url", metavar="URL", help="git remote (default: bases.toml's).")(f)
     f = click.option("--ref", metavar="REF", help="git tag or commit (default: the base's tag).")(f)
-    f = click.option("--allow-moving-ref", is_flag=True,
-                     help="Accept a branch name as --ref (not reproducible).")(f)
+    f = click.option(
+        "--allow-moving-ref", is_flag=True, help="Accept a branch name as --ref (not reproducible)."
+    )(f)
     return f
 
 
-def _fetch(settings: Settings, base_version: str | None, source: str, git_url: str | None,
-           ref: str | None, allow_moving_ref: bool, with_wheel: bool = True) -> Upstream:
+def _fetch(
+    settings: Settings,
+    base_version: str | None,
+    source: str,
+    git_url: str | None,
+    ref: str | None,
+    allow_moving_ref: bool,
+    with_wheel: bool = True,
+) -> Upstream:
     catalog = settings.catalog()
     base = catalog.get(base_version)
     git_request = None
     if source == "git":
-        git_request = GitRequest(url=git_url or catalog.git_url, ref=ref,
-                                 allow_moving_ref=allow_moving_ref)
+        git_request = GitRequest(
+            url=git_url or catalog.git_url, ref=ref, allow_moving_ref=allow_moving_ref
+        )
     return fetch_upstream(base, settings.fetch_options(), git=git_request, with_wheel=with_wheel)
 
 
 @click.group(cls=ToolingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tooling")
-@click.option("--cache-dir", type=click.Path(path_type=Path), envvar="VLLM_DFLASH_CACHE",
-              help="Artifact cache (default: $XDG_CACHE_HOME/vllm-dflash).")
-@click.option("--patches-dir", type=click.Path(path_type=Path),
-              help="Folder with bases.toml, series.toml and the patches.")
-@click.option("--index-url", default=DEFAULT_INDEX_URL, show_default=True,
-              envvar="TOOLING_INDEX_URL", help="PEP 503/691 simple index.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path),
+    envvar="VLLM_DFLASH_CACHE",
+    help="Artifact cache (default: $XDG_CACHE_HOME/vllm-dflash).",
+)
+@click.option(
+    "--patches-dir",
+    type=click.Path(path_type=Path),
+    help="Folder with bases.toml, series.toml and the patches.",
+)
+@click.option(
+    "--index-url",
+    default=DEFAULT_INDEX_URL,
+    show_default=True,
+    envvar="TOOLING_INDEX_URL",
+    help="PEP 503/691 simple index.",
+)
 @click.option("--offline", is_flag=True, help="Use only the cache; never touch the network.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_context
-def main(ctx: click.Context, cache_dir: Path | None, patches_dir: Path | None, index_url: str,
-         offline: bool, no_progress: bool) -> None:
+def main(
+    ctx: click.Context,
+    cache_dir: Path | None,
+    patches_dir: Path | None,
+    index_url: str,
+    offline: bool,
+    no_progress: bool,
+) -> None:
     """Fetch, patch, build, verify and smoke-test vLLM with the DFlash fixes."""
     settings = ctx.ensure_object(Settings)
     settings.cache = CacheLayout(cache_dir or default_cache_dir())
@@ -163,12 +215,20 @@ def _settings(ctx: click.Context) -> Settings:
 @click.option("--no-wheel", is_flag=True, help="Fetch only the source, not the official wheel.")
 @json_option
 @click.pass_context
-def fetch(ctx: click.Context, base_version: str | None, source: str, git_url: str | None,
-          ref: str | None, allow_moving_ref: bool, no_wheel: bool) -> None:
+def fetch(
+    ctx: click.Context,
+    base_version: str | None,
+    source: str,
+    git_url: str | None,
+    ref: str | None,
+    allow_moving_ref: bool,
+    no_wheel: bool,
+) -> None:
     """Bring a pinned upstream vLLM (wheel + sdist, or git) into the cache, verified."""
     settings = _settings(ctx)
-    upstream = _fetch(settings, base_version, source, git_url, ref, allow_moving_ref,
-                      with_wheel=not no_wheel)
+    upstream = _fetch(
+        settings, base_version, source, git_url, ref, allow_moving_ref, with_wheel=not no_wheel
+    )
     data = {
         "ok": True,
         "base": upstream.base.version,
@@ -179,11 +239,16 @@ def fetch(ctx: click.Context, base_version: str | None, source: str, git_url: st
         "commit": upstream.git.commit if upstream.git else None,
         "artifacts": upstream.artifacts(),
     }
-    rows = [[a["kind"], a.get("file") or a.get("url"), (a.get("sha256") or a.get("commit"))[:16]]
-            for a in upstream.artifacts()]
-    human = (f"vLLM {upstream.base.version} ({upstream.source}): source tree {upstream.source_dir}"
-             + (f"\nofficial wheel {upstream.wheel}" if upstream.wheel else "")
-             + "\n" + table(["artifact", "name", "digest"], rows))
+    rows = [
+        [a["kind"], a.get("file") or a.get("url"), (a.get("sha256") or a.get("commit"))[:16]]
+        for a in upstream.artifacts()
+    ]
+    human = (
+        f"vLLM {upstream.base.version} ({upstream.source}): source tree {upstream.source_dir}"
+        + (f"\nofficial wheel {upstream.wheel}" if upstream.wheel else "")
+        + "\n"
+        + table(["artifact", "name", "digest"], rows)
+    )
     emit(settings, data, human)
 
 
@@ -194,19 +259,28 @@ def _work_dir(work_dir: Path | None, upstream: Upstream) -> Path:
     return (Path("build") / "work" / f"vllm-{upstream.base.version}{suffix}").resolve()
 
 
-def _apply_options(settings: Settings, probe_python: Path | None, three_way: bool,
-                   keep_going: bool, series: Series) -> ApplyOptions:
+def _apply_options(
+    settings: Settings, probe_python: Path | None, three_way: bool, keep_going: bool, series: Series
+) -> ApplyOptions:
     preimages: tuple[bytes, ...] = ()
     if three_way and series.validated_base:
-        validated = fetch_upstream(settings.catalog().get(series.validated_base),
-                                   settings.fetch_options(), with_wheel=False)
+        validated = fetch_upstream(
+            settings.catalog().get(series.validated_base),
+            settings.fetch_options(),
+            with_wheel=False,
+        )
         preimages = tuple(
             (validated.source_dir / f).read_bytes()
-            for p in series.patches for f in p.files if (validated.source_dir / f).is_file()
+            for p in series.patches
+            for f in p.files
+            if (validated.source_dir / f).is_file()
         )
     return ApplyOptions(
-        probe_python=settings.probe_python(probe_python), three_way=three_way,
-        keep_going=keep_going, preimages=preimages, pycache=settings.cache.root / "pycache",
+        probe_python=settings.probe_python(probe_python),
+        three_way=three_way,
+        keep_going=keep_going,
+        preimages=preimages,
+        pycache=settings.cache.root / "pycache",
     )
 
 
@@ -243,28 +317,54 @@ def _fail_unless_ok(report: SeriesReport, settings: Settings) -> None:
 
 @main.group(cls=ToolingGroup, invoke_without_command=True)
 @base_options
-@click.option("--work-dir", type=click.Path(path_type=Path),
-              help="Work tree (default: build/work/vllm-<base>).")
-@click.option("--3way", "three_way", is_flag=True,
-              help="Fall back to a 3-way merge; kept only if the patch's probe then passes.")
+@click.option(
+    "--work-dir",
+    type=click.Path(path_type=Path),
+    help="Work tree (default: build/work/vllm-<base>).",
+)
+@click.option(
+    "--3way",
+    "three_way",
+    is_flag=True,
+    help="Fall back to a 3-way merge; kept only if the patch's probe then passes.",
+)
 @click.option("--keep-going", is_flag=True, help="Report every later patch after a conflict.")
 @click.option("--skip", multiple=True, metavar="PATCH_ID", help="Leave a patch out.")
-@click.option("--probe-python", type=click.Path(path_type=Path, exists=True),
-              help="Interpreter for the probes (default: $TOOLING_PROBE_PYTHON or the cached env).")
+@click.option(
+    "--probe-python",
+    type=click.Path(path_type=Path, exists=True),
+    help="Interpreter for the probes (default: $TOOLING_PROBE_PYTHON or the cached env).",
+)
 @json_option
 @click.pass_context
-def patch(ctx: click.Context, base_version: str | None, source: str, git_url: str | None,
-          ref: str | None, allow_moving_ref: bool, work_dir: Path | None, three_way: bool,
-          keep_going: bool, skip: tuple[str, ...], probe_python: Path | None) -> None:
+def patch(
+    ctx: click.Context,
+    base_version: str | None,
+    source: str,
+    git_url: str | None,
+    ref: str | None,
+    allow_moving_ref: bool,
+    work_dir: Path | None,
+    three_way: bool,
+    keep_going: bool,
+    skip: tuple[str, ...],
+    probe_python: Path | None,
+) -> None:
     """Apply the patch series to a pinned base in a git work tree (one commit per patch)."""
     if ctx.invoked_subcommand is not None:
-        ctx.obj.extra = {"base": base_version, "source": source, "work_dir": work_dir,
-                         "probe_python": probe_python, "three_way": three_way}
+        ctx.obj.extra = {
+            "base": base_version,
+            "source": source,
+            "work_dir": work_dir,
+            "probe_python": probe_python,
+            "three_way": three_way,
+        }
         return
     settings = _settings(ctx)
     series = settings.series(skip)
-    upstream = _fetch(settings, base_version, source, git_url, ref, allow_moving_ref,
-                      with_wheel=False)
+    upstream = _fetch(
+        settings, base_version, source, git_url, ref, allow_moving_ref, with_wheel=False
+    )
     options = _apply_options(settings, probe_python, three_way, keep_going, series)
     report = apply_series(upstream, series, _work_dir(work_dir, upstream), options)
     emit(settings, report.to_json(), _report_text(report))
@@ -278,8 +378,13 @@ def _parse_bases(catalog: BaseCatalog, spec: str) -> list[Base]:
 
 
 @patch.command("status")
-@click.option("--bases", "bases_spec", default="all", show_default=True,
-              help="Comma-separated releases, or all pinned ones.")
+@click.option(
+    "--bases",
+    "bases_spec",
+    default="all",
+    show_default=True,
+    help="Comma-separated releases, or all pinned ones.",
+)
 @click.option("--workers", type=int, default=os.cpu_count() or 2, show_default=True)
 @json_option
 @click.pass_context
@@ -289,11 +394,16 @@ def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
     series = settings.series()
     bases = _parse_bases(settings.catalog(), bases_spec)
     extra = settings.extra
-    options = _apply_options(settings, extra.get("probe_python"), extra.get("three_way", False),
-                             True, series)
+    options = _apply_options(
+        settings, extra.get("probe_python"), extra.get("three_way", False), True, series
+    )
     started = time.perf_counter()
     results = status_matrix(
-        bases, series, settings.fetch_options(), options, workers=workers,
+        bases,
+        series,
+        settings.fetch_options(),
+        options,
+        workers=workers,
         on_done=lambda r: click.echo(f"  {r.base}: done", err=True) if not settings.json else None,
     )
     seconds = time.perf_counter() - started
@@ -302,13 +412,24 @@ def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
     notes = [f"{r.base}: {r.error}" for r in results if r.error]
     human = table(["base", *ids], rows) + "".join(f"\n{n}" for n in notes)
     human += f"\n{len(bases)} releases in {seconds:.1f}s (! = applied but its probe is not present)"
-    emit(settings, {"ok": not notes, "seconds": seconds, "patches": ids,
-                    "bases": [r.to_json() for r in results]}, human)
+    emit(
+        settings,
+        {
+            "ok": not notes,
+            "seconds": seconds,
+            "patches": ids,
+            "bases": [r.to_json() for r in results],
+        },
+        human,
+    )
 
 
 @patch.command("export")
-@click.option("--check", is_flag=True,
-              help="Apply the series to a scratch tree and fail if patches/ would change.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Apply the series to a scratch tree and fail if patches/ would change.",
+)
 @json_option
 @click.pass_context
 def patch_export(ctx: click.Context, check: bool) -> None:
@@ -317,8 +438,15 @@ def patch_export(ctx: click.Context, check: bool) -> None:
     extra = settings.extra
     if check:
         series = settings.series()
-        upstream = _fetch(settings, extra.get("base") or series.validated_base,
-                          extra.get("source", "pypi"), None, None, False, with_wheel=False)
+        upstream = _fetch(
+            settings,
+            extra.get("base") or series.validated_base,
+            extra.get("source", "pypi"),
+            None,
+            None,
+            False,
+            with_wheel=False,
+        )
         result = check_export(upstream, series)
     else:
         series = load_series(settings.patches_dir / "series.toml", check_digests=False)
@@ -328,23 +456,36 @@ def patch_export(ctx: click.Context, check: bool) -> None:
             raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
         result = export_patches(Path(work), series)
     rows = [[p.file, p.state, p.sha256[:16]] for p in result.patches]
-    emit(settings, {"ok": not (check and result.drifted), "check": check,
-                    "patches": [vars(p) for p in result.patches]},
-         table(["patch file", "state", "sha256"], rows))
+    emit(
+        settings,
+        {
+            "ok": not (check and result.drifted),
+            "check": check,
+            "patches": [vars(p) for p in result.patches],
+        },
+        table(["patch file", "state", "sha256"], rows),
+    )
     if check and result.drifted:
         names = ", ".join(f"{p.file} ({p.state})" for p in result.drifted)
         raise SeriesError(f"patches/ is out of date: {names}; run `tooling patch export`")
 
 
-def ensure_patched(settings: Settings, upstream: Upstream, series: Series,
-                   work_dir: Path | None, probe_python: Path | None,
-                   require_probes: bool) -> SeriesReport:
+def ensure_patched(
+    settings: Settings,
+    upstream: Upstream,
+    series: Series,
+    work_dir: Path | None,
+    probe_python: Path | None,
+    require_probes: bool,
+) -> SeriesReport:
     """The applied series for ``upstream``: reused when the work tree is current, else applied."""
     work = _work_dir(work_dir, upstream)
     options = _apply_options(settings, probe_python, False, False, series)
     if require_probes and options.probe_python is None:
-        raise BuildError("no probe interpreter: run `tooling probe-env`, set "
-                         "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)")
+        raise BuildError(
+            "no probe interpreter: run `tooling probe-env`, set "
+            "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)"
+        )
     if work.is_dir():
         report = reusable_report(work, upstream, series)
         if report is not None and (report.probe_python or not require_probes):
@@ -355,57 +496,113 @@ def ensure_patched(settings: Settings, upstream: Upstream, series: Series,
 
 
 def _build_text(result: BuildResult, report: SeriesReport) -> str:
-    rows = [[o.patch_id, o.status, (o.probe_after or {}).get("status", "-")]
-            for o in report.outcomes]
-    return "\n".join([
-        table(["patch", "status", "probe"], rows),
-        table(["wheel", "version", "sha256", "size", "time"],
-              [[str(result.path), result.version, result.sha256,
-                human_size(result.size), f"{result.seconds:.2f}s"]]),
-    ])
+    rows = [
+        [o.patch_id, o.status, (o.probe_after or {}).get("status", "-")] for o in report.outcomes
+    ]
+    return "\n".join(
+        [
+            table(["patch", "status", "probe"], rows),
+            table(
+                ["wheel", "version", "sha256", "size", "time"],
+                [
+                    [
+                        str(result.path),
+                        result.version,
+                        result.sha256,
+                        human_size(result.size),
+                        f"{result.seconds:.2f}s",
+                    ]
+                ],
+            ),
+        ]
+    )
 
 
 @main.command()
 @base_options
-@click.option("--mode", type=click.Choice(["precompiled", "source"]), default="precompiled",
-              show_default=True, help="Reuse the official kernels, or run vLLM's own build.")
-@click.option("--skip", multiple=True, metavar="PATCH_ID",
-              help="Build without this patch (ablation); recorded in version and manifest.")
+@click.option(
+    "--mode",
+    type=click.Choice(["precompiled", "source"]),
+    default="precompiled",
+    show_default=True,
+    help="Reuse the official kernels, or run vLLM's own build.",
+)
+@click.option(
+    "--skip",
+    multiple=True,
+    metavar="PATCH_ID",
+    help="Build without this patch (ablation); recorded in version and manifest.",
+)
 @click.option("--build-tag", metavar="N", help="Keep the base version; mark with build tag N.")
-@click.option("--dist", "dist_dir", type=click.Path(path_type=Path), default=Path("dist"),
-              show_default=True)
+@click.option(
+    "--dist", "dist_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True
+)
 @click.option("--work-dir", type=click.Path(path_type=Path))
 @click.option("--probe-python", type=click.Path(path_type=Path, exists=True))
 @click.option("--no-probes", is_flag=True, help="Build without behavioural checks.")
-@click.option("--use-precompiled-kernels", is_flag=True,
-              help="Source mode: vLLM's Python-only build against the cached official wheel.")
+@click.option(
+    "--use-precompiled-kernels",
+    is_flag=True,
+    help="Source mode: vLLM's Python-only build against the cached official wheel.",
+)
 @json_option
 @click.pass_context
-def build(ctx: click.Context, base_version: str | None, source: str, git_url: str | None,
-          ref: str | None, allow_moving_ref: bool, mode: str, skip: tuple[str, ...],
-          build_tag: str | None, dist_dir: Path, work_dir: Path | None,
-          probe_python: Path | None, no_probes: bool, use_precompiled_kernels: bool) -> None:
+def build(
+    ctx: click.Context,
+    base_version: str | None,
+    source: str,
+    git_url: str | None,
+    ref: str | None,
+    allow_moving_ref: bool,
+    mode: str,
+    skip: tuple[str, ...],
+    build_tag: str | None,
+    dist_dir: Path,
+    work_dir: Path | None,
+    probe_python: Path | None,
+    no_probes: bool,
+    use_precompiled_kernels: bool,
+) -> None:
     """Build the patched CUDA wheel into dist/."""
     settings = _settings(ctx)
     series = settings.series(skip)
     upstream = _fetch(settings, base_version, source, git_url, ref, allow_moving_ref)
-    report = ensure_patched(settings, upstream, series, work_dir,
-                            None if no_probes else probe_python, require_probes=not no_probes)
+    report = ensure_patched(
+        settings,
+        upstream,
+        series,
+        work_dir,
+        None if no_probes else probe_python,
+        require_probes=not no_probes,
+    )
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     if mode == "source":
         from .source_build import SourceBuildOptions, build_from_source
 
-        result = build_from_source(upstream, series, report, SourceBuildOptions(
-            dist_dir=dist_dir, use_precompiled_kernels=use_precompiled_kernels,
-            build_tag=build_tag, source_date_epoch=int(epoch) if epoch else None,
-        ))
+        result = build_from_source(
+            upstream,
+            series,
+            report,
+            SourceBuildOptions(
+                dist_dir=dist_dir,
+                use_precompiled_kernels=use_precompiled_kernels,
+                build_tag=build_tag,
+                source_date_epoch=int(epoch) if epoch else None,
+            ),
+        )
     else:
         if use_precompiled_kernels:
             raise BuildError("--use-precompiled-kernels goes with --mode source")
-        result = build_precompiled(upstream, series, report, BuildOptions(
-            dist_dir=dist_dir, build_tag=build_tag,
-            source_date_epoch=int(epoch) if epoch else None,
-        ))
+        result = build_precompiled(
+            upstream,
+            series,
+            report,
+            BuildOptions(
+                dist_dir=dist_dir,
+                build_tag=build_tag,
+                source_date_epoch=int(epoch) if epoch else None,
+            ),
+        )
     data = {
         "ok": True,
         "wheel": str(result.path),
@@ -415,23 +612,33 @@ def build(ctx: click.Context, base_version: str | None, source: str, git_url: st
         "size": result.size,
         "mode": result.mode,
         "seconds": result.seconds,
-        "patches": [{"id": o.patch_id, "status": o.status,
-                     "probe": (o.probe_after or {}).get("status")} for o in report.outcomes],
+        "patches": [
+            {"id": o.patch_id, "status": o.status, "probe": (o.probe_after or {}).get("status")}
+            for o in report.outcomes
+        ],
         "notes": result.notes,
     }
     emit(settings, data, _build_text(result, report))
 
 
 @main.command()
-@click.option("--root", type=click.Path(path_type=Path, exists=True, file_okay=False),
-              help="A folder holding vllm/ (default: the interpreter's installed vLLM).")
-@click.option("--python", "python", type=click.Path(path_type=Path, exists=True),
-              help="Interpreter to probe with (default: the probe environment).")
+@click.option(
+    "--root",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="A folder holding vllm/ (default: the interpreter's installed vLLM).",
+)
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(path_type=Path, exists=True),
+    help="Interpreter to probe with (default: the probe environment).",
+)
 @click.option("--probe", "names", multiple=True, type=click.Choice(ALL_PROBES))
 @json_option
 @click.pass_context
-def probe(ctx: click.Context, root: Path | None, python: Path | None,
-          names: tuple[str, ...]) -> None:
+def probe(
+    ctx: click.Context, root: Path | None, python: Path | None, names: tuple[str, ...]
+) -> None:
     """Run the behavioural probes against a vLLM tree or environment."""
     settings = _settings(ctx)
     interpreter = python or settings.probe_python(None) or Path(sys.executable)
@@ -440,8 +647,11 @@ def probe(ctx: click.Context, root: Path | None, python: Path | None,
         names or ALL_PROBES,
     )
     rows = [[r.probe, r.status, r.evidence] for r in results.values()]
-    emit(settings, {"ok": True, "results": [r.to_json() for r in results.values()]},
-         table(["probe", "status", "evidence"], rows))
+    emit(
+        settings,
+        {"ok": True, "results": [r.to_json() for r in results.values()]},
+        table(["probe", "status", "evidence"], rows),
+    )
 
 
 @main.command("probe-env")
@@ -452,3 +662,104 @@ def probe_env(ctx: click.Context) -> None:
     settings = _settings(ctx)
     python = ensure_probe_env(settings.cache)
     emit(settings, {"ok": True, "python": str(python)}, str(python))
+
+
+@main.command("verify")
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(path_type=Path, exists=True),
+    help="Interpreter of the environment to verify (default: this one).",
+)
+@click.option(
+    "--site-packages",
+    "site",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="A site-packages folder to verify instead.",
+)
+@click.option(
+    "--wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="pip-install this wheel into a fresh virtualenv and verify that.",
+)
+@click.option(
+    "--require",
+    "require_spec",
+    default="all",
+    show_default=True,
+    help="Fixes that must be present: all, or e.g. 1,3 (numbers, patch ids, probes).",
+)
+@click.option(
+    "--probe-python",
+    type=click.Path(path_type=Path, exists=True),
+    help="With --site-packages: the interpreter that imports it (default: probe env).",
+)
+@json_option
+@click.pass_context
+def verify_command(
+    ctx: click.Context,
+    python: Path | None,
+    site: Path | None,
+    wheel: Path | None,
+    require_spec: str,
+    probe_python: Path | None,
+) -> None:
+    """Check an installed vLLM: files against RECORD, and each fix by behaviour."""
+    import tempfile
+
+    from .verify import (
+        install_into_fresh_env,
+        locate_in_site,
+        locate_with_python,
+        parse_require,
+        verify,
+    )
+
+    settings = _settings(ctx)
+    required = parse_require(require_spec)
+    pycache = settings.cache.root / "pycache"
+    scratch = tempfile.TemporaryDirectory(prefix="dflash-verify-")
+    ctx.call_on_close(scratch.cleanup)
+    if wheel is not None:
+        interpreter = settings.probe_python(probe_python)
+        if interpreter is None:
+            raise BuildError("--wheel needs the probe environment: run `tooling probe-env`")
+        python = install_into_fresh_env(wheel.resolve(), interpreter, Path(scratch.name) / "venv")
+    if site is not None:
+        dist = locate_in_site(site.resolve())
+        interpreter = settings.probe_python(probe_python) or Path(sys.executable)
+        target = ProbeTarget(python=interpreter, root=site.resolve(), pycache=pycache)
+    else:
+        interpreter = python or Path(sys.executable)
+        dist = locate_with_python(interpreter)
+        target = ProbeTarget(python=interpreter, pycache=pycache)
+    report = verify(dist, target, required)
+    built = (
+        f"built by this toolchain ({report.manifest.mode}, series "
+        f"{report.manifest.series_digest[:12]})"
+        if report.manifest
+        else "not built by us"
+    )
+    lines = [f"vllm {dist.version} at {dist.site} ({built})"]
+    lines += [
+        f"{p.kind}: {p.path}"
+        + (f" ({p.detail})" if p.detail else "")
+        + (f" [patch {', '.join(p.patches)}]" if p.patches else "")
+        for p in report.problems
+    ]
+    lines.append(
+        table(
+            ["fix", "patch", "state", "evidence"],
+            [[f.number, f.patch_id, f.state, f.evidence[:100]] for f in report.fixes],
+        )
+    )
+    emit(settings, report.to_json(), "\n".join(lines))
+    if not report.integrity_ok:
+        first = report.problems[0]
+        raise VerifyIntegrityError(
+            f"{len(report.problems)} file(s) differ from RECORD, first: {first.kind} {first.path}"
+            + (f" (patch {', '.join(first.patches)})" if first.patches else "")
+        )
+    if report.missing_fixes:
+        names = ", ".join(f"{f.number} {f.patch_id} ({f.state})" for f in report.missing_fixes)
+        raise VerifyFixMissingError(f"required fix not present: {names}")

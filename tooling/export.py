@@ -83,7 +83,7 @@ def update_ledger(series_path: Path, file_name: str, digest: str) -> None:
     new, count = pattern.subn(rf"\g<1>{digest}\g<2>", text)
     if count != 1:
         raise SeriesError(
-            f"{series_path}: expected `file = \"{file_name}\"` followed by its sha256 line"
+            f'{series_path}: expected `file = "{file_name}"` followed by its sha256 line'
         )
     atomic_write_text(series_path, new)
 
@@ -107,7 +107,8 @@ def check_export(upstream: Upstream, series: Series) -> ExportResult:
     """Apply the series to a scratch tree and compare its export with patches/ (no writes)."""
     with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
         work = Path(tmp) / "work"
-        apply_series(upstream, series, work, ApplyOptions(probe_python=None,
-                                                          log_dir=Path(tmp) / "logs"))
+        apply_series(
+            upstream, series, work, ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs")
+        )
         rendered = render_patches(git.Repo(work))
     return compare(rendered, series.path.parent, series)

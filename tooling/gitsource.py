@@ -21,7 +21,7 @@ from .bases import Base
 from .errors import ArchiveError, CacheMissError, GitSourceError
 from .fsutil import staging_dir
 from .paths import CacheLayout
-from .worktree import git_error_lines
+from .worktree import git_error_summary
 
 _REFSPECS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
@@ -45,12 +45,6 @@ def clone_dir(cache: CacheLayout, url: str) -> Path:
     return cache.git / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:12]}.git"
 
 
-def _first_line(error: git.GitCommandError) -> str:
-    lines = git_error_lines(error)
-    meaningful = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
-    return (meaningful or lines or ["git failed"])[-1]
-
-
 def update_clone(url: str, cache: CacheLayout, offline: bool) -> git.Repo:
     """Create or refresh the cached bare clone of ``url``."""
     path = clone_dir(cache, url)
@@ -60,7 +54,8 @@ def update_clone(url: str, cache: CacheLayout, offline: bool) -> git.Repo:
             try:
                 repo.git.fetch(url, *_REFSPECS, "--prune")
             except git.GitCommandError as e:
-                raise GitSourceError(f"git remote {url} cannot be read: {_first_line(e)}") from None
+                summary = git_error_summary(e)
+                raise GitSourceError(f"git remote {url} cannot be read: {summary}") from None
         return repo
     if offline:
         raise CacheMissError(f"--offline: no cached clone of {url} in {cache.git}")
@@ -69,7 +64,7 @@ def update_clone(url: str, cache: CacheLayout, offline: bool) -> git.Repo:
             repo = git.Repo.init(tmp, bare=True)
             repo.git.fetch(url, *_REFSPECS)
     except git.GitCommandError as e:
-        raise GitSourceError(f"git remote {url} cannot be read: {_first_line(e)}") from None
+        raise GitSourceError(f"git remote {url} cannot be read: {git_error_summary(e)}") from None
     return git.Repo(path)
 
 

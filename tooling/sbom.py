@@ -43,11 +43,13 @@ def spdx_document(manifest: BuildManifest, wheel_filename: str) -> dict[str, Any
                 f"vLLM {manifest.base_version} with the DFlash patch series "
                 f"{manifest.series_digest[:12]} ({manifest.mode} build)"
             ),
-            "externalRefs": [{
-                "referenceCategory": "PACKAGE-MANAGER",
-                "referenceType": "purl",
-                "referenceLocator": f"pkg:pypi/vllm@{manifest.version}",
-            }],
+            "externalRefs": [
+                {
+                    "referenceCategory": "PACKAGE-MANAGER",
+                    "referenceType": "purl",
+                    "referenceLocator": f"pkg:pypi/vllm@{manifest.version}",
+                }
+            ],
         },
         {
             "SPDXID": upstream_id,
@@ -58,53 +60,71 @@ def spdx_document(manifest: BuildManifest, wheel_filename: str) -> dict[str, Any
             "licenseDeclared": "Apache-2.0",
             "copyrightText": "NOASSERTION",
             "supplier": "Organization: vLLM project",
-            "externalRefs": [{
-                "referenceCategory": "PACKAGE-MANAGER",
-                "referenceType": "purl",
-                "referenceLocator": f"pkg:pypi/vllm@{manifest.base_version}",
-            }],
+            "externalRefs": [
+                {
+                    "referenceCategory": "PACKAGE-MANAGER",
+                    "referenceType": "purl",
+                    "referenceLocator": f"pkg:pypi/vllm@{manifest.base_version}",
+                }
+            ],
         },
     ]
     relationships: list[dict[str, str]] = [
-        {"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES",
-         "relatedSpdxElement": dist_id},
-        {"spdxElementId": dist_id, "relationshipType": "DESCENDANT_OF",
-         "relatedSpdxElement": upstream_id},
+        {
+            "spdxElementId": "SPDXRef-DOCUMENT",
+            "relationshipType": "DESCRIBES",
+            "relatedSpdxElement": dist_id,
+        },
+        {
+            "spdxElementId": dist_id,
+            "relationshipType": "DESCENDANT_OF",
+            "relatedSpdxElement": upstream_id,
+        },
     ]
     for artifact in manifest.upstream:
         if "sha256" not in artifact:
             continue
         art_id = _spdx_id(f"artifact-{artifact['file']}")
-        packages.append({
-            "SPDXID": art_id,
-            "name": artifact["file"],
-            "versionInfo": manifest.base_version,
-            "packageFileName": artifact["file"],
-            "downloadLocation": "https://pypi.org/project/vllm/" + manifest.base_version,
-            "checksums": [{"algorithm": "SHA256", "checksumValue": artifact["sha256"]}],
-            "licenseConcluded": "Apache-2.0",
-            "licenseDeclared": "Apache-2.0",
-            "copyrightText": "NOASSERTION",
-            "comment": f"official {artifact['kind']} of vLLM {manifest.base_version}",
-        })
+        packages.append(
+            {
+                "SPDXID": art_id,
+                "name": artifact["file"],
+                "versionInfo": manifest.base_version,
+                "packageFileName": artifact["file"],
+                "downloadLocation": "https://pypi.org/project/vllm/" + manifest.base_version,
+                "checksums": [{"algorithm": "SHA256", "checksumValue": artifact["sha256"]}],
+                "licenseConcluded": "Apache-2.0",
+                "licenseDeclared": "Apache-2.0",
+                "copyrightText": "NOASSERTION",
+                "comment": f"official {artifact['kind']} of vLLM {manifest.base_version}",
+            }
+        )
         relation = "GENERATED_FROM" if artifact["kind"] == "wheel" else "DEPENDS_ON"
-        relationships.append({"spdxElementId": dist_id, "relationshipType": relation,
-                              "relatedSpdxElement": art_id})
+        relationships.append(
+            {"spdxElementId": dist_id, "relationshipType": relation, "relatedSpdxElement": art_id}
+        )
     files: list[dict[str, Any]] = []
     for patch in manifest.patches:
         if patch.status != "applied":
             continue
         patch_id = _spdx_id(f"patch-{patch.id}")
-        files.append({
-            "SPDXID": patch_id,
-            "fileName": f"./patches/{patch.file}",
-            "checksums": [{"algorithm": "SHA256", "checksumValue": patch.sha256}],
-            "licenseConcluded": "Apache-2.0",
-            "copyrightText": "NOASSERTION",
-            "comment": f"patch {patch.id}, verified by probe {patch.probe}",
-        })
-        relationships.append({"spdxElementId": patch_id, "relationshipType": "PATCH_APPLIED",
-                              "relatedSpdxElement": dist_id})
+        files.append(
+            {
+                "SPDXID": patch_id,
+                "fileName": f"./patches/{patch.file}",
+                "checksums": [{"algorithm": "SHA256", "checksumValue": patch.sha256}],
+                "licenseConcluded": "Apache-2.0",
+                "copyrightText": "NOASSERTION",
+                "comment": f"patch {patch.id}, verified by probe {patch.probe}",
+            }
+        )
+        relationships.append(
+            {
+                "spdxElementId": patch_id,
+                "relationshipType": "PATCH_APPLIED",
+                "relatedSpdxElement": dist_id,
+            }
+        )
     return {
         "spdxVersion": "SPDX-2.3",
         "dataLicense": "CC0-1.0",
@@ -122,5 +142,6 @@ def spdx_document(manifest: BuildManifest, wheel_filename: str) -> dict[str, Any
 
 
 def sbom_bytes(manifest: BuildManifest, wheel_filename: str) -> bytes:
-    return (json.dumps(spdx_document(manifest, wheel_filename), indent=2, sort_keys=True)
-            + "\n").encode("utf-8")
+    return (
+        json.dumps(spdx_document(manifest, wheel_filename), indent=2, sort_keys=True) + "\n"
+    ).encode("utf-8")

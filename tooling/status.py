@@ -35,8 +35,11 @@ class BaseStatus:
         return outcome.status + ("!" if outcome.problem else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"base": self.base, "error": self.error,
-                "report": self.report.to_json() if self.report else None}
+        return {
+            "base": self.base,
+            "error": self.error,
+            "report": self.report.to_json() if self.report else None,
+        }
 
 
 def base_status(
@@ -46,10 +49,17 @@ def base_status(
         upstream = fetch_upstream(base, fetch, with_wheel=False)
         work = scratch / f"vllm-{base.version}"
         report = apply_series(
-            upstream, series, work,
-            ApplyOptions(probe_python=options.probe_python, three_way=options.three_way,
-                         keep_going=True, preimages=options.preimages,
-                         log_dir=scratch / f"logs-{base.version}", pycache=options.pycache),
+            upstream,
+            series,
+            work,
+            ApplyOptions(
+                probe_python=options.probe_python,
+                three_way=options.three_way,
+                keep_going=True,
+                preimages=options.preimages,
+                log_dir=scratch / f"logs-{base.version}",
+                pycache=options.pycache,
+            ),
         )
         return BaseStatus(base.version, report)
     except ToolingError as e:

@@ -111,9 +111,7 @@ def _data_offset(src: BinaryIO, info: zipfile.ZipInfo) -> int:
     return info.header_offset + _LOCAL.size + fields[9] + fields[10]
 
 
-def write_wheel(
-    target: BinaryIO, source_path: Path, members: Iterable[Member]
-) -> str:
+def write_wheel(target: BinaryIO, source_path: Path, members: Iterable[Member]) -> str:
     """Write ``members`` in order as a zip to ``target``; return the output's sha256."""
     out = _HashingWriter(target)
     central: list[bytes] = []
@@ -138,8 +136,22 @@ def write_wheel(
             flags = _UTF8_FLAG if not member.name.isascii() else 0
             dos_time, dos_date = _dos(date_time)
             offset = out.offset
-            out.write(_LOCAL.pack(_LOCAL_SIG, 20, flags, method, dos_time, dos_date, crc,
-                                  csize, usize, len(name), 0) + name)
+            out.write(
+                _LOCAL.pack(
+                    _LOCAL_SIG,
+                    20,
+                    flags,
+                    method,
+                    dos_time,
+                    dos_date,
+                    crc,
+                    csize,
+                    usize,
+                    len(name),
+                    0,
+                )
+                + name
+            )
             if isinstance(member, CopiedMember):
                 src.seek(start)
                 remaining = csize
@@ -152,8 +164,26 @@ def write_wheel(
             else:
                 out.write(payload)
             central.append(
-                _CENTRAL.pack(_CENTRAL_SIG, (3 << 8) | 20, 20, flags, method, dos_time, dos_date,
-                              crc, csize, usize, len(name), 0, 0, 0, 0, attr, offset) + name
+                _CENTRAL.pack(
+                    _CENTRAL_SIG,
+                    (3 << 8) | 20,
+                    20,
+                    flags,
+                    method,
+                    dos_time,
+                    dos_date,
+                    crc,
+                    csize,
+                    usize,
+                    len(name),
+                    0,
+                    0,
+                    0,
+                    0,
+                    attr,
+                    offset,
+                )
+                + name
             )
     directory_offset = out.offset
     for entry in central:

@@ -51,6 +51,16 @@ def git_error_lines(error: git.GitCommandError) -> list[str]:
     return [ln.strip() for ln in text.splitlines() if ln.strip()]
 
 
+def git_error_summary(error: git.GitCommandError) -> str:
+    """The line of git's complaint that names the problem (not its hints)."""
+    lines = git_error_lines(error)
+    for prefix in ("CONFLICT", "fatal:", "error:"):
+        hits = [ln for ln in lines if ln.startswith(prefix)]
+        if hits:
+            return hits[0]
+    return lines[-1] if lines else "git failed"
+
+
 def git_env(author_date: str | None = None) -> dict[str, str]:
     name, email = IDENTITY
     env = {

@@ -1,0 +1,50 @@
+# One command builds the patched wheel, one runs the tests; both set themselves up.
+# `make help` lists every target.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TOOLING := $(BIN)/tooling
+STAMP := $(VENV)/.installed
+DIST := dist
+# Reproducible builds: the same commit gives the same wheel, byte for byte.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 315532800)
+export SOURCE_DATE_EPOCH
+
+.DEFAULT_GOAL := help
+.PHONY: help wheel test lint verify smoke status release bench clean probe-env
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+probe-env: $(STAMP) ## Create the cached CPU interpreter the behavioural probes run in
+	@$(TOOLING) probe-env
+
+wheel: $(STAMP) ## Build the patched vLLM 0.20.1 CUDA wheel into dist/
+	@$(TOOLING) probe-env >/dev/null
+	$(TOOLING) build --dist $(DIST)
+
+test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts)
+	TOOLING_PROBE_PYTHON="$$($(TOOLING) probe-env)" $(BIN)/pytest -q
+
+lint: $(STAMP) ## ruff, and the CI workflows against their schema
+	$(BIN)/ruff check tooling tests bench
+	$(BIN)/ruff format --check tooling tests bench
+
+verify: $(STAMP) ## Install dist/'s wheel in a fresh virtualenv and verify it
+	@$(TOOLING) probe-env >/dev/null
+	@set -- $(DIST)/vllm-*.whl; [ -f "$$1" ] || { echo "error: no wheel in $(DIST)/ (run make wheel)" >&2; exit 2; }; \
+	  [ $$# -eq 1 ] || { echo "error: several wheels in $(DIST)/: $$*" >&2; exit 2; }; \
+	  $(TOOLING) verify --wheel "$$1"
+
+status: $(STAMP) ## Status of every patch on every pinned release (the canary)
+	@$(TOOLING) probe-env >/dev/null
+	$(TOOLING) patch status --bases all
+
+clean: ## Remove build outputs (not the artifact cache)
+	rm -rf build $(DIST) .pytest_cache

@@ -1,0 +1,101 @@
+"""Shared fixtures: the real pinned artifacts (cached per user), the probe interpreter, and
+the patched 0.20.1 work tree and wheel, each made once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tooling.apply import ApplyOptions, SeriesReport, apply_series
+from tooling.bases import BaseCatalog, load_bases
+from tooling.build import BuildOptions, BuildResult, build_precompiled
+from tooling.fetch import FetchOptions
+from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
+from tooling.probe_env import ensure_probe_env
+from tooling.series import Series, load_series
+from tooling.upstream import Upstream, fetch_upstream
+
+PATCHES = REPO_DIR / "patches"
+
+
+@pytest.fixture(scope="session")
+def cache() -> CacheLayout:
+    """The real per-user cache: vLLM artifacts are downloaded once per machine."""
+    return CacheLayout(default_cache_dir())
+
+
+@pytest.fixture(scope="session")
+def catalog() -> BaseCatalog:
+    return load_bases(PATCHES / "bases.toml")
+
+
+@pytest.fixture(scope="session")
+def series() -> Series:
+    return load_series(PATCHES / "series.toml")
+
+
+@pytest.fixture(scope="session")
+def fetch_options(cache: CacheLayout) -> FetchOptions:
+    return FetchOptions(cache=cache, progress=False)
+
+
+@pytest.fixture(scope="session")
+def probe_python(cache: CacheLayout) -> Path:
+    """The CPU interpreter with torch and vLLM's imports ($TOOLING_PROBE_PYTHON, else built)."""
+    value = os.environ.get("TOOLING_PROBE_PYTHON")
+    return Path(value) if value else ensure_probe_env(cache)
+
+
+@pytest.fixture(scope="session")
+def upstream_0201(catalog: BaseCatalog, fetch_options: FetchOptions) -> Upstream:
+    return fetch_upstream(catalog.get("0.20.1"), fetch_options)
+
+
+@pytest.fixture(scope="session")
+def upstream_0220(catalog: BaseCatalog, fetch_options: FetchOptions) -> Upstream:
+    return fetch_upstream(catalog.get("0.22.0"), fetch_options)
+
+
+def apply_options(probe_python: Path | None, cache: CacheLayout, **kw) -> ApplyOptions:
+    return ApplyOptions(probe_python=probe_python, pycache=cache.root / "pycache", **kw)
+
+
+@pytest.fixture(scope="session")
+def patched_0201(
+    tmp_path_factory,
+    upstream_0201: Upstream,
+    series: Series,
+    probe_python: Path,
+    cache: CacheLayout,
+) -> SeriesReport:
+    """The series applied to 0.20.1 with probes before and after (about 30 s)."""
+    work = tmp_path_factory.mktemp("patched") / "vllm-0.20.1"
+    return apply_series(upstream_0201, series, work, apply_options(probe_python, cache))
+
+
+@pytest.fixture(scope="session")
+def built_wheel(
+    tmp_path_factory, upstream_0201: Upstream, series: Series, patched_0201: SeriesReport
+) -> BuildResult:
+    dist = tmp_path_factory.mktemp("dist")
+    return build_precompiled(
+        upstream_0201,
+        series,
+        patched_0201,
+        BuildOptions(dist_dir=dist, source_date_epoch=1795910400),
+    )
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst

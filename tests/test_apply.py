@@ -1,0 +1,204 @@
+"""The apply engine on real vLLM release sources: statuses, probes, conflicts, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+
+from tooling import worktree
+from tooling.apply import (
+    ALREADY_APPLIED,
+    APPLIED,
+    CONFLICT,
+    NOT_ATTEMPTED,
+    SUPERSEDED,
+    apply_series,
+    decide,
+)
+from tooling.errors import SeriesError
+from tooling.probes import ABSENT, PRESENT
+from tooling.series import load_series
+from tooling.upstream import Upstream
+
+from .conftest import PATCHES, apply_options, copy_tree
+
+
+@pytest.mark.parametrize(
+    ("forward", "reverse", "probe", "expected"),
+    [
+        (True, False, ABSENT, APPLIED),
+        (True, False, None, APPLIED),
+        (True, False, PRESENT, SUPERSEDED),  # never fix the fix: +1 twice is +2
+        (False, True, PRESENT, ALREADY_APPLIED),
+        (False, True, ABSENT, ALREADY_APPLIED),
+        (False, False, PRESENT, SUPERSEDED),
+        (False, False, ABSENT, CONFLICT),
+        (False, False, "unknown", CONFLICT),
+    ],
+)
+def test_decide(forward, reverse, probe, expected):
+    assert decide(forward, reverse, probe) == expected
+
+
+def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
+    assert patched_0201.ok
+    for outcome in patched_0201.outcomes:
+        assert outcome.status == APPLIED, outcome.message
+        assert outcome.probe_before["status"] == ABSENT, outcome.probe_before
+        assert outcome.probe_after["status"] == PRESENT, outcome.probe_after
+    after = {o.patch_id: o.probe_after for o in patched_0201.outcomes}
+    assert "(2, 17, 32, 47, 62)" in after["dflash-layer-id-offset"]["evidence"]
+    assert after["dflash-swa-config"]["details"]["windows"] == [[15, 0], [15, 0], [-1, -1]]
+    assert after["dflash-swa-config"]["details"]["kv_specs"] == ["FullAttentionSpec"] * 3
+    assert after["eagle-cache-drop"]["details"]["cached_dflash"] == 192
+    before = {o.patch_id: o.probe_before for o in patched_0201.outcomes}
+    assert before["eagle-cache-drop"]["details"]["cached_dflash"] == 176
+
+
+def test_0201_one_commit_per_patch_with_trailers(patched_0201, series):
+    repo = git.Repo(patched_0201.work_dir)
+    commits = worktree.series_commits(repo)
+    assert [c.patch_file for c in commits] == [p.file.name for p in series.patches]
+    assert [c.patch_sha256 for c in commits] == [p.sha256 for p in series.patches]
+    assert [c.sha for c in commits] == [o.commit for o in patched_0201.outcomes]
+    assert not repo.is_dirty(untracked_files=True)
+
+
+def test_0220_offset_is_superseded_not_reapplied(
+    tmp_path, upstream_0220, series, probe_python, cache
+):
+    report = apply_series(
+        upstream_0220, series, tmp_path / "w", apply_options(probe_python, cache, keep_going=True)
+    )
+    offset = report.outcome("dflash-layer-id-offset")
+    assert offset.status == SUPERSEDED and offset.commit is None
+    assert offset.probe_after["status"] == PRESENT
+    assert "(2, 17, 32, 47, 62)" in offset.probe_after["evidence"]  # not +2
+    swa = report.outcome("dflash-swa-config")
+    assert swa.status == CONFLICT
+    assert any("qwen3_dflash.py hunk #" in c for c in swa.conflicts)
+    assert report.outcome("eagle-cache-drop").status == APPLIED
+    assert report.outcome("eagle-cache-drop").probe_after["status"] == PRESENT
+    assert not report.ok
+
+
+def upstream_from(tree: Path, like: Upstream) -> Upstream:
+    return dataclasses.replace(like, source_dir=tree)
+
+
+def test_conflict_names_patch_file_hunk_and_line(tmp_path, upstream_0201, series, cache):
+    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+    target = tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
+    text = target.read_text()
+    old = '        layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None)\n'
+    target.write_text(text.replace(old, old.replace("layer_ids =", "layer_ids  =")))
+    report = apply_series(
+        upstream_from(tree, upstream_0201), series, tmp_path / "w", apply_options(None, cache)
+    )
+    first = report.outcome("dflash-layer-id-offset")
+    assert first.status == CONFLICT
+    (conflict,) = first.conflicts
+    assert "vllm/v1/worker/gpu_model_runner.py hunk #1" in conflict
+    assert "line 4961 expected" in conflict and "layer_ids  = getattr" in conflict
+    assert [o.status for o in report.outcomes[1:]] == [NOT_ATTEMPTED, NOT_ATTEMPTED]
+
+
+def test_keep_going_reports_every_later_patch(tmp_path, upstream_0201, series, cache):
+    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+    target = tree / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
+    target.write_text(target.read_text().replace("class DFlashQwen3Attention", "class Renamed"))
+    report = apply_series(
+        upstream_from(tree, upstream_0201),
+        series,
+        tmp_path / "w",
+        apply_options(None, cache, keep_going=True),
+    )
+    assert [o.status for o in report.outcomes] == [APPLIED, CONFLICT, APPLIED]
+
+
+def test_lines_that_moved_are_reported_with_the_offset(tmp_path, upstream_0201, series, cache):
+    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+    target = tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
+    lines = target.read_text().splitlines(keepends=True)
+    lines.insert(100, "# three lines\n# added\n# upstream\n")
+    target.write_text("".join(lines))
+    report = apply_series(
+        upstream_from(tree, upstream_0201), series, tmp_path / "w", apply_options(None, cache)
+    )
+    # git applies at an offset (no fuzz involved); the text was only moved.
+    assert report.outcome("dflash-layer-id-offset").status == APPLIED
+
+
+def test_already_applied_patch_is_detected(tmp_path, upstream_0201, series, cache):
+    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+    repo = git.Repo.init(tree)
+    repo.git.apply(str(series.patches[0].file))
+    shutil.rmtree(tree / ".git")
+    report = apply_series(
+        upstream_from(tree, upstream_0201), series, tmp_path / "w", apply_options(None, cache)
+    )
+    first = report.outcome("dflash-layer-id-offset")
+    assert first.status == ALREADY_APPLIED and first.commit is None
+    assert [o.status for o in report.outcomes[1:]] == [APPLIED, APPLIED]
+
+
+def ledger_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "patches"
+    shutil.copytree(PATCHES, folder)
+    return folder
+
+
+def test_digest_mismatch_is_refused(tmp_path):
+    folder = ledger_copy(tmp_path)
+    patch = folder / "0002-dflash-swa-config.patch"
+    patch.write_bytes(patch.read_bytes().replace(b"sliding", b"slidinG", 1))
+    with pytest.raises(SeriesError, match="0002-dflash-swa-config.patch has sha256 .* but"):
+        load_series(folder / "series.toml")
+
+
+def test_corrupt_patch_file_is_refused_by_name(tmp_path, upstream_0201, cache):
+    folder = ledger_copy(tmp_path)
+    patch = folder / "0001-dflash-layer-id-offset.patch"
+    patch.write_bytes(patch.read_bytes().replace(b"@@ -4958,11 +4958,20 @@", b"@@ garbage @@"))
+    from tooling.export import update_ledger
+    from tooling.fsutil import sha256_file
+
+    update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
+    series = load_series(folder / "series.toml")
+    with pytest.raises(
+        SeriesError,
+        match=r"dflash-layer-id-offset: 0001-dflash-layer-id-offset"
+        r"\.patch is not a valid patch \(patch with only garbage",
+    ):
+        apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
+
+
+def test_missing_patch_file_is_refused(tmp_path):
+    folder = ledger_copy(tmp_path)
+    (folder / "0003-eagle-cache-drop.patch").unlink()
+    with pytest.raises(SeriesError, match="file .*0003-eagle-cache-drop.patch is missing"):
+        load_series(folder / "series.toml")
+
+
+def test_git_source_end_to_end(tmp_path, upstream_0201, series, cache, catalog):
+    """A local git repository of the real 0.20.1 tree, tagged, fetched and patched."""
+    from tooling.gitsource import fetch_git
+
+    remote = copy_tree(upstream_0201.source_dir, tmp_path / "remote")
+    repo = git.Repo.init(remote, initial_branch="main")
+    repo.git.add("--all", "--force")
+    repo.git.commit("-m", "v0.20.1", env=worktree.git_env())
+    repo.create_tag("v0.20.1")
+    base = dataclasses.replace(
+        catalog.get("0.20.1"),
+        git=dataclasses.replace(catalog.get("0.20.1").git, commit=repo.head.commit.hexsha),
+    )
+    fetched = fetch_git(base, cache.__class__(tmp_path / "cache"), url=f"file://{remote}")
+    upstream = Upstream(base, "git", fetched.source_dir, None, git=fetched)
+    report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
+    assert report.ok and report.baseline == repo.head.commit.hexsha
+    assert [o.status for o in report.outcomes] == [APPLIED] * 3

@@ -1,0 +1,238 @@
+"""Precompiled build: byte-identical kernels, valid RECORD, identity, manifest, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import git
+import pytest
+from wheel.wheelfile import WheelFile
+
+from tooling import worktree
+from tooling.apply import apply_series
+from tooling.build import BuildOptions, build_precompiled, plan_identity, rewrite_wheel_file
+from tooling.errors import ArchiveError, BuildError
+from tooling.manifest import MANIFEST_NAME, BuildManifest
+from tooling.sbom import SBOM_NAME
+
+from .conftest import apply_options, copy_tree
+
+OFFICIAL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
+TOUCHED = {
+    "vllm/v1/worker/gpu_model_runner.py",
+    "vllm/model_executor/models/qwen3_dflash.py",
+    "vllm/config/speculative.py",
+    "vllm/v1/core/sched/scheduler.py",
+}
+
+
+def raw(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    with open(zf.filename, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = (
+            int.from_bytes(f.read(2), "little"),
+            int.from_bytes(f.read(2), "little"),
+        )
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        return f.read(info.compress_size)
+
+
+def test_identity_keeps_platform_and_build_tag(built_wheel, series):
+    label = f"0.20.1+dflash.3.{series.digest[:8]}"
+    assert built_wheel.version == label
+    assert built_wheel.filename == f"vllm-{label}-1-cp38-abi3-manylinux_2_35_x86_64.whl"
+    with zipfile.ZipFile(built_wheel.path) as zf:
+        wheel_file = zf.read(f"vllm-{label}.dist-info/WHEEL").decode()
+        metadata = zf.read(f"vllm-{label}.dist-info/METADATA").decode()
+    assert "Tag: cp38-abi3-manylinux_2_35_x86_64" in wheel_file.splitlines()
+    assert "Build: 1" in wheel_file.splitlines()
+    assert f"Version: {label}" in metadata.splitlines()
+
+
+def test_unchanged_members_are_the_official_bytes(built_wheel, upstream_0201):
+    with zipfile.ZipFile(upstream_0201.wheel) as off, zipfile.ZipFile(built_wheel.path) as out:
+        ours = {i.filename: i for i in out.infolist()}
+        copied = 0
+        for info in off.infolist():
+            if info.filename in TOUCHED or ".dist-info/" in info.filename:
+                continue
+            mine = ours[info.filename]
+            assert (mine.CRC, mine.compress_size, mine.compress_type) == (
+                info.CRC,
+                info.compress_size,
+                info.compress_type,
+            ), info.filename
+            if info.file_size > 10_000_000:  # the kernels: compare the stored bytes themselves
+                assert raw(out, mine) == raw(off, info), info.filename
+            copied += 1
+        assert copied == len(off.infolist()) - len(TOUCHED) - 6
+        big = [i.filename for i in off.infolist() if i.file_size > 70_000_000]
+        assert "vllm/_C.abi3.so" in big
+
+
+def test_record_is_valid_and_patched_files_are_the_work_tree_heads(built_wheel, patched_0201):
+    repo = git.Repo(patched_0201.work_dir)
+    with WheelFile(built_wheel.path) as wf:  # the `wheel` project's own RECORD check
+        for info in wf.infolist():
+            data = wf.read(info.filename)  # raises WheelError on a hash mismatch
+            if info.filename in TOUCHED:
+                assert data == worktree.read_blob(repo, "HEAD", info.filename)
+
+
+def test_manifest_and_sbom(built_wheel, upstream_0201, series):
+    with zipfile.ZipFile(built_wheel.path) as zf:
+        info = f"vllm-{built_wheel.version}.dist-info"
+        manifest = BuildManifest.from_json(json.loads(zf.read(f"{info}/{MANIFEST_NAME}")))
+        sbom = json.loads(zf.read(f"{info}/sboms/{SBOM_NAME}"))
+    assert manifest.base_version == "0.20.1" and manifest.mode == "precompiled"
+    assert manifest.source_date_epoch == 1795910400
+    assert {a["kind"]: a["sha256"] for a in manifest.upstream} == {
+        "sdist": upstream_0201.base.sdist.sha256,
+        "wheel": upstream_0201.base.wheel.sha256,
+    }
+    assert [(p.id, p.status, p.probe_before, p.probe_after) for p in manifest.patches] == [
+        (p.id, "applied", "absent", "present") for p in series.patches
+    ]
+    assert {f.path for f in manifest.files} == TOUCHED
+    assert manifest.owners("vllm/v1/core/sched/scheduler.py") == ["0003-eagle-cache-drop.patch"]
+    for f in manifest.files:
+        assert f.sha256_before != f.sha256_after
+    assert sbom["spdxVersion"] == "SPDX-2.3"
+    names = {p["name"] for p in sbom["packages"]}
+    assert {"vllm", OFFICIAL} <= names
+    patches = {f["fileName"] for f in sbom["files"]}
+    assert patches == {f"./patches/{p.file.name}" for p in series.patches}
+    assert sum(r["relationshipType"] == "PATCH_APPLIED" for r in sbom["relationships"]) == 3
+
+
+def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_0201, series, patched_0201):
+    again = build_precompiled(
+        upstream_0201,
+        series,
+        patched_0201,
+        BuildOptions(dist_dir=tmp_path, source_date_epoch=1795910400),
+    )
+    assert again.sha256 == built_wheel.sha256
+    assert again.path.read_bytes() == built_wheel.path.read_bytes()
+
+
+def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
+    partial = series.without(["dflash-swa-config"])
+    report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
+    result = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
+    assert result.version == f"0.20.1+dflash.2.{partial.digest[:8]}.skip.dflashswaconfig"
+    assert partial.digest != series.digest
+    assert result.manifest.skipped == ["dflash-swa-config"]
+    assert "vllm/model_executor/models/qwen3_dflash.py" not in {
+        f.path for f in result.manifest.files
+    }
+
+
+def test_build_tag_mode(series):
+    identity = plan_identity(OFFICIAL, series, build_tag="2")
+    assert identity.filename == "vllm-0.20.1-2-cp38-abi3-manylinux_2_35_x86_64.whl"
+    assert "Build: 2" in rewrite_wheel_file("Wheel-Version: 1.0\nTag: x\n", identity)
+    with pytest.raises(BuildError, match="must be above the official build tag 1"):
+        plan_identity(OFFICIAL, series, build_tag="1")
+    with pytest.raises(BuildError, match="must start with a digit"):
+        plan_identity(OFFICIAL, series, build_tag="dflash")
+
+
+def test_patch_touching_compiled_code_is_refused(tmp_path, upstream_0201, series, cache):
+    report = apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
+    repo = git.Repo(report.work_dir)
+    kernel = Path(report.work_dir) / "csrc" / "activation_kernels.cu"
+    kernel.write_text(kernel.read_text() + "// tuned\n")
+    repo.git.commit(
+        "-am",
+        "kernel tweak\n\nPatch-File: 0004-kernel.patch\nPatch-Sha256: " + "0" * 64 + "\n",
+        env=worktree.git_env(),
+    )
+    report = dataclasses.replace(report, head=repo.head.commit.hexsha)
+    with pytest.raises(
+        BuildError,
+        match=r"patch 0004-kernel.patch touches compiled code "
+        r"\(csrc/activation_kernels.cu\)",
+    ):
+        build_precompiled(upstream_0201, series, report, BuildOptions(dist_dir=tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
+
+
+def test_source_that_differs_from_the_wheel_is_refused(tmp_path, upstream_0201, series, cache):
+    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+    target = tree / "vllm" / "config" / "speculative.py"
+    target.write_text(target.read_text() + "# a local change\n")
+    upstream = dataclasses.replace(upstream_0201, source_dir=tree)
+    report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
+    with pytest.raises(BuildError, match="vllm/config/speculative.py: the official wheel's copy"):
+        build_precompiled(upstream, series, report, BuildOptions(dist_dir=tmp_path / "d"))
+
+
+def test_corrupt_official_wheel_and_missing_wheel(tmp_path, upstream_0201, series, patched_0201):
+    broken = tmp_path / OFFICIAL
+    with open(upstream_0201.wheel, "rb") as src:
+        broken.write_bytes(src.read(5_000_000))
+    with pytest.raises(ArchiveError, match="not a readable wheel"):
+        build_precompiled(
+            dataclasses.replace(upstream_0201, wheel=broken),
+            series,
+            patched_0201,
+            BuildOptions(dist_dir=tmp_path / "d"),
+        )
+    with pytest.raises(BuildError, match="has no pinned official wheel"):
+        build_precompiled(
+            dataclasses.replace(upstream_0201, wheel=None),
+            series,
+            patched_0201,
+            BuildOptions(dist_dir=tmp_path / "d"),
+        )
+    assert not list((tmp_path / "d").glob("*.whl")) if (tmp_path / "d").exists() else True
+
+
+def test_unwritable_dist_is_a_build_error(tmp_path, upstream_0201, series, patched_0201):
+    blocker = tmp_path / "dist"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(BuildError, match="cannot write"):
+        build_precompiled(upstream_0201, series, patched_0201, BuildOptions(dist_dir=blocker))
+
+
+def test_full_disk_leaves_nothing_behind(tmp_path, patched_0201, upstream_0201):
+    """A write that fails half-way (file size limit standing in for a full disk)."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000_000, 50_000_000))
+
+    env = {**os.environ, "TOOLING_PROBE_PYTHON": ""}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tooling",
+            "--no-progress",
+            "build",
+            "--no-probes",
+            "--work-dir",
+            patched_0201.work_dir,
+            "--dist",
+            str(dist),
+        ],
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == BuildError.exit_code, proc.stderr
+    assert "cannot write" in proc.stderr and "File too large" in proc.stderr
+    assert list(dist.iterdir()) == []

@@ -1,0 +1,93 @@
+"""Patch export: byte-for-byte round trip and the drift check CI relies on."""
+
+from __future__ import annotations
+
+import shutil
+
+import git
+import pytest
+from click.testing import CliRunner
+
+from tooling import worktree
+from tooling.apply import apply_series
+from tooling.cli import main
+from tooling.errors import SeriesError
+from tooling.export import check_export, export_patches, render_patches
+from tooling.fsutil import sha256_file
+from tooling.series import load_series
+
+from .conftest import PATCHES, apply_options
+
+
+def test_export_round_trips_byte_for_byte(tmp_path, upstream_0201, series, cache):
+    report = apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
+    rendered = render_patches(git.Repo(report.work_dir))
+    assert [name for name, _ in rendered] == [p.file.name for p in series.patches]
+    for (_, data), patch in zip(rendered, series.patches, strict=True):
+        assert data == patch.file.read_bytes()
+
+
+def test_check_passes_on_the_committed_series(upstream_0201, series):
+    result = check_export(upstream_0201, series)
+    assert result.patches and result.drifted == []
+
+
+def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201):
+    """A hand edit git still accepts (stale line numbers) is not what export would write."""
+    folder = tmp_path / "patches"
+    shutil.copytree(PATCHES, folder)
+    patch = folder / "0003-eagle-cache-drop.patch"
+    text = patch.read_bytes()
+    header = text[text.index(b"\n@@ -") + 1 :].split(b"\n", 1)[0]
+    start = int(header.split(b" ")[1].split(b",")[0][1:])
+    edited = header.replace(f"-{start},".encode(), f"-{start - 3},".encode(), 1)
+    patch.write_bytes(text.replace(header, edited, 1))
+    from tooling.export import update_ledger
+
+    update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
+    result = check_export(upstream_0201, load_series(folder / "series.toml"))
+    assert [(p.file, p.state) for p in result.drifted] == [(patch.name, "updated")]
+
+
+def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstream_0201, cache):
+    folder = tmp_path / "patches"
+    shutil.copytree(PATCHES, folder)
+    series = load_series(folder / "series.toml")
+    report = apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
+    repo = git.Repo(report.work_dir)
+    # Reword the last patch's message in the work tree, keeping its trailers.
+    message = repo.head.commit.message.replace("Spec decode:", "Spec decode (v2):", 1)
+    repo.git.commit("--amend", "-m", message, env=worktree.git_env())
+    result = export_patches(report.work_dir, series)
+    states = {p.file: p.state for p in result.patches}
+    assert states == {p.file.name: "unchanged" for p in series.patches[:2]} | {
+        "0003-eagle-cache-drop.patch": "updated"
+    }
+    exported = folder / "0003-eagle-cache-drop.patch"
+    assert b"Subject: Spec decode (v2):" in exported.read_bytes()
+    reloaded = load_series(folder / "series.toml")  # digests match again
+    assert reloaded.get("eagle-cache-drop").sha256 == sha256_file(exported)
+
+
+def test_cli_export_check_exit_code_on_drift(tmp_path, cache):
+    folder = tmp_path / "patches"
+    shutil.copytree(PATCHES, folder)
+    patch = folder / "0001-dflash-layer-id-offset.patch"
+    patch.write_bytes(patch.read_bytes() + b"\n")
+    from tooling.export import update_ledger
+
+    update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
+    result = CliRunner().invoke(
+        main, ["--patches-dir", str(folder), "--no-progress", "patch", "export", "--check"]
+    )
+    assert result.exit_code == SeriesError.exit_code
+    assert "patches/ is out of date: 0001-dflash-layer-id-offset.patch (updated)" in result.stderr
+
+
+def test_update_ledger_refuses_an_unknown_file(tmp_path):
+    folder = tmp_path / "patches"
+    shutil.copytree(PATCHES, folder)
+    with pytest.raises(SeriesError, match='expected `file = "nope.patch"`'):
+        from tooling.export import update_ledger
+
+        update_ledger(folder / "series.toml", "nope.patch", "0" * 64)

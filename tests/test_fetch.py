@@ -1,0 +1,287 @@
+"""fetch: pinned downloads through a real (local) package index, cache hits, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import shutil
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tooling.bases import Artifact, load_bases
+from tooling.cli import main
+from tooling.errors import (
+    ArchiveError,
+    CacheMissError,
+    IntegrityError,
+    NetworkError,
+    UnknownBaseError,
+)
+from tooling.fetch import (
+    FetchOptions,
+    ensure_artifact,
+    extract_sdist,
+    fetch_pypi,
+    parse_simple_index,
+)
+from tooling.paths import CacheLayout
+
+
+def make_sdist(version: str, *, escape: bool = False, padding: int = 0) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        files = {f"vllm-{version}/vllm/__init__.py": b"__version__ = '%s'\n" % version.encode()}
+        if padding:
+            files[f"vllm-{version}/vllm/data.bin"] = random.Random(0).randbytes(padding)
+        if escape:
+            files["../../escaped.txt"] = b"outside"
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Index:
+    """A real HTTP simple index on 127.0.0.1 that counts the requests it serves."""
+
+    def __init__(self, files: dict[str, bytes], stated: dict[str, str] | None = None):
+        self.files = files
+        self.stated = (
+            stated
+            if stated is not None
+            else {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
+        )
+        self.requests: list[str] = []
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                index.requests.append(self.path)
+                if self.path == "/simple/vllm/":
+                    body = json.dumps(
+                        {
+                            "files": [
+                                {
+                                    "filename": n,
+                                    "url": f"../../files/{n}",
+                                    "hashes": {"sha256": index.stated[n]}
+                                    if index.stated.get(n)
+                                    else {},
+                                }
+                                for n in index.files
+                            ]
+                        }
+                    ).encode()
+                    ctype = "application/vnd.pypi.simple.v1+json"
+                elif self.path.startswith("/files/") and self.path[7:] in index.files:
+                    body, ctype = index.files[self.path[7:]], "application/octet-stream"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def sdist_bytes() -> bytes:
+    return make_sdist("9.9.9")
+
+
+@pytest.fixture
+def index(sdist_bytes: bytes):
+    idx = Index({"vllm-9.9.9.tar.gz": sdist_bytes})
+    yield idx
+    idx.close()
+
+
+def pin(name: str, data: bytes) -> Artifact:
+    return Artifact(filename=name, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def options(tmp_path: Path, index_url: str, offline: bool = False) -> FetchOptions:
+    return FetchOptions(
+        cache=CacheLayout(tmp_path / "cache"), index_url=index_url, offline=offline, progress=False
+    )
+
+
+def test_download_is_verified_and_second_call_is_a_cache_hit(tmp_path, index, sdist_bytes):
+    opts = options(tmp_path, index.url)
+    path = ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), opts)
+    assert path.read_bytes() == sdist_bytes
+    assert index.requests == ["/simple/vllm/", "/files/vllm-9.9.9.tar.gz"]
+    index.requests.clear()
+    assert ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), opts) == path
+    assert index.requests == []
+
+
+def test_index_stating_another_digest_is_refused(tmp_path, sdist_bytes):
+    idx = Index({"vllm-9.9.9.tar.gz": sdist_bytes}, stated={"vllm-9.9.9.tar.gz": "0" * 64})
+    try:
+        with pytest.raises(IntegrityError, match="index states sha256 0000"):
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, idx.url))
+    finally:
+        idx.close()
+    assert not (tmp_path / "cache" / "pypi" / "vllm-9.9.9.tar.gz").exists()
+
+
+def test_downloaded_bytes_not_matching_the_pin_leave_nothing(tmp_path, sdist_bytes):
+    tampered = sdist_bytes[:-1] + bytes([sdist_bytes[-1] ^ 1])
+    idx = Index({"vllm-9.9.9.tar.gz": tampered}, stated={})
+    try:
+        with pytest.raises(IntegrityError) as err:
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, idx.url))
+    finally:
+        idx.close()
+    assert hashlib.sha256(tampered).hexdigest() in str(err.value)
+    assert err.value.exit_code == 6
+    assert list((tmp_path / "cache" / "pypi").iterdir()) == []
+
+
+def test_corrupted_cached_copy_of_the_real_sdist_is_removed(tmp_path, catalog, fetch_options):
+    real = fetch_options.cache.artifacts / catalog.get("0.20.1").sdist.filename
+    if not real.exists():
+        fetch_pypi(catalog.get("0.20.1"), fetch_options, with_wheel=False)
+    opts = options(tmp_path, "http://127.0.0.1:9/simple/", offline=True)
+    copy = opts.cache.artifacts / real.name
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(real, copy)
+    with open(copy, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    artifact = catalog.get("0.20.1").sdist
+    with pytest.raises(IntegrityError) as err:
+        ensure_artifact(artifact, opts)
+    assert artifact.sha256 in str(err.value)
+    assert hashlib.sha256(real.read_bytes()).hexdigest() != hashlib.sha256(b"").hexdigest()
+    assert not copy.exists()
+
+
+def test_unreachable_index_is_a_network_error(tmp_path, sdist_bytes):
+    with pytest.raises(NetworkError, match="cannot reach http://127.0.0.1:9/simple/vllm/"):
+        ensure_artifact(
+            pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, "http://127.0.0.1:9/simple/")
+        )
+
+
+def test_offline_names_the_missing_file(tmp_path, sdist_bytes):
+    with pytest.raises(CacheMissError, match="vllm-9.9.9.tar.gz is not in the cache"):
+        ensure_artifact(
+            pin("vllm-9.9.9.tar.gz", sdist_bytes),
+            options(tmp_path, "http://127.0.0.1:9/simple/", offline=True),
+        )
+
+
+def test_truncated_sdist_is_an_archive_error(tmp_path):
+    real = make_sdist("9.9.9", padding=200_000)
+    (tmp_path / "t.tar.gz").write_bytes(real[: len(real) // 2])
+    with pytest.raises(ArchiveError, match="truncated or corrupt"):
+        extract_sdist(tmp_path / "t.tar.gz", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["t.tar.gz"]
+
+
+def test_sdist_escaping_its_folder_is_refused(tmp_path):
+    (tmp_path / "evil.tar.gz").write_bytes(make_sdist("9.9.9", escape=True))
+    with pytest.raises(ArchiveError):
+        extract_sdist(tmp_path / "evil.tar.gz", tmp_path / "a" / "b" / "out")
+    assert not list(tmp_path.rglob("escaped.txt"))
+
+
+def test_real_pinned_artifacts_fetch_and_unpack(upstream_0201, catalog):
+    base = catalog.get("0.20.1")
+    assert upstream_0201.wheel.name == "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
+    assert hashlib.sha256(upstream_0201.wheel.read_bytes()).hexdigest() == base.wheel.sha256
+    assert (upstream_0201.source_dir / "vllm" / "v1" / "worker" / "gpu_model_runner.py").is_file()
+    assert upstream_0201.source_dir.name == "vllm-0.20.1"
+
+
+def test_simple_index_parsing_json_and_html():
+    page = "https://example.org/simple/vllm/"
+    as_json = parse_simple_index(
+        json.dumps(
+            {
+                "files": [
+                    {"filename": "a.whl", "url": "../../p/a.whl", "hashes": {"sha256": "ab" * 32}}
+                ]
+            }
+        ).encode(),
+        "application/vnd.pypi.simple.v1+json",
+        page,
+    )
+    assert as_json == {"a.whl": ("https://example.org/p/a.whl", "ab" * 32)}
+    html = b'<html><body><a href="../../p/b.tar.gz#sha256=' + b"cd" * 32 + b'">b.tar.gz</a></body>'
+    assert parse_simple_index(html, "text/html", page) == {
+        "b.tar.gz": ("https://example.org/p/b.tar.gz", "cd" * 32)
+    }
+
+
+def write_bases(folder: Path, sdist: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bases.toml").write_text(f"""
+default = "9.9.9"
+[bases."9.9.9"]
+release_date = "2026-01-01"
+[bases."9.9.9".sdist]
+filename = "vllm-9.9.9.tar.gz"
+sha256 = "{hashlib.sha256(sdist).hexdigest()}"
+[bases."9.9.9".git]
+tag = "v9.9.9"
+commit = "abcdef1"
+""")
+    return folder
+
+
+def test_cli_fetch_json_and_exit_codes(tmp_path, index, sdist_bytes):
+    patches = write_bases(tmp_path / "patches", sdist_bytes)
+    common = [
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--patches-dir",
+        str(patches),
+        "--index-url",
+        index.url,
+        "--no-progress",
+    ]
+    runner = CliRunner()
+    ok = runner.invoke(main, [*common, "fetch", "--json"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.stdout)
+    assert data["base"] == "9.9.9" and data["wheel"] is None
+    assert Path(data["source_dir"], "vllm", "__init__.py").is_file()
+    unknown = runner.invoke(main, [*common, "fetch", "--base", "1.2.3"])
+    assert unknown.exit_code == UnknownBaseError.exit_code
+    assert "unknown base vLLM '1.2.3'" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1
+
+
+def test_bases_file_problems_are_config_errors(tmp_path):
+    (tmp_path / "bases.toml").write_text('[bases."1.0"]\nrelease_date = "x"\n')
+    with pytest.raises(Exception, match="missing key"):
+        load_bases(tmp_path / "bases.toml")
+    (tmp_path / "bases.toml").write_text("not = [toml")
+    with pytest.raises(Exception, match="not valid TOML"):
+        load_bases(tmp_path / "bases.toml")

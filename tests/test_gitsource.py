@@ -1,0 +1,107 @@
+"""The git path of fetch against real repositories made here (file:// URLs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import git
+import pytest
+
+from tooling.bases import Artifact, Base, GitPin
+from tooling.errors import CacheMissError, GitSourceError
+from tooling.gitsource import fetch_git
+from tooling.paths import CacheLayout
+
+
+def make_remote(path: Path) -> tuple[git.Repo, str]:
+    """A repo with vllm/ at tag v9.9.9 and a branch that moves past it."""
+    repo = git.Repo.init(path, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "t").set_value("user", "email", "t@example.invalid")
+    (path / "vllm").mkdir()
+    (path / "vllm" / "__init__.py").write_text("__version__ = '9.9.9'\n")
+    repo.index.add(["vllm/__init__.py"])
+    tagged = repo.index.commit("release 9.9.9").hexsha
+    repo.create_tag("v9.9.9")
+    (path / "vllm" / "later.py").write_text("x = 1\n")
+    repo.index.add(["vllm/later.py"])
+    repo.index.commit("after the release")
+    return repo, tagged
+
+
+def base_pinned(commit: str) -> Base:
+    return Base(
+        version="9.9.9",
+        release_date="2026-01-01",
+        probe_env="latest",
+        sdist=Artifact("vllm-9.9.9.tar.gz", "0" * 64),
+        git=GitPin(tag="v9.9.9", commit=commit, commit_verified=True),
+    )
+
+
+@pytest.fixture
+def remote(tmp_path):
+    repo, tagged = make_remote(tmp_path / "remote")
+    return repo, tagged, f"file://{tmp_path / 'remote'}"
+
+
+def test_tag_resolves_to_the_pinned_commit(tmp_path, remote):
+    _, tagged, url = remote
+    cache = CacheLayout(tmp_path / "cache")
+    got = fetch_git(base_pinned(tagged), cache, url=url)
+    assert (got.ref_kind, got.commit) == ("tag", tagged)
+    assert (got.source_dir / "vllm" / "__init__.py").read_text() == "__version__ = '9.9.9'\n"
+    assert not (got.source_dir / "vllm" / "later.py").exists()
+
+
+def test_an_abbreviated_pin_is_checked_as_a_prefix(tmp_path, remote):
+    _, tagged, url = remote
+    got = fetch_git(base_pinned(tagged[:9]), CacheLayout(tmp_path / "cache"), url=url)
+    assert got.commit == tagged
+
+
+def test_a_tag_that_moved_is_refused(tmp_path, remote):
+    repo, tagged, url = remote
+    repo.create_tag("v9.9.9", ref="HEAD", force=True)
+    with pytest.raises(GitSourceError, match=f"resolves to .* but bases.toml pins {tagged}"):
+        fetch_git(base_pinned(tagged), CacheLayout(tmp_path / "cache"), url=url)
+
+
+def test_a_branch_is_refused_unless_asked_for(tmp_path, remote):
+    repo, tagged, url = remote
+    cache = CacheLayout(tmp_path / "cache")
+    with pytest.raises(GitSourceError, match="is a branch"):
+        fetch_git(base_pinned(tagged), cache, url=url, ref="main")
+    got = fetch_git(base_pinned(tagged), cache, url=url, ref="main", allow_moving_ref=True)
+    assert got.commit == repo.head.commit.hexsha and got.ref_kind == "branch"
+
+
+def test_a_commit_id_is_accepted(tmp_path, remote):
+    _, tagged, url = remote
+    got = fetch_git(base_pinned(tagged), CacheLayout(tmp_path / "cache"), url=url, ref=tagged)
+    assert (got.ref_kind, got.commit) == ("commit", tagged)
+
+
+def test_missing_ref_and_missing_remote_are_clear_errors(tmp_path, remote):
+    _, tagged, url = remote
+    cache = CacheLayout(tmp_path / "cache")
+    with pytest.raises(GitSourceError, match="ref 'v0.0.0' does not exist"):
+        fetch_git(base_pinned(tagged), cache, url=url, ref="v0.0.0")
+    missing = f"file://{tmp_path / 'nowhere'}"
+    with pytest.raises(GitSourceError, match="cannot be read") as err:
+        fetch_git(base_pinned(tagged), cache, url=missing)
+    assert err.value.exit_code == 8
+    assert not any(p.name.startswith("nowhere") for p in (tmp_path / "cache" / "git").iterdir())
+
+
+def test_update_sees_new_tags_and_offline_uses_the_cache(tmp_path, remote):
+    repo, tagged, url = remote
+    cache = CacheLayout(tmp_path / "cache")
+    fetch_git(base_pinned(tagged), cache, url=url)
+    repo.create_tag("v9.9.10")
+    newer = fetch_git(base_pinned(tagged), cache, url=url, ref="v9.9.10")
+    assert newer.commit == repo.head.commit.hexsha
+    offline = fetch_git(base_pinned(tagged), cache, url=url, offline=True)
+    assert offline.commit == tagged
+    with pytest.raises(CacheMissError, match="no cached clone"):
+        fetch_git(base_pinned(tagged), CacheLayout(tmp_path / "empty"), url=url, offline=True)

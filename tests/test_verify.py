@@ -1,0 +1,202 @@
+"""verify on real installs: our wheel, stock 0.20.1, stock 0.22.0, a tampered and a partial one."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import git
+import pytest
+from click.testing import CliRunner
+
+from tooling import worktree
+from tooling.apply import apply_series
+from tooling.build import BuildOptions, build_precompiled
+from tooling.cli import main
+from tooling.errors import (
+    ConfigError,
+    VerifyFixMissingError,
+    VerifyIntegrityError,
+    VllmNotFoundError,
+)
+from tooling.probes import ProbeTarget
+from tooling.verify import (
+    install_into_fresh_env,
+    locate_in_site,
+    locate_with_python,
+    parse_require,
+    verify,
+)
+
+from .conftest import apply_options
+
+ALL = [1, 2, 3]
+
+
+def states(report) -> list[str]:
+    return [f.state for f in report.fixes]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tooling", "--no-progress", *args], capture_output=True, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def patched_env(tmp_path_factory, built_wheel, probe_python) -> Path:
+    return install_into_fresh_env(
+        built_wheel.path, probe_python, tmp_path_factory.mktemp("patched") / "venv"
+    )
+
+
+def site_of(python: Path) -> Path:
+    return locate_with_python(python).site
+
+
+def test_patched_wheel_installs_and_verifies(
+    patched_env, built_wheel, patched_0201, upstream_0201, cache
+):
+    shown = subprocess.run(
+        [str(patched_env), "-m", "pip", "show", "vllm"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"Version: {built_wheel.version}" in shown.splitlines()
+    dist = locate_with_python(patched_env)
+    assert dist.version == built_wheel.version
+    repo = git.Repo(patched_0201.work_dir)
+    for rel in ("vllm/v1/worker/gpu_model_runner.py", "vllm/config/speculative.py"):
+        assert (dist.site / rel).read_bytes() == worktree.read_blob(repo, "HEAD", rel)
+    # Every file the series did not touch keeps the official wheel's RECORD line.
+    with zipfile.ZipFile(upstream_0201.wheel) as off:
+        official = {
+            r[0]: r[1:]
+            for r in csv.reader(io.StringIO(off.read("vllm-0.20.1.dist-info/RECORD").decode()))
+            if r
+        }
+    installed = {
+        r[0]: r[1:]
+        for r in csv.reader(io.StringIO((dist.site / dist.dist_info / "RECORD").read_text()))
+        if r
+    }
+    same = [p for p in official if p.startswith("vllm/") and installed.get(p) == official[p]]
+    assert len(same) == len([p for p in official if p.startswith("vllm/")]) - 4
+    report = verify(dist, ProbeTarget(python=patched_env, pycache=cache.root / "pycache"), ALL)
+    assert report.integrity_ok, report.problems
+    assert report.files_checked > 3000
+    assert states(report) == ["present"] * 3
+    assert report.manifest is not None and not report.missing_fixes
+
+
+def test_site_packages_mode_and_json(patched_env, probe_python):
+    result = run_cli(
+        "verify",
+        "--site-packages",
+        str(site_of(patched_env)),
+        "--probe-python",
+        str(probe_python),
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["ok"] and data["built_by_us"] and data["integrity"]["problems"] == []
+    assert [f["state"] for f in data["fixes"]] == ["present"] * 3
+
+
+def test_tampered_file_is_named_with_its_patch(patched_env):
+    target = site_of(patched_env) / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
+    original = target.read_bytes()
+    # Same size, other bytes: only the digest can tell.
+    target.write_bytes(
+        original.replace(
+            b'_DFLASH_WINDOW_BACKENDS = ("FLASH_ATTN",)',
+            b'_DFLASH_WINDOW_BACKENDS = ("FLEX_ATTN_",)',
+            1,
+        )
+    )
+    try:
+        result = run_cli("verify", "--python", str(patched_env))
+    finally:
+        target.write_bytes(original)
+    assert result.returncode == VerifyIntegrityError.exit_code
+    assert (
+        "modified: vllm/model_executor/models/qwen3_dflash.py (sha256 differs from RECORD) "
+        "[patch 0002-dflash-swa-config.patch]"
+    ) in result.stdout
+    assert result.stderr.strip().startswith("error: 1 file(s) differ from RECORD")
+
+
+def test_stray_file_is_reported(patched_env, cache):
+    stray = site_of(patched_env) / "vllm" / "sitecustomize_evil.py"
+    stray.write_text("print('hi')\n")
+    try:
+        dist = locate_with_python(patched_env)
+        report = verify(dist, ProbeTarget(python=patched_env, pycache=cache.root / "pycache"), [])
+    finally:
+        stray.unlink()
+    assert [(p.kind, p.path) for p in report.problems] == [
+        ("unexpected", "vllm/sitecustomize_evil.py")
+    ]
+
+
+def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python):
+    python = install_into_fresh_env(upstream_0201.wheel, probe_python, tmp_path / "venv")
+    result = run_cli("verify", "--python", str(python), "--json")
+    assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
+    data = json.loads(result.stdout)
+    assert data["integrity"]["ok"] and not data["built_by_us"]
+    assert [f["state"] for f in data["fixes"]] == ["absent"] * 3
+    assert "(1, 16, 31, 46, 61)" in data["fixes"][0]["evidence"]
+    assert "176 tokens from the prefix cache" in data["fixes"][2]["evidence"]
+
+
+def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_python, cache):
+    python = install_into_fresh_env(upstream_0220.wheel, probe_python, tmp_path / "venv")
+    report = verify(
+        locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
+    )
+    assert report.integrity_ok
+    assert states(report) == ["present (upstream form)", "absent", "absent"]
+    assert [f.number for f in report.missing_fixes] == [2, 3]
+    assert dataclasses.replace(report, required=[1]).missing_fixes == []
+
+
+def test_a_build_without_a_patch_reports_that_fix_absent(
+    tmp_path, upstream_0201, series, probe_python, cache
+):
+    partial = series.without(["eagle-cache-drop"])
+    report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
+    wheel = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
+    python = install_into_fresh_env(wheel.path, probe_python, tmp_path / "venv")
+    result = verify(
+        locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
+    )
+    assert states(result) == ["present", "present", "absent (skipped in build)"]
+    assert [f.number for f in result.missing_fixes] == [3]
+
+
+def test_no_vllm_is_its_own_exit_code(tmp_path):
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "empty")
+    result = run_cli("verify", "--python", str(tmp_path / "empty" / "bin" / "python"))
+    assert result.returncode == VllmNotFoundError.exit_code
+    assert result.stderr.strip() == (
+        f"error: no vLLM distribution installed for {tmp_path / 'empty' / 'bin' / 'python'}"
+    )
+    with pytest.raises(VllmNotFoundError, match="no vllm-\\*.dist-info"):
+        locate_in_site(tmp_path)
+
+
+def test_parse_require():
+    assert parse_require("all") == [1, 2, 3]
+    assert parse_require("3,dflash-layer-id-offset,swa_windows") == [1, 2, 3]
+    with pytest.raises(ConfigError, match="--require 'nine'"):
+        parse_require("nine")
+    result = CliRunner().invoke(main, ["verify", "--require", "x"])
+    assert result.exit_code == ConfigError.exit_code

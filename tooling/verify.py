@@ -1,0 +1,321 @@
+"""Verify an installed vLLM: every file against RECORD, and every fix by behaviour.
+
+Like ``rpm -V``: silent when all is well, a line per problem otherwise, and
+a modified file is named together with the patch that owns it when the
+build manifest knows one. The fixes are decided by the probes, never by
+reading files, so a fix that lives elsewhere or under another name (a
+later upstream release) is still found.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, VllmNotFoundError
+from .fsutil import CHUNK
+from .manifest import MANIFEST_NAME, BuildManifest
+from .probes import ABSENT, ALL_PROBES, PRESENT, ProbeResult, ProbeTarget, start_probes
+
+#: The fixes in series order, each with the probe that decides it.
+FIXES = (
+    (1, "dflash-layer-id-offset", "layer_offset"),
+    (2, "dflash-swa-config", "swa_windows"),
+    (3, "eagle-cache-drop", "eagle_cache_drop"),
+)
+
+_LOCATE = r"""
+import json, importlib.metadata as md
+try:
+    dist = md.distribution("vllm")
+except md.PackageNotFoundError:
+    print(json.dumps(None))
+else:
+    record = next((f for f in dist.files or () if f.name == "RECORD"), None)
+    print(json.dumps({
+        "version": dist.version,
+        "site": str(dist.locate_file("")),
+        "dist_info": str(record.parent) if record else None,
+    }))
+"""
+
+
+@dataclass(frozen=True)
+class InstalledDist:
+    version: str
+    site: Path
+    """The folder RECORD paths are relative to."""
+    dist_info: str
+    """The .dist-info folder, relative to ``site``."""
+
+
+@dataclass
+class FileProblem:
+    path: str
+    kind: str
+    """"missing", "modified" or "unexpected"."""
+    detail: str = ""
+    patches: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FixStatus:
+    number: int
+    patch_id: str
+    probe: str
+    state: str
+    """present, "present (upstream form)", absent, "absent (skipped in build)" or unknown."""
+    evidence: str
+    form: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    dist: InstalledDist
+    files_checked: int
+    problems: list[FileProblem]
+    manifest: BuildManifest | None
+    fixes: list[FixStatus]
+    required: list[int]
+
+    @property
+    def integrity_ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def missing_fixes(self) -> list[FixStatus]:
+        return [
+            f for f in self.fixes if f.number in self.required and not f.state.startswith(PRESENT)
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.integrity_ok and not self.missing_fixes,
+            "vllm_version": self.dist.version,
+            "location": str(self.dist.site),
+            "dist_info": self.dist.dist_info,
+            "built_by_us": self.manifest is not None,
+            "manifest": asdict(self.manifest) if self.manifest else None,
+            "integrity": {
+                "ok": self.integrity_ok,
+                "files_checked": self.files_checked,
+                "problems": [asdict(p) for p in self.problems],
+            },
+            "fixes": [asdict(f) for f in self.fixes],
+            "required": self.required,
+        }
+
+
+def locate_with_python(python: Path) -> InstalledDist:
+    """Ask ``python`` where its vLLM distribution is installed."""
+    try:
+        out = subprocess.run(
+            [str(python), "-c", _LOCATE],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            stdin=subprocess.DEVNULL,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise VllmNotFoundError(f"cannot ask {python} for its vLLM: {e}") from None
+    data = json.loads(out.strip().splitlines()[-1])
+    if data is None or not data.get("dist_info"):
+        raise VllmNotFoundError(f"no vLLM distribution installed for {python}")
+    site = Path(data["site"])
+    return InstalledDist(data["version"], site, data["dist_info"])
+
+
+def locate_in_site(site: Path) -> InstalledDist:
+    """Find the one vllm-*.dist-info in a site-packages folder."""
+    found = sorted(site.glob("vllm-*.dist-info"))
+    if not found:
+        raise VllmNotFoundError(f"no vllm-*.dist-info in {site}")
+    if len(found) > 1:
+        raise VllmNotFoundError(f"{site} holds several vLLM installs: {[p.name for p in found]}")
+    metadata = (found[0] / "METADATA").read_text(encoding="utf-8", errors="replace")
+    version = next(
+        (ln.split(":", 1)[1].strip() for ln in metadata.splitlines() if ln.startswith("Version:")),
+        "?",
+    )
+    return InstalledDist(version, site, found[0].name)
+
+
+def _record_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+
+
+def read_record(dist: InstalledDist) -> list[tuple[str, str, str]]:
+    path = dist.site / dist.dist_info / "RECORD"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise VllmNotFoundError(f"{path}: cannot read RECORD ({e.strerror})") from None
+    return [(r[0], r[1], r[2]) for r in csv.reader(io.StringIO(text)) if r]
+
+
+def check_files(dist: InstalledDist, workers: int = 2) -> tuple[int, list[FileProblem]]:
+    """Hash every RECORD file (in parallel: hashlib releases the GIL) and look for strays."""
+    rows = read_record(dist)
+    checked = [(p, h, s) for p, h, s in rows if h]
+    problems: list[FileProblem] = []
+
+    def check(row: tuple[str, str, str]) -> FileProblem | None:
+        rel, hash_field, size = row
+        path = dist.site / rel
+        algo, _, expected = hash_field.partition("=")
+        if algo != "sha256":
+            return FileProblem(rel, "modified", f"unsupported RECORD hash {algo}")
+        try:
+            actual_size = path.stat().st_size
+        except FileNotFoundError:
+            return FileProblem(rel, "missing")
+        if size and int(size) != actual_size:
+            return FileProblem(rel, "modified", f"size {actual_size}, RECORD says {size}")
+        if _record_digest(path) != expected:
+            return FileProblem(rel, "modified", "sha256 differs from RECORD")
+        return None
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        problems = [p for p in pool.map(check, checked) if p is not None]
+    problems += _unexpected(dist, {p for p, _, _ in rows})
+    return len(checked), problems
+
+
+def _unexpected(dist: InstalledDist, listed: set[str]) -> list[FileProblem]:
+    """Files inside the distribution's own folders that RECORD does not list."""
+    tops = {p.split("/", 1)[0] for p in listed if "/" in p and not p.startswith("..")}
+    stray = []
+    for top in sorted(tops):
+        root = dist.site / top
+        for dirpath, dirnames, filenames in os.walk(root):
+            # Bytecode written after install is the interpreter's, not a change.
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for name in filenames:
+                rel = (Path(dirpath) / name).relative_to(dist.site).as_posix()
+                if rel not in listed:
+                    stray.append(FileProblem(rel, "unexpected"))
+    return stray
+
+
+def read_manifest(dist: InstalledDist) -> BuildManifest | None:
+    path = dist.site / dist.dist_info / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    return BuildManifest.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+def fix_state(result: ProbeResult, patch_id: str, manifest: BuildManifest | None) -> str:
+    """present / present (upstream form) / absent / absent (skipped in build) / unknown (pure)."""
+    if result.status == PRESENT:
+        ours = manifest is not None and patch_id in manifest.applied_patch_ids()
+        return PRESENT if ours else f"{PRESENT} (upstream form)"
+    if result.status == ABSENT and manifest is not None and patch_id in manifest.skipped:
+        return f"{ABSENT} (skipped in build)"
+    return result.status
+
+
+def parse_require(spec: str) -> list[int]:
+    """``all`` or a comma list of fix numbers / patch ids / probe names -> fix numbers."""
+    if spec.strip() == "all":
+        return [n for n, _, _ in FIXES]
+    wanted = []
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        match = [n for n, pid, probe in FIXES if token in (str(n), pid, probe)]
+        if not match:
+            raise ConfigError(f"--require {token!r}: not a fix (1, 2, 3, a patch id or a probe)")
+        wanted += match
+    return sorted(set(wanted))
+
+
+def verify(
+    dist: InstalledDist,
+    probe_target: ProbeTarget,
+    required: list[int],
+    *,
+    log: Path | None = None,
+) -> VerifyReport:
+    """Integrity and fixes of ``dist``; the probes import vLLM while the files are hashed."""
+    run = start_probes(probe_target, ALL_PROBES, log=log)
+    files_checked, problems = check_files(dist)
+    manifest = read_manifest(dist)
+    for problem in problems:
+        problem.patches = manifest.owners(problem.path) if manifest else []
+    results = run.wait()
+    fixes = []
+    for number, patch_id, probe in FIXES:
+        result = results[probe]
+        fixes.append(
+            FixStatus(
+                number,
+                patch_id,
+                probe,
+                fix_state(result, patch_id, manifest),
+                result.evidence,
+                result.form,
+            )
+        )
+    return VerifyReport(dist, files_checked, problems, manifest, fixes, required)
+
+
+def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
+    """A new virtualenv at ``dest`` with ``wheel`` pip-installed (--no-deps); returns its python.
+
+    The probes' imports (torch, transformers, ...) come from the probe
+    environment through a .pth file, so the only thing installed is the wheel
+    under test, by pip itself.
+    """
+    import venv
+
+    # No pip inside: the toolchain's own pip installs into it (pip --python).
+    venv.EnvBuilder(with_pip=False, clear=True).create(dest)
+    python = dest / "bin" / "python"
+    purelib = subprocess.run(
+        [str(probe_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(own) / "dflash-probe-deps.pth").write_text(purelib + "\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["?"])[-1]
+        raise VllmNotFoundError(f"pip could not install {wheel.name}: {tail}")
+    return python
