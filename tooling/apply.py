@@ -17,8 +17,8 @@ from typing import Any
 import git
 
 from . import worktree
-from .hunks import parse_diff, place_hunk
 from .errors import SeriesError
+from .hunks import parse_diff, place_hunk
 from .probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from .series import Patch, Series
 from .upstream import Upstream
