@@ -220,10 +220,38 @@ def build_precompiled(
             )
         )
 
-    manifest = BuildManifest(
+    manifest = make_manifest(upstream, series, report, identity, "precompiled", files, epoch,
+                             notes)
+    target = options.dist_dir / identity.filename
+    digest = assemble(official, identity, new_content, manifest, epoch, target)
+    return BuildResult(
+        path=target,
+        filename=identity.filename,
+        version=identity.version,
+        sha256=digest,
+        size=target.stat().st_size,
+        mode="precompiled",
+        seconds=time.perf_counter() - started,
+        manifest=manifest,
+        notes=notes,
+    )
+
+
+def make_manifest(
+    upstream: Upstream,
+    series: Series,
+    report: SeriesReport,
+    identity: WheelIdentity,
+    mode: str,
+    files: list[ChangedFile],
+    epoch: int | None,
+    notes: list[str],
+) -> BuildManifest:
+    """What went into a build: upstream artifacts, each patch's status and probes, each file."""
+    return BuildManifest(
         version=identity.version,
         base_version=upstream.base.version,
-        mode="precompiled",
+        mode=mode,
         source=upstream.source,
         upstream=upstream.artifacts(),
         series_digest=series.digest,
@@ -248,24 +276,32 @@ def build_precompiled(
         source_date_epoch=epoch,
         notes=notes,
     )
-    members = _members(official, by_name, identity, new_content, manifest, epoch)
-    target = options.dist_dir / identity.filename
+
+
+def identity_of(filename: str) -> WheelIdentity:
+    """The identity a wheel file name already states (no relabelling)."""
+    _, version, build, _ = parse_wheel_filename(filename)
+    stem = filename.removesuffix(".whl").split("-")
+    return WheelIdentity(stem[0], str(version), f"{build[0]}{build[1]}" if build else None,
+                         "-".join(stem[-3:]))
+
+
+def assemble(
+    source: zipfile.ZipFile,
+    identity: WheelIdentity,
+    new_content: dict[str, bytes | None],
+    manifest: BuildManifest,
+    epoch: int | None,
+    target: Path,
+) -> str:
+    """Write ``target`` from ``source`` with ``new_content`` swapped in; returns its sha256."""
+    by_name = {info.filename: info for info in source.infolist()}
+    members = _members(source, by_name, identity, new_content, manifest, epoch)
     try:
         with atomic_output(target) as out:
-            digest = write_wheel(out, upstream.wheel, members)
+            return write_wheel(out, Path(source.filename), members)
     except OSError as e:
         raise BuildError(f"cannot write {target}: {e.strerror or e}") from None
-    return BuildResult(
-        path=target,
-        filename=identity.filename,
-        version=identity.version,
-        sha256=digest,
-        size=target.stat().st_size,
-        mode="precompiled",
-        seconds=time.perf_counter() - started,
-        manifest=manifest,
-        notes=notes,
-    )
 
 
 def _probe_name(series: Series, patch_id: str) -> str | None:
