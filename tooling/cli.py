@@ -545,6 +545,15 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
     is_flag=True,
     help="Source mode: vLLM's Python-only build against the cached official wheel.",
 )
+@click.option(
+    "--build-python",
+    type=click.Path(path_type=Path, exists=True),
+    help="Source mode: interpreter with a CUDA torch that runs vLLM's build.",
+)
+@click.option("--max-jobs", type=int, help="Source mode: MAX_JOBS for the compiler.")
+@click.option(
+    "--cuda-arch-list", default="9.0", show_default=True, help="Source mode: TORCH_CUDA_ARCH_LIST."
+)
 @json_option
 @click.pass_context
 def build(
@@ -562,6 +571,9 @@ def build(
     probe_python: Path | None,
     no_probes: bool,
     use_precompiled_kernels: bool,
+    build_python: Path | None,
+    max_jobs: int | None,
+    cuda_arch_list: str,
 ) -> None:
     """Build the patched CUDA wheel into dist/."""
     settings = _settings(ctx)
@@ -588,6 +600,9 @@ def build(
                 use_precompiled_kernels=use_precompiled_kernels,
                 build_tag=build_tag,
                 source_date_epoch=int(epoch) if epoch else None,
+                build_python=build_python,
+                max_jobs=max_jobs,
+                cuda_arch_list=cuda_arch_list,
             ),
         )
     else:

@@ -21,9 +21,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import git
+
 from .apply import SeriesReport
 from .build import BuildResult, assemble, identity_of, make_manifest, plan_identity
 from .errors import BuildError, EnvironmentProblem
+from .gitsource import export_tree
 from .series import Series
 from .upstream import Upstream
 from .wheelfile import open_wheel
@@ -84,13 +87,23 @@ def preflight(tree: Path, options: SourceBuildOptions, python: Path) -> list[str
                 f"torch {torch['version']} in {python} is a CPU build; vLLM's CUDA build, "
                 f"even with precompiled kernels, needs a CUDA torch (pinned: {pinned})"
             )
-        elif pinned and torch["version"].split("+")[0] != pinned:
+        elif (
+            pinned
+            and torch["version"].split("+")[0] != pinned
+            and not options.use_precompiled_kernels
+        ):
+            # Only a full build compiles against torch's ABI; the precompiled path
+            # copies the official kernels and needs torch only to detect CUDA.
             problems.append(
                 f"torch {torch['version']} in {python} is not the pinned torch=={pinned}; "
                 "the kernels would not match its ABI"
             )
-    build_ok = subprocess.run([str(python), "-c", "import build, setuptools_scm"],
-                              capture_output=True).returncode == 0
+    build_ok = (
+        subprocess.run(
+            [str(python), "-c", "import build, setuptools_scm"], capture_output=True
+        ).returncode
+        == 0
+    )
     if not build_ok:
         problems.append(f"{python} lacks the `build` and `setuptools-scm` packages")
     need = DISK_PRECOMPILED_GIB if options.use_precompiled_kernels else DISK_FULL_GIB
@@ -101,8 +114,9 @@ def preflight(tree: Path, options: SourceBuildOptions, python: Path) -> list[str
     return problems
 
 
-def build_environment(version: str, upstream: Upstream, options: SourceBuildOptions,
-                      base_env: dict[str, str]) -> dict[str, str]:
+def build_environment(
+    version: str, upstream: Upstream, options: SourceBuildOptions, base_env: dict[str, str]
+) -> dict[str, str]:
     """The explicit environment of vLLM's build (pure)."""
     env = dict(base_env)
     env.update(
@@ -139,31 +153,58 @@ def build_from_source(
     if problems:
         raise EnvironmentProblem("source build preflight failed: " + "; ".join(problems))
     identity = plan_identity(
-        upstream.wheel.name if upstream.wheel else f"vllm-{upstream.base.version}-"
-        "cp38-abi3-linux_x86_64.whl", series, options.build_tag)
+        upstream.wheel.name
+        if upstream.wheel
+        else f"vllm-{upstream.base.version}-cp38-abi3-linux_x86_64.whl",
+        series,
+        options.build_tag,
+    )
     env = build_environment(identity.version, upstream, options, dict(os.environ))
+    command = [str(python), "-m", "build", "--wheel", "--no-isolation"]
+    if options.use_precompiled_kernels:
+        # The pinned torch matters only for compiling; preflight already checked CUDA.
+        command.append("--skip-dependency-check")
     with tempfile.TemporaryDirectory(prefix="dflash-sbuild-") as tmp:
+        # Build from an export of the patched commit: vLLM's build writes into its
+        # tree (kernels, _version.py), and the work tree must stay as git has it.
+        tree_copy = Path(tmp) / "src"
+        export_tree(git.Repo(tree), report.head, tree_copy)
+        out_dir = Path(tmp) / "out"
         log = options.dist_dir / f".{identity.version}-source-build.log"
         with open(log, "wb") as out:
             proc = subprocess.run(
-                [str(python), "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp,
-                 str(tree)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                [*command, "--outdir", str(out_dir), str(tree_copy)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         if proc.returncode != 0:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
             raise BuildError(f"vLLM's build failed (exit {proc.returncode}, log {log}): {tail[0]}")
-        (built,) = Path(tmp).glob("*.whl")
+        (built,) = out_dir.glob("*.whl")
         identity = identity_of(built.name)
-        manifest = make_manifest(upstream, series, report, identity, "source", [],
-                                 options.source_date_epoch,
-                                 [f"built by vLLM's own setup.py (log {log.name})"])
+        manifest = make_manifest(
+            upstream,
+            series,
+            report,
+            identity,
+            "source",
+            [],
+            options.source_date_epoch,
+            [f"built by vLLM's own setup.py (log {log.name})"],
+        )
         target = options.dist_dir / identity.filename
         with open_wheel(built) as produced:
-            digest = assemble(produced, identity, {}, manifest, options.source_date_epoch,
-                              target)
+            digest = assemble(produced, identity, {}, manifest, options.source_date_epoch, target)
     return BuildResult(
-        path=target, filename=target.name, version=identity.version, sha256=digest,
-        size=target.stat().st_size, mode="source", seconds=time.perf_counter() - started,
-        manifest=manifest, notes=manifest.notes,
+        path=target,
+        filename=target.name,
+        version=identity.version,
+        sha256=digest,
+        size=target.stat().st_size,
+        mode="source",
+        seconds=time.perf_counter() - started,
+        manifest=manifest,
+        notes=manifest.notes,
     )
