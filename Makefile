@@ -12,10 +12,10 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 3155328
 export SOURCE_DATE_EPOCH
 
 .DEFAULT_GOAL := help
-.PHONY: help wheel test lint verify smoke status release bench clean probe-env
+.PHONY: help wheel test lint verify smoke status release check-patches clean probe-env
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,13 @@ wheel: $(STAMP) ## Build the patched vLLM 0.20.1 CUDA wheel into dist/
 test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts)
 	TOOLING_PROBE_PYTHON="$$($(TOOLING) probe-env)" $(BIN)/pytest -q
 
-lint: $(STAMP) ## ruff, and the CI workflows against their schema
+lint: $(STAMP) ## ruff, and the CI workflows against the GitHub Actions schema
 	$(BIN)/ruff check tooling tests bench
 	$(BIN)/ruff format --check tooling tests bench
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows ci/workflows/*.yml
+
+check-patches: $(STAMP) ## Fail when patches/ is not what `tooling patch export` would write
+	$(TOOLING) patch export --check
 
 verify: $(STAMP) ## Install dist/'s wheel in a fresh virtualenv and verify it
 	@$(TOOLING) probe-env >/dev/null
@@ -45,6 +49,21 @@ verify: $(STAMP) ## Install dist/'s wheel in a fresh virtualenv and verify it
 status: $(STAMP) ## Status of every patch on every pinned release (the canary)
 	@$(TOOLING) probe-env >/dev/null
 	$(TOOLING) patch status --bases all
+
+# The releases whose status goes into the release notes (the full matrix is `make status`).
+RELEASE_STATUS_BASES ?= 0.20.1,0.22.0,0.26.0,0.33.0
+
+release: wheel ## Wheel, SHA256SUMS, manifest, runtime lock and release notes in dist/
+	$(TOOLING) patch status --bases $(RELEASE_STATUS_BASES) --json > $(DIST)/.status.json
+	mv $(DIST)/.status.json $(DIST)/status.json
+	$(TOOLING) bundle lock --output $(DIST)/vllm-runtime.lock
+	$(TOOLING) release --dist $(DIST) --status-json $(DIST)/status.json \
+	  --include $(DIST)/vllm-runtime.lock --include $(DIST)/status.json
+
+smoke: $(STAMP) ## GPU smoke-serve of dist/'s wheel with a tiny model pair (needs an NVIDIA GPU)
+	@command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || \
+	  { echo "error: make smoke needs an NVIDIA GPU host (nvidia-smi found none)" >&2; exit 2; }
+	$(TOOLING) smoke --tiny --wheel "$$(ls $(DIST)/vllm-*.whl)"
 
 clean: ## Remove build outputs (not the artifact cache)
 	rm -rf build $(DIST) .pytest_cache

@@ -78,6 +78,21 @@ def patched_0201(
 
 
 @pytest.fixture(scope="session")
+def patched_0220(
+    tmp_path_factory,
+    upstream_0220: Upstream,
+    series: Series,
+    probe_python: Path,
+    cache: CacheLayout,
+) -> SeriesReport:
+    """The series on 0.22.0, which already fixed the offset upstream (keep-going)."""
+    work = tmp_path_factory.mktemp("patched") / "vllm-0.22.0"
+    return apply_series(
+        upstream_0220, series, work, apply_options(probe_python, cache, keep_going=True)
+    )
+
+
+@pytest.fixture(scope="session")
 def built_wheel(
     tmp_path_factory, upstream_0201: Upstream, series: Series, patched_0201: SeriesReport
 ) -> BuildResult:

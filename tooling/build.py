@@ -16,6 +16,8 @@ import io
 import re
 import time
 import zipfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from packaging.version import Version
 from . import __version__, worktree
 from .apply import SeriesReport
 from .errors import BuildError
+from .fetch import verify_artifact
 from .fsutil import atomic_output, sha256_bytes
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
 from .sbom import SBOM_NAME, sbom_bytes
@@ -182,6 +185,11 @@ def build_precompiled(
         )
     if not report.ok:
         raise BuildError("the patch series did not apply cleanly; see `tooling patch`")
+    # The official wheel is hashed against its pin on a second core while this
+    # one builds; the output is renamed into place only if the digest holds.
+    checker = ThreadPoolExecutor(max_workers=1)
+    wheel_check = checker.submit(verify_artifact, upstream.wheel, upstream.base.wheel)
+    checker.shutdown(wait=False)
     repo = git.Repo(report.work_dir)
     paths = worktree.changed_files(repo, report.baseline, report.head)
     changed = {p: _owners(repo, p) for p in paths}
@@ -220,10 +228,11 @@ def build_precompiled(
             )
         )
 
-    manifest = make_manifest(upstream, series, report, identity, "precompiled", files, epoch,
-                             notes)
+    manifest = make_manifest(upstream, series, report, identity, "precompiled", files, epoch, notes)
     target = options.dist_dir / identity.filename
-    digest = assemble(official, identity, new_content, manifest, epoch, target)
+    digest = assemble(
+        official, identity, new_content, manifest, epoch, target, check_source=wheel_check.result
+    )
     return BuildResult(
         path=target,
         filename=identity.filename,
@@ -282,8 +291,9 @@ def identity_of(filename: str) -> WheelIdentity:
     """The identity a wheel file name already states (no relabelling)."""
     _, version, build, _ = parse_wheel_filename(filename)
     stem = filename.removesuffix(".whl").split("-")
-    return WheelIdentity(stem[0], str(version), f"{build[0]}{build[1]}" if build else None,
-                         "-".join(stem[-3:]))
+    return WheelIdentity(
+        stem[0], str(version), f"{build[0]}{build[1]}" if build else None, "-".join(stem[-3:])
+    )
 
 
 def assemble(
@@ -293,13 +303,21 @@ def assemble(
     manifest: BuildManifest,
     epoch: int | None,
     target: Path,
+    check_source: Callable[[], None] | None = None,
 ) -> str:
-    """Write ``target`` from ``source`` with ``new_content`` swapped in; returns its sha256."""
+    """Write ``target`` from ``source`` with ``new_content`` swapped in; returns its sha256.
+
+    ``check_source`` runs after writing and before the rename: if it raises,
+    nothing is left in the output folder.
+    """
     by_name = {info.filename: info for info in source.infolist()}
     members = _members(source, by_name, identity, new_content, manifest, epoch)
     try:
-        with atomic_output(target) as out:
-            return write_wheel(out, Path(source.filename), members)
+        with atomic_output(target, durable=False) as out:
+            digest = write_wheel(out, Path(source.filename), members)
+            if check_source is not None:
+                check_source()
+            return digest
     except OSError as e:
         raise BuildError(f"cannot write {target}: {e.strerror or e}") from None
 

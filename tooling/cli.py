@@ -155,6 +155,7 @@ def _fetch(
     ref: str | None,
     allow_moving_ref: bool,
     with_wheel: bool = True,
+    verify_wheel: bool = True,
 ) -> Upstream:
     catalog = settings.catalog()
     base = catalog.get(base_version)
@@ -163,7 +164,13 @@ def _fetch(
         git_request = GitRequest(
             url=git_url or catalog.git_url, ref=ref, allow_moving_ref=allow_moving_ref
         )
-    return fetch_upstream(base, settings.fetch_options(), git=git_request, with_wheel=with_wheel)
+    return fetch_upstream(
+        base,
+        settings.fetch_options(),
+        git=git_request,
+        with_wheel=with_wheel,
+        verify_wheel=verify_wheel,
+    )
 
 
 @click.group(cls=ToolingGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -412,16 +419,18 @@ def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
     notes = [f"{r.base}: {r.error}" for r in results if r.error]
     human = table(["base", *ids], rows) + "".join(f"\n{n}" for n in notes)
     human += f"\n{len(bases)} releases in {seconds:.1f}s (! = applied but its probe is not present)"
+    validated = next((r for r in results if r.base == series.validated_base), None)
+    ok = validated is None or (validated.report is not None and validated.report.ok)
     emit(
         settings,
-        {
-            "ok": not notes,
-            "seconds": seconds,
-            "patches": ids,
-            "bases": [r.to_json() for r in results],
-        },
+        {"ok": ok, "seconds": seconds, "patches": ids, "bases": [r.to_json() for r in results]},
         human,
     )
+    if not ok:
+        # Newer releases only report (the canary); the validated base must stay clean.
+        raise PatchConflictError(
+            f"the series does not apply cleanly on its validated base {series.validated_base}"
+        )
 
 
 @patch.command("export")
@@ -578,7 +587,16 @@ def build(
     """Build the patched CUDA wheel into dist/."""
     settings = _settings(ctx)
     series = settings.series(skip)
-    upstream = _fetch(settings, base_version, source, git_url, ref, allow_moving_ref)
+    # Precompiled mode re-verifies the official wheel while it copies (build.py).
+    upstream = _fetch(
+        settings,
+        base_version,
+        source,
+        git_url,
+        ref,
+        allow_moving_ref,
+        verify_wheel=mode == "source",
+    )
     report = ensure_patched(
         settings,
         upstream,
@@ -778,3 +796,60 @@ def verify_command(
     if report.missing_fixes:
         names = ", ".join(f"{f.number} {f.patch_id} ({f.state})" for f in report.missing_fixes)
         raise VerifyFixMissingError(f"required fix not present: {names}")
+
+
+@main.command("release")
+@click.option(
+    "--wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="The built wheel (default: the one vllm-*.whl in --dist).",
+)
+@click.option(
+    "--dist",
+    "dist_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("dist"),
+    show_default=True,
+)
+@click.option(
+    "--status-json",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Output of `tooling patch status --json` for the upstream columns.",
+)
+@click.option(
+    "--include",
+    "extra",
+    multiple=True,
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Further files in --dist to list in SHA256SUMS (e.g. the runtime lock).",
+)
+@json_option
+@click.pass_context
+def release_command(
+    ctx: click.Context,
+    wheel: Path | None,
+    dist_dir: Path,
+    status_json: Path | None,
+    extra: tuple[Path, ...],
+) -> None:
+    """Write RELEASE_NOTES.md, the manifest and SHA256SUMS beside the wheel."""
+    from .release import write_release
+
+    settings = _settings(ctx)
+    if wheel is None:
+        wheels = sorted(dist_dir.glob("vllm-*.whl"))
+        if len(wheels) != 1:
+            raise BuildError(f"{dist_dir}: expected one vllm-*.whl, found {len(wheels)}")
+        wheel = wheels[0]
+    status = json.loads(status_json.read_text()) if status_json else None
+    files = write_release(dist_dir, wheel, settings.series(), status, list(extra))
+    emit(
+        settings,
+        {
+            "ok": True,
+            "notes": str(files.notes),
+            "checksums": str(files.checksums),
+            "manifest": str(files.manifest),
+        },
+        f"{files.notes}\n{files.manifest}\n{files.checksums}",
+    )

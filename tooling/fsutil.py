@@ -28,11 +28,14 @@ def sha256_bytes(data: bytes) -> str:
 
 
 @contextlib.contextmanager
-def atomic_output(target: Path, mode: str = "wb") -> Iterator[BinaryIO]:
+def atomic_output(target: Path, mode: str = "wb", *, durable: bool = True) -> Iterator[BinaryIO]:
     """Open a temp file beside ``target``; rename it over ``target`` only on success.
 
     The temp file lives in the same folder so the rename is atomic, and its
     name starts with a dot so a crash leaves nothing that looks like a result.
+    ``durable`` adds an fsync before the rename, so a power cut cannot leave an
+    empty file under the final name; outputs that are rebuilt from the cache in
+    a second can skip it.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
@@ -45,7 +48,8 @@ def atomic_output(target: Path, mode: str = "wb") -> Iterator[BinaryIO]:
         with os.fdopen(fd, mode) as f:
             yield f  # type: ignore[misc]
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

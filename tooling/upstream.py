@@ -74,10 +74,14 @@ def fetch_upstream(
     *,
     git: GitRequest | None = None,
     with_wheel: bool = True,
+    verify_wheel: bool = True,
 ) -> Upstream:
-    """Fetch ``base`` from PyPI (default) or from git; the official wheel always comes from PyPI."""
+    """Fetch ``base`` from PyPI (default) or from git; the official wheel always comes from PyPI.
+
+    ``verify_wheel=False``: the caller verifies the cached wheel itself (see ensure_artifact).
+    """
     if git is None:
-        src = fetch_pypi(base, options, with_wheel=with_wheel)
+        src = fetch_pypi(base, options, with_wheel=with_wheel, verify_wheel=verify_wheel)
         return Upstream(base, "pypi", src.source_dir, src.wheel, sdist=src.sdist)
     fetched = fetch_git(
         base,
@@ -87,5 +91,9 @@ def fetch_upstream(
         allow_moving_ref=git.allow_moving_ref,
         offline=options.offline,
     )
-    wheel = ensure_artifact(base.wheel, options) if with_wheel and base.wheel else None
+    wheel = (
+        ensure_artifact(base.wheel, options, verify=verify_wheel)
+        if with_wheel and base.wheel
+        else None
+    )
     return Upstream(base, "git", fetched.source_dir, wheel, git=fetched)

@@ -15,6 +15,7 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -68,17 +69,45 @@ Member = NewMember | CopiedMember
 
 
 class _HashingWriter:
-    """Counts and hashes every byte written, so the output needs no second read."""
+    """Counts and hashes every byte written, so the output needs no second read.
 
-    def __init__(self, out: BinaryIO) -> None:
+    Hashing runs on a worker thread (hashlib releases the GIL on large
+    buffers), in write order, while the main thread goes on copying.
+    """
+
+    _BATCH = 1 << 20
+
+    def __init__(self, out: BinaryIO, pool: ThreadPoolExecutor) -> None:
         self._out = out
+        self._pool = pool
+        self._last: Future | None = None
+        self._pending = bytearray()
         self.offset = 0
-        self.sha256 = hashlib.sha256()
+        self._sha256 = hashlib.sha256()
 
     def write(self, data: bytes) -> None:
         self._out.write(data)
-        self.sha256.update(data)
         self.offset += len(data)
+        # Small writes (headers) are batched: a task per header would cost more
+        # than hashing it. Large blocks go to the worker as they are.
+        if len(data) >= self._BATCH:
+            self._flush()
+            self._last = self._pool.submit(self._sha256.update, data)
+            return
+        self._pending += data
+        if len(self._pending) >= self._BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._last = self._pool.submit(self._sha256.update, bytes(self._pending))
+            self._pending = bytearray()
+
+    def hexdigest(self) -> str:
+        self._flush()
+        if self._last is not None:
+            self._last.result()
+        return self._sha256.hexdigest()
 
 
 def _dos(date_time: tuple[int, ...]) -> tuple[int, int]:
@@ -113,7 +142,12 @@ def _data_offset(src: BinaryIO, info: zipfile.ZipInfo) -> int:
 
 def write_wheel(target: BinaryIO, source_path: Path, members: Iterable[Member]) -> str:
     """Write ``members`` in order as a zip to ``target``; return the output's sha256."""
-    out = _HashingWriter(target)
+    # One worker: digest updates must stay in write order.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return _write(_HashingWriter(target, pool), source_path, members)
+
+
+def _write(out: _HashingWriter, source_path: Path, members: Iterable[Member]) -> str:
     central: list[bytes] = []
     with open(source_path, "rb") as src:
         for member in members:
@@ -192,4 +226,4 @@ def write_wheel(target: BinaryIO, source_path: Path, members: Iterable[Member]) 
     if len(central) >= 0xFFFF:
         raise BuildError("too many members for a zip without zip64")
     out.write(_END.pack(_END_SIG, 0, 0, len(central), len(central), size, directory_offset, 0))
-    return out.sha256.hexdigest()
+    return out.hexdigest()

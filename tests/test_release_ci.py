@@ -1,0 +1,126 @@
+"""The release pipeline: workflow validity, make-only jobs, Makefile targets, release notes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tooling.paths import REPO_DIR
+from tooling.release import read_wheel_manifest, release_notes, upstream_since, write_release
+from tooling.status import BaseStatus
+
+WORKFLOWS = sorted((REPO_DIR / "ci" / "workflows").glob("*.yml"))
+#: Jobs that only decide whether another job runs, and say why when it does not.
+GATES = {"gpu-runner"}
+
+
+def test_workflows_pass_the_github_actions_schema():
+    assert WORKFLOWS
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "check-jsonschema"),
+            "--builtin-schema",
+            "vendor.github-workflows",
+            *map(str, WORKFLOWS),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_broken_workflow_is_caught(tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text(
+        "on: push\njobs:\n  x:\n    runs-on: ubuntu-24.04\n    steps:\n"
+        "      - run: make test\n        shell: 42\n        uses: also/this@v1\n"
+    )
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "check-jsonschema"),
+            "--builtin-schema",
+            "vendor.github-workflows",
+            str(broken),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+
+
+def test_jobs_call_make_targets_only():
+    makefile = (REPO_DIR / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z-]+):", makefile, re.M))
+    for workflow in WORKFLOWS:
+        jobs = yaml.safe_load(workflow.read_text())["jobs"]
+        assert {"lint", "test", "wheel", "canary", "smoke", "publish"} <= set(jobs)
+        for name, job in jobs.items():
+            if name in GATES:
+                continue
+            for step in job["steps"]:
+                if "run" in step:
+                    match = re.fullmatch(r"make ([a-z-]+)", step["run"].strip())
+                    assert match, f"{name}: `{step['run']}` is not a make target"
+                    assert match.group(1) in targets
+
+
+def test_the_github_path_points_at_ci():
+    link = REPO_DIR / ".github" / "workflows"
+    assert link.is_symlink() and link.resolve() == (REPO_DIR / "ci" / "workflows").resolve()
+
+
+def test_every_make_target_has_help():
+    help_text = subprocess.run(
+        ["make", "-s", "help"], cwd=REPO_DIR, capture_output=True, text=True, check=True
+    ).stdout
+    for target in ("wheel", "test", "lint", "verify", "smoke", "status", "release", "clean"):
+        assert re.search(rf"^  {target}\s+\S", help_text, re.M), target
+
+
+def status_json(*reports) -> dict:
+    return {"bases": [BaseStatus(r.base, r).to_json() for r in reports]}
+
+
+def test_release_notes_from_the_real_build(built_wheel, series, patched_0201, patched_0220):
+    status = status_json(patched_0201, patched_0220)
+    assert upstream_since(status, "dflash-layer-id-offset") == "0.22.0"
+    assert upstream_since(status, "eagle-cache-drop") is None
+    manifest = read_wheel_manifest(built_wheel.path)
+    notes = release_notes(series, manifest, built_wheel.filename, built_wheel.sha256, status)
+    assert notes.startswith(f"# vLLM {built_wheel.version}\n")
+    assert built_wheel.sha256 in notes
+    carried = notes.split("## Patches carried")[1].split("##")[0]
+    for patch in series.patches:
+        assert patch.title in carried
+    assert "Upstream from 0.22.0: drop when upgrading." in carried
+    assert "| 0.22.0 | superseded | conflict | applied |" in notes
+    assert "## Dropped: already upstream in this base\n\n- none" in notes
+
+
+def test_write_release_checksums(tmp_path, built_wheel, series, patched_0201):
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    wheel = dist / built_wheel.filename
+    wheel.symlink_to(built_wheel.path)
+    files = write_release(dist, wheel, series, status_json(patched_0201))
+    sums = dict(reversed(line.split("  ")) for line in files.checksums.read_text().splitlines())
+    assert set(sums) == {
+        built_wheel.filename,
+        f"{built_wheel.filename}.manifest.json",
+        "RELEASE_NOTES.md",
+    }
+    assert sums[built_wheel.filename] == built_wheel.sha256
+    subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=dist, check=True)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_make_smoke_says_it_needs_a_gpu():
+    result = subprocess.run(["make", "-s", "smoke"], cwd=REPO_DIR, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "needs an NVIDIA GPU" in result.stderr
