@@ -30,7 +30,8 @@ wheel: $(STAMP) ## Build the patched vLLM 0.20.1 CUDA wheel into dist/
 	$(TOOLING) build --dist $(DIST)
 
 test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts)
-	TOOLING_PROBE_PYTHON="$$($(TOOLING) probe-env)" $(BIN)/pytest -q
+	TOOLING_PROBE_PYTHON="$$($(TOOLING) probe-env)" \
+	  TOOLING_DFLASH_PATH="$$($(TOOLING) probe-env --dflash-path)" $(BIN)/pytest -q
 
 lint: $(STAMP) ## ruff, and the CI workflows against the GitHub Actions schema
 	$(BIN)/ruff check tooling tests bench

@@ -33,7 +33,13 @@ from .errors import (
 from .export import check_export, export_patches
 from .fetch import DEFAULT_INDEX_URL, FetchOptions
 from .paths import CacheLayout, default_cache_dir, default_patches_dir
-from .probe_env import ensure_probe_env, env_dir, probe_python_from_env, python_of
+from .probe_env import (
+    ensure_probe_env,
+    ensure_reference_dflash,
+    env_dir,
+    probe_python_from_env,
+    python_of,
+)
 from .probes import ALL_PROBES, ProbeTarget, run_probes
 from .report import human_size, table
 from .series import Series, load_series
@@ -688,13 +694,21 @@ def probe(
 
 
 @main.command("probe-env")
+@click.option(
+    "--dflash-path", is_flag=True, help="Print the folder of the reference dflash package instead."
+)
 @json_option
 @click.pass_context
-def probe_env(ctx: click.Context) -> None:
-    """Create (once) the cached CPU interpreter the probes run in and print its path."""
+def probe_env(ctx: click.Context, dflash_path: bool) -> None:
+    """Create (once) the cached CPU interpreter for the probes and print its path."""
     settings = _settings(ctx)
     python = ensure_probe_env(settings.cache)
-    emit(settings, {"ok": True, "python": str(python)}, str(python))
+    reference = ensure_reference_dflash(settings.cache, python)
+    emit(
+        settings,
+        {"ok": True, "python": str(python), "dflash_path": str(reference)},
+        str(reference if dflash_path else python),
+    )
 
 
 @main.command("verify")

@@ -66,6 +66,47 @@ def ensure_probe_env(cache: CacheLayout, requirements: Path = REQUIREMENTS) -> P
     return python_of(env)
 
 
+#: The reference DFlash implementation the smoke suite and the trainer compare against.
+REFERENCE_DFLASH = "dflash==0.1.0"
+
+
+def reference_dflash_dir(cache: CacheLayout) -> Path:
+    return cache.root / "dflash-ref"
+
+
+def ensure_reference_dflash(cache: CacheLayout, python: Path) -> Path:
+    """A folder holding the reference ``dflash`` package (for PYTHONPATH), installed once.
+
+    ``--no-deps``: its pins (datasets, a second torch) are not needed to import
+    ``dflash.model``, which uses only torch and transformers from the probe env.
+    """
+    target = reference_dflash_dir(cache)
+    if (target / _MARKER).is_file():
+        return target
+    if target.exists():
+        shutil.rmtree(target)
+    cmd = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--target",
+        str(target),
+        REFERENCE_DFLASH,
+    ]
+    result = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=sys.stderr)
+    if result.returncode != 0:
+        shutil.rmtree(target, ignore_errors=True)
+        raise EnvironmentProblem(
+            f"cannot install {REFERENCE_DFLASH} (pip exit {result.returncode})"
+        )
+    (target / _MARKER).write_text(REFERENCE_DFLASH + "\n")
+    return target
+
+
 def probe_python_from_env() -> Path | None:
     """``$TOOLING_PROBE_PYTHON`` when set (the Makefile and CI set it)."""
     value = os.environ.get("TOOLING_PROBE_PYTHON")

@@ -1,0 +1,110 @@
+"""Small helpers shared by the trainer's stages: schedule, clock, log, files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def lr_factor(progress: float, warmup_frac: float, min_ratio: float) -> float:
+    """Learning-rate multiplier at ``progress`` in [0, 1]: linear warm-up, then cosine decay."""
+    progress = min(max(progress, 0.0), 1.0)
+    if warmup_frac > 0 and progress < warmup_frac:
+        return max(progress / warmup_frac, 1e-3)
+    span = max(1.0 - warmup_frac, 1e-9)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * (progress - warmup_frac) / span))
+    return min_ratio + (1.0 - min_ratio) * cosine
+
+
+@dataclass
+class Budget:
+    """A phase's limits: at most ``max_steps`` steps and ``time_s`` seconds.
+
+    Progress is whichever limit is nearer, so the learning-rate schedule still
+    anneals when the clock, not the step count, ends a phase.
+    """
+
+    max_steps: int
+    time_s: float
+    started: float = field(default_factory=time.perf_counter)
+
+    def elapsed(self) -> float:
+        """Seconds since the phase started."""
+        return time.perf_counter() - self.started
+
+    def progress(self, step: int) -> float:
+        """Fraction of the phase done before ``step`` (0-based)."""
+        by_steps = step / max(self.max_steps, 1)
+        by_time = self.elapsed() / self.time_s if self.time_s > 0 else 0.0
+        return max(by_steps, by_time)
+
+    def done(self, step: int) -> bool:
+        """Whether the phase must stop before running ``step``."""
+        return step >= self.max_steps or self.progress(step) >= 1.0
+
+    def time_capped(self, steps_run: int) -> bool:
+        """Whether the clock ended the phase before its step count."""
+        return steps_run < self.max_steps
+
+
+class Log:
+    """Timestamped lines to stderr and, once opened, to a log file."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.t0 = time.perf_counter()
+        self.stream = stream if stream is not None else sys.stderr
+        self.file: TextIO | None = None
+
+    def open(self, path: Path) -> None:
+        """Also write every later line to ``path``."""
+        self.file = path.open("a", encoding="utf-8")
+
+    def close(self) -> None:
+        """Close the log file, if any."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def __call__(self, message: str) -> None:
+        line = f"[{time.perf_counter() - self.t0:7.1f}s] {message}"
+        print(line, file=self.stream, flush=True)
+        if self.file is not None:
+            self.file.write(line + "\n")
+            self.file.flush()
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temporary file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def default_cache_root() -> Path:
+    """``$VLLM_DFLASH_CACHE``, else ``$XDG_CACHE_HOME/vllm-dflash``, else ``~/.cache/vllm-dflash``.
+
+    The same rule as the toolchain's cache, restated here because the trainer
+    must not import the rest of ``tooling``.
+    """
+    env = os.environ.get("VLLM_DFLASH_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "vllm-dflash"

@@ -1,0 +1,220 @@
+"""The recipe's settings: one frozen dataclass, two presets, ``key=value`` overrides.
+
+No torch here, so settings and digests can be computed anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+# Bump when the recipe's behaviour changes in a way the settings do not show.
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RecipeConfig:
+    """Every setting that shapes the trained weights and the measurement.
+
+    The defaults are the full GPU recipe (one H200, about 6 minutes); ``PRESETS``
+    holds a tiny CPU variant for tests.
+    """
+
+    seed: int = 0
+
+    # Corpus: the stdlib's *.py files, split by a hash of each file's path.
+    heldout_fraction: float = 0.05  # prompts and held-out loss; never trained on
+    draft_fraction: float = 0.10  # drafter prompts only; unseen by the target
+    max_files: int | None = None  # a seeded subset, for quick runs
+    max_file_bytes: int = 2_000_000
+
+    # Tokenizer.
+    vocab_size: int = 8192
+
+    # Target (transformers Qwen3ForCausalLM).
+    target_layers: int = 8
+    hidden_size: int = 768
+    target_intermediate: int = 2048
+    num_heads: int = 12
+    num_kv_heads: int = 4
+    head_dim: int = 64
+    max_position_embeddings: int = 4096
+    target_seq_len: int = 512
+    target_batch: int = 64
+    target_epochs: float = 3.0
+    target_max_steps: int = 0  # 0: from target_epochs
+    target_lr: float = 1e-3
+    target_time_cap_s: float = 150.0
+    eval_tokens: int = 262_144
+
+    # Drafter data: the target's own greedy continuations of corpus windows.
+    data_prompt_len: int = 256
+    data_gen_len: int = 128
+    data_sequences: int = 24_576
+    data_time_cap_s: float = 75.0  # generation stops early past this (keeps what it has)
+    data_unseen_fraction: float = 0.5  # share of prompts from the drafter-only split
+    gen_batch: int = 1024
+    feature_batch: int = 256
+    data_eval_sequences: int = 256  # from held-out files, for a proxy of acceptance
+
+    # Drafter (dflash.model.DFlashDraftModel on a Qwen3Config).
+    drafter_layer_types: tuple[str, ...] = (
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+    )
+    sliding_window: int = 32
+    target_layer_ids: tuple[int, ...] = (1, 4, 6)
+    block_size: int = 4
+    drafter_intermediate: int = 2048
+
+    # Drafter training.
+    drafter_steps: int = 5000
+    drafter_batch: int = 64
+    anchors_per_seq: int = 64
+    gen_anchor_fraction: float = 0.75  # anchors inside the generated part
+    min_anchor: int = 16
+    drafter_lr: float = 1e-3
+    loss_gamma: float = 4.0  # position weight exp(-(k-1)/gamma), as in the DFlash paper
+    drafter_time_cap_s: float = 180.0
+
+    # Shared optimiser settings.
+    weight_decay: float = 0.1
+    warmup_frac: float = 0.05
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    log_every: int = 50
+
+    # Reference acceptance on held-out prompts.
+    num_prompts: int = 32
+    prompt_len: int = 256
+    max_new_tokens: int = 96
+    crosscheck_prompts: int = 4  # also run through the minimal uncached loop
+
+    # Whole run.
+    wall_budget_s: float = 420.0
+    reserve_s: float = 60.0  # kept back from the drafter for saving and measuring
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON-ready data."""
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, tuple):
+                out[key] = list(value)
+        return out
+
+    def digest_material(self) -> str:
+        """Canonical JSON of the settings and the recipe version."""
+        return json.dumps({"recipe": RECIPE_VERSION, "config": self.to_dict()}, sort_keys=True)
+
+    def validate(self) -> None:
+        """Raise ValueError on settings that cannot work together."""
+        # HF's last hidden state is after the final norm, while vLLM captures the raw
+        # residual stream: the two agree only for ids up to num_layers - 2.
+        if any(i < 0 or i > self.target_layers - 2 for i in self.target_layer_ids):
+            raise ValueError(
+                f"target_layer_ids {self.target_layer_ids}: each must be in "
+                f"[0, {self.target_layers - 2}]"
+            )
+        if self.sliding_window < self.block_size:
+            raise ValueError("sliding_window must be at least block_size")
+        sliding = "sliding_attention" in self.drafter_layer_types
+        if sliding and self.sliding_window >= self.prompt_len:
+            raise ValueError("sliding_window must be shorter than the prompts to test SWA")
+        if self.data_prompt_len <= self.min_anchor or self.data_gen_len < self.block_size:
+            raise ValueError("drafter data sequences are too short for the anchors")
+        if self.num_heads * self.head_dim <= 0 or self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.heldout_fraction + self.draft_fraction >= 1.0:
+            raise ValueError("heldout_fraction + draft_fraction must stay below 1")
+
+
+PRESETS: dict[str, RecipeConfig] = {
+    "full": RecipeConfig(),
+    # A tiny end-to-end run for CPU tests: every stage, about half a minute.
+    "smoke": RecipeConfig(
+        heldout_fraction=0.2,
+        draft_fraction=0.2,
+        max_files=70,
+        max_file_bytes=40_000,
+        vocab_size=400,
+        target_layers=4,
+        hidden_size=64,
+        target_intermediate=128,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+        target_seq_len=64,
+        target_batch=8,
+        target_max_steps=20,
+        target_lr=3e-3,
+        target_time_cap_s=120.0,  # generous: the steps, not the clock, should end it
+        eval_tokens=1024,
+        data_prompt_len=32,
+        data_gen_len=16,
+        data_sequences=32,
+        data_time_cap_s=60.0,
+        gen_batch=16,
+        feature_batch=16,
+        data_eval_sequences=8,
+        sliding_window=8,
+        target_layer_ids=(0, 1, 2),
+        drafter_intermediate=128,
+        drafter_steps=20,
+        drafter_batch=8,
+        anchors_per_seq=8,
+        min_anchor=4,
+        drafter_lr=3e-3,
+        drafter_time_cap_s=120.0,
+        log_every=4,
+        num_prompts=2,
+        prompt_len=32,
+        max_new_tokens=16,
+        crosscheck_prompts=2,
+        wall_budget_s=400.0,
+        reserve_s=20.0,
+    ),
+}
+
+
+def _convert(raw: str, annotation: Any) -> Any:
+    """``raw`` as the field's type (int, float, str, optional int, tuple of int or str)."""
+    text = str(annotation)
+    if "None" in text and raw.lower() in ("none", "null", ""):
+        return None
+    if text.startswith("tuple"):
+        items = [s.strip() for s in raw.split(",") if s.strip()]
+        return tuple(int(s) for s in items) if "int" in text else tuple(items)
+    if "float" in text:
+        return float(raw)
+    if "int" in text:
+        return int(raw)
+    return raw
+
+
+def apply_overrides(cfg: RecipeConfig, pairs: list[str]) -> RecipeConfig:
+    """A copy of ``cfg`` with ``key=value`` pairs applied (tuples as comma lists)."""
+    hints = typing.get_type_hints(RecipeConfig)
+    names = {f.name for f in fields(RecipeConfig)}
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in names:
+            raise ValueError(f"--set {pair!r}: expected KEY=VALUE with KEY one of the settings")
+        changes[key] = _convert(raw.strip(), hints[key])
+    return replace(cfg, **changes)
+
+
+def recipe_digest(cfg: RecipeConfig, corpus_digest: str, code_digest: str) -> str:
+    """The 16-hex-digit name of a run's output folder."""
+    h = hashlib.sha256()
+    for part in (cfg.digest_material(), corpus_digest, code_digest):
+        h.update(part.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]

@@ -1,0 +1,220 @@
+"""The target: a small transformers Qwen3ForCausalLM trained on the corpus.
+
+Also the target-side tools the drafter needs: greedy continuations and the
+context features (HF ``hidden_states[id + 1]``, the reference's reading).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from dflash.model import extract_context_feature
+from torch.nn import functional as F
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from .common import Budget, Log, lr_factor
+from .config import RecipeConfig
+from .tokenizer import EOT_ID
+from .torchutil import amp, eval_mode, make_adamw, set_lr
+
+
+def target_config(cfg: RecipeConfig, vocab_size: int) -> Qwen3Config:
+    """The target's Qwen3Config: full attention everywhere, untied head."""
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.target_intermediate,
+        num_hidden_layers=cfg.target_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=EOT_ID,
+        pad_token_id=EOT_ID,
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def build_target(config: Qwen3Config, seed: int, device: torch.device) -> Qwen3ForCausalLM:
+    """A freshly initialised target (fp32 master weights) on ``device``."""
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    return model.to(device)
+
+
+class WindowSampler:
+    """Non-overlapping windows of a token stream, in a new shuffled order each epoch.
+
+    Each epoch starts at a fresh random offset, so window edges move between epochs.
+    """
+
+    def __init__(self, n_tokens: int, seq_len: int, seed: int) -> None:
+        self.n_tokens = n_tokens
+        self.seq_len = seq_len
+        self.gen = torch.Generator().manual_seed(seed)
+        self.pending = torch.zeros(0, dtype=torch.long)
+        self.epochs = 0
+        self.windows_per_epoch = max((n_tokens - seq_len) // seq_len, 1)
+
+    def _refill(self) -> None:
+        offset = int(torch.randint(0, self.seq_len, (1,), generator=self.gen))
+        count = max((self.n_tokens - offset) // self.seq_len, 1)
+        starts = offset + torch.arange(count) * self.seq_len
+        starts = starts[starts + self.seq_len <= self.n_tokens]
+        order = torch.randperm(starts.numel(), generator=self.gen)
+        self.pending = torch.cat([self.pending, starts[order]])
+        self.epochs += 1
+
+    def next(self, batch: int) -> torch.Tensor:
+        """``batch`` window starts (CPU int64)."""
+        while self.pending.numel() < batch:
+            self._refill()
+        out, self.pending = self.pending[:batch], self.pending[batch:]
+        return out
+
+
+@dataclass
+class TrainResult:
+    """What a training phase did: steps, time, the logged loss curve."""
+
+    steps: int
+    max_steps: int
+    time_s: float
+    time_capped: bool
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def final_loss(self) -> float:
+        """The last logged loss (NaN if none)."""
+        return self.curve[-1][1] if self.curve else float("nan")
+
+
+def train_target(
+    model: Qwen3ForCausalLM, stream: torch.Tensor, cfg: RecipeConfig, log: Log
+) -> TrainResult:
+    """Train on windows of ``stream`` (a 1-D token tensor on the model's device).
+
+    Returns the phase summary; the model is trained in place.
+    """
+    device = stream.device
+    seq = cfg.target_seq_len
+    sampler = WindowSampler(stream.numel(), seq, cfg.seed + 101)
+    if cfg.target_max_steps > 0:
+        max_steps = cfg.target_max_steps
+    else:
+        max_steps = math.ceil(cfg.target_epochs * sampler.windows_per_epoch / cfg.target_batch)
+    opt = make_adamw(model, cfg.target_lr, cfg.weight_decay)
+    offsets = torch.arange(seq, device=device)
+    budget = Budget(max_steps, cfg.target_time_cap_s)
+    log(
+        f"target: {max_steps} steps of {cfg.target_batch}x{seq} tokens "
+        f"({sampler.windows_per_epoch} windows per epoch), cap {cfg.target_time_cap_s:.0f}s"
+    )
+    curve: list[tuple[int, float]] = []
+    running = torch.zeros((), device=device)
+    count = 0
+    step = 0
+    model.train()
+    while not budget.done(step):
+        set_lr(
+            opt, cfg.target_lr * lr_factor(budget.progress(step), cfg.warmup_frac, cfg.min_lr_ratio)
+        )
+        starts = sampler.next(cfg.target_batch).to(device, non_blocking=True)
+        x = stream[starts[:, None] + offsets]
+        with amp(device):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        running += loss.detach().float()
+        count += 1
+        step += 1
+        if step % cfg.log_every == 0 or budget.done(step):
+            value = float((running / count).item())  # one sync per log line, not per step
+            curve.append((step, value))
+            running.zero_()
+            count = 0
+            log(f"target step {step}/{max_steps} loss {value:.4f} ({budget.elapsed():.1f}s)")
+            if not math.isfinite(value):
+                raise RuntimeError(f"target loss is {value} at step {step}")
+    return TrainResult(
+        steps=step,
+        max_steps=max_steps,
+        time_s=budget.elapsed(),
+        time_capped=budget.time_capped(step),
+        curve=curve,
+        extra={"epochs_seen": step * cfg.target_batch / sampler.windows_per_epoch},
+    )
+
+
+@torch.inference_mode()
+def eval_loss(
+    model: Qwen3ForCausalLM, stream: torch.Tensor, seq_len: int, max_tokens: int, batch: int
+) -> float:
+    """Mean next-token loss (nats) over evenly spread windows of ``stream``."""
+    total_windows = (stream.numel() - 1) // seq_len
+    if total_windows < 1:
+        return float("nan")
+    n = max(1, min(total_windows, max_tokens // seq_len))
+    starts = torch.linspace(0, total_windows - 1, n).long().to(stream.device) * seq_len
+    offsets = torch.arange(seq_len, device=stream.device)
+    total = torch.zeros((), dtype=torch.float64, device=stream.device)
+    count = 0
+    device = stream.device
+    with eval_mode(model):
+        for i in range(0, n, batch):
+            x = stream[starts[i : i + batch, None] + offsets]
+            with amp(device):
+                logits = model(input_ids=x).logits
+            loss = F.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                x[:, 1:].reshape(-1),
+                reduction="sum",
+            )
+            total += loss.double()
+            count += x[:, 1:].numel()
+    return float(total.item() / count)
+
+
+@torch.inference_mode()
+def greedy_generate(
+    model: Qwen3ForCausalLM, prompts: torch.Tensor, new_tokens: int
+) -> torch.Tensor:
+    """The target's greedy continuation (``new_tokens`` ids per row) of equal-length prompts.
+
+    A plain KV-cached loop, without ``generate``'s stopping rules: it never stops at EOT.
+    """
+    with eval_mode(model):
+        out = model(input_ids=prompts, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1].argmax(-1)
+        produced = [nxt]
+        for _ in range(new_tokens - 1):
+            out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1)
+            produced.append(nxt)
+    return torch.stack(produced, dim=1)
+
+
+@torch.inference_mode()
+def features_and_greedy(
+    model: Qwen3ForCausalLM, ids: torch.Tensor, layer_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context features and the target's argmax at every position of ``ids`` (one forward).
+
+    Returns ``(features, greedy_next)``: features are ``extract_context_feature`` of
+    the HF hidden states (``hidden_states[id + 1]`` for each id, concatenated);
+    ``greedy_next[:, t]`` is the target's greedy choice for position ``t + 1``.
+    """
+    with eval_mode(model):
+        out = model(input_ids=ids, output_hidden_states=True)
+        feats = extract_context_feature(list(out.hidden_states), layer_ids)
+        greedy = out.logits.argmax(-1)
+    return feats, greedy
