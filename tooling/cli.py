@@ -265,10 +265,12 @@ def fetch(
     emit(settings, data, human)
 
 
-def _work_dir(work_dir: Path | None, upstream: Upstream) -> Path:
+def _work_dir(work_dir: Path | None, upstream: Upstream, series: Series) -> Path:
+    """build/work/vllm-<base>[-git-<commit>][-skip-<ids>]: one tree per distinct series."""
     if work_dir:
         return work_dir.resolve()
     suffix = f"-git-{upstream.git.commit[:12]}" if upstream.git else ""
+    suffix += "".join(f"-skip-{s}" for s in series.skipped)
     return (Path("build") / "work" / f"vllm-{upstream.base.version}{suffix}").resolve()
 
 
@@ -379,7 +381,7 @@ def patch(
         settings, base_version, source, git_url, ref, allow_moving_ref, with_wheel=False
     )
     options = _apply_options(settings, probe_python, three_way, keep_going, series)
-    report = apply_series(upstream, series, _work_dir(work_dir, upstream), options)
+    report = apply_series(upstream, series, _work_dir(work_dir, upstream, series), options)
     emit(settings, report.to_json(), _report_text(report))
     _fail_unless_ok(report, settings)
 
@@ -494,7 +496,7 @@ def ensure_patched(
     require_probes: bool,
 ) -> SeriesReport:
     """The applied series for ``upstream``: reused when the work tree is current, else applied."""
-    work = _work_dir(work_dir, upstream)
+    work = _work_dir(work_dir, upstream, series)
     options = _apply_options(settings, probe_python, False, False, series)
     if require_probes and options.probe_python is None:
         raise BuildError(
@@ -866,4 +868,299 @@ def release_command(
             "manifest": str(files.manifest),
         },
         f"{files.notes}\n{files.manifest}\n{files.checksums}",
+    )
+
+
+def _install_wheel_for_smoke(wheel: Path, folder: Path) -> Path:
+    """pip-install ``wheel`` into ``folder`` (--target, no deps) for the smoke to import."""
+    import subprocess
+
+    from .errors import SmokeError
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--upgrade",
+            "--target",
+            str(folder),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["?"])[-1]
+        raise SmokeError(f"pip could not install {wheel.name} for the smoke: {tail}")
+    return folder
+
+
+def _parse_engines(specs: tuple[str, ...]) -> dict[str, Path]:
+    from .errors import SmokeError
+
+    engines: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not Path(folder).is_dir():
+            raise SmokeError(f"--engine {spec!r}: expected NAME=DIR with DIR a folder holding vllm")
+        engines[name] = Path(folder).resolve()
+    return engines
+
+
+@main.command("smoke")
+@click.option("--tiny", is_flag=True, help="Generate a seeded tiny target, tokenizer and drafter.")
+@click.option("--target", help="Target model: a local folder or a hub id.")
+@click.option("--drafter", help="DFlash drafter: a local folder or a hub id.")
+@click.option(
+    "--wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="pip-install this vLLM wheel (no deps) and smoke-test it.",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where models, logs and the report go (default: build/smoke/<time>).",
+)
+@click.option(
+    "--expect",
+    type=click.Choice(["fixed", "stock"]),
+    default="fixed",
+    show_default=True,
+    help="stock: a negative control (checks 2-5 must fail).",
+)
+@click.option("--min-acceptance-length", type=float)
+@click.option("--fidelity-gate", type=float, default=0.99, show_default=True)
+@click.option("--no-fidelity", is_flag=True, help="Skip the in-process reference comparison.")
+@click.option("--num-speculative-tokens", type=int, default=3, show_default=True)
+@click.option("--gpu-memory-utilization", type=float, default=0.3, show_default=True)
+@click.option(
+    "--time-limit",
+    type=float,
+    default=540,
+    show_default=True,
+    help="Seconds for the whole run; every step is bounded.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the commands a run would start.")
+@click.option(
+    "--trained",
+    is_flag=True,
+    help="Acceptance table on the trained pair (trains it when not cached).",
+)
+@click.option(
+    "--engine",
+    "engines",
+    multiple=True,
+    metavar="NAME=DIR",
+    help="With --trained: a vLLM install to measure (repeatable).",
+)
+@json_option
+@click.pass_context
+def smoke_command(
+    ctx: click.Context,
+    tiny: bool,
+    target: str | None,
+    drafter: str | None,
+    wheel: Path | None,
+    workdir: Path | None,
+    expect: str,
+    min_acceptance_length: float | None,
+    fidelity_gate: float,
+    no_fidelity: bool,
+    num_speculative_tokens: int,
+    gpu_memory_utilization: float,
+    time_limit: float,
+    dry_run: bool,
+    trained: bool,
+    engines: tuple[str, ...],
+) -> None:
+    """Serve a target with a DFlash drafter on a GPU and check every fix at run time."""
+    from .errors import SmokeError
+    from .smoke import (
+        EngineSettings,
+        SmokeConfig,
+        Timeouts,
+        describe_plan,
+        format_table,
+        run_smoke,
+    )
+
+    settings = _settings(ctx)
+    workdir = (workdir or Path("build") / "smoke" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if wheel is not None:
+        site = _install_wheel_for_smoke(wheel.resolve(), workdir / "site")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        sys.path.insert(0, str(site))
+    if trained:
+        _smoke_trained(settings, workdir, _parse_engines(engines))
+        return
+    config = SmokeConfig(
+        workdir=workdir,
+        target=target,
+        drafter=drafter,
+        tiny=tiny,
+        engine=EngineSettings(
+            num_speculative_tokens=num_speculative_tokens,
+            gpu_memory_utilization=gpu_memory_utilization,
+        ),
+        timeouts=Timeouts(total=time_limit),
+        fidelity_gate=fidelity_gate,
+        min_acceptance_length=min_acceptance_length,
+        run_fidelity=not no_fidelity,
+        expect=expect,
+    )
+    if dry_run:
+        plan = describe_plan(config)
+        emit(settings, {"ok": True, "plan": plan}, json.dumps(plan, indent=2, default=str))
+        return
+    report = run_smoke(config, notify=None if settings.json else lambda m: click.echo(m, err=True))
+    emit(settings, report.to_json(), format_table(report))
+    if not report.passed:
+        raise SmokeError(report.summary_line())
+
+
+def _smoke_trained(settings: Settings, workdir: Path, engines: dict[str, Path]) -> None:
+    """Train (or reuse) the recipe's pair, then measure each engine against the reference."""
+    import subprocess
+
+    from .errors import SmokeError
+    from .smoke.acceptance import measure_engines, table_markdown
+
+    path = subprocess.run(
+        [sys.executable, "-m", "tooling.trainer", "path"], capture_output=True, text=True
+    )
+    trained = Path(path.stdout.strip().splitlines()[-1]) if path.returncode == 0 else None
+    if trained is None or not (trained / "summary.json").is_file():
+        train = subprocess.run(
+            [sys.executable, "-m", "tooling.trainer", "train", "--export", str(workdir)]
+        )
+        if train.returncode != 0:
+            raise SmokeError(f"the training recipe failed (exit {train.returncode})")
+        trained = Path(
+            subprocess.run(
+                [sys.executable, "-m", "tooling.trainer", "path"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+    if not engines:
+        import vllm  # the interpreter's own vLLM
+
+        engines = {"this": Path(vllm.__file__).parent.parent}
+    reference, rows = measure_engines(trained, engines, workdir, workers=len(engines))
+    emit(
+        settings,
+        json.loads((workdir / "acceptance.json").read_text()),
+        table_markdown(reference, rows),
+    )
+    failed = [r.engine for r in rows if r.error]
+    if failed:
+        raise SmokeError(f"engines failed to run: {', '.join(failed)} (logs in {workdir})")
+
+
+@main.command("bundle")
+@click.option(
+    "--wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="The vLLM wheel to ship (default: the one vllm-*.whl in dist/).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("build/bundle"),
+    show_default=True,
+)
+@click.option(
+    "--base",
+    "base_version",
+    metavar="VERSION",
+    help="Resolve dependencies as of this base's release date (default base).",
+)
+@click.option("--exclude-newer", help="Override the resolution cut-off (YYYY-MM-DD).")
+@click.option("--python-version", default="3.12", show_default=True)
+@click.option("--platform", default="manylinux_2_35_x86_64", show_default=True)
+@click.option(
+    "--extra",
+    "extras",
+    multiple=True,
+    help="Add a wheel without its dependencies (repeatable; default dflash==0.1.0).",
+)
+@click.option(
+    "--exclude-present",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Packages the host already has (pip freeze, pip list or names).",
+)
+@click.option("--split", "split", help="Split into parts of at most this size (e.g. 60M).")
+@click.option(
+    "--lock-only",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Only resolve, and write the lock file here.",
+)
+@json_option
+@click.pass_context
+def bundle_command(
+    ctx: click.Context,
+    wheel: Path | None,
+    out_dir: Path,
+    base_version: str | None,
+    exclude_newer: str | None,
+    python_version: str,
+    platform: str,
+    extras: tuple[str, ...],
+    exclude_present: Path | None,
+    split: str | None,
+    lock_only: Path | None,
+) -> None:
+    """An offline wheelhouse for an air-gapped GPU host: wheel, dependencies, lock, scripts."""
+    from . import bundle
+
+    settings = _settings(ctx)
+    if wheel is None:
+        wheels = sorted(Path("dist").glob("vllm-*.whl"))
+        if len(wheels) != 1:
+            raise BuildError(f"dist/: expected one vllm-*.whl for the bundle, found {len(wheels)}")
+        wheel = wheels[0]
+    base = settings.catalog().get(base_version)
+    config = bundle.BundleConfig(
+        wheel=wheel.resolve(),
+        out_dir=out_dir.resolve(),
+        exclude_newer=exclude_newer or bundle.exclude_newer_for(base),
+        python_version=python_version,
+        platform=platform,
+        extras=extras or bundle.DEFAULT_EXTRAS,
+        exclude_present=exclude_present,
+        split_bytes=bundle.parse_size(split) if split else None,
+        index_url=settings.index_url,
+        download_dir=settings.cache.root / "wheels",
+        progress=settings.progress,
+    )
+    if lock_only is not None:
+        resolution, plan = bundle.resolve_and_plan(config)
+        bundle.write_lock(resolution, lock_only)
+        emit(
+            settings,
+            {"ok": True, "lock": str(lock_only), "plan": plan.to_json()},
+            f"{lock_only}: {len(plan.include)} packages resolved as of {config.exclude_newer}",
+        )
+        return
+    plan, result = bundle.make_bundle(config)
+    rows = [[f.path, human_size(f.size)] for f in (result.parts or result.files)[:60]]
+    emit(
+        settings,
+        {"ok": True, "plan": plan.to_json(), "result": result.to_json()},
+        table(["file", "size"], rows) + f"\n{result.bundle_dir} ({human_size(result.total_bytes)})",
     )

@@ -117,6 +117,12 @@ class EnvironmentProblem(ToolingError):
     exit_code = 18
 
 
+class BundleError(ToolingError):
+    """The offline bundle could not be resolved, downloaded, written or split."""
+
+    exit_code = 19
+
+
 def exit_code_for(error: BaseException) -> int:
     """The process exit status for ``error``; 1 for anything unexpected."""
     if isinstance(error, ToolingError):

@@ -106,6 +106,9 @@ def _child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
     roots = ([target.root] if target.root else []) + list(target.extra_path)
     paths = [str(Path(p).resolve()) for p in roots]
     paths.append(str(package_parent))
+    # A PYTHONPATH already set (an offline host's --target install of vLLM's
+    # dependencies) stays, after the probed tree.
+    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(
         # Probes are CPU-only by design; keep a GPU host's driver out of it.
@@ -116,6 +119,9 @@ def _child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
         VLLM_NO_USAGE_STATS="1",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         OMP_NUM_THREADS="1",
+        # The probes' scratch (tiny config folders) lands in the run's own folder,
+        # which is removed when the run is collected.
+        TMPDIR=str(package_parent),
     )
     return env
 

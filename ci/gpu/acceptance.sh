@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Wait for the recipe, then measure every engine on the trained pair.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/env.sh"
+cd "$here/../.."
+limit=${WAIT_S:-420}
+while [ ! -f "$WORK/train-out/summary.json" ] && [ "$limit" -gt 0 ]; do
+  if ! pgrep -f tooling.trainer > /dev/null; then break; fi
+  sleep 5; limit=$((limit - 5))
+done
+tail -5 "$WORK/train.log"
+engines=""
+for e in patched no-fix1 no-fix2 no-fix3 stock; do engines="$engines --engine $e=$ENGINES/$e"; done
+PYTHONPATH=$SITE python3 -m tooling --no-progress smoke --trained --workdir "$WORK/accept" $engines
+echo "acceptance: exit $?"

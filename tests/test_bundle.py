@@ -1,0 +1,430 @@
+"""``tooling bundle``: resolution, planning, download, writing, splitting, joining, installing.
+
+Real data throughout: the 0.20.1 runtime lock and the list of wheels one
+offline H200 host lacked (``/work/shared/data``), uv and pip against PyPI, and
+a small bundle that is split, joined by its own ``join.py`` and installed by
+its own ``install.sh``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tooling.bases import load_bases
+from tooling.bundle import (
+    DEFAULT_SKIP,
+    BundleConfig,
+    Requirement,
+    exclude_newer_for,
+    is_present,
+    parse_lock,
+    parse_present,
+    parse_size,
+    plan_bundle,
+    platform_tags,
+    read_present,
+    resolve,
+    skip_closure,
+    uv_platform,
+    write_bundle,
+)
+from tooling.bundle import download as download_wheels
+from tooling.errors import BundleError
+from tooling.paths import REPO_DIR, default_cache_dir
+
+DATA = Path("/work/shared/data")
+LOCK = DATA / "vllm-0.20.1-runtime-lock.txt"
+CARRIED = DATA / "carried-to-gpu-host-2026-11-29.txt"
+OFFICIAL_WHEEL = default_cache_dir() / "pypi" / "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
+PATCHED_NAME = "vllm-0.20.1+dflash-1-cp38-abi3-manylinux_2_35_x86_64.whl"
+
+
+def _data(path: Path) -> Path:
+    if not path.is_file():
+        pytest.skip(f"{path} is not on this machine")
+    return path
+
+
+def _pins(text: str) -> set[tuple[str, str]]:
+    return {(r.name, r.version) for r in parse_lock(text)}
+
+
+def test_sizes() -> None:
+    assert parse_size("60M") == 60 * 1024 * 1024
+    assert parse_size("1G") == 1 << 30
+    assert parse_size("512k") == 512 * 1024
+    assert parse_size("60MiB") == 60 << 20
+    assert parse_size("4096") == 4096
+    for bad in ("0", "sixty", "60T", "-1M"):
+        with pytest.raises(BundleError, match="--split"):
+            parse_size(bad)
+
+
+def test_platform_tags_cover_older_glibc_and_aliases() -> None:
+    tags = platform_tags("manylinux_2_35_x86_64")
+    assert tags[0] == "manylinux_2_35_x86_64"
+    assert "manylinux_2_17_x86_64" in tags and "manylinux_2_5_x86_64" in tags
+    assert {"manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"} <= set(tags)
+    assert "manylinux_2_36_x86_64" not in tags
+    assert uv_platform("manylinux_2_35_x86_64") == "x86_64-manylinux_2_35"
+    with pytest.raises(BundleError, match="platform"):
+        platform_tags("linux_x86_64")
+
+
+def test_cutoff_of_0201_is_the_one_the_release_lock_used() -> None:
+    base = load_bases(REPO_DIR / "patches" / "bases.toml").get("0.20.1")
+    assert exclude_newer_for(base) == "2026-05-06"
+
+
+def test_present_lists_in_every_shape() -> None:
+    present = parse_present(
+        "# pip freeze\n"
+        "torch==2.11.0+cu130\n"
+        "Transformers==5.17.0\n"
+        "vllm @ file:///opt/wheels/vllm-0.20.1.whl\n"
+        "-e git+https://example.invalid/x.git#egg=x\n"
+        "numpy\n"
+        "cbor2-6.0.1-cp312-cp312-manylinux_2_28_x86_64.whl\n"
+        "Package    Version\n"
+        "---------- -------\n"
+        "safetensors 0.7.0\n"
+    )
+    assert present == {
+        "torch": "2.11.0+cu130",
+        "transformers": "5.17.0",
+        "vllm": None,
+        "numpy": None,
+        "cbor2": "6.0.1",
+        "safetensors": "0.7.0",
+    }
+    with pytest.raises(BundleError, match="cannot read the line"):
+        parse_present("torch >= 2 , but newer\n")
+
+
+def test_presence_matches_public_versions_only() -> None:
+    present = parse_present("torch==2.11.0+cu130\ntransformers==5.17.0\nnumpy\n")
+    assert is_present("torch", "2.11.0", present)  # the host's CUDA build is the same release
+    assert not is_present("transformers", "5.8.0", present)  # carried, as on the H200 host
+    assert is_present("numpy", "2.3.5", present)  # a bare name: any version
+    assert not is_present("pydantic", "2.13.4", present)
+
+
+def test_lock_parsing_reads_versions_and_via() -> None:
+    requirements = parse_lock(_data(LOCK).read_text())
+    assert len(requirements) == 180
+    by_name = {r.name: r for r in requirements}
+    assert by_name["vllm"].version == "0.20.1" and by_name["vllm"].via == ("-r",)
+    assert by_name["torch"].version == "2.11.0"
+    assert by_name["nvidia-cutlass-dsl-libs-base"].via == ("nvidia-cutlass-dsl",)
+    assert by_name["torch-c-dlpack-ext"].via == ("quack-kernels", "tilelang")
+    assert set(by_name["apache-tvm-ffi"].via) >= {"vllm", "xgrammar"}
+
+
+def test_skipping_drops_what_only_skipped_packages_need() -> None:
+    dropped = skip_closure(parse_lock(_data(LOCK).read_text()), DEFAULT_SKIP)
+    assert set(DEFAULT_SKIP) <= set(dropped)
+    assert dropped["nvidia-cutlass-dsl-libs-base"] == "only needed by nvidia-cutlass-dsl"
+    assert dropped["z3-solver"] == "only needed by tilelang"
+    assert "apache-tvm-ffi" not in dropped  # vLLM itself needs it
+    assert "torch-c-dlpack-ext" not in dropped  # kept: tvm_ffi JIT-builds it otherwise
+    assert "torch" not in dropped
+
+
+def test_plan_reproduces_the_wheels_one_host_lacked() -> None:
+    """The host had everything of the closure except the 90 carried wheels."""
+    requirements = parse_lock(_data(LOCK).read_text())
+    carried = parse_present(_data(CARRIED).read_text())  # wheel names -> versions
+    host_has = "\n".join(r.name for r in requirements if r.name not in carried)
+    plan = plan_bundle(
+        requirements,
+        wheel=Path("/dist") / PATCHED_NAME,
+        present=parse_present(host_has),
+    )
+    planned = {e.name: e.version for e in plan.include}
+    assert set(planned) == set(carried)
+    for name, version in carried.items():
+        if name != "vllm":
+            assert planned[name] == version, name
+    vllm = next(e for e in plan.include if e.name == "vllm")
+    assert (vllm.source, vllm.version, vllm.path) == (
+        "patched",
+        "0.20.1+dflash",
+        f"/dist/{PATCHED_NAME}",
+    )
+    assert next(e for e in plan.include if e.name == "dflash").source == "extra"
+
+
+def test_plan_with_a_freeze_carries_mismatched_versions() -> None:
+    requirements = parse_lock(_data(LOCK).read_text())
+    freeze = "\n".join(f"{r.name}=={r.version}" for r in requirements if r.name != "transformers")
+    freeze += "\ntransformers==5.17.0\ntorch==2.11.0+cu130\n"
+    plan = plan_bundle(
+        requirements, wheel=Path(PATCHED_NAME), present=parse_present(freeze), extras=()
+    )
+    assert sorted(e.name for e in plan.include) == ["transformers", "vllm"]
+    assert ("torch", "2.11.0") in plan.present
+
+
+def test_plan_refuses_an_unpinned_extra() -> None:
+    with pytest.raises(BundleError, match="name==version"):
+        plan_bundle([], wheel=Path(PATCHED_NAME), extras=("dflash",))
+
+
+def test_missing_wheel_is_one_clear_error(tmp_path: Path) -> None:
+    config = BundleConfig(wheel=tmp_path / "nope.whl", out_dir=tmp_path, exclude_newer="2026-05-06")
+    with pytest.raises(BundleError, match="no such wheel"):
+        resolve(config)
+    with pytest.raises(BundleError, match="cannot read the exclude-present list"):
+        read_present(tmp_path / "absent.txt")
+
+
+@pytest.mark.slow
+def test_resolution_matches_the_release_lock(tmp_path: Path) -> None:
+    """uv on the official 0.20.1 wheel + torch==2.11.0 gives the recorded closure (network)."""
+    if not OFFICIAL_WHEEL.is_file():
+        pytest.skip(f"{OFFICIAL_WHEEL} is not cached (run tooling fetch)")
+    config = BundleConfig(wheel=OFFICIAL_WHEEL, out_dir=tmp_path, exclude_newer="2026-05-06")
+    resolution = resolve(config)
+    assert _pins(resolution.lock_text) == _pins(_data(LOCK).read_text())
+    torch = next(r for r in resolution.requirements if r.name == "torch")
+    assert torch.hashes and all(len(h) == 64 for h in torch.hashes)
+    assert f"./wheels/{OFFICIAL_WHEEL.name}" in resolution.lock_text
+    assert (
+        str(tmp_path) not in resolution.lock_text
+        and "/tmp/bundle-resolve" not in resolution.lock_text
+    )
+
+
+# ---------------------------------------------------------------------------
+# A bundle of locally built wheels (offline): written, split, joined by its own
+# join.py, installed by its own install.sh. Then a small one resolved by uv and
+# downloaded by pip (network, slow).
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _build_wheel(
+    folder: Path, name: str, version: str, requires: str = "", payload: int = 0
+) -> Path:
+    """A minimal valid pure-Python wheel; ``payload`` bytes of incompressible data inside."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+        f"{name}/blob.bin": os.urandom(payload),
+        f"{dist}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
+            + (f"Requires-Dist: {requires}\n" if requires else "")
+        ).encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in files.items())
+    record += f"{dist}/RECORD,,\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for member, data in files.items():
+            zf.writestr(member, data)
+        zf.writestr(f"{dist}/RECORD", record)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_bundle(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("local-bundle")
+    patched = _build_wheel(root, "vllm_standin", "0.20.1+dflash", "helper-dep", payload=60_000)
+    helper = _build_wheel(root, "helper_dep", "1.2.3", payload=30_000)
+    plan = plan_bundle(
+        [
+            Requirement(
+                "helper-dep",
+                "1.2.3",
+                hashes=(hashlib.sha256(helper.read_bytes()).hexdigest(),),
+                via=("vllm-standin",),
+            )
+        ],
+        wheel=patched,
+        extras=(),
+    )
+    config = BundleConfig(
+        wheel=patched,
+        out_dir=root / "out",
+        exclude_newer="2026-05-06",
+        split_bytes=20_000,
+        progress=False,
+    )
+    result = write_bundle(plan, {"helper-dep": helper}, config)
+    return {"root": root, "config": config, "result": result}
+
+
+def test_bundle_contents_and_sums(local_bundle) -> None:
+    result = local_bundle["result"]
+    bundle = result.bundle_dir
+    assert bundle.name == "vllm-standin-0.20.1+dflash-bundle-cp312-manylinux_2_35_x86_64"
+    assert sorted(p.name for p in (bundle / "wheels").iterdir()) == [
+        "helper_dep-1.2.3-py3-none-any.whl",
+        "vllm_standin-0.20.1+dflash-py3-none-any.whl",
+    ]
+    install = (bundle / "install.txt").read_text().splitlines()
+    assert [line.split(" ")[0] for line in install] == [
+        "helper-dep==1.2.3",
+        "vllm-standin==0.20.1+dflash",
+    ]
+    assert all("--hash=sha256:" in line for line in install)
+    sums = dict(line.split("  ")[::-1] for line in (bundle / "SHA256SUMS").read_text().splitlines())
+    assert set(sums) == {f.path for f in result.files}
+    for rel, digest in sums.items():
+        assert hashlib.sha256((bundle / rel).read_bytes()).hexdigest() == digest
+    # Nothing half-written left beside the results.
+    assert not [p for p in bundle.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_a_wheel_that_differs_from_the_lock_is_refused(tmp_path: Path) -> None:
+    patched = _build_wheel(tmp_path, "vllm_standin", "0.1")
+    helper = _build_wheel(tmp_path, "helper_dep", "1.0")
+    plan = plan_bundle(
+        [Requirement("helper-dep", "1.0", hashes=("0" * 64,), via=("-r",))],
+        wheel=patched,
+        extras=(),
+    )
+    config = BundleConfig(
+        wheel=patched, out_dir=tmp_path / "out", exclude_newer="2026-05-06", progress=False
+    )
+    with pytest.raises(BundleError, match="none of the index's"):
+        write_bundle(plan, {"helper-dep": helper}, config)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_parts_respect_the_size_limit(local_bundle) -> None:
+    result = local_bundle["result"]
+    limit = local_bundle["config"].split_bytes
+    assert len(result.parts) >= 4
+    assert all(p.size == limit for p in result.parts[:-1])
+    assert 0 < result.parts[-1].size <= limit
+    for part in result.parts:
+        assert (
+            hashlib.sha256((result.parts_dir / part.path).read_bytes()).hexdigest() == part.sha256
+        )
+    assert {p.name for p in result.parts_dir.iterdir()} == {
+        *(p.path for p in result.parts),
+        "SHA256SUMS",
+        "join.py",
+    }
+
+
+def _join(parts_dir: Path, dest: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(parts_dir / "join.py"), str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_join_and_install_offline(local_bundle, tmp_path: Path) -> None:
+    result = local_bundle["result"]
+    joined = _join(result.parts_dir, tmp_path / "host")
+    assert joined.returncode == 0, joined.stderr
+    bundle = tmp_path / "host" / result.bundle_dir.name
+    assert "install: sh " in joined.stdout
+    for original in result.files:
+        assert (bundle / original.path).read_bytes() == (
+            result.bundle_dir / original.path
+        ).read_bytes()
+    assert not list((tmp_path / "host").glob("*.tar*"))  # the joined archive is removed
+    if shutil.which("sha256sum"):
+        check = subprocess.run(
+            ["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=bundle, capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+    site = tmp_path / "site"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["sh", str(bundle / "install.sh"), "--target", str(site)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"export PYTHONPATH={site}" in done.stdout
+    code = "import helper_dep, vllm_standin as v; print(v.VERSION, helper_dep.VERSION)"
+    ran = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+    )
+    assert ran.stdout.split() == ["0.20.1+dflash", "1.2.3"], ran.stderr
+
+
+def test_install_script_refuses_unknown_options(local_bundle) -> None:
+    script = local_bundle["result"].bundle_dir / "install.sh"
+    bad = subprocess.run(["sh", str(script), "--tagret", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "unknown option --tagret" in bad.stderr
+
+
+def test_join_names_a_corrupt_or_missing_part(local_bundle, tmp_path: Path) -> None:
+    parts = tmp_path / "parts"
+    shutil.copytree(local_bundle["result"].parts_dir, parts)
+    second = sorted(parts.glob("*.part-*"))[1]
+    data = bytearray(second.read_bytes())
+    data[100] ^= 0xFF
+    second.write_bytes(bytes(data))
+    broken = _join(parts, tmp_path / "dest")
+    assert broken.returncode == 1
+    assert f"{second.name} is corrupt" in broken.stderr
+    assert not (tmp_path / "dest").exists()
+    second.unlink()
+    missing = _join(parts, tmp_path / "dest")
+    assert missing.returncode == 1
+    assert f"{second.name} is missing" in missing.stderr
+
+
+@pytest.mark.slow
+def test_resolve_download_and_write_a_small_bundle(tmp_path: Path) -> None:
+    """uv resolves a wheel's dependencies, pip downloads them hash-checked (network)."""
+    wheel = _build_wheel(tmp_path, "vllm_standin", "0.20.1+dflash", "sniffio")
+    config = BundleConfig(
+        wheel=wheel,
+        out_dir=tmp_path / "out",
+        exclude_newer="2026-05-06",
+        pins=("distro==1.9.0",),
+        extras=("six==1.17.0",),
+        skip=(),
+        progress=False,
+    )
+    try:
+        resolution = resolve(config)
+        plan = plan_bundle(resolution.requirements, wheel=wheel, skip=(), extras=config.extras)
+        wheels = download_wheels(plan, config, tmp_path / "downloads")
+    except BundleError as e:
+        pytest.skip(f"no package index reachable: {e}")
+    assert {(r.name, r.version) for r in resolution.requirements} == {
+        ("distro", "1.9.0"),
+        ("sniffio", "1.3.1"),
+        ("vllm-standin", "0.20.1+dflash"),
+    }
+    assert all(r.hashes for r in resolution.requirements)
+    result = write_bundle(plan, wheels, config, resolution)
+    names = sorted(p.name for p in (result.bundle_dir / "wheels").iterdir())
+    assert names == [
+        "distro-1.9.0-py3-none-any.whl",
+        "six-1.17.0-py2.py3-none-any.whl",
+        "sniffio-1.3.1-py3-none-any.whl",
+        "vllm_standin-0.20.1+dflash-py3-none-any.whl",
+    ]
+    lock = (result.bundle_dir / "requirements.lock").read_text()
+    assert "--exclude-newer 2026-05-06" in lock and "sniffio==1.3.1" in lock
+    assert f"./wheels/{wheel.name}" in lock and str(tmp_path) not in lock

@@ -1,0 +1,300 @@
+"""The smoke's verdicts on stock-like and fixed-like observations, and the report around them.
+
+The observations are the ones measured on an H200 (upstream-notes section 7):
+stock 0.20.1 captures (1, 3, 5), runs every drafter layer full, serves 176 of
+200 tokens from the cache and agrees with the reference on 49% of drafts; the
+fixed build (2, 4, 6), windows 16/16/full, 192 tokens, 99.8%.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tooling.errors import SmokeError
+from tooling.paths import REPO_DIR, default_cache_dir
+from tooling.smoke import checks
+from tooling.smoke.checks import PrefixObservation
+from tooling.smoke.client import Completion, parse_completion
+from tooling.smoke.config import SmokeConfig, drafter_info_from_config
+from tooling.smoke.metrics import SpecDecodeStats
+from tooling.smoke.report import SmokeReport, StepRecord, format_table
+
+TINY_DRAFTER_CONFIG = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "num_hidden_layers": 3,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "sliding_window": 16,
+    "use_sliding_window": True,
+    "max_window_layers": 3,
+    "num_target_layers": 8,
+    "block_size": 4,
+    "dflash_config": {"target_layer_ids": [1, 3, 5], "mask_token_id": 2047, "block_size": 4},
+}
+STOCK_WINDOWS = [
+    {"layer": f"model.layers.{i}.self_attn.attn", "window": [-1, -1]} for i in range(3)
+]
+FIXED_WINDOWS = [
+    {"layer": "model.layers.0.self_attn.attn", "window": [15, 0]},
+    {"layer": "model.layers.1.self_attn.attn", "window": [15, 0]},
+    {"layer": "model.layers.2.self_attn.attn", "window": [-1, -1]},
+]
+
+
+def test_drafter_expectations_from_its_config() -> None:
+    info = drafter_info_from_config(TINY_DRAFTER_CONFIG)
+    assert info.expected_aux_layers() == (2, 4, 6)
+    assert info.expected_windows() == [(15, 0), (15, 0), (-1, -1)]
+    assert info.mask_token_id == 2047
+    assert info.has_sliding_layers()
+
+
+def test_window_dropped_without_use_sliding_window_as_transformers_does() -> None:
+    info = drafter_info_from_config({**TINY_DRAFTER_CONFIG, "use_sliding_window": False})
+    assert info.sliding_window is None
+    assert info.expected_windows() == [(-1, -1)] * 3
+    assert not info.has_sliding_layers()
+
+
+def test_drafter_without_target_layer_ids() -> None:
+    config = {k: v for k, v in TINY_DRAFTER_CONFIG.items() if k != "dflash_config"}
+    info = drafter_info_from_config(config)
+    assert info.expected_aux_layers() is None
+    assert checks.check_aux_layers((1, 3, 5), None, "log").status == checks.ERROR
+
+
+def test_aux_layers_verdicts() -> None:
+    expected = (2, 4, 6)
+    stock = checks.check_aux_layers((1, 3, 5), expected, "serve.log")
+    assert stock.status == checks.FAIL
+    assert "fix 1 absent" in stock.evidence
+    fixed = checks.check_aux_layers((2, 4, 6), expected, "serve.log")
+    assert fixed.status == checks.PASS
+    missing = checks.check_aux_layers(None, expected, "serve.log")
+    assert missing.status == checks.ERROR
+    assert "serve.log" in missing.evidence
+
+
+def test_window_verdicts() -> None:
+    expected = drafter_info_from_config(TINY_DRAFTER_CONFIG).expected_windows()
+    assert checks.check_windows(STOCK_WINDOWS, expected).status == checks.FAIL
+    fixed = checks.check_windows(FIXED_WINDOWS, expected)
+    assert fixed.status == checks.PASS
+    assert "(15, 0), (15, 0), (-1, -1)" in fixed.evidence
+    assert checks.check_windows(FIXED_WINDOWS[:2], expected).status == checks.FAIL
+
+
+def test_full_block_tokens() -> None:
+    assert checks.full_block_tokens(200, 16) == 192
+    assert checks.full_block_tokens(193, 16) == 192
+    assert checks.full_block_tokens(192, 16) == 176  # the last token is always computed
+    assert checks.full_block_tokens(16, 16) == 0
+
+
+def test_prefix_cache_verdicts() -> None:
+    plain = PrefixObservation(prompt_tokens=200, hits=192, queries=200, cached_tokens=192)
+    stock = PrefixObservation(prompt_tokens=200, hits=176, queries=200, cached_tokens=176)
+    fixed = PrefixObservation(prompt_tokens=200, hits=192, queries=200, cached_tokens=192)
+    failed = checks.check_prefix_cache(stock, plain, block_size=16)
+    assert failed.status == checks.FAIL
+    assert "176 tokens from the cache" in failed.evidence
+    assert "fix 3 absent" in failed.evidence
+    assert checks.check_prefix_cache(fixed, plain, block_size=16).status == checks.PASS
+    # Without the control the expectation still comes from the block arithmetic.
+    assert checks.check_prefix_cache(fixed, None, block_size=16).status == checks.PASS
+    # A control that does not cache fully means the setup, not the fix, is broken.
+    broken = checks.check_prefix_cache(fixed, stock, block_size=16)
+    assert broken.status == checks.ERROR
+
+
+def _completion(ids: list[int]) -> Completion:
+    return Completion(
+        text="x", token_ids=tuple(ids), prompt_tokens=5, cached_tokens=0, finish_reason="length"
+    )
+
+
+def test_lossless_verdicts() -> None:
+    prompts = ["a", "b"]
+    same = [_completion([1, 2, 3]), _completion([4, 5, 6])]
+    assert checks.check_lossless(same, list(same), prompts).status == checks.PASS
+    other = [_completion([1, 2, 3]), _completion([4, 9, 6])]
+    result = checks.check_lossless(same, other, prompts)
+    assert result.status == checks.FAIL
+    assert "prompt 1 at token 1" in result.evidence
+    assert checks.check_lossless(same[:1], other, prompts).status == checks.ERROR
+
+
+def test_fidelity_gate() -> None:
+    stock = {"ok": True, "agreement": 0.492, "compared_tokens": 480, "per_position": [0.6, 0.5]}
+    fixed = {"ok": True, "agreement": 0.998, "compared_tokens": 480, "per_position": [0.99, 1.0]}
+    assert checks.check_fidelity(stock, 0.99).status == checks.FAIL
+    result = checks.check_fidelity(fixed, 0.99)
+    assert result.status == checks.PASS
+    assert "99.8% of 480 draft tokens" in result.evidence
+    empty = {"ok": True, "agreement": None, "compared_tokens": 0}
+    assert checks.check_fidelity(empty, 0.99).status == checks.ERROR
+
+
+def test_acceptance_is_informational_unless_gated() -> None:
+    stats = SpecDecodeStats(6, 18, 7, [4.0, 2.0, 1.0])
+    info = checks.check_acceptance(stats, None)
+    assert info.status == checks.INFO
+    assert "acceptance length 2.167" in info.evidence
+    assert checks.check_acceptance(stats, 1.5).status == checks.PASS
+    assert checks.check_acceptance(stats, 3.0).status == checks.FAIL
+    assert checks.check_acceptance(None, None).status == checks.ERROR
+    assert checks.check_acceptance(SpecDecodeStats(0, 0, 0, []), None).status == checks.ERROR
+
+
+def test_completion_answer_parsing() -> None:
+    answer = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "choices": [
+            {
+                "index": 0,
+                "text": " lazy",
+                "finish_reason": "length",
+                "token_ids": [11, 12],
+                "prompt_token_ids": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 200,
+            "completion_tokens": 2,
+            "total_tokens": 202,
+            "prompt_tokens_details": {"cached_tokens": 192},
+        },
+    }
+    parsed = parse_completion(answer)
+    assert parsed == Completion(" lazy", (11, 12), 200, 192, "length")
+    no_details = {**answer, "usage": {"prompt_tokens": 3}}
+    assert parse_completion(no_details).cached_tokens is None
+    with pytest.raises(SmokeError, match="unexpected"):
+        parse_completion({"error": "bad"})
+
+
+def test_config_rejects_contradictory_model_choices(tmp_path: Path) -> None:
+    with pytest.raises(SmokeError, match="--tiny"):
+        SmokeConfig(workdir=tmp_path, tiny=True, target="t", drafter="d").validate()
+    with pytest.raises(SmokeError, match="both --target and --drafter"):
+        SmokeConfig(workdir=tmp_path, target="t").validate()
+    SmokeConfig(workdir=tmp_path, tiny=True).validate()
+
+
+def _report(tmp_path: Path, results: list[checks.CheckResult]) -> SmokeReport:
+    return SmokeReport(
+        checks=results,
+        steps=[StepRecord("serve with DFlash", 61.2, True), StepRecord("reference", 9.0, False)],
+        workdir=tmp_path,
+        models={"target": "t", "drafter": "d", "tiny": True},
+        engine={"num_speculative_tokens": 3},
+        vllm={"version": "0.20.1", "location": "/opt/bundle/vllm"},
+    )
+
+
+def test_report_table_and_json(tmp_path: Path) -> None:
+    results = [
+        checks.CheckResult(checks.LOSSLESS, checks.PASS, "6/6 identical"),
+        checks.check_aux_layers((1, 3, 5), (2, 4, 6), "serve.log"),
+        checks.CheckResult(checks.ACCEPTANCE, checks.INFO, "acceptance length 1.000"),
+    ]
+    report = _report(tmp_path, results)
+    assert not report.passed
+    assert report.summary_line().startswith("smoke failed: 2 aux_layers (fail)")
+    table = format_table(report)
+    assert "vLLM 0.20.1 at /opt/bundle/vllm" in table
+    assert " 2  fix 1: aux layers = target_layer_ids + 1" in table
+    assert "FAIL" in table and "reference 9s FAILED" in table
+    path = report.write_json()
+    data = json.loads(path.read_text())
+    assert data["passed"] is False
+    assert [c["number"] for c in data["checks"]] == [1, 2, 6]
+    assert data["checks"][1]["details"]["observed"] == [1, 3, 5]
+    assert not list(tmp_path.glob(".*.part"))  # nothing half-written left
+
+
+def test_report_passes_with_info_and_skips(tmp_path: Path) -> None:
+    results = [
+        checks.CheckResult(checks.LOSSLESS, checks.PASS, "ok"),
+        checks.skipped(checks.FIDELITY, "skipped (--no-fidelity)"),
+        checks.CheckResult(checks.ACCEPTANCE, checks.INFO, "length 1.0"),
+    ]
+    report = _report(tmp_path, results)
+    assert report.passed
+    assert "skipped 5" in report.summary_line()
+
+
+def _matplotlib_dir() -> Path | None:
+    """matplotlib for this interpreter, installed once into the user cache (None if offline)."""
+    target = (
+        default_cache_dir()
+        / "test-deps"
+        / f"matplotlib-py{sys.version_info[0]}{sys.version_info[1]}"
+    )
+    if (target / ".complete").is_file():
+        return target
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), "matplotlib"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        return None
+    (target / ".complete").write_text("ok\n")
+    return target
+
+
+def test_acceptance_plot_is_a_png(tmp_path: Path) -> None:
+    where = _matplotlib_dir()
+    if where is None:
+        pytest.skip("matplotlib could not be installed (offline?)")
+    out = tmp_path / "acceptance.png"
+    code = (
+        "import sys; from pathlib import Path; from tooling.smoke.report import plot_acceptance; "
+        "print(plot_acceptance([0.31, 0.089, 0.015], Path(sys.argv[1]), 'DFlash'))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(where), str(REPO_DIR)])}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 2000
+
+
+def _stock_like() -> list[checks.CheckResult]:
+    expected = drafter_info_from_config(TINY_DRAFTER_CONFIG)
+    plain = PrefixObservation(prompt_tokens=200, hits=192, queries=200, cached_tokens=192)
+    stock = PrefixObservation(prompt_tokens=200, hits=176, queries=200, cached_tokens=176)
+    return [
+        checks.CheckResult(checks.LOSSLESS, checks.PASS, "6/6 identical"),
+        checks.check_aux_layers((1, 3, 5), expected.expected_aux_layers(), "log"),
+        checks.check_windows(STOCK_WINDOWS, expected.expected_windows()),
+        checks.check_prefix_cache(stock, plain, block_size=16),
+        checks.check_fidelity({"agreement": 0.492, "compared_tokens": 480}, 0.99),
+        checks.CheckResult(checks.ACCEPTANCE, checks.INFO, "length 1.0"),
+    ]
+
+
+def test_expect_stock_is_a_negative_control(tmp_path: Path) -> None:
+    stock = _report(tmp_path, _stock_like())
+    assert not stock.passed  # as a fixed build it fails ...
+    stock.expect = "stock"
+    assert stock.passed  # ... and it is exactly what stock vLLM does
+    assert stock.summary_line().startswith("smoke behaved as stock vLLM")
+    fixed_like = _stock_like()
+    fixed_like[1] = checks.check_aux_layers((2, 4, 6), (2, 4, 6), "log")
+    mixed = _report(tmp_path, fixed_like)
+    mixed.expect = "stock"
+    assert not mixed.passed
+    assert "2 aux_layers (pass)" in mixed.summary_line()
+    with pytest.raises(SmokeError, match="--expect"):
+        SmokeConfig(workdir=tmp_path, tiny=True, expect="patched").validate()

@@ -1,0 +1,242 @@
+"""``run_smoke`` end to end against a stand-in ``vllm`` package (no GPU here).
+
+The stand-in is a real ``python -m vllm.entrypoints.cli.main serve`` on the
+child's PYTHONPATH: it parses the same flags, prints vLLM's aux-layer log
+line, and serves /health, /tokenize, /v1/completions and a Prometheus
+/metrics whose counters follow vLLM 0.20.1's names. STANDIN_MODE=stock makes
+it behave like stock 0.20.1 (raw aux ids, one cached block dropped with
+DFlash); ``fixed`` like the patched build. What is under test is the runner:
+ports, start-up, requests, metric deltas, log scanning, verdicts, stopping.
+The in-process fidelity run needs a GPU and is switched off here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tooling.errors import SmokeError
+from tooling.smoke import SmokeConfig, Timeouts, describe_plan, format_table, run_smoke
+from tooling.smoke.checks import FAIL, INFO, PASS, SKIP
+
+STANDIN_MAIN = textwrap.dedent(
+    """
+    import argparse, http.server, json, os, sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("model")
+    for flag in ("--host", "--port", "--served-model-name", "--attention-backend",
+                 "--max-model-len", "--gpu-memory-utilization", "--seed", "--block-size",
+                 "--generation-config", "--speculative-config"):
+        parser.add_argument(flag)
+    for flag in ("--enable-prompt-tokens-details", "--enable-prefix-caching",
+                 "--no-enable-prefix-caching", "--enforce-eager"):
+        parser.add_argument(flag, action="store_true")
+    args = parser.parse_args()
+    stock = os.environ.get("STANDIN_MODE") == "stock"
+    block = int(args.block_size)
+    spec = json.loads(args.speculative_config) if args.speculative_config else None
+    print("INFO vLLM API server version stand-in", flush=True)
+    if spec:
+        ids = json.load(open(os.path.join(spec["model"], "config.json")))
+        ids = ids["dflash_config"]["target_layer_ids"]
+        aux = tuple(ids) if stock else tuple(i + 1 for i in ids)
+        print(f"(EngineCore_DP0 pid=1) INFO [gpu_model_runner.py:4840] "
+              f"Using auxiliary layers from speculative config: {aux}", flush=True)
+    state = {"queries": 0, "hits": 0, "drafts": 0, "accepted": 0, "seen": set()}
+
+    def tokenize(text):
+        return [1 + (ord(c) % 1000) for c in text]
+
+    def metrics():
+        name = args.served_model_name
+        lines = [
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries.",
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="{name}"}} '
+            f"{float(state['queries'])}",
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="{name}"}} '
+            f"{float(state['hits'])}",
+        ]
+        if spec:
+            k = spec["num_speculative_tokens"]
+            lines += [
+                f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="{name}"}} '
+                f"{float(state['drafts'])}",
+                f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{name}"}} '
+                f"{float(state['drafts'] * k)}",
+                f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{name}"}} '
+                f"{float(state['accepted'])}",
+            ] + [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",'
+                f'model_name="{name}",position="{p}"}} {float(state["accepted"] if p == 0 else 0)}'
+                for p in range(k)
+            ]
+        return "\\n".join(lines) + "\\n"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, code, body, kind="application/json"):
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, "")
+            elif self.path == "/metrics":
+                self._send(200, metrics(), "text/plain")
+            else:
+                self._send(404, {"error": "no"})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/tokenize":
+                tokens = tokenize(body["prompt"])
+                self._send(200, {"count": len(tokens), "max_model_len": 1024, "tokens": tokens})
+                return
+            prompt = body["prompt"]
+            ids = prompt if isinstance(prompt, list) else tokenize(prompt)
+            hits = 0
+            if args.enable_prefix_caching and tuple(ids) in state["seen"]:
+                hits = ((len(ids) - 1) // block) * block
+                if spec and stock:
+                    hits -= block
+            state["seen"].add(tuple(ids))
+            state["queries"] += len(ids)
+            state["hits"] += hits
+            out = [(sum(ids) * 31 + 7 * i) % 997 for i in range(body["max_tokens"])]
+            if spec:
+                state["drafts"] += body["max_tokens"]
+                state["accepted"] += body["max_tokens"] // 4
+            self._send(200, {
+                "id": "cmpl-standin", "object": "text_completion", "model": body["model"],
+                "choices": [{"index": 0, "text": " ".join(map(str, out)),
+                             "finish_reason": "length", "token_ids": out}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out),
+                          "total_tokens": len(ids) + len(out),
+                          "prompt_tokens_details": {"cached_tokens": hits}},
+            })
+
+        def log_message(self, *a):
+            pass
+
+    http.server.ThreadingHTTPServer((args.host, int(args.port)), Handler).serve_forever()
+    """
+)
+
+DRAFTER_CONFIG = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "num_hidden_layers": 3,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "sliding_window": 16,
+    "use_sliding_window": True,
+    "dflash_config": {"target_layer_ids": [1, 3, 5], "mask_token_id": 2047, "block_size": 4},
+}
+
+
+@pytest.fixture
+def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    root = tmp_path / "site"
+    cli = root / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text('__version__ = "0.20.1+standin"\n')
+    (root / "vllm" / "entrypoints" / "__init__.py").write_text("")
+    (cli / "__init__.py").write_text("")
+    (cli / "main.py").write_text(STANDIN_MAIN)
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    target = tmp_path / "models" / "target"
+    drafter = tmp_path / "models" / "drafter"
+    target.mkdir(parents=True)
+    drafter.mkdir(parents=True)
+    (drafter / "config.json").write_text(json.dumps(DRAFTER_CONFIG))
+    return target, drafter
+
+
+def _config(tmp_path: Path, target: Path, drafter: Path, **kw) -> SmokeConfig:
+    return SmokeConfig(
+        workdir=tmp_path / "smoke",
+        target=str(target),
+        drafter=str(drafter),
+        python=sys.executable,
+        run_fidelity=False,
+        plot=False,
+        timeouts=Timeouts(total=120, server_start=30, request=10, server_stop=10),
+        **kw,
+    )
+
+
+def test_fixed_build_passes_server_checks(tmp_path, standin_vllm, monkeypatch) -> None:
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    messages: list[str] = []
+    report = run_smoke(_config(tmp_path, *standin_vllm), notify=messages.append)
+    status = {c.id: c.status for c in report.checks}
+    assert status == {
+        "lossless": PASS,
+        "aux_layers": PASS,
+        "drafter_windows": SKIP,
+        "prefix_cache": PASS,
+        "fidelity": SKIP,
+        "acceptance": INFO,
+    }
+    assert report.passed
+    assert report.vllm["version"] == "0.20.1+standin"
+    prefix = next(c for c in report.checks if c.id == "prefix_cache")
+    assert prefix.details["speculative"]["hits"] == 192
+    assert prefix.details["speculative"]["cached_tokens"] == 192
+    assert prefix.details["plain"]["hits"] == 192
+    acceptance = next(c for c in report.checks if c.id == "acceptance")
+    assert acceptance.details["acceptance_length"] == pytest.approx(1.25)
+    servers = [s for s in report.steps if s.name.startswith("serve")]
+    assert [s.extra["stop"] for s in servers] == ["terminated", "terminated"]
+    saved = json.loads((tmp_path / "smoke" / "report.json").read_text())
+    assert saved["passed"] is True
+    assert "Using auxiliary layers" in (tmp_path / "smoke/logs/serve-dflash.log").read_text()
+    assert any("server ready" in m for m in messages)
+    assert "smoke passed" in format_table(report)
+
+
+def test_stock_build_fails_fix_checks_but_stays_lossless(tmp_path, standin_vllm, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODE", "stock")
+    report = run_smoke(
+        _config(tmp_path, *standin_vllm, min_acceptance_length=1.5), notify=lambda m: None
+    )
+    status = {c.id: c.status for c in report.checks}
+    assert status["lossless"] == PASS
+    assert status["aux_layers"] == FAIL
+    assert status["prefix_cache"] == FAIL
+    assert status["acceptance"] == FAIL  # 1.25 < 1.5
+    assert not report.passed
+    assert "2 aux_layers (fail)" in report.summary_line()
+
+
+def test_no_vllm_is_one_clear_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "empty"))
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    config = _config(tmp_path, tmp_path, drafter)
+    with pytest.raises(SmokeError, match="cannot import vllm"):
+        run_smoke(config, notify=lambda m: None)
+
+
+def test_dry_run_plan_lists_every_process(tmp_path) -> None:
+    plan = describe_plan(SmokeConfig(workdir=tmp_path, tiny=True, python="/usr/bin/python3"))
+    steps = [s["step"] for s in plan["steps"]]
+    assert steps == [
+        "models",
+        "serve with DFlash",
+        "serve without speculation",
+        "in-process engine",
+        "reference comparison",
+    ]
+    assert all(s["argv"][0] == "/usr/bin/python3" for s in plan["steps"])
+    assert "--speculative-config" in plan["steps"][1]["argv"]
+    assert "--speculative-config" not in plan["steps"][2]["argv"]

@@ -1,0 +1,276 @@
+"""The tiny models and the reference comparison, in the CPU interpreter with torch.
+
+The torch part runs in ``$TOOLING_PROBE_PYTHON`` (skipped when unset) with
+the reference ``dflash==0.1.0`` installed once into the user cache. The models
+are generated through the same ``python -m tooling.smoke.tiny`` the smoke
+runs, loaded back with transformers and with the reference package, and the
+reference comparison (``tooling.smoke.reference``) is checked against the
+reference's own speculative loop (``DFlashDraftModel.spec_generate``): drafts
+recorded from that loop must be reproduced exactly, and drafts from the same
+loop with the drafter miswired as stock vLLM 0.20.1 wires it (every layer full
+attention; context read at ``hidden_states[id]``) must fall below the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tooling.fsutil import sha256_file
+from tooling.paths import REPO_DIR, default_cache_dir
+from tooling.smoke import checks
+from tooling.smoke.config import drafter_info_from_config
+from tooling.smoke.tiny import MANIFEST, TinySpec, load_manifest
+
+DFLASH_REQ = "dflash==0.1.0"
+
+CHECK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import dflash.model as dm
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+    from tooling.smoke.reference import FidelityInput, compare, load_pair
+
+    root, out_path = sys.argv[1], sys.argv[2]
+    out = {}
+
+    # Load back with transformers and with the reference package.
+    target = Qwen3ForCausalLM.from_pretrained(f"{root}/target")
+    out["target"] = {
+        "layers": target.config.num_hidden_layers,
+        "vocab": target.config.vocab_size,
+        "dtype": str(target.dtype),
+        "eos": target.config.eos_token_id,
+    }
+    draft = dm.DFlashDraftModel.from_pretrained(f"{root}/drafter")
+    out["drafter"] = {
+        "target_layer_ids": list(draft.target_layer_ids),
+        "mask_token_id": draft.mask_token_id,
+        "block_size": draft.block_size,
+        "windows": [layer.self_attn.sliding_window for layer in draft.layers],
+        "causal": [layer.self_attn.is_causal for layer in draft.layers],
+        "keys": sorted({k.split(".")[0] for k in draft.state_dict()}),
+    }
+    tok = AutoTokenizer.from_pretrained(f"{root}/target")
+    texts = ["Hello world", "Grüße — ünïcödé ✓", "def f(x):\\n    return x ** 2\\n", "  a  b  "]
+    out["tokenizer"] = {
+        "size": len(tok),
+        "eos_token_id": tok.eos_token_id,
+        "mask": tok.convert_ids_to_tokens(2047),
+        "round_trips": [tok.decode(tok.encode(t, add_special_tokens=False)) == t for t in texts],
+        "mask_skipped": tok.decode([2047, 0], skip_special_tokens=True) == "",
+    }
+
+    # Proposals of the reference's own loop, recorded, in float32 (exact on CPU).
+    def record(mode):
+        target, draft = load_pair(f"{root}/target", f"{root}/drafter", "cpu", "float32")
+        if mode == "all_full":  # stock 0.20.1 runs every drafter layer as full attention
+            for layer in draft.layers:
+                layer.self_attn.sliding_window = None
+                layer.self_attn.is_causal = False
+        original = dm.extract_context_feature
+        if mode == "no_offset":  # stock 0.20.1 captures hidden_states[id], not [id + 1]
+            dm.extract_context_feature = lambda hs, ids: torch.cat([hs[i] for i in ids], -1)
+        records, forward, logits_of = [], draft.forward, draft.compute_logits
+
+        def recording_forward(*args, **kwargs):
+            n = kwargs["noise_embedding"].shape[1]
+            records.append({"position": int(kwargs["position_ids"][0, -n])})
+            return forward(*args, **kwargs)
+
+        def recording_logits(hidden, head):
+            logits = logits_of(hidden, head)
+            records[-1]["drafts"] = torch.argmax(logits, -1)[0].tolist()
+            return logits
+
+        draft.forward, draft.compute_logits = recording_forward, recording_logits
+        gen = torch.Generator().manual_seed(0)
+        prompts, outputs, proposals = [], [], []
+        for index, length in enumerate([48, 64]):
+            ids = torch.randint(10, 2000, (1, length), generator=gen)
+            records.clear()
+            seq = draft.spec_generate(target, ids, max_new_tokens=32, stop_token_ids=None)
+            seq = seq[0].tolist()
+            prompts.append(seq[:length])
+            outputs.append(seq[length:])
+            for r in records:
+                proposals.append({"prompt": index, "position": r["position"],
+                                  "bonus": seq[r["position"]], "drafts": r["drafts"]})
+        dm.extract_context_feature = original
+        return {"target": f"{root}/target", "drafter": f"{root}/drafter", "prompts": prompts,
+                "outputs": outputs, "proposals": proposals, "device": "cpu", "dtype": "float32"}
+
+    out["comparisons"] = {}
+    for mode in ("same", "all_full", "no_offset"):
+        request = record(mode)
+        if mode == "same":
+            out["same_request"] = request
+        out["comparisons"][mode] = compare(FidelityInput.from_json(request))
+        if mode == "all_full":
+            tolerant = {**request, "tie_tolerance": 1e9}
+            out["comparisons"]["all_full_any_tie"] = compare(FidelityInput.from_json(tolerant))
+    json.dump(out, open(out_path, "w"))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def probe_py() -> Path:
+    value = os.environ.get("TOOLING_PROBE_PYTHON")
+    if not value:
+        pytest.skip("TOOLING_PROBE_PYTHON is unset: it names the CPU interpreter with torch")
+    return Path(value)
+
+
+@pytest.fixture(scope="module")
+def dflash_path(probe_py: Path) -> Path:
+    """The reference package, installed once per machine under the user cache."""
+    target = default_cache_dir() / "test-deps" / "dflash-0.1.0"
+    if not (target / "dflash" / "model.py").is_file():
+        result = subprocess.run(
+            [
+                str(probe_py),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(target),
+                DFLASH_REQ,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot install {DFLASH_REQ}: {result.stderr.strip()[-300:]}")
+    return target
+
+
+def _run(probe_py: Path, dflash_path: Path, *args: str, timeout: int = 240) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(dflash_path), str(REPO_DIR)]),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [str(probe_py), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
+    root = tmp_path_factory.mktemp("tiny")
+    _run(probe_py, dflash_path, "-m", "tooling.smoke.tiny", str(root / "a"), "--seed", "0")
+    _run(probe_py, dflash_path, "-m", "tooling.smoke.tiny", str(root / "b"), "--seed", "0")
+    script = root / "check.py"
+    script.write_text(CHECK_SCRIPT)
+    _run(probe_py, dflash_path, str(script), str(root / "a"), str(root / "check.json"))
+    return {"root": root, "check": json.loads((root / "check.json").read_text())}
+
+
+def test_manifest_lists_every_file_with_its_digest(tiny) -> None:
+    models = load_manifest(tiny["root"] / "a")
+    assert models.spec == TinySpec()
+    assert models.target.is_dir() and models.drafter.is_dir()
+    expected = {
+        "target/config.json",
+        "target/model.safetensors",
+        "target/tokenizer.json",
+        "target/tokenizer_config.json",
+        "drafter/config.json",
+        "drafter/model.safetensors",
+    }
+    assert expected <= set(models.files)
+    for rel, digest in models.files.items():
+        assert sha256_file(tiny["root"] / "a" / rel) == digest
+
+
+def test_generation_is_seeded(tiny) -> None:
+    a = json.loads((tiny["root"] / "a" / MANIFEST).read_text())["files"]
+    b = json.loads((tiny["root"] / "b" / MANIFEST).read_text())["files"]
+    assert a == b
+
+
+def test_drafter_config_is_what_vllm_and_the_reference_read(tiny) -> None:
+    config = json.loads((tiny["root"] / "a" / "drafter" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["use_sliding_window"] is True
+    assert config["dflash_config"] == {
+        "target_layer_ids": [1, 3, 5],
+        "mask_token_id": 2047,
+        "block_size": 4,
+    }
+    info = drafter_info_from_config(config)
+    assert info.expected_windows() == [(15, 0), (15, 0), (-1, -1)]
+    assert info.expected_aux_layers() == (2, 4, 6)
+
+
+def test_models_load_back(tiny) -> None:
+    check = tiny["check"]
+    assert check["target"] == {"layers": 8, "vocab": 2048, "dtype": "torch.bfloat16", "eos": 0}
+    drafter = check["drafter"]
+    assert drafter["target_layer_ids"] == [1, 3, 5]
+    assert drafter["mask_token_id"] == 2047
+    assert drafter["block_size"] == 4
+    assert drafter["windows"] == [16, 16, None]
+    assert drafter["causal"] == [True, True, False]
+    # No embeddings or head: the drafter borrows the target's.
+    assert drafter["keys"] == ["fc", "hidden_norm", "layers", "norm"]
+
+
+def test_tokenizer_round_trips(tiny) -> None:
+    tok = tiny["check"]["tokenizer"]
+    assert tok["size"] == 2048
+    assert tok["eos_token_id"] == 0
+    assert tok["mask"] == "<|dflash_mask|>"
+    assert all(tok["round_trips"])
+    assert tok["mask_skipped"]
+
+
+def test_reference_comparison_reproduces_the_reference_loop(tiny) -> None:
+    same = tiny["check"]["comparisons"]["same"]
+    assert same["compared_tokens"] > 150
+    assert same["skipped"] == {"no_context": 0, "bonus_mismatch": 0}
+    assert same["agreement"] == 1.0
+    assert checks.check_fidelity(same, 0.99).status == checks.PASS
+
+
+@pytest.mark.parametrize("mode", ["all_full", "no_offset"])
+def test_stock_like_drafts_fail_the_gate(tiny, mode: str) -> None:
+    result = tiny["check"]["comparisons"][mode]
+    assert result["agreement"] < 0.95
+    assert result["mismatches"] == sum(result["totals"]) - sum(result["matches"])
+    assert len(result["mismatch_margins"]) == min(result["mismatches"], 50)
+    assert all(m > 0 for m in result["mismatch_margins"])
+    verdict = checks.check_fidelity(result, 0.99)
+    assert verdict.status == checks.FAIL
+    assert f"of {result['mismatches']} mismatches are near ties" in verdict.evidence
+
+
+def test_tie_tolerance_counts_close_logits_as_agreement(tiny) -> None:
+    strict = tiny["check"]["comparisons"]["all_full"]
+    any_tie = tiny["check"]["comparisons"]["all_full_any_tie"]
+    assert any_tie["exact_agreement"] == strict["agreement"]
+    assert any_tie["agreement"] == 1.0  # an unbounded tolerance accepts every token
+
+
+def test_reference_child_entry_point(tiny, probe_py: Path, dflash_path: Path) -> None:
+    root = tiny["root"]
+    request = root / "reference-in.json"
+    request.write_text(json.dumps(tiny["check"]["same_request"]))
+    out = root / "fidelity.json"
+    _run(probe_py, dflash_path, "-m", "tooling.smoke.reference", str(request), str(out))
+    result = json.loads(out.read_text())
+    assert result["ok"] is True
+    assert result["agreement"] == 1.0
+    assert result["dtype"] == "float32"
+    assert result["engine_acceptance_length"] == result["reference_acceptance_length"]

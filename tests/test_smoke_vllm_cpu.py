@@ -1,0 +1,230 @@
+"""The smoke's contact points with vLLM 0.20.1's own code, on a CPU (slow).
+
+In ``$TOOLING_PROBE_PYTHON`` with the pristine 0.20.1 tree, and with the
+patched tree, first on the path:
+- vLLM's PrometheusStatLogger writes /metrics text, which our parser reads;
+- vLLM's ``serve`` argument parser accepts the argv ``build_serve_command`` makes;
+- vLLM's CompletionResponse serialises to what ``parse_completion`` reads;
+- the DFlash drafter vLLM builds reports per-layer windows through the same
+  ``attention_windows`` the GPU run uses, and the V1 runner's aux-layer
+  resolver answers for the drafter config: the check verdicts must be FAIL on
+  the pristine tree and PASS on the patched one;
+- ``install_recorder`` binds to the real ``DFlashProposer.propose``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tooling.paths import REPO_DIR
+from tooling.smoke import checks
+from tooling.smoke.client import parse_completion
+from tooling.smoke.config import EngineSettings, drafter_info_from_config
+from tooling.smoke.metrics import parse_prometheus, prefix_cache_counters, spec_decode_stats
+from tooling.smoke.server import ServeOptions, build_serve_command
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from tooling.probes import _harness
+    _harness.install_cpu_platform()
+    import torch
+
+    argv, out_path = json.loads(sys.argv[1]), sys.argv[2]
+    out = {}
+
+    # 1. /metrics from vLLM's own logger: a 200-token prompt twice, six drafts.
+    import prometheus_client
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    pair = _harness.write_tiny_pair(
+        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5],
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        sliding_window=16,
+    )
+    config = _harness.vllm_config(pair, prefix_caching=True)
+    logger = PrometheusStatLogger(config)
+    for queries, hits, accepted in ((200, 0, [0, 1, 3, 2]), (200, 192, [1, 0])):
+        cache = PrefixCacheStats()
+        cache.record(num_tokens=queries, num_hits=hits, preempted=False)
+        spec = SpecDecodingStats.new(3)
+        for n in accepted:
+            spec.observe_draft(num_draft_tokens=3, num_accepted_tokens=n)
+        logger.record(SchedulerStats(prefix_cache_stats=cache, spec_decoding_stats=spec), None)
+    out["metrics"] = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
+
+    # 2. Our serve argv through vLLM's serve parser.
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = FlexibleArgumentParser()
+    ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
+    args = parser.parse_args(argv)
+    out["args"] = {k: getattr(args, k) for k in (
+        "subcommand", "model_tag", "host", "port", "served_model_name", "attention_backend",
+        "max_model_len", "gpu_memory_utilization", "seed", "block_size", "generation_config",
+        "enable_prompt_tokens_details", "enable_prefix_caching", "enforce_eager",
+        "speculative_config")}
+
+    # 3. A completion answer as vLLM serialises it.
+    from vllm.entrypoints.openai.completion.protocol import (
+        CompletionResponse, CompletionResponseChoice)
+    from vllm.entrypoints.openai.engine.protocol import PromptTokenUsageInfo, UsageInfo
+    answer = CompletionResponse(
+        model="smoke",
+        choices=[CompletionResponseChoice(index=0, text=" x y", finish_reason="length",
+                                          token_ids=[7, 8])],
+        usage=UsageInfo(prompt_tokens=200, completion_tokens=2, total_tokens=202,
+                        prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=176)),
+    )
+    out["completion"] = json.loads(answer.model_dump_json())
+
+    # 4. The drafter vLLM builds, read the way the GPU run reads it.
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from tooling.smoke.engine_run import ProposalRecorder, attention_windows, install_recorder
+    spec_config = _harness.vllm_config(pair).speculative_config
+    _harness.ensure_single_process_group(config)
+    torch.set_default_dtype(torch.bfloat16)
+    with set_current_vllm_config(config):
+        drafter = DFlashQwen3Model(vllm_config=config, prefix="model")
+    torch.set_default_dtype(torch.float32)
+    out["windows"] = attention_windows(drafter)
+    runner = object.__new__(GPUModelRunner)
+    runner.speculative_config = spec_config
+    out["aux_layers"] = list(GPUModelRunner._get_eagle3_aux_layers_from_config(runner))
+    out["drafter_config"] = json.load(open(pair.drafter / "config.json"))
+
+    # 5. The proposal recorder on the real proposer class.
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    original = DFlashProposer.propose
+    install_recorder(DFlashProposer, ProposalRecorder())
+    out["recorder_wraps"] = DFlashProposer.propose.__wrapped__ is original
+    json.dump(out, open(out_path, "w"))
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def probe_py() -> Path:
+    value = os.environ.get("TOOLING_PROBE_PYTHON")
+    if not value:
+        pytest.skip("TOOLING_PROBE_PYTHON is unset: it names the CPU interpreter with torch")
+    return Path(value)
+
+
+SERVE_ARGV = build_serve_command(
+    ServeOptions("/models/target", "/models/drafter", EngineSettings(), port=8123), "python"
+)
+
+
+def _observe(probe_py: Path, tree: Path, tmp: Path) -> dict:
+    assert (tree / "vllm").is_dir(), tree
+    script, out = tmp / "observe.py", tmp / "observe.json"
+    script.write_text(SCRIPT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "OMP_NUM_THREADS": "1",
+        # The probe harness's scratch folders go to the test's tmp, not /tmp.
+        "TMPDIR": str(tmp),
+    }
+    # argv after "python -m vllm.entrypoints.cli.main": what vLLM's CLI parses.
+    argv = json.dumps(SERVE_ARGV[3:])
+    result = subprocess.run(
+        [str(probe_py), str(script), argv, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def stock(probe_py: Path, upstream_0201, tmp_path_factory) -> dict:
+    return _observe(probe_py, upstream_0201.source_dir, tmp_path_factory.mktemp("stock"))
+
+
+@pytest.fixture(scope="session")
+def patched(probe_py: Path, patched_0201, tmp_path_factory) -> dict:
+    assert patched_0201.ok
+    return _observe(probe_py, Path(patched_0201.work_dir), tmp_path_factory.mktemp("patched"))
+
+
+def test_metrics_written_by_vllm_parse(stock) -> None:
+    samples = parse_prometheus(stock["metrics"])
+    counters = prefix_cache_counters(samples)
+    assert counters is not None
+    assert (counters.queries, counters.hits) == (400.0, 192.0)
+    stats = spec_decode_stats(samples)
+    assert stats is not None
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (6, 18, 7)
+    assert stats.accepted_per_position == [4.0, 2.0, 1.0]
+    assert stats.acceptance_length == pytest.approx(1 + 7 / 6)
+
+
+def test_vllm_accepts_our_serve_argv(stock) -> None:
+    args = stock["args"]
+    assert args["subcommand"] == "serve"
+    assert args["model_tag"] == "/models/target"
+    assert (args["host"], args["port"]) == ("127.0.0.1", 8123)
+    assert args["served_model_name"] == ["smoke"]
+    assert args["attention_backend"] == "FLASH_ATTN"
+    assert (args["max_model_len"], args["gpu_memory_utilization"]) == (1024, 0.3)
+    assert (args["seed"], args["block_size"]) == (0, 16)
+    assert args["generation_config"] == "vllm"
+    assert args["enable_prompt_tokens_details"] is True
+    assert args["enable_prefix_caching"] is True
+    assert args["enforce_eager"] is True
+    assert args["speculative_config"] == {
+        "method": "dflash",
+        "model": "/models/drafter",
+        "num_speculative_tokens": 3,
+    }
+
+
+def test_vllm_completion_answer_parses(stock) -> None:
+    parsed = parse_completion(stock["completion"])
+    assert parsed.token_ids == (7, 8)
+    assert parsed.cached_tokens == 176
+    assert parsed.prompt_tokens == 200
+
+
+def test_recorder_binds_to_the_real_proposer(stock) -> None:
+    assert stock["recorder_wraps"] is True
+
+
+def test_stock_tree_fails_checks_2_and_3(stock) -> None:
+    info = drafter_info_from_config(stock["drafter_config"])
+    aux = checks.check_aux_layers(tuple(stock["aux_layers"]), info.expected_aux_layers(), "x")
+    assert aux.status == checks.FAIL
+    assert stock["aux_layers"] == [1, 3, 5]
+    windows = checks.check_windows(stock["windows"], info.expected_windows())
+    assert windows.status == checks.FAIL
+    assert [w["window"] for w in stock["windows"]] == [[-1, -1]] * 3
+    assert [w["layer"] for w in stock["windows"]] == [
+        f"layers.{i}.self_attn.attn" for i in range(3)
+    ]
+
+
+def test_patched_tree_passes_checks_2_and_3(patched) -> None:
+    info = drafter_info_from_config(patched["drafter_config"])
+    aux = checks.check_aux_layers(tuple(patched["aux_layers"]), info.expected_aux_layers(), "x")
+    assert aux.status == checks.PASS, aux.evidence
+    windows = checks.check_windows(patched["windows"], info.expected_windows())
+    assert windows.status == checks.PASS, windows.evidence

@@ -1,0 +1,38 @@
+"""``tooling smoke``: serve a target with a DFlash drafter on a GPU and check every fix at run time.
+
+The public API (the Click command is a thin layer over it):
+
+- :class:`SmokeConfig` (with :class:`EngineSettings`, :class:`Timeouts`): what to run.
+- :func:`run_smoke` -> :class:`SmokeReport`: run it; ``report.passed``,
+  ``report.to_json()``, ``report.summary_line()``; :func:`format_table` for people.
+- :func:`describe_plan`: the commands a run would start (a dry run).
+- :func:`build_serve_command`, :class:`ServeOptions`: the ``vllm serve`` argv.
+
+Modules: ``config`` (settings, prompts, drafter expectations), ``tiny`` (seeded
+tiny models; runs in a torch interpreter), ``procs`` (process groups that always
+stop), ``server`` and ``client`` (``vllm serve`` and its HTTP API), ``metrics``
+(``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``engine_run``
+(in-process vLLM, GPU), ``reference`` (the reference ``dflash`` recomputation),
+``checks`` (pure verdicts), ``report`` (table, JSON, plot), ``runner`` (the order).
+"""
+
+from __future__ import annotations
+
+from .checks import CheckResult
+from .config import EngineSettings, SmokeConfig, Timeouts
+from .report import SmokeReport, format_table
+from .runner import describe_plan, run_smoke
+from .server import ServeOptions, build_serve_command
+
+__all__ = [
+    "CheckResult",
+    "EngineSettings",
+    "ServeOptions",
+    "SmokeConfig",
+    "SmokeReport",
+    "Timeouts",
+    "build_serve_command",
+    "describe_plan",
+    "format_table",
+    "run_smoke",
+]

@@ -1,0 +1,218 @@
+"""What a smoke run is asked to do: the model pair, the engine settings, the prompts, the gates.
+
+Everything here is plain data (stdlib only), so the orchestrator can run on a
+machine that has no torch and the children can be handed the same values as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SmokeError
+
+SLIDING = "sliding_attention"
+FULL_WINDOW = (-1, -1)
+"""FlashAttention's window tuple for a layer without a sliding window."""
+
+# Short, distinct openings: no two share a 16-token block, so the prefix cache
+# never serves one prompt from another and both servers compute every prompt
+# with a full prefill (outputs are compared only between runs whose caching is
+# the same).
+LOSSLESS_PROMPTS: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog because",
+    "In the beginning of the year the committee decided to",
+    "Speculative decoding drafts several tokens and then",
+    "A recipe for bread needs flour, water, salt and",
+    "def fibonacci(n):\n    if n < 2:\n        return",
+    "Three reasons why the river flooded in spring were",
+)
+
+# The repeated prompt for the prefix-cache check: a text distinct from the
+# prompts above, cut to exactly PREFIX_PROMPT_TOKENS tokens by the server's own
+# tokenizer and sent as token ids.
+PREFIX_PROMPT_TEXT = (
+    "Once upon a time, in a village between two mountains, there lived a clockmaker who "
+    "repaired every clock in the valley. Each morning she climbed to the tower, wound the "
+    "great bell, and wrote down the hour it struck, the weather, and the names of the "
+    "travellers who passed the gate. Over forty years the ledger grew into a history of "
+    "the valley itself: floods and harvests, weddings and quarrels, the year the bridge "
+    "fell and the year it was rebuilt in stone. "
+)
+PREFIX_PROMPT_TOKENS = 200
+
+# Texts for the in-process fidelity run, tokenized there and cut to FIDELITY_LENGTHS:
+# longer than the tiny drafter's window (16), so a sliding layer that attends to
+# everything shows up as a disagreement.
+FIDELITY_TEXTS: tuple[str, ...] = (
+    PREFIX_PROMPT_TEXT,
+    "Large language models generate text one token at a time. A small draft model can "
+    "propose several tokens at once, and the large model checks them in a single pass, "
+    "keeping the longest prefix it agrees with. The output is exactly what the large "
+    "model would have written alone, only faster when the drafts are good. ",
+    "import os\nimport sys\n\n\ndef main(argv):\n    for name in sorted(os.listdir(argv[1])):\n"
+    "        path = os.path.join(argv[1], name)\n        if os.path.isfile(path):\n"
+    "            print(name, os.path.getsize(path))\n    return 0\n\n\nif __name__ == '__main__':\n"
+    "    sys.exit(main(sys.argv))\n",
+    "Tuesday's forecast: morning fog along the coast, clearing by noon; highs near twenty "
+    "degrees inland, cooler by the water; light westerly winds; a chance of showers late "
+    "in the evening over the hills, turning to steady rain after midnight. ",
+)
+FIDELITY_LENGTHS: tuple[int, ...] = (48, 56, 64, 72)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine flags every run shares (servers and the in-process run alike)."""
+
+    num_speculative_tokens: int = 3
+    attention_backend: str = "FLASH_ATTN"
+    max_model_len: int = 1024
+    gpu_memory_utilization: float = 0.3
+    seed: int = 0
+    block_size: int = 16
+    enforce_eager: bool = True
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds each step may take; each is further cut to what the overall limit leaves."""
+
+    total: float = 540.0
+    tiny: float = 180.0
+    server_start: float = 300.0
+    request: float = 60.0
+    server_stop: float = 30.0
+    engine_run: float = 300.0
+    reference: float = 240.0
+
+
+@dataclass(frozen=True)
+class SmokeConfig:
+    """One smoke run. ``target``/``drafter`` are local folders or hub ids; None with ``tiny``."""
+
+    workdir: Path
+    target: str | None = None
+    drafter: str | None = None
+    tiny: bool = False
+    tiny_seed: int = 0
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    python: str | None = None
+    """Interpreter for ``vllm serve`` and the children; None means this one (sys.executable)."""
+    max_tokens: int = 48
+    fidelity_max_tokens: int = 40
+    fidelity_gate: float = 0.99
+    fidelity_tie_tolerance: float = 0.0
+    """Count a draft whose reference logit is this close to the best as agreeing (0: exact)."""
+    reference_dtype: str = "auto"
+    """dtype of the reference run: ``auto`` (the checkpoint's), ``float32``, ``bfloat16``."""
+    min_acceptance_length: float | None = None
+    run_fidelity: bool = True
+    plot: bool = True
+    expect: str = "fixed"
+    """``fixed``: all checks must pass; ``stock``: lossless must pass and checks 2-5 fail."""
+
+    def validate(self) -> None:
+        """Raise SmokeError when the model choice is contradictory."""
+        if self.tiny and (self.target or self.drafter):
+            raise SmokeError("--tiny generates its own models: drop --target/--drafter")
+        if not self.tiny and not (self.target and self.drafter):
+            raise SmokeError("give both --target and --drafter, or --tiny")
+        if self.expect not in ("fixed", "stock"):
+            raise SmokeError(f"--expect {self.expect!r}: choose fixed or stock")
+        if not 0.0 < self.fidelity_gate <= 1.0:
+            raise SmokeError(f"fidelity gate {self.fidelity_gate} is not in (0, 1]")
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    """What the smoke expects of a DFlash drafter, read from its config.json."""
+
+    target_layer_ids: tuple[int, ...] | None
+    layer_types: tuple[str, ...] | None
+    sliding_window: int | None
+    """The window transformers keeps: None unless ``use_sliding_window`` is true."""
+    num_hidden_layers: int
+    mask_token_id: int | None
+
+    def expected_aux_layers(self) -> tuple[int, ...] | None:
+        """The aux layer ids vLLM must capture: target_layer_ids + 1.
+
+        The reference reads HF ``hidden_states[id + 1]`` (layer id's output); vLLM's
+        aux index k is the residual stream entering layer k, i.e. ``hidden_states[k]``.
+        """
+        if self.target_layer_ids is None:
+            return None
+        return tuple(i + 1 for i in self.target_layer_ids)
+
+    def expected_windows(self) -> list[tuple[int, int]]:
+        """FlashAttention window per drafter layer as the reference would attend.
+
+        A sliding layer with window w looks back w-1 tokens: (w-1, 0). A full layer,
+        or a sliding one whose window transformers dropped, gets (-1, -1).
+        """
+        types = self.layer_types or ("full_attention",) * self.num_hidden_layers
+        windows = []
+        for layer_type in types:
+            if layer_type == SLIDING and self.sliding_window:
+                windows.append((self.sliding_window - 1, 0))
+            else:
+                windows.append(FULL_WINDOW)
+        return windows
+
+    def has_sliding_layers(self) -> bool:
+        return any(w != FULL_WINDOW for w in self.expected_windows())
+
+
+def drafter_info_from_config(config: dict[str, Any]) -> DrafterInfo:
+    """The smoke's expectations from a drafter's config.json contents."""
+    dflash = config.get("dflash_config") or {}
+    ids = dflash.get("target_layer_ids", config.get("target_layer_ids"))
+    layer_types = config.get("layer_types")
+    # Mirror transformers' Qwen3Config, which both vLLM and the reference load
+    # the drafter through: the window survives only with use_sliding_window.
+    window = config.get("sliding_window") if config.get("use_sliding_window") else None
+    mask = dflash.get("mask_token_id", config.get("mask_token_id"))
+    return DrafterInfo(
+        target_layer_ids=tuple(int(i) for i in ids) if ids is not None else None,
+        layer_types=tuple(layer_types) if layer_types else None,
+        sliding_window=int(window) if window else None,
+        num_hidden_layers=int(config.get("num_hidden_layers", len(layer_types or ()))),
+        mask_token_id=int(mask) if mask is not None else None,
+    )
+
+
+def find_model_file(model: str, filename: str) -> Path:
+    """``filename`` of a local model folder, or of a hub model already in the local HF cache."""
+    local = Path(model)
+    if local.is_dir():
+        path = local / filename
+        if not path.is_file():
+            raise SmokeError(f"{local}: no {filename}")
+        return path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        raise SmokeError(
+            f"{model}: not a folder, and huggingface_hub is not importable to look in the HF cache"
+        ) from None
+    cached = try_to_load_from_cache(model, filename)
+    if not isinstance(cached, str):
+        raise SmokeError(
+            f"{model}: not a folder and its {filename} is not in the local HF cache "
+            "(the smoke runs offline: download the model first)"
+        )
+    return Path(cached)
+
+
+def read_drafter_info(drafter: str) -> DrafterInfo:
+    """Read the drafter's config.json (local folder or HF cache) into DrafterInfo."""
+    path = find_model_file(drafter, "config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SmokeError(f"{path}: cannot read the drafter config: {e}") from None
+    return drafter_info_from_config(config)

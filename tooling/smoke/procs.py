@@ -1,0 +1,216 @@
+"""Child processes that always end: each runs in its own process group, stopped as a group.
+
+``vllm serve`` forks an engine-core process, and a child can ignore SIGTERM,
+so stopping means: SIGTERM to the whole group, a grace period, then SIGKILL to
+the group, then a wait until no member is left. The same path runs on normal
+exit, on an error, on a time-out and on Ctrl-C (KeyboardInterrupt), and
+SIGTERM to the smoke itself is turned into KeyboardInterrupt so it too runs
+the clean-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ALREADY_EXITED = "already exited"
+TERMINATED = "terminated"
+KILLED = "killed"
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """How a process group ended."""
+
+    how: str
+    """``already exited``, ``terminated`` (SIGTERM sufficed) or ``killed`` (SIGKILL needed)."""
+    returncode: int | None
+    seconds: float
+    leftover: bool = False
+    """True when some member of the group still existed after the final wait."""
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    """A child run to completion, or stopped at its time limit."""
+
+    returncode: int | None
+    seconds: float
+    timed_out: bool
+    log: Path
+
+
+def start_group(
+    cmd: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` as the leader of a new session, stdout and stderr appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        # A new session: its own process group (stopped as one) and no
+        # controlling terminal, so Ctrl-C reaches only us and we decide.
+        return subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
+def group_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) pids in process group ``pgid``; None where /proc is unavailable.
+
+    Zombies are left out: an orphan's zombie lingers until init reaps it, and
+    some container inits never do, yet it holds no memory or GPU.
+    """
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").is_file():
+        return None
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    members = group_members(pgid)
+    if members is not None:
+        return bool(members)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def stop_group(
+    proc: subprocess.Popen[bytes], *, grace_s: float = 20.0, kill_wait_s: float = 10.0
+) -> StopOutcome:
+    """Stop ``proc`` and everything in its process group; return how it went.
+
+    SIGTERM first (vLLM shuts its engine core down on it), SIGKILL after
+    ``grace_s``. Members that outlive the leader (an orphaned engine core) are
+    killed too. Safe to call on a process that has already exited.
+    """
+    start = time.monotonic()
+    pgid = proc.pid  # the leader of a new session: its pid is the group id
+    how = ALREADY_EXITED if proc.poll() is not None else TERMINATED
+    try:
+        if how == TERMINATED:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                how = KILLED
+                _signal_group(pgid, signal.SIGKILL)
+                # A process stuck in the kernel may outlive even SIGKILL for a
+                # while; report it as a leftover below rather than raise.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=kill_wait_s)
+        if not _wait_group_gone(pgid, min(grace_s, 5.0)):
+            _signal_group(pgid, signal.SIGKILL)
+            how = KILLED if how != ALREADY_EXITED else how
+    except BaseException:
+        # Interrupted while waiting (a second Ctrl-C): do not leave the group behind.
+        _signal_group(pgid, signal.SIGKILL)
+        raise
+    leftover = not _wait_group_gone(pgid, kill_wait_s)
+    return StopOutcome(
+        how=how,
+        returncode=proc.poll(),
+        seconds=time.monotonic() - start,
+        leftover=leftover,
+    )
+
+
+def run_child(
+    cmd: Sequence[str],
+    *,
+    log: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    cwd: Path | None = None,
+    grace_s: float = 10.0,
+) -> ChildResult:
+    """Run ``cmd`` to completion within ``timeout_s``; stop its group on time-out or interrupt."""
+    start = time.monotonic()
+    proc = start_group(cmd, log=log, env=env, cwd=cwd)
+    try:
+        returncode: int | None = proc.wait(timeout=max(timeout_s, 0.0))
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        returncode = None
+    finally:
+        # Runs on time-out, on KeyboardInterrupt and after a normal exit alike:
+        # a normal exit may still leave grandchildren in the group.
+        outcome = stop_group(proc, grace_s=grace_s)
+    if timed_out:
+        returncode = outcome.returncode
+    return ChildResult(
+        returncode=returncode, seconds=time.monotonic() - start, timed_out=timed_out, log=log
+    )
+
+
+def log_tail(log: Path, lines: int = 1, max_chars: int = 300) -> str:
+    """The last non-empty lines of ``log``, for one-line error messages."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    tail = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(tail)[-max_chars:]
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt so ``finally`` clean-up runs.
+
+    Only the main thread can install signal handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"received signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,587 @@
+"""Run the whole smoke on a GPU host: models, two servers, the in-process run, the reference.
+
+Order and why:
+1. which vLLM (a quick import in the child interpreter: fails fast on a bad PYTHONPATH);
+2. the models (``--tiny``: generated in a child);
+3. ``vllm serve`` with the DFlash drafter and prefix caching: lossless prompts,
+   the repeated 200-token prompt, acceptance counters, the aux-layer log line;
+4. ``vllm serve`` without speculation, same prefix caching: the same prompts;
+5. the in-process engine (``engine_run``): drafter windows and every proposal;
+6. the reference (``reference``): agreement per draft position.
+
+Every step has a time limit cut to what the overall limit leaves, and a step
+that fails turns only the checks that need it into errors; the others still run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SmokeError
+from . import checks, client, metrics
+from .checks import CheckResult, PrefixObservation
+from .config import (
+    FIDELITY_LENGTHS,
+    FIDELITY_TEXTS,
+    LOSSLESS_PROMPTS,
+    PREFIX_PROMPT_TEXT,
+    PREFIX_PROMPT_TOKENS,
+    DrafterInfo,
+    SmokeConfig,
+    read_drafter_info,
+)
+from .logscan import aux_layers_from_log_file
+from .procs import log_tail, run_child, sigterm_as_interrupt
+from .report import SmokeReport, StepRecord, plot_acceptance
+from .server import ServeOptions, build_serve_command, child_environment, free_port, serve
+from .tiny import load_manifest
+
+Notify = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(f"[smoke] {message}", file=sys.stderr, flush=True)
+
+
+class Deadline:
+    """The overall time limit; each step's own limit is cut to what is left of it."""
+
+    def __init__(self, total_s: float) -> None:
+        self.end = time.monotonic() + total_s
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def limit(self, step_s: float, reserve_s: float = 0.0) -> float:
+        """``step_s``, or less if the overall limit (minus ``reserve_s``) is closer."""
+        left = self.remaining() - reserve_s
+        if left < 1.0:
+            raise SmokeError("the smoke's overall time limit is spent")
+        return min(step_s, left)
+
+
+@dataclass
+class ServerObservations:
+    """What one server run saw; ``errors`` says which observations failed and why."""
+
+    log: Path
+    completions: list[client.Completion] = field(default_factory=list)
+    prefix: PrefixObservation | None = None
+    spec_stats: metrics.SpecDecodeStats | None = None
+    aux_layers: tuple[int, ...] | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+    startup_s: float | None = None
+    stop: str | None = None
+    """How the server's process group ended (procs.StopOutcome.how)."""
+
+    def summary(self) -> dict[str, Any]:
+        return {"startup_s": self.startup_s, "stop": self.stop, "errors": self.errors}
+
+
+def read_metrics(base_url: str, timeout_s: float = 10.0) -> list[metrics.Sample]:
+    """The server's /metrics, parsed."""
+    text = client.get_text(f"{base_url}/metrics", timeout_s)
+    try:
+        return metrics.parse_prometheus(text)
+    except ValueError as e:
+        raise SmokeError(f"{base_url}/metrics: {e}") from None
+
+
+def _prefix_counters(base_url: str) -> metrics.PrefixCacheCounters:
+    counters = metrics.prefix_cache_counters(read_metrics(base_url))
+    if counters is None:
+        raise SmokeError(f"{base_url}/metrics has no {metrics.PREFIX_CACHE_QUERIES} counter")
+    return counters
+
+
+def _wait_for_queries(
+    base_url: str, at_least: float, timeout_s: float
+) -> metrics.PrefixCacheCounters:
+    # The server updates its counters after it answers; wait until the request shows.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counters = _prefix_counters(base_url)
+        if counters.queries >= at_least or time.monotonic() >= deadline:
+            return counters
+        time.sleep(0.2)
+
+
+def settled_spec_stats(base_url: str, timeout_s: float = 5.0) -> metrics.SpecDecodeStats | None:
+    """Spec-decode counters once two reads half a second apart agree."""
+    deadline = time.monotonic() + timeout_s
+    previous = metrics.spec_decode_stats(read_metrics(base_url))
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        current = metrics.spec_decode_stats(read_metrics(base_url))
+        if current == previous:
+            break
+        previous = current
+    return previous
+
+
+def prefix_prompt_ids(base_url: str, model: str, timeout_s: float) -> list[int]:
+    """Exactly PREFIX_PROMPT_TOKENS token ids of the prefix text, by the server's tokenizer."""
+    ids = client.tokenize(base_url, model, PREFIX_PROMPT_TEXT, timeout_s=timeout_s)
+    if not ids:
+        raise SmokeError("the server tokenized the prefix prompt to nothing")
+    while len(ids) < PREFIX_PROMPT_TOKENS:
+        ids = ids + ids
+    return ids[:PREFIX_PROMPT_TOKENS]
+
+
+def observe_prefix_cache(
+    base_url: str, model: str, ids: list[int], *, timeout_s: float
+) -> PrefixObservation:
+    """Send ``ids`` twice; what the second request got from the prefix cache."""
+    before = _prefix_counters(base_url)
+    client.complete(base_url, model, ids, max_tokens=8, timeout_s=timeout_s)
+    middle = _wait_for_queries(base_url, before.queries + len(ids), timeout_s=10.0)
+    second = client.complete(base_url, model, ids, max_tokens=8, timeout_s=timeout_s)
+    after = _wait_for_queries(base_url, middle.queries + len(ids), timeout_s=10.0)
+    delta = after.minus(middle)
+    return PrefixObservation(
+        prompt_tokens=len(ids),
+        hits=delta.hits,
+        queries=delta.queries,
+        cached_tokens=second.cached_tokens,
+    )
+
+
+class _Run:
+    """Shared state of one smoke run: config, deadline, step records, progress."""
+
+    def __init__(self, config: SmokeConfig, notify: Notify) -> None:
+        self.config = config
+        self.notify = notify
+        self.deadline = Deadline(config.timeouts.total)
+        self.steps: list[StepRecord] = []
+        self.python = config.python or sys.executable
+        self.workdir = config.workdir.resolve()
+
+    @contextmanager
+    def step(self, name: str, log: Path | None = None) -> Iterator[StepRecord]:
+        """Time a step and record how it ended; SmokeError is recorded, not raised."""
+        record = StepRecord(name=name, seconds=0.0, ok=True, log=str(log) if log else None)
+        self.notify(f"{name} ...")
+        start = time.monotonic()
+        try:
+            yield record
+        except SmokeError as e:
+            record.ok = False
+            record.message = str(e)
+            self.notify(f"{name}: {e}")
+        finally:
+            record.seconds = time.monotonic() - start
+            self.steps.append(record)
+
+    def child(self, module: str, args: list[str], *, log: Path, timeout_s: float) -> None:
+        """Run ``python -m module args`` within its limit; SmokeError unless it exits 0."""
+        env = child_environment()
+        # In-process engine: the model runner must live in this interpreter.
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        limit = self.deadline.limit(timeout_s)
+        result = run_child([self.python, "-m", module, *args], log=log, env=env, timeout_s=limit)
+        if result.timed_out:
+            raise SmokeError(f"{module} did not finish within {limit:.0f}s (log: {log})")
+        if result.returncode != 0:
+            raise SmokeError(f"{module} exited {result.returncode}: {log_tail(log)} (log: {log})")
+
+
+def _read_result(path: Path, log: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise SmokeError(f"{path.name} was not written: {log_tail(log)} (log: {log})") from None
+    if not data.get("ok", True):
+        raise SmokeError(f"{data.get('error')} (log: {log})")
+    return data
+
+
+def _vllm_identity(run: _Run) -> dict[str, Any]:
+    log = run.workdir / "logs" / "vllm-import.log"
+    out = run.workdir / "vllm-import.json"
+    script = (
+        "import json, sys, pathlib, vllm; "
+        "where = str(pathlib.Path(vllm.__file__).parent); "
+        "json.dump({'version': vllm.__version__, 'location': where}, open(sys.argv[1], 'w'))"
+    )
+    env = child_environment()
+    limit = run.deadline.limit(120.0)
+    result = run_child([run.python, "-c", script, str(out)], log=log, env=env, timeout_s=limit)
+    if result.returncode != 0 or not out.is_file():
+        raise SmokeError(f"{run.python} cannot import vllm: {log_tail(log)} (log: {log})")
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def _models(run: _Run) -> tuple[str, str]:
+    config = run.config
+    if not config.tiny:
+        assert config.target and config.drafter
+        return config.target, config.drafter
+    out = run.workdir / "models"
+    log = run.workdir / "logs" / "tiny.log"
+    run.child(
+        "tooling.smoke.tiny",
+        [str(out), "--seed", str(config.tiny_seed)],
+        log=log,
+        timeout_s=config.timeouts.tiny,
+    )
+    tiny = load_manifest(out)
+    return str(tiny.target), str(tiny.drafter)
+
+
+def _observe_server(
+    run: _Run,
+    options: ServeOptions,
+    log: Path,
+    prefix_ids: list[int] | None,
+) -> tuple[ServerObservations, list[int] | None]:
+    obs = ServerObservations(log=log)
+    timeouts = run.config.timeouts
+    model = options.served_model_name
+    try:
+        start_limit = run.deadline.limit(timeouts.server_start, reserve_s=timeouts.server_stop)
+        with serve(options, log=log, start_timeout_s=start_limit, python=run.python) as server:
+            url = server.base_url
+            obs.startup_s = server.startup_s
+            run.notify(f"server ready in {server.startup_s:.0f}s at {url}")
+            try:
+                for prompt in LOSSLESS_PROMPTS:
+                    limit = run.deadline.limit(timeouts.request, reserve_s=timeouts.server_stop)
+                    obs.completions.append(
+                        client.complete(
+                            url, model, prompt, max_tokens=run.config.max_tokens, timeout_s=limit
+                        )
+                    )
+            except SmokeError as e:
+                obs.errors["lossless"] = str(e)
+            try:
+                limit = run.deadline.limit(timeouts.request, reserve_s=timeouts.server_stop)
+                prefix_ids = prefix_ids or prefix_prompt_ids(url, model, limit)
+                obs.prefix = observe_prefix_cache(url, model, prefix_ids, timeout_s=limit)
+            except SmokeError as e:
+                obs.errors["prefix"] = str(e)
+            if options.drafter is not None:
+                try:
+                    obs.spec_stats = settled_spec_stats(url)
+                except SmokeError as e:
+                    obs.errors["metrics"] = str(e)
+        if server.stop is not None:
+            obs.stop = server.stop.how
+    except SmokeError as e:
+        for key in ("lossless", "prefix", "metrics"):
+            obs.errors.setdefault(key, str(e))
+    obs.aux_layers = aux_layers_from_log_file(log)
+    return obs, prefix_ids
+
+
+def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
+    """Run every check and return the report (also written to ``workdir/report.json``).
+
+    Raises SmokeError only when nothing can run (bad options, no importable
+    vLLM); failed checks are in the report, not raised. KeyboardInterrupt (and
+    SIGTERM, turned into it) stops every child first and then propagates.
+    """
+    config.validate()
+    run = _Run(config, notify or _stderr)
+    run.workdir.mkdir(parents=True, exist_ok=True)
+    logs = run.workdir / "logs"
+    with sigterm_as_interrupt():
+        return _run_all(run, logs)
+
+
+def _run_all(run: _Run, logs: Path) -> SmokeReport:
+    config = run.config
+    vllm_info: dict[str, Any] = {}
+    with run.step("vllm import", logs / "vllm-import.log") as step:
+        vllm_info = _vllm_identity(run)
+        step.extra = vllm_info
+    if not run.steps[-1].ok:
+        raise SmokeError(run.steps[-1].message)
+
+    target = drafter = None
+    with run.step("models", logs / "tiny.log" if config.tiny else None) as step:
+        target, drafter = _models(run)
+        step.extra = {"target": target, "drafter": drafter}
+    if target is None or drafter is None:
+        raise SmokeError(f"no models to serve: {run.steps[-1].message}")
+
+    info: DrafterInfo | None = None
+    info_error = ""
+    try:
+        info = read_drafter_info(drafter)
+    except SmokeError as e:
+        info_error = str(e)
+
+    spec, plain = _servers(run, logs, target, drafter)
+    engine_result, engine_error, fidelity, fidelity_error = _fidelity(run, logs, target, drafter)
+
+    results = evaluate(
+        config=config,
+        info=info,
+        info_error=info_error,
+        spec=spec,
+        plain=plain,
+        engine_result=engine_result,
+        engine_error=engine_error,
+        fidelity=fidelity,
+        fidelity_error=fidelity_error,
+    )
+    plot = _plot(run, spec.spec_stats) if config.plot else None
+    report = SmokeReport(
+        checks=results,
+        steps=run.steps,
+        workdir=run.workdir,
+        models={
+            "target": target,
+            "drafter": drafter,
+            "tiny": config.tiny,
+            "drafter_info": asdict(info) if info else None,
+        },
+        engine=asdict(config.engine),
+        vllm=vllm_info,
+        plot=plot,
+        expect=config.expect,
+    )
+    report.write_json()
+    return report
+
+
+def _servers(
+    run: _Run, logs: Path, target: str, drafter: str
+) -> tuple[ServerObservations, ServerObservations]:
+    """The server with the DFlash drafter, then the one without; same prefix caching."""
+    engine = run.config.engine
+    observed = []
+    prefix_ids: list[int] | None = None
+    for name, draft, log in (
+        ("serve with DFlash", drafter, logs / "serve-dflash.log"),
+        ("serve without speculation", None, logs / "serve-plain.log"),
+    ):
+        with run.step(name, log) as step:
+            options = ServeOptions(target, draft, engine, port=free_port())
+            obs, prefix_ids = _observe_server(run, options, log, prefix_ids)
+            step.ok = not obs.errors
+            step.message = "; ".join(dict.fromkeys(obs.errors.values()))
+            step.extra = obs.summary()
+        observed.append(obs)
+    return observed[0], observed[1]
+
+
+def _plot(run: _Run, stats: metrics.SpecDecodeStats | None) -> Path | None:
+    """The acceptance-per-position PNG, when there were drafts and matplotlib is importable."""
+    if stats is None or not stats.accepted_per_position:
+        return None
+    length = stats.acceptance_length or 1.0
+    return plot_acceptance(
+        stats.per_position_rate(),
+        run.workdir / "acceptance.png",
+        f"DFlash acceptance per position (length {length:.2f})",
+    )
+
+
+@dataclass
+class _ChildStep:
+    """One child run of the fidelity part: its module, files, log and limit."""
+
+    module: str
+    request: dict[str, Any]
+    in_name: str
+    out_name: str
+    log: Path
+    timeout_s: float
+
+
+def _run_json_child(run: _Run, step: _ChildStep) -> dict[str, Any]:
+    """Write the request, run the child, return its result (SmokeError when it failed)."""
+    in_path, out_path = run.workdir / step.in_name, run.workdir / step.out_name
+    in_path.write_text(json.dumps(step.request, indent=1), encoding="utf-8")
+    out_path.unlink(missing_ok=True)
+    try:
+        run.child(
+            step.module, [str(in_path), str(out_path)], log=step.log, timeout_s=step.timeout_s
+        )
+    except SmokeError:
+        # The child's own error (in its result file) says more than its exit code.
+        if out_path.is_file():
+            _read_result(out_path, step.log)
+        raise
+    return _read_result(out_path, step.log)
+
+
+def _fidelity(
+    run: _Run, logs: Path, target: str, drafter: str
+) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
+    """The in-process engine run and the reference comparison.
+
+    Returns (engine result, why it is missing, fidelity result, why it is missing).
+    """
+    config, engine = run.config, run.config.engine
+    if not config.run_fidelity:
+        return None, "skipped (--no-fidelity)", None, "skipped (--no-fidelity)"
+    engine_step = _ChildStep(
+        module="tooling.smoke.engine_run",
+        request={
+            "target": target,
+            "drafter": drafter,
+            "texts": list(FIDELITY_TEXTS),
+            "lengths": list(FIDELITY_LENGTHS),
+            "max_tokens": config.fidelity_max_tokens,
+            "num_speculative_tokens": engine.num_speculative_tokens,
+            "attention_backend": engine.attention_backend,
+            "max_model_len": engine.max_model_len,
+            "gpu_memory_utilization": engine.gpu_memory_utilization,
+            "seed": engine.seed,
+        },
+        in_name="engine-in.json",
+        out_name="engine.json",
+        log=logs / "engine-run.log",
+        timeout_s=config.timeouts.engine_run,
+    )
+    engine_result = None
+    with run.step("in-process engine", engine_step.log) as step:
+        engine_result = _run_json_child(run, engine_step)
+        step.extra = {"proposals": len(engine_result["proposals"])}
+    if engine_result is None:
+        why = run.steps[-1].message or "the in-process run did not finish"
+        return None, why, None, f"needs the in-process run: {why}"
+    reference_step = _ChildStep(
+        module="tooling.smoke.reference",
+        request={
+            "target": target,
+            "drafter": drafter,
+            "prompts": engine_result["prompts"],
+            "outputs": engine_result["outputs"],
+            "proposals": engine_result["proposals"],
+            "dtype": config.reference_dtype,
+            "tie_tolerance": config.fidelity_tie_tolerance,
+        },
+        in_name="reference-in.json",
+        out_name="fidelity.json",
+        log=logs / "reference.log",
+        timeout_s=config.timeouts.reference,
+    )
+    fidelity = None
+    with run.step("reference comparison", reference_step.log):
+        fidelity = _run_json_child(run, reference_step)
+    why = "" if fidelity else run.steps[-1].message or "the reference comparison did not finish"
+    return engine_result, "", fidelity, why
+
+
+def _why(obs: ServerObservations | None, key: str) -> str:
+    if obs is None:
+        return "the server did not run"
+    return obs.errors.get(key, "")
+
+
+def evaluate(
+    *,
+    config: SmokeConfig,
+    info: DrafterInfo | None,
+    info_error: str,
+    spec: ServerObservations | None,
+    plain: ServerObservations | None,
+    engine_result: dict[str, Any] | None,
+    engine_error: str,
+    fidelity: dict[str, Any] | None,
+    fidelity_error: str,
+) -> list[CheckResult]:
+    """The six verdicts from whatever the steps observed (pure: no I/O)."""
+    results: list[CheckResult] = []
+
+    # 1. lossless
+    if spec is None or plain is None or "lossless" in spec.errors or "lossless" in plain.errors:
+        why = _why(spec, "lossless") or _why(plain, "lossless")
+        results.append(checks.error(checks.LOSSLESS, f"completions missing: {why}"))
+    else:
+        results.append(
+            checks.check_lossless(spec.completions, plain.completions, list(LOSSLESS_PROMPTS))
+        )
+
+    # 2. aux layers: the server log; the in-process run's record when the log has none
+    if info is None:
+        results.append(checks.error(checks.AUX_LAYERS, info_error))
+    else:
+        observed = spec.aux_layers if spec else None
+        source = f"the server log {spec.log}" if spec else "the server log"
+        if observed is None and engine_result and engine_result.get("aux_layers"):
+            observed = tuple(engine_result["aux_layers"])
+            source = "the in-process model runner"
+        results.append(checks.check_aux_layers(observed, info.expected_aux_layers(), source))
+
+    # 3. drafter windows
+    if not config.run_fidelity:
+        results.append(checks.skipped(checks.DRAFTER_WINDOWS, engine_error))
+    elif info is None:
+        results.append(checks.error(checks.DRAFTER_WINDOWS, info_error))
+    elif engine_result is None:
+        results.append(checks.error(checks.DRAFTER_WINDOWS, engine_error))
+    else:
+        results.append(checks.check_windows(engine_result["windows"], info.expected_windows()))
+
+    # 4. prefix cache
+    if spec is None or spec.prefix is None:
+        why = _why(spec, "prefix")
+        results.append(checks.error(checks.PREFIX_CACHE, f"no prefix-cache observation: {why}"))
+    else:
+        control = plain.prefix if plain else None
+        results.append(checks.check_prefix_cache(spec.prefix, control, config.engine.block_size))
+
+    # 5. fidelity
+    if not config.run_fidelity:
+        results.append(checks.skipped(checks.FIDELITY, fidelity_error))
+    elif fidelity is None:
+        results.append(checks.error(checks.FIDELITY, fidelity_error))
+    else:
+        results.append(checks.check_fidelity(fidelity, config.fidelity_gate))
+
+    # 6. acceptance
+    if spec is None or "metrics" in spec.errors:
+        why = _why(spec, "metrics")
+        results.append(checks.error(checks.ACCEPTANCE, f"no /metrics: {why}"))
+    else:
+        results.append(checks.check_acceptance(spec.spec_stats, config.min_acceptance_length))
+    return results
+
+
+def describe_plan(config: SmokeConfig) -> dict[str, Any]:
+    """What ``run_smoke`` would start, without starting anything (for ``--dry-run``).
+
+    Model paths of ``--tiny`` are where the run would generate them; ports are
+    chosen at run time (shown as 0).
+    """
+    config.validate()
+    python = config.python or sys.executable
+    workdir = config.workdir.resolve()
+    target = config.target or str(workdir / "models" / "target")
+    drafter = config.drafter or str(workdir / "models" / "drafter")
+    steps: list[dict[str, Any]] = []
+    if config.tiny:
+        steps.append(
+            {
+                "step": "models",
+                "argv": [python, "-m", "tooling.smoke.tiny", str(workdir / "models")],
+            }
+        )
+    for name, draft in (("serve with DFlash", drafter), ("serve without speculation", None)):
+        options = ServeOptions(target, draft, config.engine, port=0)
+        steps.append({"step": name, "argv": build_serve_command(options, python)})
+    if config.run_fidelity:
+        for name, module, files in (
+            ("in-process engine", "tooling.smoke.engine_run", ("engine-in.json", "engine.json")),
+            (
+                "reference comparison",
+                "tooling.smoke.reference",
+                ("reference-in.json", "fidelity.json"),
+            ),
+        ):
+            argv = [python, "-m", module, *(str(workdir / f) for f in files)]
+            steps.append({"step": name, "argv": argv})
+    return {"workdir": str(workdir), "time_limit_s": config.timeouts.total, "steps": steps}

@@ -1,0 +1,216 @@
+"""``vllm serve`` for the smoke: the command line (pure), the environment, and a managed server.
+
+The server runs as ``python -m vllm.entrypoints.cli.main serve``: an install
+with ``pip install --target`` has no ``vllm`` console script. It listens on
+127.0.0.1 on a free port, and ``launch`` yields only once ``/health`` answers;
+leaving the block always stops the whole process group, keeping the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SmokeError
+from . import client
+from .config import EngineSettings
+from .procs import StopOutcome, log_tail, start_group, stop_group
+
+SERVED_MODEL_NAME = "smoke"
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """One server: the target, the drafter (None: no speculation), the shared engine flags."""
+
+    target: str
+    drafter: str | None
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    prefix_caching: bool = True
+    host: str = LOCALHOST
+    port: int = 8000
+    served_model_name: str = SERVED_MODEL_NAME
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def speculative_config(drafter: str, num_speculative_tokens: int) -> dict[str, Any]:
+    """The ``--speculative-config`` value for a DFlash drafter."""
+    return {
+        "method": "dflash",
+        "model": drafter,
+        "num_speculative_tokens": num_speculative_tokens,
+    }
+
+
+def build_serve_command(options: ServeOptions, python: str | None = None) -> list[str]:
+    """The argv that starts ``vllm serve`` for ``options`` with interpreter ``python``."""
+    engine = options.engine
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        options.target,
+        "--host",
+        options.host,
+        "--port",
+        str(options.port),
+        "--served-model-name",
+        options.served_model_name,
+        # DFlash needs non-causal attention; FLASH_ATTN is the sm90 backend that
+        # has it and the one whose sliding window is causal like the reference.
+        "--attention-backend",
+        engine.attention_backend,
+        "--max-model-len",
+        str(engine.max_model_len),
+        "--gpu-memory-utilization",
+        str(engine.gpu_memory_utilization),
+        "--seed",
+        str(engine.seed),
+        "--block-size",
+        str(engine.block_size),
+        # Greedy means greedy: no sampling defaults from the model's generation_config.
+        "--generation-config",
+        "vllm",
+        # Per-request cached-token counts, evidence beside /metrics for the prefix check.
+        "--enable-prompt-tokens-details",
+        "--enable-prefix-caching" if options.prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if engine.enforce_eager:
+        cmd.append("--enforce-eager")
+    if options.drafter is not None:
+        spec = speculative_config(options.drafter, engine.num_speculative_tokens)
+        cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    cmd += list(options.extra_args)
+    return cmd
+
+
+def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for vLLM children: the caller's (PYTHONPATH included), offline.
+
+    The repository is appended to PYTHONPATH so children started with
+    ``-m tooling.smoke...`` import this checkout, after any ``--target`` install
+    folder already there.
+    """
+    from ..paths import REPO_DIR
+
+    env = dict(os.environ if base is None else base)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_DIR) not in paths:
+        paths.append(str(REPO_DIR))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        # Log lines reach the file as they happen, so a time-out still has them.
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    """A server that answered /health; ``stop`` is filled in when the block exits."""
+
+    base_url: str
+    pid: int
+    log: Path
+    startup_s: float
+    stop: StopOutcome | None = None
+
+
+def wait_for_health(
+    base_url: str, is_running: Any, *, timeout_s: float, log: Path, poll_s: float = 0.5
+) -> float:
+    """Poll ``/health`` until it answers 200; return the seconds it took.
+
+    ``is_running()`` says whether the server process is still alive. Raises
+    SmokeError when it exits first or ``timeout_s`` passes.
+    """
+    start = time.monotonic()
+    while True:
+        if client.is_healthy(base_url):
+            return time.monotonic() - start
+        if not is_running():
+            raise SmokeError(
+                f"server exited before {base_url}/health answered: {log_tail(log)} (log: {log})"
+            )
+        if time.monotonic() - start >= timeout_s:
+            raise SmokeError(
+                f"{base_url}/health did not answer within {timeout_s:.0f}s (log: {log})"
+            )
+        time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def launch(
+    cmd: Sequence[str],
+    *,
+    base_url: str,
+    log: Path,
+    env: Mapping[str, str],
+    start_timeout_s: float,
+    stop_grace_s: float = 20.0,
+) -> Iterator[RunningServer]:
+    """Start ``cmd``, wait for ``base_url``/health, yield; always stop its process group.
+
+    Errors, time-outs and KeyboardInterrupt inside the block or during start-up
+    all pass through the same stop (SIGTERM, grace, SIGKILL).
+    """
+    proc = start_group(cmd, log=log, env=env)
+    server = RunningServer(base_url=base_url, pid=proc.pid, log=log, startup_s=0.0)
+    try:
+        server.startup_s = wait_for_health(
+            base_url, lambda: proc.poll() is None, timeout_s=start_timeout_s, log=log
+        )
+        yield server
+    finally:
+        server.stop = stop_group(proc, grace_s=stop_grace_s)
+
+
+@contextlib.contextmanager
+def serve(
+    options: ServeOptions,
+    *,
+    log: Path,
+    start_timeout_s: float,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stop_grace_s: float = 20.0,
+) -> Iterator[RunningServer]:
+    """``vllm serve`` for ``options``, healthy inside the block and stopped after it."""
+    cmd = build_serve_command(options, python)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+    with launch(
+        cmd,
+        base_url=options.base_url,
+        log=log,
+        env=child_environment(env),
+        start_timeout_s=start_timeout_s,
+        stop_grace_s=stop_grace_s,
+    ) as server:
+        yield server

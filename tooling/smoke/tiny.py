@@ -1,0 +1,251 @@
+"""Seeded tiny models for the smoke: random Qwen3 target, byte-level BPE tokenizer, DFlash drafter.
+
+The drafter is the reference package's ``dflash.model.DFlashDraftModel`` with
+hybrid layers (sliding, sliding, full), so what vLLM loads is exactly what the
+reference computes with. The tokenizer is trained offline on a seeded
+synthetic corpus and saved beside the target, so ``vllm serve`` and the
+OpenAI API work end to end.
+
+Runs in an interpreter with torch, transformers, tokenizers and ``dflash``:
+``python -m tooling.smoke.tiny OUT_DIR [--seed N]`` writes ``OUT_DIR/target``,
+``OUT_DIR/drafter`` and ``OUT_DIR/tiny.json`` (the manifest). The orchestrator
+reads only the manifest, so it never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "tiny.json"
+EOS_TOKEN = "<|endoftext|>"
+MASK_TOKEN = "<|dflash_mask|>"
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shapes of the tiny pair (the ones that loaded in vLLM 0.20.1 on an H200)."""
+
+    seed: int = 0
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    target_layers: int = 8
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    max_position_embeddings: int = 4096
+    draft_layer_types: tuple[str, ...] = (
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+    )
+    sliding_window: int = 16
+    target_layer_ids: tuple[int, ...] = (1, 3, 5)
+    block_size: int = 4
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.vocab_size - 1
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """Where the generated pair lives (the tokenizer is in ``target``)."""
+
+    target: Path
+    drafter: Path
+    spec: TinySpec
+    files: dict[str, str]
+    """Relative path -> sha256 of every file written."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": str(self.target),
+            "drafter": str(self.drafter),
+            "spec": asdict(self.spec),
+            "files": self.files,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TinyModels:
+        spec = dict(data["spec"])
+        spec["draft_layer_types"] = tuple(spec["draft_layer_types"])
+        spec["target_layer_ids"] = tuple(spec["target_layer_ids"])
+        return cls(
+            target=Path(data["target"]),
+            drafter=Path(data["drafter"]),
+            spec=TinySpec(**spec),
+            files=dict(data["files"]),
+        )
+
+
+def load_manifest(root: Path) -> TinyModels:
+    """The pair a previous generation wrote under ``root``."""
+    return TinyModels.from_json(json.loads((root / MANIFEST).read_text(encoding="utf-8")))
+
+
+def synthetic_corpus(seed: int, sentences: int = 4000) -> list[str]:
+    """Deterministic training text: seeded pseudo-words plus English, code and digits.
+
+    Generated rather than read from disk so the tokenizer does not depend on
+    which Python (and which standard-library sources) the host has.
+    """
+    from .config import FIDELITY_TEXTS, LOSSLESS_PROMPTS, PREFIX_PROMPT_TEXT
+
+    rng = random.Random(seed)
+    onsets = ["", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w", "th"]
+    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou"]
+    codas = ["", "", "n", "s", "t", "r", "l", "nd", "st", "ng"]
+    words = [
+        "".join(
+            rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
+            for _ in range(rng.randint(1, 3))
+        )
+        for _ in range(3000)
+    ]
+    lines = [*LOSSLESS_PROMPTS, PREFIX_PROMPT_TEXT, *FIDELITY_TEXTS]
+    for _ in range(sentences):
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(4, 16)))
+        lines.append(sentence.capitalize() + rng.choice([".", ",", "?", "!", ":", ";"]))
+        lines.append(f"x_{rng.randint(0, 999)} = {rng.randint(0, 99999)}  # {rng.choice(words)}")
+    return lines
+
+
+def train_tokenizer(spec: TinySpec):
+    """A byte-level BPE with exactly ``spec.vocab_size`` ids, the last one the DFlash mask.
+
+    Byte-level, so any text round-trips; id 0 is end-of-text; reserved special
+    tokens fill any gap so every id the model can emit decodes.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size - 1,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(synthetic_corpus(spec.seed), trainer=trainer)
+    filler = [f"<|reserved_{i}|>" for i in range(spec.vocab_size - 1 - tokenizer.get_vocab_size())]
+    tokenizer.add_special_tokens([*filler, MASK_TOKEN])
+    if tokenizer.token_to_id(MASK_TOKEN) != spec.mask_token_id:
+        raise RuntimeError(
+            f"tokenizer put {MASK_TOKEN} at {tokenizer.token_to_id(MASK_TOKEN)}, "
+            f"not {spec.mask_token_id}"
+        )
+    return tokenizer
+
+
+def _qwen3_common(spec: TinySpec) -> dict[str, Any]:
+    return dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+
+
+def write_target(out: Path, spec: TinySpec) -> None:
+    """A seeded random Qwen3ForCausalLM saved in bf16 safetensors, with its tokenizer."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        num_hidden_layers=spec.target_layers,
+        architectures=["Qwen3ForCausalLM"],
+        **_qwen3_common(spec),
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(spec),
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        model_max_length=spec.max_position_embeddings,
+    )
+    wrapped.save_pretrained(out)
+
+
+def write_drafter(out: Path, spec: TinySpec) -> None:
+    """A seeded random reference ``DFlashDraftModel`` with hybrid sliding/full layers, in bf16."""
+    import torch
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    layer_types = list(spec.draft_layer_types)
+    config = Qwen3Config(
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        sliding_window=spec.sliding_window,
+        # Without it transformers sets sliding_window to None (Qwen3Config).
+        use_sliding_window=True,
+        max_window_layers=len(layer_types),
+        architectures=["DFlashDraftModel"],
+        **_qwen3_common(spec),
+    )
+    config.num_target_layers = spec.target_layers
+    config.block_size = spec.block_size
+    config.dflash_config = {
+        "target_layer_ids": list(spec.target_layer_ids),
+        "mask_token_id": spec.mask_token_id,
+        "block_size": spec.block_size,
+    }
+    torch.manual_seed(spec.seed + 1)
+    model = DFlashDraftModel(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def write_tiny_models(root: Path, spec: TinySpec | None = None) -> TinyModels:
+    """Generate the pair under ``root`` (``target/``, ``drafter/``, ``tiny.json``) and return it."""
+    spec = spec or TinySpec()
+    root.mkdir(parents=True, exist_ok=True)
+    write_target(root / "target", spec)
+    write_drafter(root / "drafter", spec)
+    models = TinyModels(
+        target=(root / "target").resolve(),
+        drafter=(root / "drafter").resolve(),
+        spec=spec,
+        files=_digests(root),
+    )
+    # The manifest goes last: its presence means the pair is complete.
+    (root / MANIFEST).write_text(json.dumps(models.to_json(), indent=2) + "\n", encoding="utf-8")
+    return models
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.tiny")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    models = write_tiny_models(args.out, TinySpec(seed=args.seed))
+    print(json.dumps(models.to_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
