@@ -1036,31 +1036,31 @@ def _smoke_trained(settings: Settings, workdir: Path, engines: dict[str, Path]) 
     from .errors import SmokeError
     from .smoke.acceptance import measure_engines, table_markdown
 
-    path = subprocess.run(
-        [sys.executable, "-m", "tooling.trainer", "path"], capture_output=True, text=True
-    )
-    trained = Path(path.stdout.strip().splitlines()[-1]) if path.returncode == 0 else None
-    if trained is None or not (trained / "summary.json").is_file():
+    def trained_dir() -> Path:
+        # `tooling.trainer path` prints {"output_dir": ..., "complete": ...}.
+        out = subprocess.run(
+            [sys.executable, "-m", "tooling.trainer", "path"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return Path(json.loads(out)["output_dir"])
+
+    trained = trained_dir()
+    if not (trained / "summary.json").is_file():
         train = subprocess.run(
             [sys.executable, "-m", "tooling.trainer", "train", "--export", str(workdir)]
         )
         if train.returncode != 0:
             raise SmokeError(f"the training recipe failed (exit {train.returncode})")
-        trained = Path(
-            subprocess.run(
-                [sys.executable, "-m", "tooling.trainer", "path"],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
+        trained = trained_dir()
     if not engines:
         import vllm  # the interpreter's own vLLM
 
         engines = {"this": Path(vllm.__file__).parent.parent}
-    reference, rows = measure_engines(trained, engines, workdir, workers=len(engines))
+    # One engine at a time: vLLM profiles free GPU memory at start-up and fails
+    # when another engine grows or shrinks beside it.
+    reference, rows = measure_engines(trained, engines, workdir, workers=1)
     emit(
         settings,
         json.loads((workdir / "acceptance.json").read_text()),

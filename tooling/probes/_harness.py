@@ -43,6 +43,13 @@ def install_cpu_platform() -> None:
             return AttentionBackendEnum.FLASH_ATTN.get_path()
 
     platforms._current_platform = ProbeCpuPlatform()
+    # vLLM inspects model classes in a fresh interpreter so the parent never
+    # initialises CUDA. That child would detect the real platform (on a GPU host
+    # with no visible device it fails); the probe never touches CUDA, so the
+    # inspection runs here, under the CPU platform.
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda fn: fn()
     _installed = True
 
 
