@@ -27,6 +27,7 @@ from tooling.errors import (
 )
 from tooling.probes import ProbeTarget
 from tooling.verify import (
+    check_files,
     install_into_fresh_env,
     locate_in_site,
     locate_with_python,
@@ -200,3 +201,16 @@ def test_parse_require():
         parse_require("nine")
     result = CliRunner().invoke(main, ["verify", "--require", "x"])
     assert result.exit_code == ConfigError.exit_code
+
+
+def test_pip_target_layout_checks_clean(tmp_path, upstream_0201):
+    """`pip install --target` (how offline GPU hosts install) moves console scripts to
+    <target>/bin while RECORD still says ../../bin; integrity must follow them."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--target", str(tmp_path / "site"), str(upstream_0201.wheel)], check=True)
+    dist = locate_in_site(tmp_path / "site")
+    checked, problems = check_files(dist)
+    assert problems == [] and checked > 3000
+    (tmp_path / "site" / "bin" / "vllm").write_text("#!/bin/sh\necho tampered\n")
+    _, problems = check_files(dist)
+    assert [(p.kind, p.path) for p in problems] == [("modified", "../../bin/vllm")]

@@ -168,6 +168,18 @@ def read_record(dist: InstalledDist) -> list[tuple[str, str, str]]:
     return [(r[0], r[1], r[2]) for r in csv.reader(io.StringIO(text)) if r]
 
 
+def installed_path(site: Path, rel: str) -> Path:
+    """Where a RECORD entry lies. Entries outside site-packages (console scripts,
+    ``../../bin/vllm``) are relative to it in a virtualenv; ``pip --target``
+    moves the tree afterwards and they end up in ``<target>/bin`` instead."""
+    path = site / rel
+    if rel.startswith("../") and not path.exists():
+        moved = site / "bin" / Path(rel).name
+        if moved.exists():
+            return moved
+    return path
+
+
 def check_files(dist: InstalledDist, workers: int = 2) -> tuple[int, list[FileProblem]]:
     """Hash every RECORD file (in parallel: hashlib releases the GIL) and look for strays."""
     rows = read_record(dist)
@@ -176,7 +188,7 @@ def check_files(dist: InstalledDist, workers: int = 2) -> tuple[int, list[FilePr
 
     def check(row: tuple[str, str, str]) -> FileProblem | None:
         rel, hash_field, size = row
-        path = dist.site / rel
+        path = installed_path(dist.site, rel)
         algo, _, expected = hash_field.partition("=")
         if algo != "sha256":
             return FileProblem(rel, "modified", f"unsupported RECORD hash {algo}")
