@@ -20,6 +20,7 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m compileall -q tooling
 	touch $@
 
 probe-env: $(STAMP) ## Create the cached CPU interpreter the behavioural probes run in

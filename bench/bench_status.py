@@ -35,24 +35,38 @@ def main() -> int:
     catalog = load_bases(REPO_DIR / "patches" / "bases.toml")
     tooling = [sys.executable, "-m", "tooling", "--no-progress"]
     # Warm the cache: every release's sdist fetched and unpacked, bytecode compiled.
-    warm = subprocess.run([*tooling, "patch", "status", "--bases", "all", "--json",
-                           "--workers", str(args.workers)], capture_output=True, text=True)
-    root = Path(json.loads(subprocess.run([*tooling, "fetch", "--no-wheel", "--json"],
-                                          capture_output=True, text=True).stdout)["source_dir"])
+    warm = subprocess.run(
+        [*tooling, "patch", "status", "--bases", "all", "--json", "--workers", str(args.workers)],
+        capture_output=True,
+        text=True,
+    )
+    root = Path(
+        json.loads(
+            subprocess.run(
+                [*tooling, "fetch", "--no-wheel", "--json"], capture_output=True, text=True
+            ).stdout
+        )["source_dir"]
+    )
     start = time.perf_counter()
     run_probes(ProbeTarget(python=python, root=root, pycache=cache.root / "pycache"))
     one_probe = time.perf_counter() - start
     start = time.perf_counter()
-    result = subprocess.run([*tooling, "patch", "status", "--bases", "all", "--json",
-                             "--workers", str(args.workers)], capture_output=True, text=True)
+    result = subprocess.run(
+        [*tooling, "patch", "status", "--bases", "all", "--json", "--workers", str(args.workers)],
+        capture_output=True,
+        text=True,
+    )
     matrix_s = time.perf_counter() - start
     data = json.loads(result.stdout or warm.stdout)
     ids = [p.id for p in load_series(REPO_DIR / "patches" / "series.toml").patches]
     print(f"{'base':<8}" + "".join(f"{i:<26}" for i in ids))
     for entry in data["bases"]:
         report = entry["report"]
-        cells = ["error"] * len(ids) if report is None else [
-            o["status"] + ("!" if o["problem"] else "") for o in report["outcomes"]]
+        cells = (
+            ["error"] * len(ids)
+            if report is None
+            else [o["status"] + ("!" if o["problem"] else "") for o in report["outcomes"]]
+        )
         print(f"{entry['base']:<8}" + "".join(f"{c:<26}" for c in cells))
     floor = one_probe * len(catalog.bases) / args.workers
     print(f"{len(catalog.bases)} releases, {args.workers} workers")

@@ -53,19 +53,38 @@ def main() -> int:
         list_file.write_text("\0".join(files))
 
         def sha256sum() -> None:
-            subprocess.run(f"xargs -0 sha256sum < {list_file} > /dev/null", shell=True,
-                           check=True)
+            subprocess.run(f"xargs -0 sha256sum < {list_file} > /dev/null", shell=True, check=True)
 
         def cold_import() -> None:
-            env = {**os.environ, "PYTHONPYCACHEPREFIX": str(cache.root / "pycache"),
-                   "CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "WARNING"}
+            env = {
+                **os.environ,
+                "PYTHONPYCACHEPREFIX": str(cache.root / "pycache"),
+                "CUDA_VISIBLE_DEVICES": "",
+                "VLLM_LOGGING_LEVEL": "WARNING",
+            }
             env.pop("PYTHONDONTWRITEBYTECODE", None)
-            subprocess.run([str(python), "-c", IMPORTS], check=True, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [str(python), "-c", IMPORTS],
+                check=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
 
         def whole_verify() -> None:
-            subprocess.run([sys.executable, "-m", "tooling", "--no-progress", "verify",
-                            "--python", str(python)], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tooling",
+                    "--no-progress",
+                    "verify",
+                    "--python",
+                    str(python),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
 
         cold_import()  # bytecode into the shared prefix, as the probes would find it
         floor_hash = statistics.median(timed(sha256sum) for _ in range(args.runs))
@@ -77,8 +96,10 @@ def main() -> int:
     print(f"{'sha256sum over RECORD files (floor)':<52}{floor_hash:>10.2f}")
     print(f"{'integrity check (ours)':<52}{ours_hash:>10.2f}{ours_hash / floor_hash:>8.2f}")
     print(f"{'import of the probed vLLM modules (floor)':<52}{floor_import:>10.2f}")
-    print(f"{'tooling verify, whole (ours)':<52}{ours_verify:>10.2f}"
-          f"{ours_verify / floor_import:>8.2f}")
+    print(
+        f"{'tooling verify, whole (ours)':<52}{ours_verify:>10.2f}"
+        f"{ours_verify / floor_import:>8.2f}"
+    )
     print("goals: integrity <= 1.5x sha256sum; whole verify <= 1.5x the import")
     return 0
 

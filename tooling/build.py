@@ -148,13 +148,13 @@ class BuildOptions:
     source_date_epoch: int | None = None
 
 
-def _owners(repo: git.Repo, path: str) -> list[str]:
-    """Patch files (by trailer) of the series commits that touch ``path``."""
-    owners = []
+def patch_owners(repo: git.Repo) -> dict[str, list[str]]:
+    """Path -> patch files (by trailer) of the series commits that touch it, in order."""
+    owners: dict[str, list[str]] = {}
     for commit in worktree.series_commits(repo):
         touched = repo.git.diff_tree("--no-commit-id", "--name-only", "-r", commit.sha)
-        if path in touched.splitlines():
-            owners.append(commit.patch_file or commit.sha[:12])
+        for path in touched.splitlines():
+            owners.setdefault(path, []).append(commit.patch_file or commit.sha[:12])
     return owners
 
 
@@ -192,7 +192,8 @@ def build_precompiled(
     checker.shutdown(wait=False)
     repo = git.Repo(report.work_dir)
     paths = worktree.changed_files(repo, report.baseline, report.head)
-    changed = {p: _owners(repo, p) for p in paths}
+    owners = patch_owners(repo)
+    changed = {p: owners.get(p, []) for p in paths}
     check_compiled(series, changed)
 
     official = open_wheel(upstream.wheel)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import mmap
+import os
 import struct
 import zipfile
 import zlib
@@ -30,7 +32,8 @@ _CENTRAL_SIG = b"PK\x01\x02"
 _END_SIG = b"PK\x05\x06"
 _ZIP32_MAX = 0xFFFFFFFF
 _UTF8_FLAG = 0x800
-_COPY_CHUNK = 8 << 20
+#: Members at least this large are copied by the kernel (copy_file_range).
+_KERNEL_COPY_MIN = 1 << 20
 
 
 def record_hash(data: bytes) -> str:
@@ -98,6 +101,29 @@ class _HashingWriter:
         if len(self._pending) >= self._BATCH:
             self._flush()
 
+    def copy_range(self, src_fd: int, start: int, size: int, view: memoryview) -> None:
+        """Append ``size`` bytes of the source at ``start``; ``view`` is those bytes (mmap).
+
+        The kernel copies file to file (``copy_file_range``, as ``cp`` does) and
+        the digest reads the mapped source, so the bytes never pass through a
+        Python buffer.
+        """
+        self._flush()
+        self._out.flush()
+        out_fd = self._out.fileno()
+        done = 0
+        try:
+            while done < size:
+                copied = os.copy_file_range(src_fd, out_fd, size - done, start + done)
+                if copied == 0:
+                    raise ArchiveError("source wheel is truncated")
+                done += copied
+        except OSError:
+            # Filesystems or kernels without copy_file_range: plain writes.
+            self._out.write(view[done:size])
+        self._last = self._pool.submit(self._sha256.update, view)
+        self.offset += size
+
     def _flush(self) -> None:
         if self._pending:
             self._last = self._pool.submit(self._sha256.update, bytes(self._pending))
@@ -149,76 +175,91 @@ def write_wheel(target: BinaryIO, source_path: Path, members: Iterable[Member]) 
 
 def _write(out: _HashingWriter, source_path: Path, members: Iterable[Member]) -> str:
     central: list[bytes] = []
-    with open(source_path, "rb") as src:
-        for member in members:
-            name = member.name.encode("utf-8")
-            if isinstance(member, CopiedMember):
-                info = member.source
-                method, crc = info.compress_type, info.CRC
-                csize, usize = info.compress_size, info.file_size
-                date_time, attr = info.date_time, info.external_attr
-                start = _data_offset(src, info)
-            else:
-                data = member.data
-                compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
-                payload = compressor.compress(data) + compressor.flush()
-                method, crc = zipfile.ZIP_DEFLATED, zlib.crc32(data)
-                csize, usize = len(payload), len(data)
-                date_time, attr = member.date_time, member.external_attr
-            if max(csize, usize, out.offset) >= _ZIP32_MAX:
-                raise BuildError(f"{member.name}: needs zip64, which this writer does not do")
-            flags = _UTF8_FLAG if not member.name.isascii() else 0
-            dos_time, dos_date = _dos(date_time)
-            offset = out.offset
-            out.write(
-                _LOCAL.pack(
-                    _LOCAL_SIG,
-                    20,
-                    flags,
-                    method,
-                    dos_time,
-                    dos_date,
-                    crc,
-                    csize,
-                    usize,
-                    len(name),
-                    0,
-                )
-                + name
+    with open(source_path, "rb") as src, mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        source = memoryview(mm)
+        try:
+            return _write_members(out, src, source, members, central)
+        finally:
+            # The digest has consumed every slice by now; the map can close.
+            source.release()
+
+
+def _write_members(
+    out: _HashingWriter,
+    src: BinaryIO,
+    source: memoryview,
+    members: Iterable[Member],
+    central: list[bytes],
+) -> str:
+    for member in members:
+        name = member.name.encode("utf-8")
+        if isinstance(member, CopiedMember):
+            info = member.source
+            method, crc = info.compress_type, info.CRC
+            csize, usize = info.compress_size, info.file_size
+            date_time, attr = info.date_time, info.external_attr
+            start = _data_offset(src, info)
+        else:
+            data = member.data
+            compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+            payload = compressor.compress(data) + compressor.flush()
+            method, crc = zipfile.ZIP_DEFLATED, zlib.crc32(data)
+            csize, usize = len(payload), len(data)
+            date_time, attr = member.date_time, member.external_attr
+        if max(csize, usize, out.offset) >= _ZIP32_MAX:
+            raise BuildError(f"{member.name}: needs zip64, which this writer does not do")
+        flags = _UTF8_FLAG if not member.name.isascii() else 0
+        dos_time, dos_date = _dos(date_time)
+        offset = out.offset
+        out.write(
+            _LOCAL.pack(
+                _LOCAL_SIG,
+                20,
+                flags,
+                method,
+                dos_time,
+                dos_date,
+                crc,
+                csize,
+                usize,
+                len(name),
+                0,
             )
-            if isinstance(member, CopiedMember):
-                src.seek(start)
-                remaining = csize
-                while remaining:
-                    block = src.read(min(_COPY_CHUNK, remaining))
-                    if not block:
-                        raise ArchiveError(f"{member.name}: source wheel is truncated")
-                    out.write(block)
-                    remaining -= len(block)
+            + name
+        )
+        if isinstance(member, CopiedMember):
+            if start + csize > len(source):
+                raise ArchiveError(f"{member.name}: source wheel is truncated")
+            data_view = source[start : start + csize]
+            if csize >= _KERNEL_COPY_MIN:
+                out.copy_range(src.fileno(), start, csize, data_view)
             else:
-                out.write(payload)
-            central.append(
-                _CENTRAL.pack(
-                    _CENTRAL_SIG,
-                    (3 << 8) | 20,
-                    20,
-                    flags,
-                    method,
-                    dos_time,
-                    dos_date,
-                    crc,
-                    csize,
-                    usize,
-                    len(name),
-                    0,
-                    0,
-                    0,
-                    0,
-                    attr,
-                    offset,
-                )
-                + name
+                # Small members: one buffered write beats a system call pair.
+                out.write(data_view)
+        else:
+            out.write(payload)
+        central.append(
+            _CENTRAL.pack(
+                _CENTRAL_SIG,
+                (3 << 8) | 20,
+                20,
+                flags,
+                method,
+                dos_time,
+                dos_date,
+                crc,
+                csize,
+                usize,
+                len(name),
+                0,
+                0,
+                0,
+                0,
+                attr,
+                offset,
             )
+            + name
+        )
     directory_offset = out.offset
     for entry in central:
         out.write(entry)
