@@ -58,7 +58,7 @@ RELEASE_STATUS_BASES ?= 0.20.1,0.22.0,0.26.0,0.33.0
 release: wheel ## Wheel, SHA256SUMS, manifest, runtime lock and release notes in dist/
 	$(TOOLING) patch status --bases $(RELEASE_STATUS_BASES) --json > $(DIST)/.status.json
 	mv $(DIST)/.status.json $(DIST)/status.json
-	$(TOOLING) bundle lock --output $(DIST)/vllm-runtime.lock
+	$(TOOLING) bundle --wheel "$$(ls $(DIST)/vllm-*.whl)" --lock-only $(DIST)/vllm-runtime.lock
 	$(TOOLING) release --dist $(DIST) --status-json $(DIST)/status.json \
 	  --include $(DIST)/vllm-runtime.lock --include $(DIST)/status.json
 

@@ -131,6 +131,15 @@ def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
         click.echo(human)
 
 
+def probe_python_option(f):
+    return click.option(
+        "--probe-python",
+        type=click.Path(path_type=Path, exists=True),
+        help="Interpreter that runs the probes: it must import torch and vLLM's dependencies "
+        "(default: $TOOLING_PROBE_PYTHON, else the cached probe environment).",
+    )(f)
+
+
 def base_options(f):
     f = click.option(
         "--base",
@@ -345,11 +354,7 @@ def _fail_unless_ok(report: SeriesReport, settings: Settings) -> None:
 )
 @click.option("--keep-going", is_flag=True, help="Report every later patch after a conflict.")
 @click.option("--skip", multiple=True, metavar="PATCH_ID", help="Leave a patch out.")
-@click.option(
-    "--probe-python",
-    type=click.Path(path_type=Path, exists=True),
-    help="Interpreter for the probes (default: $TOOLING_PROBE_PYTHON or the cached env).",
-)
+@probe_python_option
 @json_option
 @click.pass_context
 def patch(
@@ -555,7 +560,7 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
     "--dist", "dist_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True
 )
 @click.option("--work-dir", type=click.Path(path_type=Path))
-@click.option("--probe-python", type=click.Path(path_type=Path, exists=True))
+@probe_python_option
 @click.option("--no-probes", is_flag=True, help="Build without behavioural checks.")
 @click.option(
     "--use-precompiled-kernels",
@@ -738,11 +743,7 @@ def probe_env(ctx: click.Context, dflash_path: bool) -> None:
     show_default=True,
     help="Fixes that must be present: all, or e.g. 1,3 (numbers, patch ids, probes).",
 )
-@click.option(
-    "--probe-python",
-    type=click.Path(path_type=Path, exists=True),
-    help="With --site-packages: the interpreter that imports it (default: probe env).",
-)
+@probe_python_option
 @json_option
 @click.pass_context
 def verify_command(
@@ -873,32 +874,12 @@ def release_command(
 
 def _install_wheel_for_smoke(wheel: Path, folder: Path) -> Path:
     """pip-install ``wheel`` into ``folder`` (--target, no deps) for the smoke to import."""
-    import subprocess
-
     from .errors import SmokeError
+    from .install import pip_install
 
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-index",
-            "--disable-pip-version-check",
-            "--upgrade",
-            "--target",
-            str(folder),
-            str(wheel),
-        ],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["?"])[-1]
-        raise SmokeError(f"pip could not install {wheel.name} for the smoke: {tail}")
+    failure = pip_install(wheel, target=folder)
+    if failure is not None:
+        raise SmokeError(f"pip could not install {wheel.name} for the smoke: {failure}")
     return folder
 
 

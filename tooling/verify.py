@@ -16,7 +16,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from .errors import ConfigError, VllmNotFoundError
 from .fsutil import CHUNK
+from .install import pip_install
 from .manifest import MANIFEST_NAME, BuildManifest
 from .probes import ABSENT, ALL_PROBES, PRESENT, ProbeResult, ProbeTarget, start_probes
 
@@ -309,25 +309,7 @@ def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
         check=True,
     ).stdout.strip()
     (Path(own) / "dflash-probe-deps.pth").write_text(purelib + "\n")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-index",
-            "--disable-pip-version-check",
-            str(wheel),
-        ],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["?"])[-1]
-        raise VllmNotFoundError(f"pip could not install {wheel.name}: {tail}")
+    failure = pip_install(wheel, python=python)
+    if failure is not None:
+        raise VllmNotFoundError(f"pip could not install {wheel.name}: {failure}")
     return python

@@ -15,10 +15,11 @@ import json
 import os
 import sys
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .child import exit_now, serve
 
 SPEC = "vllm:spec_decode_"
 
@@ -329,22 +330,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "run":
         print("usage: python -m tooling.smoke.acceptance run IN.json OUT.json", file=sys.stderr)
         return 2
-    request = json.loads(Path(argv[1]).read_text())
-    try:
-        result: dict[str, Any] = {"ok": True, **run_engine(request)}
-    except Exception as e:
-        result = {
-            "ok": False,
-            "error": f"{type(e).__name__}: {str(e).strip()[:300]}",
-            "traceback": traceback.format_exc()[-4000:],
-        }
-    Path(argv[2]).write_text(json.dumps(result) + "\n")
-    return 0 if result["ok"] else 1
+    return serve(Path(argv[1]), Path(argv[2]), run_engine)
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # vLLM's engine threads can keep the interpreter alive after the result is written.
-    os._exit(code)
+    exit_now(main(sys.argv[1:]))

@@ -19,15 +19,15 @@ Attribute paths checked against vLLM 0.20.1:
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import random
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .child import exit_now, serve
 
 
 @dataclass
@@ -218,25 +218,10 @@ def run(request: EngineRunInput) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """Run the request in ``argv[0]`` and write the result to ``argv[1]``; 0 when it ran."""
-    in_path, out_path = Path(argv[0]), Path(argv[1])
-    request = EngineRunInput.from_json(json.loads(in_path.read_text(encoding="utf-8")))
-    try:
-        result: dict[str, Any] = {"ok": True, **run(request)}
-    except Exception as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        result = {
-            "ok": False,
-            "error": f"{type(e).__name__}: {message}",
-            "traceback": traceback.format_exc()[-4000:],
-        }
-    out_path.write_text(json.dumps(result) + "\n", encoding="utf-8")
-    return 0 if result["ok"] else 1
+    return serve(
+        Path(argv[0]), Path(argv[1]), lambda request: run(EngineRunInput.from_json(request))
+    )
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # vLLM's engine threads can keep the interpreter alive after the result is
-    # written; leave now rather than wait for the parent's time limit.
-    os._exit(code)
+    exit_now(main(sys.argv[1:]))

@@ -18,12 +18,12 @@ interpreter with torch, transformers and the reference ``dflash`` package.
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .child import serve
 
 NEAR_TIE = 0.05
 """Logit margin under which a mismatch is reported as a near tie (bf16 noise scale)."""
@@ -250,19 +250,9 @@ def compare(request: FidelityInput) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """Compare the proposals in ``argv[0]``; write the verdict to ``argv[1]``; 0 when it ran."""
-    in_path, out_path = Path(argv[0]), Path(argv[1])
-    request = FidelityInput.from_json(json.loads(in_path.read_text(encoding="utf-8")))
-    try:
-        result: dict[str, Any] = {"ok": True, **compare(request)}
-    except Exception as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        result = {
-            "ok": False,
-            "error": f"{type(e).__name__}: {message}",
-            "traceback": traceback.format_exc()[-4000:],
-        }
-    out_path.write_text(json.dumps(result) + "\n", encoding="utf-8")
-    return 0 if result["ok"] else 1
+    return serve(
+        Path(argv[0]), Path(argv[1]), lambda request: compare(FidelityInput.from_json(request))
+    )
 
 
 if __name__ == "__main__":

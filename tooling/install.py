@@ -1,0 +1,30 @@
+"""A real ``pip install`` of one wheel, offline and without dependencies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def pip_install(
+    wheel: Path, *, python: Path | None = None, target: Path | None = None
+) -> str | None:
+    """Install ``wheel`` into ``python``'s environment (pip --python) or into ``target``.
+
+    --no-deps --no-index: the wheel is what is under test; what it needs comes
+    from elsewhere (a .pth to the probe environment, an offline bundle).
+    Returns None on success, else the last line pip printed.
+    """
+    cmd = [sys.executable, "-m", "pip"]
+    if python is not None:
+        cmd += ["--python", str(python)]
+    cmd += ["install", "--quiet", "--no-deps", "--no-index", "--disable-pip-version-check"]
+    if target is not None:
+        cmd += ["--upgrade", "--target", str(target)]
+    result = subprocess.run(
+        [*cmd, str(wheel)], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    if result.returncode == 0:
+        return None
+    return (result.stderr.strip().splitlines() or ["pip failed"])[-1]
