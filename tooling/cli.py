@@ -131,6 +131,36 @@ def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
         click.echo(human)
 
 
+def cache_options(f):
+    """--offline and --cache-dir after the command name too (`tooling fetch --offline`)."""
+
+    def offline(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+        if value:
+            ctx.ensure_object(Settings).offline = True
+        return value
+
+    def cache_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+        if value is not None:
+            ctx.ensure_object(Settings).cache = CacheLayout(value)
+
+    f = click.option(
+        "--offline",
+        "offline_here",
+        is_flag=True,
+        expose_value=False,
+        callback=offline,
+        help="Use only the cache; never touch the network.",
+    )(f)
+    return click.option(
+        "--cache-dir",
+        "cache_dir_here",
+        type=click.Path(path_type=Path),
+        expose_value=False,
+        callback=cache_dir,
+        help="Artifact cache (as the group option).",
+    )(f)
+
+
 def probe_python_option(f):
     return click.option(
         "--probe-python",
@@ -141,6 +171,7 @@ def probe_python_option(f):
 
 
 def base_options(f):
+    f = cache_options(f)
     f = click.option(
         "--base",
         "base_version",

@@ -10,6 +10,8 @@ vLLM wheels and is refused rather than written wrong.
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import hashlib
 import mmap
 import os
@@ -34,6 +36,8 @@ _ZIP32_MAX = 0xFFFFFFFF
 _UTF8_FLAG = 0x800
 #: Members at least this large are copied by the kernel (copy_file_range).
 _KERNEL_COPY_MIN = 1 << 20
+#: copy_file_range's ways of saying "not here" (old kernels, other filesystems).
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
 
 
 def record_hash(data: bytes) -> str:
@@ -118,7 +122,9 @@ class _HashingWriter:
                 if copied == 0:
                     raise ArchiveError("source wheel is truncated")
                 done += copied
-        except OSError:
+        except OSError as e:
+            if e.errno not in _NO_KERNEL_COPY:
+                raise  # a full disk or a size limit is an error, not a reason to retry
             # Filesystems or kernels without copy_file_range: plain writes.
             self._out.write(view[done:size])
         self._last = self._pool.submit(self._sha256.update, view)
@@ -175,13 +181,15 @@ def write_wheel(target: BinaryIO, source_path: Path, members: Iterable[Member]) 
 
 def _write(out: _HashingWriter, source_path: Path, members: Iterable[Member]) -> str:
     central: list[bytes] = []
-    with open(source_path, "rb") as src, mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        source = memoryview(mm)
+    with open(source_path, "rb") as src:
+        mm = mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            return _write_members(out, src, source, members, central)
+            return _write_members(out, src, memoryview(mm), members, central)
         finally:
-            # The digest has consumed every slice by now; the map can close.
-            source.release()
+            # On a failure its traceback still holds slices of the map, which is
+            # then unmapped when they go; the failure itself must surface.
+            with contextlib.suppress(BufferError):
+                mm.close()
 
 
 def _write_members(
