@@ -846,6 +846,15 @@ def verify_command(
         raise VerifyFixMissingError(f"required fix not present: {names}")
 
 
+def single_wheel(dist_dir: Path) -> Path:
+    """The one vllm-*.whl in ``dist_dir`` (a build's output), or a clear error."""
+    wheels = sorted(dist_dir.glob("vllm-*.whl"))
+    if len(wheels) != 1:
+        names = ", ".join(w.name for w in wheels) or "none"
+        raise BuildError(f"{dist_dir}: expected one vllm-*.whl, found {len(wheels)} ({names})")
+    return wheels[0]
+
+
 @main.command("release")
 @click.option(
     "--wheel",
@@ -884,11 +893,7 @@ def release_command(
     from .release import write_release
 
     settings = _settings(ctx)
-    if wheel is None:
-        wheels = sorted(dist_dir.glob("vllm-*.whl"))
-        if len(wheels) != 1:
-            raise BuildError(f"{dist_dir}: expected one vllm-*.whl, found {len(wheels)}")
-        wheel = wheels[0]
+    wheel = wheel or single_wheel(dist_dir)
     status = json.loads(status_json.read_text()) if status_json else None
     files = write_release(dist_dir, wheel, settings.series(), status, list(extra))
     emit(
@@ -1141,11 +1146,7 @@ def bundle_command(
     from . import bundle
 
     settings = _settings(ctx)
-    if wheel is None:
-        wheels = sorted(Path("dist").glob("vllm-*.whl"))
-        if len(wheels) != 1:
-            raise BuildError(f"dist/: expected one vllm-*.whl for the bundle, found {len(wheels)}")
-        wheel = wheels[0]
+    wheel = wheel or single_wheel(Path("dist"))
     base = settings.catalog().get(base_version)
     config = bundle.BundleConfig(
         wheel=wheel.resolve(),
