@@ -18,6 +18,7 @@ import git
 
 from . import worktree
 from .errors import SeriesError
+from .fsutil import atomic_write_text
 from .hunks import parse_diff, place_hunk
 from .probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from .series import Patch, Series
@@ -305,8 +306,6 @@ def report_path(work_dir: Path) -> Path:
 
 
 def save_report(work_dir: Path, report: SeriesReport) -> None:
-    from .fsutil import atomic_write_text
-
     atomic_write_text(report_path(work_dir), json.dumps(report.to_json(), indent=2) + "\n")
 
 

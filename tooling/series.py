@@ -17,9 +17,9 @@ from pathlib import Path
 
 from .errors import SeriesError
 from .fsutil import sha256_file
+from .probes import ALL_PROBES
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-PROBES = ("layer_offset", "swa_windows", "eagle_cache_drop")
 
 #: Paths whose change means the compiled kernels no longer match the source.
 COMPILED_PATTERNS = (
@@ -113,8 +113,8 @@ def _patch(entry: dict, index: int, folder: Path, where: str) -> Patch:
         raise SeriesError(f"{where}: missing key {missing}") from None
     if not _ID.match(patch_id):
         raise SeriesError(f"{where}: id {patch_id!r} is not lower-case-with-dashes")
-    if probe not in PROBES:
-        raise SeriesError(f"{where}: probe {probe!r} is not one of {', '.join(PROBES)}")
+    if probe not in ALL_PROBES:
+        raise SeriesError(f"{where}: probe {probe!r} is not one of {', '.join(ALL_PROBES)}")
     return patch
 
 

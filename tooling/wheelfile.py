@@ -219,22 +219,9 @@ def _write_members(
         flags = _UTF8_FLAG if not member.name.isascii() else 0
         dos_time, dos_date = _dos(date_time)
         offset = out.offset
-        out.write(
-            _LOCAL.pack(
-                _LOCAL_SIG,
-                20,
-                flags,
-                method,
-                dos_time,
-                dos_date,
-                crc,
-                csize,
-                usize,
-                len(name),
-                0,
-            )
-            + name
-        )
+        # The fields local and central headers share, in their common order.
+        shared = (flags, method, dos_time, dos_date, crc, csize, usize, len(name))
+        out.write(_LOCAL.pack(_LOCAL_SIG, 20, *shared, 0) + name)
         if isinstance(member, CopiedMember):
             if start + csize > len(source):
                 raise ArchiveError(f"{member.name}: source wheel is truncated")
@@ -247,26 +234,7 @@ def _write_members(
         else:
             out.write(payload)
         central.append(
-            _CENTRAL.pack(
-                _CENTRAL_SIG,
-                (3 << 8) | 20,
-                20,
-                flags,
-                method,
-                dos_time,
-                dos_date,
-                crc,
-                csize,
-                usize,
-                len(name),
-                0,
-                0,
-                0,
-                0,
-                attr,
-                offset,
-            )
-            + name
+            _CENTRAL.pack(_CENTRAL_SIG, (3 << 8) | 20, 20, *shared, 0, 0, 0, 0, attr, offset) + name
         )
     directory_offset = out.offset
     for entry in central:
