@@ -206,8 +206,21 @@ def test_parse_require():
 def test_pip_target_layout_checks_clean(tmp_path, upstream_0201):
     """`pip install --target` (how offline GPU hosts install) moves console scripts to
     <target>/bin while RECORD still says ../../bin; integrity must follow them."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--target", str(tmp_path / "site"), str(upstream_0201.wheel)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(tmp_path / "site"),
+            str(upstream_0201.wheel),
+        ],
+        check=True,
+    )
     dist = locate_in_site(tmp_path / "site")
     checked, problems = check_files(dist)
     assert problems == [] and checked > 3000
