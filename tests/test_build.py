@@ -18,7 +18,16 @@ from wheel.wheelfile import WheelFile
 
 from tooling import worktree
 from tooling.apply import apply_series
-from tooling.build import BuildOptions, build_precompiled, plan_identity, rewrite_wheel_file
+from tooling.build import (
+    VERSION_FILE,
+    VERSION_STAMP,
+    BuildOptions,
+    build_precompiled,
+    plan_identity,
+    rewrite_wheel_file,
+    runtime_version,
+    stamp_version,
+)
 from tooling.errors import ArchiveError, BuildError
 from tooling.manifest import MANIFEST_NAME, BuildManifest
 from tooling.sbom import SBOM_NAME
@@ -26,12 +35,18 @@ from tooling.sbom import SBOM_NAME
 from .conftest import apply_options, copy_tree
 
 OFFICIAL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
-TOUCHED = {
-    "vllm/v1/worker/gpu_model_runner.py",
-    "vllm/model_executor/models/qwen3_dflash.py",
-    "vllm/config/speculative.py",
-    "vllm/v1/core/sched/scheduler.py",
-}
+
+
+@pytest.fixture(scope="module")
+def touched(series) -> set[str]:
+    """Every member a build replaces: the series' files and the stamped version module."""
+    return {f for p in series.patches for f in p.files} | {VERSION_FILE}
+
+
+def load_version_module(text: str) -> dict:
+    namespace: dict = {}
+    exec(compile(text, VERSION_FILE, "exec"), namespace)
+    return namespace
 
 
 def raw(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
@@ -46,7 +61,7 @@ def raw(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
 
 
 def test_identity_keeps_platform_and_build_tag(built_wheel, series):
-    label = f"0.20.1+dflash.3.{series.digest[:8]}"
+    label = f"0.20.1+dflash.{len(series.patches)}.{series.digest[:8]}"
     assert built_wheel.version == label
     assert built_wheel.filename == f"vllm-{label}-1-cp38-abi3-manylinux_2_35_x86_64.whl"
     with zipfile.ZipFile(built_wheel.path) as zf:
@@ -57,12 +72,12 @@ def test_identity_keeps_platform_and_build_tag(built_wheel, series):
     assert f"Version: {label}" in metadata.splitlines()
 
 
-def test_unchanged_members_are_the_official_bytes(built_wheel, upstream_0201):
+def test_unchanged_members_are_the_official_bytes(built_wheel, upstream_0201, touched):
     with zipfile.ZipFile(upstream_0201.wheel) as off, zipfile.ZipFile(built_wheel.path) as out:
         ours = {i.filename: i for i in out.infolist()}
         copied = 0
         for info in off.infolist():
-            if info.filename in TOUCHED or ".dist-info/" in info.filename:
+            if info.filename in touched or ".dist-info/" in info.filename:
                 continue
             mine = ours[info.filename]
             assert (mine.CRC, mine.compress_size, mine.compress_type) == (
@@ -73,21 +88,23 @@ def test_unchanged_members_are_the_official_bytes(built_wheel, upstream_0201):
             if info.file_size > 10_000_000:  # the kernels: compare the stored bytes themselves
                 assert raw(out, mine) == raw(off, info), info.filename
             copied += 1
-        assert copied == len(off.infolist()) - len(TOUCHED) - 6
+        assert copied == len(off.infolist()) - len(touched) - 6
         big = [i.filename for i in off.infolist() if i.file_size > 70_000_000]
         assert "vllm/_C.abi3.so" in big
 
 
-def test_record_is_valid_and_patched_files_are_the_work_tree_heads(built_wheel, patched_0201):
+def test_record_is_valid_and_patched_files_are_the_work_tree_heads(
+    built_wheel, patched_0201, touched
+):
     repo = git.Repo(patched_0201.work_dir)
     with WheelFile(built_wheel.path) as wf:  # the `wheel` project's own RECORD check
         for info in wf.infolist():
             data = wf.read(info.filename)  # raises WheelError on a hash mismatch
-            if info.filename in TOUCHED:
+            if info.filename in touched - {VERSION_FILE}:
                 assert data == worktree.read_blob(repo, "HEAD", info.filename)
 
 
-def test_manifest_and_sbom(built_wheel, upstream_0201, series):
+def test_manifest_and_sbom(built_wheel, upstream_0201, series, touched):
     with zipfile.ZipFile(built_wheel.path) as zf:
         info = f"vllm-{built_wheel.version}.dist-info"
         manifest = BuildManifest.from_json(json.loads(zf.read(f"{info}/{MANIFEST_NAME}")))
@@ -101,7 +118,8 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series):
     assert [(p.id, p.status, p.probe_before, p.probe_after) for p in manifest.patches] == [
         (p.id, "applied", "absent", "present") for p in series.patches
     ]
-    assert {f.path for f in manifest.files} == TOUCHED
+    assert {f.path for f in manifest.files} == touched
+    assert manifest.owners(VERSION_FILE) == [VERSION_STAMP]
     assert manifest.owners("vllm/v1/core/sched/scheduler.py") == ["0003-eagle-cache-drop.patch"]
     for f in manifest.files:
         assert f.sha256_before != f.sha256_after
@@ -110,7 +128,28 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series):
     assert {"vllm", OFFICIAL} <= names
     patches = {f["fileName"] for f in sbom["files"]}
     assert patches == {f"./patches/{p.file.name}" for p in series.patches}
-    assert sum(r["relationshipType"] == "PATCH_APPLIED" for r in sbom["relationships"]) == 3
+    applied = sum(r["relationshipType"] == "PATCH_APPLIED" for r in sbom["relationships"])
+    assert applied == len(series.patches)
+
+
+def test_vllm_reports_the_stamped_version(built_wheel, upstream_0201):
+    """vllm.__version__ (what vLLM keys compiled graphs and /version by) is the build's."""
+    with zipfile.ZipFile(built_wheel.path) as zf, zipfile.ZipFile(upstream_0201.wheel) as off:
+        info = f"vllm-{built_wheel.version}.dist-info"
+        manifest = BuildManifest.from_json(json.loads(zf.read(f"{info}/{MANIFEST_NAME}")))
+        ours = load_version_module(zf.read(VERSION_FILE).decode())
+        stock = load_version_module(off.read(VERSION_FILE).decode())
+    label = built_wheel.version.split("+", 1)[1]
+    assert ours["__version__"] == manifest.runtime_version == built_wheel.version
+    assert ours["__version_tuple__"] == (0, 20, 1, label)
+    assert stock["__version__"] == "0.20.1" != ours["__version__"]
+    # Everything else in the module is setuptools-scm's, e.g. the commit id.
+    assert ours["__commit_id__"] == stock["__commit_id__"]
+
+
+def test_stamp_refuses_a_version_module_it_does_not_know():
+    with pytest.raises(BuildError, match="expected one line matching"):
+        stamp_version("__version__ = '0.20.1'\n", "0.20.1+dflash.6.abc")
 
 
 def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_0201, series, patched_0201):
@@ -128,7 +167,9 @@ def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache)
     partial = series.without(["dflash-swa-config"])
     report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
     result = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
-    assert result.version == f"0.20.1+dflash.2.{partial.digest[:8]}.skip.dflashswaconfig"
+    assert result.version == (
+        f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}.skip.dflashswaconfig"
+    )
     assert partial.digest != series.digest
     assert result.manifest.skipped == ["dflash-swa-config"]
     assert "vllm/model_executor/models/qwen3_dflash.py" not in {
@@ -139,6 +180,8 @@ def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache)
 def test_build_tag_mode(series):
     identity = plan_identity(OFFICIAL, series, build_tag="2")
     assert identity.filename == "vllm-0.20.1-2-cp38-abi3-manylinux_2_35_x86_64.whl"
+    # The file name must stay PyPI-clean, but vLLM still reports the series label.
+    assert runtime_version("0.20.1", series).startswith("0.20.1+dflash.")
     assert "Build: 2" in rewrite_wheel_file("Wheel-Version: 1.0\nTag: x\n", identity)
     with pytest.raises(BuildError, match="must be above the official build tag 1"):
         plan_identity(OFFICIAL, series, build_tag="1")

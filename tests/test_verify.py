@@ -27,6 +27,8 @@ from tooling.errors import (
 )
 from tooling.probes import ProbeTarget
 from tooling.verify import (
+    FIXES,
+    VersionIdentity,
     check_files,
     install_into_fresh_env,
     locate_in_site,
@@ -37,11 +39,15 @@ from tooling.verify import (
 
 from .conftest import apply_options
 
-ALL = [1, 2, 3]
+ALL = [number for number, _, _ in FIXES]
 
 
 def states(report) -> list[str]:
     return [f.state for f in report.fixes]
+
+
+def by_number(states: list[str]) -> dict[int, str]:
+    return dict(zip(ALL, states, strict=True))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -86,12 +92,16 @@ def test_patched_wheel_installs_and_verifies(
         if r
     }
     same = [p for p in official if p.startswith("vllm/") and installed.get(p) == official[p]]
-    assert len(same) == len([p for p in official if p.startswith("vllm/")]) - 4
+    replaced = {f.path for f in built_wheel.manifest.files}
+    assert len(same) == len([p for p in official if p.startswith("vllm/")]) - len(replaced)
     report = verify(dist, ProbeTarget(python=patched_env, pycache=cache.root / "pycache"), ALL)
     assert report.integrity_ok, report.problems
     assert report.files_checked > 3000
-    assert states(report) == ["present"] * 3
+    assert states(report) == ["present"] * len(ALL)
     assert report.manifest is not None and not report.missing_fixes
+    # vLLM itself reports the build's version, so its compile caches can tell it from stock.
+    assert report.identity.runtime == report.identity.stamped == built_wheel.version
+    assert report.identity.problem is None
 
 
 def test_site_packages_mode_and_json(patched_env, probe_python):
@@ -106,7 +116,8 @@ def test_site_packages_mode_and_json(patched_env, probe_python):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["ok"] and data["built_by_us"] and data["integrity"]["problems"] == []
-    assert [f["state"] for f in data["fixes"]] == ["present"] * 3
+    assert [f["state"] for f in data["fixes"]] == ["present"] * len(ALL)
+    assert data["identity"]["runtime"] == data["identity"]["stamped"] == data["vllm_version"]
 
 
 def test_tampered_file_is_named_with_its_patch(patched_env):
@@ -151,7 +162,8 @@ def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python)
     assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
     data = json.loads(result.stdout)
     assert data["integrity"]["ok"] and not data["built_by_us"]
-    assert [f["state"] for f in data["fixes"]] == ["absent"] * 3
+    assert [f["state"] for f in data["fixes"]] == ["absent"] * len(ALL)
+    assert data["identity"]["runtime"] == "0.20.1" and data["identity"]["stamped"] is None
     assert "(1, 16, 31, 46, 61)" in data["fixes"][0]["evidence"]
     assert "176 tokens from the prefix cache" in data["fixes"][2]["evidence"]
 
@@ -162,8 +174,11 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
     )
     assert report.integrity_ok
-    assert states(report) == ["present (upstream form)", "absent", "absent"]
-    assert [f.number for f in report.missing_fixes] == [2, 3]
+    expected = {1: "present (upstream form)", 2: "absent", 3: "absent", 6: "absent"}
+    assert by_number(states(report)) == expected
+    assert [f.number for f in report.missing_fixes] == [
+        n for n, s in expected.items() if s == "absent"
+    ]
     assert dataclasses.replace(report, required=[1]).missing_fixes == []
 
 
@@ -177,7 +192,8 @@ def test_a_build_without_a_patch_reports_that_fix_absent(
     result = verify(
         locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
     )
-    assert states(result) == ["present", "present", "absent (skipped in build)"]
+    expected = {n: "present" for n in ALL} | {3: "absent (skipped in build)"}
+    assert by_number(states(result)) == expected
     assert [f.number for f in result.missing_fixes] == [3]
 
 
@@ -195,7 +211,7 @@ def test_no_vllm_is_its_own_exit_code(tmp_path):
 
 
 def test_parse_require():
-    assert parse_require("all") == [1, 2, 3]
+    assert parse_require("all") == ALL
     assert parse_require("3,dflash-layer-id-offset,swa_windows") == [1, 2, 3]
     with pytest.raises(ConfigError, match="--require 'nine'"):
         parse_require("nine")
@@ -227,3 +243,16 @@ def test_pip_target_layout_checks_clean(tmp_path, upstream_0201):
     (tmp_path / "site" / "bin" / "vllm").write_text("#!/bin/sh\necho tampered\n")
     _, problems = check_files(dist)
     assert [(p.kind, p.path) for p in problems] == [("modified", "../../bin/vllm")]
+
+
+def test_identity_names_a_version_vllm_does_not_report():
+    """A stamped build whose vllm.__version__ says otherwise is another vLLM (exit 14)."""
+    ok = VersionIdentity("0.20.1+dflash.6.ab", "0.20.1+dflash.6.ab", "0.20.1+dflash.6.ab", True)
+    assert ok.problem is None and "vllm.__version__ 0.20.1+dflash.6.ab" in ok.describe()
+    shadowed = dataclasses.replace(ok, runtime="0.20.1")
+    assert shadowed.problem is not None and "but the build stamped 0.20.1+dflash.6.ab" in (
+        shadowed.problem
+    )
+    unstamped = VersionIdentity("0.20.1+dflash.3.ab", "0.20.1", None, True)
+    assert unstamped.problem is None
+    assert "cannot tell it from stock" in unstamped.describe()

@@ -46,6 +46,10 @@ from .wheelfile import (
 )
 
 LOCAL_LABEL = "dflash"
+#: The module vLLM reads ``vllm.__version__`` from; the build stamps it (see ``stamp_version``).
+VERSION_FILE = "vllm/_version.py"
+#: The owner the manifest names for the stamped VERSION_FILE (it belongs to no patch).
+VERSION_STAMP = "version-stamp"
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,7 @@ def plan_identity(
     tags = "-".join(stem[-3:])
     dist = stem[0]
     if build_tag is None:
-        label = f"{LOCAL_LABEL}.{len(series.patches)}.{series.digest[:8]}"
-        if series.skipped:
-            label += ".skip." + ".".join(s.replace("-", "") for s in series.skipped)
-        new_version = f"{version.public}+{label}"
-        Version(new_version)
+        new_version = runtime_version(str(version), series)
         keep = f"{official_build[0]}{official_build[1]}" if official_build else None
         return WheelIdentity(dist, new_version, keep, tags)
     if not re.fullmatch(r"\d+[A-Za-z0-9_]*", build_tag):
@@ -95,6 +95,54 @@ def plan_identity(
             f"--build-tag {build_tag}: must be above the official build tag {official_build[0]}"
         )
     return WheelIdentity(dist, str(version), build_tag, tags)
+
+
+def runtime_version(base_version: str, series: Series) -> str:
+    """The version a build of ``series`` reports as ``vllm.__version__`` (pure).
+
+    The base version plus the local label ``dflash.<patches>.<series digest>``
+    (and the skipped patches): whatever the wheel's file name, vLLM's own
+    caches (compiled graphs, keyed by ``vllm.__version__`` among others) and
+    ``/version`` must tell this build from stock and from other series.
+    """
+    label = f"{LOCAL_LABEL}.{len(series.patches)}.{series.digest[:8]}"
+    if series.skipped:
+        label += ".skip." + ".".join(s.replace("-", "") for s in series.skipped)
+    stamped = f"{Version(base_version).public}+{label}"
+    Version(stamped)
+    return stamped
+
+
+_VERSION_LINE = re.compile(r"^__version__ = version = .*$", re.M)
+_VERSION_TUPLE_LINE = re.compile(r"^__version_tuple__ = version_tuple = .*$", re.M)
+
+
+def stamp_version(text: str, version: str) -> str:
+    """``vllm/_version.py`` (as setuptools-scm writes it) reporting ``version`` (pure).
+
+    The tuple keeps setuptools-scm's shape: the release numbers, then the
+    local label as one string (vLLM reads its first two items).
+    """
+    parsed = Version(version)
+    items = [*parsed.release] + ([parsed.local] if parsed.local else [])
+    for pattern, line in (
+        (_VERSION_LINE, f"__version__ = version = {version!r}"),
+        (_VERSION_TUPLE_LINE, f"__version_tuple__ = version_tuple = {tuple(items)!r}"),
+    ):
+        text, count = pattern.subn(line, text)
+        if count != 1:
+            raise BuildError(
+                f"{VERSION_FILE}: expected one line matching {pattern.pattern!r}, found {count}"
+            )
+    return text
+
+
+def version_stamp(source: zipfile.ZipFile, version: str) -> tuple[bytes, ChangedFile]:
+    """The stamped VERSION_FILE for a wheel built from ``source``, and its manifest entry."""
+    before = read_member(source, VERSION_FILE)
+    after = stamp_version(before.decode("utf-8"), version).encode("utf-8")
+    entry = ChangedFile(VERSION_FILE, [VERSION_STAMP], sha256_bytes(before), sha256_bytes(after))
+    return after, entry
 
 
 def rewrite_metadata(text: str, version: str) -> str:
@@ -196,12 +244,19 @@ def build_precompiled(
     changed = {p: owners.get(p, []) for p in paths}
     check_compiled(series, changed)
 
+    if VERSION_FILE in changed:
+        raise BuildError(
+            f"patch {', '.join(changed[VERSION_FILE])} edits {VERSION_FILE}, "
+            "which the build stamps with the series label"
+        )
     official = open_wheel(upstream.wheel)
     by_name = {info.filename: info for info in official.infolist()}
     identity = plan_identity(upstream.wheel.name, series, options.build_tag)
+    stamped = runtime_version(upstream.base.version, series)
     epoch = options.source_date_epoch
-    new_content: dict[str, bytes | None] = {}
-    files: list[ChangedFile] = []
+    version_file, stamp_entry = version_stamp(official, stamped)
+    new_content: dict[str, bytes | None] = {VERSION_FILE: version_file}
+    files: list[ChangedFile] = [stamp_entry]
     notes: list[str] = []
     for path, owners in changed.items():
         before = _blob(repo, report.baseline, path)
@@ -229,7 +284,9 @@ def build_precompiled(
             )
         )
 
-    manifest = make_manifest(upstream, series, report, identity, "precompiled", files, epoch, notes)
+    manifest = make_manifest(
+        upstream, series, report, identity, stamped, "precompiled", files, epoch, notes
+    )
     target = options.dist_dir / identity.filename
     digest = assemble(
         official, identity, new_content, manifest, epoch, target, check_source=wheel_check.result
@@ -252,6 +309,7 @@ def make_manifest(
     series: Series,
     report: SeriesReport,
     identity: WheelIdentity,
+    stamped_version: str,
     mode: str,
     files: list[ChangedFile],
     epoch: int | None,
@@ -260,6 +318,7 @@ def make_manifest(
     """What went into a build: upstream artifacts, each patch's status and probes, each file."""
     return BuildManifest(
         version=identity.version,
+        runtime_version=stamped_version,
         base_version=upstream.base.version,
         mode=mode,
         source=upstream.source,

@@ -821,7 +821,7 @@ def verify_command(
         if report.manifest
         else "not built by us"
     )
-    lines = [f"vllm {dist.version} at {dist.site} ({built})"]
+    lines = [f"vllm {dist.version} at {dist.site} ({built})", report.identity.describe()]
     lines += [
         f"{p.kind}: {p.path}"
         + (f" ({p.detail})" if p.detail else "")
@@ -835,6 +835,8 @@ def verify_command(
         )
     )
     emit(settings, report.to_json(), "\n".join(lines))
+    if report.identity.problem:
+        raise VerifyIntegrityError(report.identity.problem)
     if not report.integrity_ok:
         first = report.problems[0]
         raise VerifyIntegrityError(

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MANIFEST_NAME = "dflash_build.json"
-SCHEMA = 1
+#: 2: ``runtime_version``, the version stamped into vllm/_version.py.
+SCHEMA = 2
 
 
 @dataclass
@@ -49,6 +50,8 @@ class BuildManifest:
     toolchain: dict[str, str]
     build_tag: str | None = None
     source_date_epoch: int | None = None
+    runtime_version: str | None = None
+    """What ``vllm.__version__`` reports (None: a schema-1 build, not stamped)."""
     schema: int = SCHEMA
     notes: list[str] = field(default_factory=list)
 

@@ -24,7 +24,16 @@ from pathlib import Path
 import git
 
 from .apply import SeriesReport
-from .build import BuildResult, assemble, identity_of, make_manifest, plan_identity
+from .build import (
+    VERSION_FILE,
+    BuildResult,
+    assemble,
+    identity_of,
+    make_manifest,
+    plan_identity,
+    runtime_version,
+    version_stamp,
+)
 from .errors import BuildError, EnvironmentProblem
 from .gitsource import export_tree
 from .series import Series
@@ -184,19 +193,31 @@ def build_from_source(
             raise BuildError(f"vLLM's build failed (exit {proc.returncode}, log {log}): {tail[0]}")
         (built,) = out_dir.glob("*.whl")
         identity = identity_of(built.name)
-        manifest = make_manifest(
-            upstream,
-            series,
-            report,
-            identity,
-            "source",
-            [],
-            options.source_date_epoch,
-            [f"built by vLLM's own setup.py (log {log.name})"],
-        )
+        stamped = runtime_version(upstream.base.version, series)
         target = options.dist_dir / identity.filename
         with open_wheel(built) as produced:
-            digest = assemble(produced, identity, {}, manifest, options.source_date_epoch, target)
+            # setuptools-scm wrote the wheel's version; with --build-tag that is the
+            # bare base version, so the stamp is applied here as in precompiled mode.
+            version_file, stamp_entry = version_stamp(produced, stamped)
+            manifest = make_manifest(
+                upstream,
+                series,
+                report,
+                identity,
+                stamped,
+                "source",
+                [stamp_entry],
+                options.source_date_epoch,
+                [f"built by vLLM's own setup.py (log {log.name})"],
+            )
+            digest = assemble(
+                produced,
+                identity,
+                {VERSION_FILE: version_file},
+                manifest,
+                options.source_date_epoch,
+                target,
+            )
     return BuildResult(
         path=target,
         filename=target.name,

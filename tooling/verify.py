@@ -32,6 +32,7 @@ FIXES = (
     (1, "dflash-layer-id-offset", "layer_offset"),
     (2, "dflash-swa-config", "swa_windows"),
     (3, "eagle-cache-drop", "eagle_cache_drop"),
+    (6, "dflash-compile-key", "compile_key"),
 )
 
 _LOCATE = r"""
@@ -79,6 +80,44 @@ class FixStatus:
     form: str | None = None
 
 
+@dataclass(frozen=True)
+class VersionIdentity:
+    """Which build this is, as pip, vLLM itself and our manifest each say.
+
+    vLLM keys its compiled-graph caches (and ``/version``) by
+    ``vllm.__version__``, so a build that reports stock's version shares
+    stock's compiled graphs.
+    """
+
+    metadata: str
+    """The version in the distribution's METADATA (what pip shows)."""
+    runtime: str | None
+    """``vllm.__version__`` as the probed interpreter imports it (None: import failed)."""
+    stamped: str | None
+    """What our build stamped into vllm/_version.py (None: not ours, or an unstamped build)."""
+    built_by_us: bool
+
+    @property
+    def problem(self) -> str | None:
+        if self.stamped is not None and self.runtime is not None and self.runtime != self.stamped:
+            return (
+                f"vllm.__version__ is {self.runtime} but the build stamped {self.stamped} "
+                "(another vLLM is imported first, or vllm/_version.py was replaced)"
+            )
+        return None
+
+    def describe(self) -> str:
+        runtime = self.runtime or "unknown (vLLM did not import)"
+        if self.problem:
+            return f"identity: {self.problem}"
+        if self.built_by_us and self.stamped is None:
+            return (
+                f"identity: vllm.__version__ {runtime} is not stamped by the build: compiled-graph "
+                "caches cannot tell it from stock vLLM"
+            )
+        return f"identity: vllm.__version__ {runtime}, METADATA {self.metadata}"
+
+
 @dataclass
 class VerifyReport:
     dist: InstalledDist
@@ -87,10 +126,11 @@ class VerifyReport:
     manifest: BuildManifest | None
     fixes: list[FixStatus]
     required: list[int]
+    identity: VersionIdentity
 
     @property
     def integrity_ok(self) -> bool:
-        return not self.problems
+        return not self.problems and self.identity.problem is None
 
     @property
     def missing_fixes(self) -> list[FixStatus]:
@@ -105,6 +145,7 @@ class VerifyReport:
             "location": str(self.dist.site),
             "dist_info": self.dist.dist_info,
             "built_by_us": self.manifest is not None,
+            "identity": {**asdict(self.identity), "problem": self.identity.problem},
             "manifest": asdict(self.manifest) if self.manifest else None,
             "integrity": {
                 "ok": self.integrity_ok,
@@ -249,7 +290,8 @@ def parse_require(spec: str) -> list[int]:
     for token in (t.strip() for t in spec.split(",") if t.strip()):
         match = [n for n, pid, probe in FIXES if token in (str(n), pid, probe)]
         if not match:
-            raise ConfigError(f"--require {token!r}: not a fix (1, 2, 3, a patch id or a probe)")
+            numbers = ", ".join(str(n) for n, _, _ in FIXES)
+            raise ConfigError(f"--require {token!r}: not a fix ({numbers}, a patch id or a probe)")
         wanted += match
     return sorted(set(wanted))
 
@@ -281,7 +323,13 @@ def verify(
                 result.form,
             )
         )
-    return VerifyReport(dist, files_checked, problems, manifest, fixes, required)
+    identity = VersionIdentity(
+        metadata=dist.version,
+        runtime=run.vllm_version,
+        stamped=manifest.runtime_version if manifest else None,
+        built_by_us=manifest is not None,
+    )
+    return VerifyReport(dist, files_checked, problems, manifest, fixes, required, identity)
 
 
 def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
