@@ -75,7 +75,8 @@ class EngineSettings:
     max_model_len: int = 1024
     gpu_memory_utilization: float = 0.3
     seed: int = 0
-    block_size: int = 16
+    block_size: int | None = 16
+    """None: vLLM's choice (a hybrid target's attention blocks follow the Mamba page)."""
     enforce_eager: bool = False
     """False: vLLM's default, compiled graphs with CUDA graphs (how operators run it)."""
     kv_cache_dtype: str = "auto"
@@ -249,6 +250,36 @@ def find_model_file(model: str, filename: str) -> Path:
             "(the smoke runs offline: download the model first)"
         )
     return Path(cached)
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the smoke must know of the target to start it right."""
+
+    hybrid: bool
+    """Linear-attention (Mamba-like) layers beside attention: vLLM sizes its blocks."""
+    multimodal: bool
+    """A vision tower in the checkpoint: served with ``--language-model-only``."""
+
+
+def target_info_from_config(config: dict[str, Any]) -> TargetInfo:
+    text = config.get("text_config") or config
+    layer_types = text.get("layer_types") or ()
+    return TargetInfo(
+        hybrid=any(
+            t != "full_attention" and "attention" in t and "sliding" not in t for t in layer_types
+        ),
+        multimodal="vision_config" in config,
+    )
+
+
+def read_target_info(target: str) -> TargetInfo:
+    path = find_model_file(target, "config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SmokeError(f"{path}: cannot read the target config: {e}") from None
+    return target_info_from_config(config)
 
 
 def read_drafter_info(drafter: str) -> DrafterInfo:
