@@ -32,10 +32,12 @@ STANDIN_MAIN = textwrap.dedent(
     parser.add_argument("model")
     for flag in ("--host", "--port", "--served-model-name", "--attention-backend",
                  "--max-model-len", "--gpu-memory-utilization", "--seed", "--block-size",
+                 "--kv-cache-dtype",                 "--tensor-parallel-size", "--max-num-seqs",
                  "--generation-config", "--speculative-config"):
         parser.add_argument(flag)
     for flag in ("--enable-prompt-tokens-details", "--enable-prefix-caching",
-                 "--no-enable-prefix-caching", "--enforce-eager"):
+                 "--no-enable-prefix-caching", "--enforce-eager",
+                 "--language-model-only"):
         parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
     stock = os.environ.get("STANDIN_MODE") == "stock"
@@ -158,6 +160,7 @@ def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     target.mkdir(parents=True)
     drafter.mkdir(parents=True)
     (drafter / "config.json").write_text(json.dumps(DRAFTER_CONFIG))
+    (target / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
     return target, drafter
 
 
@@ -170,6 +173,7 @@ def _config(tmp_path: Path, target: Path, drafter: Path, **kw) -> SmokeConfig:
         run_fidelity=False,
         plot=False,
         timeouts=Timeouts(total=120, server_start=30, request=10, server_stop=10),
+        load=False,
         **kw,
     )
 
@@ -186,6 +190,9 @@ def test_fixed_build_passes_server_checks(tmp_path, standin_vllm, monkeypatch) -
         "prefix_cache": PASS,
         "fidelity": SKIP,
         "acceptance": INFO,
+        "warm_cache": SKIP,
+        "slot_audit": SKIP,
+        "concurrent_load": SKIP,
     }
     assert report.passed
     assert report.vllm["version"] == "0.20.1+standin"
@@ -234,9 +241,32 @@ def test_dry_run_plan_lists_every_process(tmp_path) -> None:
         "models",
         "serve with DFlash",
         "serve without speculation",
-        "in-process engine",
-        "reference comparison",
+        "in-process engine (engine)",
+        "reference comparison (engine)",
     ]
     assert all(s["argv"][0] == "/usr/bin/python3" for s in plan["steps"])
+    assert plan["steps"][0]["argv"][-2:] == ["--arch", "hybrid"]
     assert "--speculative-config" in plan["steps"][1]["argv"]
     assert "--speculative-config" not in plan["steps"][2]["argv"]
+    # Compiled graphs unless asked: vLLM's own default.
+    assert "--enforce-eager" not in plan["steps"][1]["argv"]
+
+
+def test_warm_cache_plan_and_its_one_line_errors(tmp_path) -> None:
+    with pytest.raises(SmokeError, match="needs another build"):
+        SmokeConfig(workdir=tmp_path, tiny=True, warm_cache=True).validate()
+    with pytest.raises(SmokeError, match="no vllm package"):
+        SmokeConfig(
+            workdir=tmp_path, tiny=True, warm_cache=True, other_site=str(tmp_path)
+        ).validate()
+    site = tmp_path / "stock"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    config = SmokeConfig(workdir=tmp_path, tiny=True, warm_cache=True, other_site=str(site))
+    steps = [s["step"] for s in describe_plan(config)["steps"]]
+    assert steps[-4:] == [
+        "in-process engine (warm-A)",
+        "reference comparison (warm-A)",
+        "in-process engine (warm-B)",
+        "reference comparison (warm-B)",
+    ]

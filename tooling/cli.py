@@ -967,6 +967,33 @@ def _parse_engines(specs: tuple[str, ...]) -> dict[str, Path]:
     show_default=True,
     help="Seconds for the whole run; every step is bounded.",
 )
+@click.option(
+    "--tiny-arch",
+    type=click.Choice(["hybrid", "qwen3"]),
+    default="hybrid",
+    show_default=True,
+    help="--tiny target: Qwen3.5/3.6-family hybrid, or attention-only Qwen3.",
+)
+@click.option("--enforce-eager", is_flag=True, help="Eager mode (default: compiled + CUDA graphs).")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="e.g. fp8.")
+@click.option("--tensor-parallel-size", type=int, default=1, show_default=True)
+@click.option("--no-load", is_flag=True, help="Skip the concurrent bursts against the servers.")
+@click.option("--no-audit", is_flag=True, help="Skip the concurrent audited in-process batch.")
+@click.option(
+    "--warm-cache",
+    is_flag=True,
+    help="Check 7: another build compiles into the cache first (--stock-site/--stock-wheel).",
+)
+@click.option(
+    "--stock-site",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="A folder where another vLLM build is installed (pip --target), for --warm-cache.",
+)
+@click.option(
+    "--stock-wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Another vLLM wheel to install (no deps) for --warm-cache.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the commands a run would start.")
 @click.option(
     "--trained",
@@ -996,6 +1023,15 @@ def smoke_command(
     num_speculative_tokens: int,
     gpu_memory_utilization: float,
     time_limit: float,
+    tiny_arch: str,
+    enforce_eager: bool,
+    kv_cache_dtype: str,
+    tensor_parallel_size: int,
+    no_load: bool,
+    no_audit: bool,
+    warm_cache: bool,
+    stock_site: Path | None,
+    stock_wheel: Path | None,
     dry_run: bool,
     trained: bool,
     engines: tuple[str, ...],
@@ -1023,6 +1059,10 @@ def smoke_command(
     if trained:
         _smoke_trained(settings, workdir, _parse_engines(engines))
         return
+    if stock_wheel is not None and stock_site is not None:
+        raise SmokeError("give --stock-site or --stock-wheel, not both")
+    if stock_wheel is not None and not dry_run:
+        stock_site = _install_wheel_for_smoke(stock_wheel.resolve(), workdir / "stock-site")
     config = SmokeConfig(
         workdir=workdir,
         target=target,
@@ -1031,12 +1071,20 @@ def smoke_command(
         engine=EngineSettings(
             num_speculative_tokens=num_speculative_tokens,
             gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel_size=tensor_parallel_size,
         ),
         timeouts=Timeouts(total=time_limit),
         fidelity_gate=fidelity_gate,
         min_acceptance_length=min_acceptance_length,
         run_fidelity=not no_fidelity,
         expect=expect,
+        tiny_arch=tiny_arch,
+        load=not no_load,
+        audit=not no_audit,
+        warm_cache=warm_cache,
+        other_site=str(stock_site.resolve()) if stock_site else None,
     )
     if dry_run:
         plan = describe_plan(config)

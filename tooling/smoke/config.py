@@ -63,6 +63,9 @@ FIDELITY_TEXTS: tuple[str, ...] = (
 FIDELITY_LENGTHS: tuple[int, ...] = (48, 56, 64, 72)
 
 
+TINY_ARCHS = ("hybrid", "qwen3")
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """The engine flags every run shares (servers and the in-process run alike)."""
@@ -72,8 +75,14 @@ class EngineSettings:
     max_model_len: int = 1024
     gpu_memory_utilization: float = 0.3
     seed: int = 0
-    block_size: int = 16
-    enforce_eager: bool = True
+    block_size: int | None = 16
+    """None: vLLM's choice (a hybrid target's attention blocks follow the Mamba page)."""
+    enforce_eager: bool = False
+    """False: vLLM's default, compiled graphs with CUDA graphs (how operators run it)."""
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 8
+    """Small, so the concurrent batches queue and requests finish out of order."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,8 @@ class Timeouts:
     server_stop: float = 30.0
     engine_run: float = 300.0
     reference: float = 240.0
+    load: float = 180.0
+    """One concurrent burst against a server, all its requests."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,21 @@ class SmokeConfig:
     plot: bool = True
     expect: str = "fixed"
     """``fixed``: all checks must pass; ``stock``: lossless must pass and checks 2-5 fail."""
+    tiny_arch: str = "hybrid"
+    """``hybrid``: a Qwen3.5/3.6-family target (Gated DeltaNet + gated attention);
+    ``qwen3``: the attention-only Qwen3 target."""
+    fidelity_context: str = "auto"
+    """Where the reference drafter takes its context features: ``target`` (the HF
+    target's hidden states), ``engine`` (the ones vLLM handed its drafter), or
+    ``auto`` (``engine`` for a hybrid target, ``target`` otherwise)."""
+    load: bool = True
+    """Concurrent bursts against both servers (check 9)."""
+    audit: bool = True
+    """The concurrent in-process batch with the lookahead-slot audit (check 8)."""
+    warm_cache: bool = False
+    """Check 7: another build compiles into the cache first (needs ``other_site``)."""
+    other_site: str | None = None
+    """A folder with another vLLM build (stock, or fix 1 skipped) for the warm-cache check."""
 
     def validate(self) -> None:
         """Raise SmokeError when the model choice is contradictory."""
@@ -125,6 +151,24 @@ class SmokeConfig:
             raise SmokeError(f"--expect {self.expect!r}: choose fixed or stock")
         if not 0.0 < self.fidelity_gate <= 1.0:
             raise SmokeError(f"fidelity gate {self.fidelity_gate} is not in (0, 1]")
+        if self.tiny_arch not in TINY_ARCHS:
+            raise SmokeError(f"--tiny-arch {self.tiny_arch!r}: choose {' or '.join(TINY_ARCHS)}")
+        if self.fidelity_context not in ("auto", "target", "engine"):
+            raise SmokeError(f"fidelity context {self.fidelity_context!r}: auto, target or engine")
+        if self.warm_cache and not self.other_site:
+            raise SmokeError(
+                "the warm-cache check needs another build: --stock-site or --stock-wheel"
+            )
+        if self.warm_cache and not self.run_fidelity:
+            raise SmokeError("the warm-cache check measures fidelity: drop --no-fidelity")
+        if self.other_site and not Path(self.other_site, "vllm", "__init__.py").is_file():
+            raise SmokeError(f"{self.other_site}: no vllm package in this folder")
+
+    def context_source(self, hybrid: bool) -> str:
+        """``target`` or ``engine``: where the gated fidelity takes its context features."""
+        if self.fidelity_context != "auto":
+            return self.fidelity_context
+        return "engine" if hybrid else "target"
 
 
 @dataclass(frozen=True)
@@ -206,6 +250,36 @@ def find_model_file(model: str, filename: str) -> Path:
             "(the smoke runs offline: download the model first)"
         )
     return Path(cached)
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the smoke must know of the target to start it right."""
+
+    hybrid: bool
+    """Linear-attention (Mamba-like) layers beside attention: vLLM sizes its blocks."""
+    multimodal: bool
+    """A vision tower in the checkpoint: served with ``--language-model-only``."""
+
+
+def target_info_from_config(config: dict[str, Any]) -> TargetInfo:
+    text = config.get("text_config") or config
+    layer_types = text.get("layer_types") or ()
+    return TargetInfo(
+        hybrid=any(
+            t != "full_attention" and "attention" in t and "sliding" not in t for t in layer_types
+        ),
+        multimodal="vision_config" in config,
+    )
+
+
+def read_target_info(target: str) -> TargetInfo:
+    path = find_model_file(target, "config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SmokeError(f"{path}: cannot read the target config: {e}") from None
+    return target_info_from_config(config)
 
 
 def read_drafter_info(drafter: str) -> DrafterInfo:

@@ -12,6 +12,22 @@ The target runs once per request over its whole sequence: a causal model's
 hidden state at position i does not depend on later tokens, so the context
 features of every proposal are prefixes of that one pass.
 
+Where the context features come from (``context``):
+- ``target``: the HF target's hidden states. End to end: a wrong aux layer or a
+  stale compiled graph shows up as disagreement. Right for an attention-only
+  target, whose HF and vLLM kernels agree closely (99.8% measured).
+- ``engine``: the features vLLM's target actually handed its drafter (recorded
+  by ``engine_run``). The comparison is then of the drafter alone. Right for a
+  hybrid Gated-DeltaNet target: HF computes the linear-attention layers with
+  other kernels than vLLM (torch or fla chunked forms against vLLM's Triton
+  ones), so near ties of a random drafter would flip on target noise and the
+  gate would measure the target's kernels, not the drafter.
+In both cases the recorded features are also compared with every HF hidden
+state (``feature_layers``): the HF layer each captured slice is nearest to is
+the layer the engine really captured, which catches a wrong aux layer (or a
+compiled graph that baked in another build's layers) whichever context gates
+the drafts. Both agreements are reported; ``context`` says which one gates.
+
 Runs as ``python -m tooling.smoke.reference IN.json OUT.json`` in an
 interpreter with torch, transformers and the reference ``dflash`` package.
 """
@@ -45,6 +61,12 @@ class FidelityInput:
     dtype: str = "auto"
     """``auto``: the checkpoint's own dtype (bf16 for the tiny pair, as vLLM runs it);
     or a torch dtype name such as ``float32``."""
+    context: str = "target"
+    """Where the gated agreement takes its context features: ``target`` or ``engine``."""
+    features_path: str | None = None
+    """The engine's recorded context features (``engine_run``); needed for ``engine``."""
+    expected_layers: list[int] | None = None
+    """HF hidden-state index each feature slice should come from (target_layer_ids + 1)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FidelityInput:
@@ -97,11 +119,17 @@ def _pick_device(requested: str) -> str:
 def load_pair(target: str, drafter: str, device: str, dtype: str) -> tuple[Any, Any]:
     """The HF target and the reference drafter, in eval mode on ``device``."""
     import torch
+    import transformers
     from dflash.model import DFlashDraftModel
-    from transformers import AutoModelForCausalLM
 
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    target_model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype).to(device)
+    # The class the checkpoint names (Qwen3_5ForConditionalGeneration loads its
+    # own weight layout; the Auto mapping would pick the text-only class).
+    config = transformers.AutoConfig.from_pretrained(target)
+    names = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, names[0], None) if names else None
+    cls = cls or transformers.AutoModelForCausalLM
+    target_model = cls.from_pretrained(target, dtype=torch_dtype).to(device)
     draft_model = DFlashDraftModel.from_pretrained(drafter, dtype=torch_dtype).to(device)
     return target_model.eval(), draft_model.eval()
 
@@ -120,16 +148,109 @@ def _output_head(target_model: Any) -> Any:
     return head if head is not None else target_model.get_output_embeddings()
 
 
-def context_features(target_model: Any, draft_model: Any, sequence: list[int]) -> Any:
-    """[1, len(sequence), n*hidden]: the drafter's context feature at every position."""
+def target_hidden_states(target_model: Any, sequence: list[int]) -> list[Any]:
+    """The HF target's hidden states over ``sequence``: embeddings, then each layer's output."""
     import torch
-    from dflash.model import extract_context_feature
 
     device = next(target_model.parameters()).device
     ids = torch.tensor([sequence], dtype=torch.long, device=device)
     with torch.inference_mode():
         out = target_model(ids, output_hidden_states=True, use_cache=False)
-    return extract_context_feature(list(out.hidden_states), draft_model.target_layer_ids)
+    return list(out.hidden_states)
+
+
+def context_features(target_model: Any, draft_model: Any, sequence: list[int]) -> Any:
+    """[1, len(sequence), n*hidden]: the drafter's context feature at every position."""
+    from dflash.model import extract_context_feature
+
+    hidden = target_hidden_states(target_model, sequence)
+    return extract_context_feature(hidden, draft_model.target_layer_ids)
+
+
+@dataclass
+class EngineFeatures:
+    """The context features vLLM handed its drafter, by prompt and position."""
+
+    by_prompt: dict[int, dict[int, Any]]
+
+    @classmethod
+    def load(cls, path: str) -> EngineFeatures:
+        import torch
+
+        packed = torch.load(path, map_location="cpu")
+        return cls(
+            {
+                int(prompt): dict(zip(positions, rows, strict=True))
+                for prompt, (positions, rows) in packed.items()
+            }
+        )
+
+    def sequence_features(self, index: int, sequences: list[list[int]]) -> Any | None:
+        """[1, n, D] for sequence ``index``, positions 0..n-1; None if one is missing.
+
+        A prompt served partly from the prefix cache never handed its drafter the
+        cached positions; those come from another prompt with the same tokens up
+        to that position (same tokens, same causal state).
+        """
+        import torch
+
+        sequence = sequences[index]
+        rows = []
+        for position in range(len(sequence)):
+            row = self.by_prompt.get(index, {}).get(position)
+            if row is None:
+                row = next(
+                    (
+                        self.by_prompt[j][position]
+                        for j in self.by_prompt
+                        if position in self.by_prompt[j]
+                        and sequences[j][: position + 1] == sequence[: position + 1]
+                    ),
+                    None,
+                )
+            if row is None:
+                # A proposal never reads past its bonus position; later gaps are cut.
+                break
+            rows.append(row)
+        if not rows:
+            return None
+        return torch.stack(rows)[None]
+
+
+@dataclass
+class LayerDistances:
+    """Squared distance of each captured feature slice to each HF hidden state, summed."""
+
+    squared: list[list[float]] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+
+    def add(self, features: Any, hidden: list[Any]) -> None:
+        """``features`` [n, S*H] of known positions, ``hidden`` HF states [1, >=n, H] each."""
+        width = hidden[0].shape[-1]
+        slices = features.shape[-1] // width
+        if not self.squared:
+            self.squared = [[0.0] * len(hidden) for _ in range(slices)]
+            self.norms = [0.0] * len(hidden)
+        n = features.shape[0]
+        for layer, state in enumerate(hidden):
+            ref = state[0, :n].float().cpu()
+            self.norms[layer] += float((ref * ref).sum())
+            for s in range(slices):
+                diff = features[:, s * width : (s + 1) * width].float() - ref
+                self.squared[s][layer] += float((diff * diff).sum())
+
+    def relative(self) -> list[list[float]]:
+        return [
+            [
+                (d / n) ** 0.5 if n > 0 else float("inf")
+                for d, n in zip(row, self.norms, strict=True)
+            ]
+            for row in self.squared
+        ]
+
+    def nearest(self) -> list[int]:
+        """The HF hidden-state index each slice is closest to."""
+        return [min(range(len(row)), key=row.__getitem__) for row in self.relative()]
 
 
 def reference_logits(
@@ -170,8 +291,18 @@ def tie_margins(logits: Any, tokens: list[int]) -> list[float]:
 
 def compare(request: FidelityInput) -> dict[str, Any]:
     """Agreement of every usable proposal, plus what each side's drafts would have had accepted."""
+    import torch
+
     device = _pick_device(request.device)
     target_model, draft_model = load_pair(request.target, request.drafter, device, request.dtype)
+    engine_features = EngineFeatures.load(request.features_path) if request.features_path else None
+    if request.context == "engine" and engine_features is None:
+        raise ValueError("context 'engine' needs the engine's recorded features")
+    sequences = [p + o for p, o in zip(request.prompts, request.outputs, strict=True)]
+    distances = LayerDistances()
+    other = Agreement()
+    """The agreement with the context the gate does not use (reported only)."""
+    groups: dict[str, Agreement] = {}
     agreement = Agreement()
     tolerant = Agreement()
     margins: list[float] = []
@@ -186,8 +317,17 @@ def compare(request: FidelityInput) -> dict[str, Any]:
         if not 0 <= index < len(request.prompts):
             skipped["no_context"] += len(proposals)
             continue
-        sequence = request.prompts[index] + request.outputs[index]
-        features = context_features(target_model, draft_model, sequence)
+        sequence = sequences[index]
+        hidden = target_hidden_states(target_model, sequence)
+        from dflash.model import extract_context_feature
+
+        hf_features = extract_context_feature(hidden, draft_model.target_layer_ids)
+        recorded = engine_features.sequence_features(index, sequences) if engine_features else None
+        if recorded is not None:
+            distances.add(recorded[0], hidden)
+            recorded = recorded.to(device=hf_features.device, dtype=hf_features.dtype)
+        gated_features = recorded if request.context == "engine" else hf_features
+        other_features = hf_features if request.context == "engine" else recorded
         for proposal in proposals:
             position, bonus = int(proposal["position"]), int(proposal["bonus"])
             drafts = [int(t) for t in proposal["drafts"]]
@@ -199,8 +339,19 @@ def compare(request: FidelityInput) -> dict[str, Any]:
                 skipped["bonus_mismatch"] += 1
                 continue
             k = len(drafts)
-            logits = reference_logits(target_model, draft_model, features, position, bonus, k)
+            if gated_features is None or gated_features.shape[1] < position:
+                skipped["no_context"] += 1
+                continue
+            logits = reference_logits(target_model, draft_model, gated_features, position, bonus, k)
             ours = [int(t) for t in logits.argmax(dim=-1).tolist()]
+            groups.setdefault(str(proposal.get("group", "sequential")), Agreement()).add(
+                drafts, ours
+            )
+            if other_features is not None and other_features.shape[1] >= position:
+                alt = reference_logits(
+                    target_model, draft_model, other_features, position, bonus, k
+                )
+                other.add(drafts, [int(t) for t in alt.argmax(dim=-1).tolist()])
             gaps = tie_margins(logits, drafts)
             agreement.add(drafts, ours)
             # Where the margin is within tolerance the engine's token stands in for ours.
@@ -226,7 +377,21 @@ def compare(request: FidelityInput) -> dict[str, Any]:
                 )
     steps = len(engine_accepted)
     gated = tolerant if request.tie_tolerance > 0 else agreement
+    del torch
     return {
+        "context": request.context,
+        "other_context_agreement": other.rate,
+        "group_agreement": {name: g.rate for name, g in groups.items()},
+        "group_tokens": {name: sum(g.totals) for name, g in groups.items()},
+        "feature_layers": (
+            {
+                "nearest": distances.nearest(),
+                "expected": request.expected_layers,
+                "relative_distance": distances.relative(),
+            }
+            if distances.squared
+            else None
+        ),
         "device": device,
         "dtype": str(next(target_model.parameters()).dtype).removeprefix("torch."),
         "compared_proposals": steps,

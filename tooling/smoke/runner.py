@@ -6,8 +6,16 @@ Order and why:
 3. ``vllm serve`` with the DFlash drafter and prefix caching: lossless prompts,
    the repeated 200-token prompt, acceptance counters, the aux-layer log line;
 4. ``vllm serve`` without speculation, same prefix caching: the same prompts;
-5. the in-process engine (``engine_run``): drafter windows and every proposal;
-6. the reference (``reference``): agreement per draft position.
+5. the in-process engine (``engine_run``): drafter windows, every proposal,
+   the context features, then a concurrent batch with the lookahead-slot audit;
+6. the reference (``reference``): agreement per draft position;
+7. with ``warm_cache``: in a fresh compile cache, the other build's engine (A)
+   then this one's (B), each with the reference; C is step 5 (its own cold cache).
+
+Each server in step 3/4 also takes two concurrent bursts (``load``) when asked.
+Every vLLM process of the run uses ``workdir/vllm-cache`` (cleared first) as
+VLLM_CACHE_ROOT, so a run never reads another run's compiled graphs unless
+the warm-cache check puts them there on purpose.
 
 Every step has a time limit cut to what the overall limit leaves, and a step
 that fails turns only the checks that need it into errors; the others still run.
@@ -16,6 +24,9 @@ that fails turns only the checks that need it into errors; the others still run.
 from __future__ import annotations
 
 import json
+import os
+import random
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmokeError
-from . import checks, client, metrics
+from . import checks, client, load, metrics
 from .checks import CheckResult, PrefixObservation
 from .config import (
     FIDELITY_LENGTHS,
@@ -35,7 +46,9 @@ from .config import (
     PREFIX_PROMPT_TOKENS,
     DrafterInfo,
     SmokeConfig,
+    TargetInfo,
     read_drafter_info,
+    read_target_info,
 )
 from .logscan import aux_layers_from_log_file
 from .procs import log_tail, run_child, sigterm_as_interrupt
@@ -80,9 +93,16 @@ class ServerObservations:
     startup_s: float | None = None
     stop: str | None = None
     """How the server's process group ended (procs.StopOutcome.how)."""
+    load: dict[str, Any] | None = None
+    """The concurrent bursts: ``first`` and ``measured`` summaries, acceptance under load."""
 
     def summary(self) -> dict[str, Any]:
-        return {"startup_s": self.startup_s, "stop": self.stop, "errors": self.errors}
+        return {
+            "startup_s": self.startup_s,
+            "stop": self.stop,
+            "errors": self.errors,
+            "load": self.load,
+        }
 
 
 def read_metrics(base_url: str, timeout_s: float = 10.0) -> list[metrics.Sample]:
@@ -164,6 +184,16 @@ class _Run:
         self.steps: list[StepRecord] = []
         self.python = config.python or sys.executable
         self.workdir = config.workdir.resolve()
+        self.cache = self.workdir / "vllm-cache"
+        self.target_info = TargetInfo(hybrid=False, multimodal=False)
+
+    def environment(self, cache: Path | None = None, site: str | None = None) -> dict[str, str]:
+        """The children's environment: offline, this run's compile cache, ``site`` first."""
+        env = child_environment()
+        env["VLLM_CACHE_ROOT"] = str(cache or self.cache)
+        if site:
+            env["PYTHONPATH"] = os.pathsep.join([site, env["PYTHONPATH"]])
+        return env
 
     @contextmanager
     def step(self, name: str, log: Path | None = None) -> Iterator[StepRecord]:
@@ -181,9 +211,17 @@ class _Run:
             record.seconds = time.monotonic() - start
             self.steps.append(record)
 
-    def child(self, module: str, args: list[str], *, log: Path, timeout_s: float) -> None:
+    def child(
+        self,
+        module: str,
+        args: list[str],
+        *,
+        log: Path,
+        timeout_s: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
         """Run ``python -m module args`` within its limit; SmokeError unless it exits 0."""
-        env = child_environment()
+        env = dict(env or self.environment())
         # In-process engine: the model runner must live in this interpreter.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         limit = self.deadline.limit(timeout_s)
@@ -229,7 +267,7 @@ def _models(run: _Run) -> tuple[str, str]:
     log = run.workdir / "logs" / "tiny.log"
     run.child(
         "tooling.smoke.tiny",
-        [str(out), "--seed", str(config.tiny_seed)],
+        [str(out), "--seed", str(config.tiny_seed), "--arch", config.tiny_arch],
         log=log,
         timeout_s=config.timeouts.tiny,
     )
@@ -248,7 +286,13 @@ def _observe_server(
     model = options.served_model_name
     try:
         start_limit = run.deadline.limit(timeouts.server_start, reserve_s=timeouts.server_stop)
-        with serve(options, log=log, start_timeout_s=start_limit, python=run.python) as server:
+        with serve(
+            options,
+            log=log,
+            start_timeout_s=start_limit,
+            python=run.python,
+            env=run.environment(),
+        ) as server:
             url = server.base_url
             obs.startup_s = server.startup_s
             run.notify(f"server ready in {server.startup_s:.0f}s at {url}")
@@ -273,13 +317,55 @@ def _observe_server(
                     obs.spec_stats = settled_spec_stats(url)
                 except SmokeError as e:
                     obs.errors["metrics"] = str(e)
+            if run.config.load and prefix_ids:
+                try:
+                    obs.load = _load_bursts(run, url, model, prefix_ids, options.drafter)
+                except SmokeError as e:
+                    obs.errors["load"] = str(e)
         if server.stop is not None:
             obs.stop = server.stop.how
     except SmokeError as e:
-        for key in ("lossless", "prefix", "metrics"):
+        for key in ("lossless", "prefix", "metrics", "load"):
             obs.errors.setdefault(key, str(e))
     obs.aux_layers = aux_layers_from_log_file(log)
     return obs, prefix_ids
+
+
+LOAD_FIRST = 32
+LOAD_MEASURED = 64
+
+
+def _load_bursts(
+    run: _Run, url: str, model: str, prefix_ids: list[int], drafter: str | None
+) -> dict[str, Any]:
+    """A first burst (first traffic, timed on its own) then the measured burst.
+
+    The shared prefixes are sent once, one at a time, before the bursts, so both
+    servers start the bursts with the same cache content and the reuse compares.
+    """
+    limit = run.deadline.limit(run.config.timeouts.load, reserve_s=run.config.timeouts.server_stop)
+    vocab = (10, 1000)
+    warm = load.load_items(prefix_ids, len(load.PREFIX_LENGTHS), seed=99, vocab=vocab)
+    for item in warm:
+        client.complete(url, model, list(item.prompt), max_tokens=1, timeout_s=limit)
+    first = load.burst(
+        url, model, load.load_items(prefix_ids, LOAD_FIRST, seed=1, vocab=vocab), timeout_s=limit
+    )
+    before = metrics.spec_decode_stats(read_metrics(url)) if drafter else None
+    measured = load.burst(
+        url,
+        model,
+        load.load_items(prefix_ids, LOAD_MEASURED, seed=2, vocab=vocab),
+        timeout_s=limit,
+    )
+    result: dict[str, Any] = {"first": first.summary(), "measured": measured.summary()}
+    if drafter and before is not None:
+        after = settled_spec_stats(url)
+        if after is not None:
+            drafts = after.num_drafts - before.num_drafts
+            accepted = after.num_accepted_tokens - before.num_accepted_tokens
+            result["acceptance_length"] = 1 + accepted / drafts if drafts else None
+    return result
 
 
 def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
@@ -292,6 +378,7 @@ def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
     config.validate()
     run = _Run(config, notify or _stderr)
     run.workdir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run.cache, ignore_errors=True)
     logs = run.workdir / "logs"
     with sigterm_as_interrupt():
         return _run_all(run, logs)
@@ -313,6 +400,11 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
     if target is None or drafter is None:
         raise SmokeError(f"no models to serve: {run.steps[-1].message}")
 
+    try:
+        run.target_info = read_target_info(target)
+    except SmokeError as e:
+        raise SmokeError(f"the target cannot be served: {e}") from None
+
     info: DrafterInfo | None = None
     info_error = ""
     try:
@@ -321,7 +413,13 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
         info_error = str(e)
 
     spec, plain = _servers(run, logs, target, drafter)
-    engine_result, engine_error, fidelity, fidelity_error = _fidelity(run, logs, target, drafter)
+    expected = info.expected_aux_layers() if info else None
+    engine_result, engine_error, fidelity, fidelity_error = _fidelity(
+        run, logs, target, drafter, expected
+    )
+    warm = _warm_cache(run, logs, target, drafter, expected) if config.warm_cache else None
+    if warm is not None:
+        warm["C"] = fidelity
 
     results = evaluate(
         config=config,
@@ -333,6 +431,8 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
         engine_error=engine_error,
         fidelity=fidelity,
         fidelity_error=fidelity_error,
+        warm=warm,
+        block_size=None if run.target_info.hybrid else config.engine.block_size,
     )
     plot = _plot(run, spec.spec_stats) if config.plot else None
     report = SmokeReport(
@@ -343,6 +443,8 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
             "target": target,
             "drafter": drafter,
             "tiny": config.tiny,
+            "tiny_arch": config.tiny_arch if config.tiny else None,
+            "target_info": asdict(run.target_info),
             "drafter_info": asdict(info) if info else None,
         },
         engine=asdict(config.engine),
@@ -358,7 +460,6 @@ def _servers(
     run: _Run, logs: Path, target: str, drafter: str
 ) -> tuple[ServerObservations, ServerObservations]:
     """The server with the DFlash drafter, then the one without; same prefix caching."""
-    engine = run.config.engine
     observed = []
     prefix_ids: list[int] | None = None
     for name, draft, log in (
@@ -366,13 +467,31 @@ def _servers(
         ("serve without speculation", None, logs / "serve-plain.log"),
     ):
         with run.step(name, log) as step:
-            options = ServeOptions(target, draft, engine, port=free_port())
+            options = _serve_options(run, target, draft, free_port())
             obs, prefix_ids = _observe_server(run, options, log, prefix_ids)
             step.ok = not obs.errors
             step.message = "; ".join(dict.fromkeys(obs.errors.values()))
             step.extra = obs.summary()
         observed.append(obs)
     return observed[0], observed[1]
+
+
+def _engine_settings(run: _Run) -> Any:
+    """The engine flags, with vLLM choosing the block size of a hybrid target."""
+    from dataclasses import replace
+
+    engine = run.config.engine
+    return replace(engine, block_size=None) if run.target_info.hybrid else engine
+
+
+def _serve_options(run: _Run, target: str, drafter: str | None, port: int) -> ServeOptions:
+    return ServeOptions(
+        target,
+        drafter,
+        _engine_settings(run),
+        port=port,
+        language_model_only=run.target_info.multimodal,
+    )
 
 
 def _plot(run: _Run, stats: metrics.SpecDecodeStats | None) -> Path | None:
@@ -397,6 +516,7 @@ class _ChildStep:
     out_name: str
     log: Path
     timeout_s: float
+    env: dict[str, str] | None = None
 
 
 def _run_json_child(run: _Run, step: _ChildStep) -> dict[str, Any]:
@@ -406,7 +526,11 @@ def _run_json_child(run: _Run, step: _ChildStep) -> dict[str, Any]:
     out_path.unlink(missing_ok=True)
     try:
         run.child(
-            step.module, [str(in_path), str(out_path)], log=step.log, timeout_s=step.timeout_s
+            step.module,
+            [str(in_path), str(out_path)],
+            log=step.log,
+            timeout_s=step.timeout_s,
+            env=step.env,
         )
     except SmokeError:
         # The child's own error (in its result file) says more than its exit code.
@@ -416,63 +540,131 @@ def _run_json_child(run: _Run, step: _ChildStep) -> dict[str, Any]:
     return _read_result(out_path, step.log)
 
 
-def _fidelity(
-    run: _Run, logs: Path, target: str, drafter: str
-) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
-    """The in-process engine run and the reference comparison.
+AUDIT_REQUESTS = 48
 
-    Returns (engine result, why it is missing, fidelity result, why it is missing).
-    """
-    config, engine = run.config, run.config.engine
-    if not config.run_fidelity:
-        return None, "skipped (--no-fidelity)", None, "skipped (--no-fidelity)"
+
+def _engine_request(run: _Run, target: str, drafter: str, features: Path, *, batch: bool):
+    """The in-process run's request; ``batch`` adds the concurrent audited batch."""
+    config, engine = run.config, _engine_settings(run)
+    concurrent = None
+    if batch:
+        # Shared-prefix prompts of 16-200 tokens, 4-60 output tokens: they finish
+        # out of order while max_num_seqs keeps the batch turning over.
+        vocab = (10, 1000)
+        base = [random.Random(7).randrange(*vocab) for _ in range(max(load.PREFIX_LENGTHS))]
+        concurrent = [
+            {"prompt": list(item.prompt), "max_tokens": item.max_tokens}
+            for item in load.load_items(base, AUDIT_REQUESTS, seed=3, vocab=vocab)
+        ]
+    return {
+        "target": target,
+        "drafter": drafter,
+        "texts": list(FIDELITY_TEXTS),
+        "lengths": list(FIDELITY_LENGTHS),
+        "max_tokens": config.fidelity_max_tokens,
+        "num_speculative_tokens": engine.num_speculative_tokens,
+        "attention_backend": engine.attention_backend,
+        "max_model_len": engine.max_model_len,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "seed": engine.seed,
+        "enforce_eager": engine.enforce_eager,
+        "kv_cache_dtype": engine.kv_cache_dtype,
+        # The in-process engine holds its model runner only at TP=1; the servers
+        # run at the requested TP.
+        "tensor_parallel_size": 1,
+        "max_num_seqs": engine.max_num_seqs,
+        "block_size": engine.block_size,
+        "language_model_only": run.target_info.multimodal,
+        "features_path": str(features),
+        "concurrent": concurrent,
+    }
+
+
+def _engine_and_reference(
+    run: _Run,
+    logs: Path,
+    name: str,
+    request: dict[str, Any],
+    expected: tuple[int, ...] | None,
+    env: dict[str, str] | None,
+) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
+    """One engine run and its reference comparison, files and logs named by ``name``."""
+    config = run.config
     engine_step = _ChildStep(
         module="tooling.smoke.engine_run",
-        request={
-            "target": target,
-            "drafter": drafter,
-            "texts": list(FIDELITY_TEXTS),
-            "lengths": list(FIDELITY_LENGTHS),
-            "max_tokens": config.fidelity_max_tokens,
-            "num_speculative_tokens": engine.num_speculative_tokens,
-            "attention_backend": engine.attention_backend,
-            "max_model_len": engine.max_model_len,
-            "gpu_memory_utilization": engine.gpu_memory_utilization,
-            "seed": engine.seed,
-        },
-        in_name="engine-in.json",
-        out_name="engine.json",
-        log=logs / "engine-run.log",
+        request=request,
+        in_name=f"{name}-in.json",
+        out_name=f"{name}.json",
+        log=logs / f"{name}-run.log",
         timeout_s=config.timeouts.engine_run,
+        env=env,
     )
     engine_result = None
-    with run.step("in-process engine", engine_step.log) as step:
+    with run.step(f"in-process engine ({name})", engine_step.log) as step:
         engine_result = _run_json_child(run, engine_step)
-        step.extra = {"proposals": len(engine_result["proposals"])}
+        step.extra = {
+            "proposals": len(engine_result["proposals"]),
+            "vllm": engine_result.get("vllm_location"),
+        }
     if engine_result is None:
         why = run.steps[-1].message or "the in-process run did not finish"
         return None, why, None, f"needs the in-process run: {why}"
     reference_step = _ChildStep(
         module="tooling.smoke.reference",
         request={
-            "target": target,
-            "drafter": drafter,
+            "target": request["target"],
+            "drafter": request["drafter"],
             "prompts": engine_result["prompts"],
             "outputs": engine_result["outputs"],
             "proposals": engine_result["proposals"],
             "dtype": config.reference_dtype,
             "tie_tolerance": config.fidelity_tie_tolerance,
+            "context": config.context_source(run.target_info.hybrid),
+            "features_path": engine_result.get("features_path"),
+            "expected_layers": list(expected) if expected else None,
         },
-        in_name="reference-in.json",
-        out_name="fidelity.json",
-        log=logs / "reference.log",
+        in_name=f"{name}-reference-in.json",
+        out_name=f"{name}-fidelity.json",
+        log=logs / f"{name}-reference.log",
         timeout_s=config.timeouts.reference,
     )
     fidelity = None
-    with run.step("reference comparison", reference_step.log):
+    with run.step(f"reference comparison ({name})", reference_step.log):
         fidelity = _run_json_child(run, reference_step)
     why = "" if fidelity else run.steps[-1].message or "the reference comparison did not finish"
     return engine_result, "", fidelity, why
+
+
+def _fidelity(
+    run: _Run, logs: Path, target: str, drafter: str, expected: tuple[int, ...] | None
+) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
+    """The in-process engine run (with the audited batch) and the reference comparison.
+
+    Returns (engine result, why it is missing, fidelity result, why it is missing).
+    """
+    if not run.config.run_fidelity:
+        return None, "skipped (--no-fidelity)", None, "skipped (--no-fidelity)"
+    request = _engine_request(
+        run, target, drafter, run.workdir / "engine-features.pt", batch=run.config.audit
+    )
+    return _engine_and_reference(run, logs, "engine", request, expected, None)
+
+
+def _warm_cache(
+    run: _Run, logs: Path, target: str, drafter: str, expected: tuple[int, ...] | None
+) -> dict[str, dict[str, Any] | None]:
+    """A: the other build, cold, in a fresh cache; B: this build right after, same cache."""
+    cache = run.workdir / "vllm-cache-warm"
+    shutil.rmtree(cache, ignore_errors=True)
+    runs: dict[str, dict[str, Any] | None] = {}
+    for name, site in (("A", run.config.other_site), ("B", None)):
+        request = _engine_request(
+            run, target, drafter, run.workdir / f"warm-{name}-features.pt", batch=False
+        )
+        env = run.environment(cache=cache, site=site)
+        _, _, fidelity, _ = _engine_and_reference(run, logs, f"warm-{name}", request, expected, env)
+        runs[name] = fidelity
+    return runs
 
 
 def _why(obs: ServerObservations | None, key: str) -> str:
@@ -492,8 +684,14 @@ def evaluate(
     engine_error: str,
     fidelity: dict[str, Any] | None,
     fidelity_error: str,
+    warm: dict[str, dict[str, Any] | None] | None = None,
+    block_size: int | None = 16,
 ) -> list[CheckResult]:
-    """The six verdicts from whatever the steps observed (pure: no I/O)."""
+    """The verdicts from whatever the steps observed (pure: no I/O).
+
+    ``block_size`` None: a hybrid target, whose prefix reuse is judged against
+    the server without speculation.
+    """
     results: list[CheckResult] = []
 
     # 1. lossless
@@ -514,7 +712,11 @@ def evaluate(
         if observed is None and engine_result and engine_result.get("aux_layers"):
             observed = tuple(engine_result["aux_layers"])
             source = "the in-process model runner"
-        results.append(checks.check_aux_layers(observed, info.expected_aux_layers(), source))
+        layers = (fidelity or {}).get("feature_layers") or {}
+        captured = tuple(layers["nearest"]) if layers.get("nearest") else None
+        results.append(
+            checks.check_aux_layers(observed, info.expected_aux_layers(), source, captured)
+        )
 
     # 3. drafter windows
     if not config.run_fidelity:
@@ -532,7 +734,7 @@ def evaluate(
         results.append(checks.error(checks.PREFIX_CACHE, f"no prefix-cache observation: {why}"))
     else:
         control = plain.prefix if plain else None
-        results.append(checks.check_prefix_cache(spec.prefix, control, config.engine.block_size))
+        results.append(checks.check_prefix_cache(spec.prefix, control, block_size))
 
     # 5. fidelity
     if not config.run_fidelity:
@@ -548,6 +750,30 @@ def evaluate(
         results.append(checks.error(checks.ACCEPTANCE, f"no /metrics: {why}"))
     else:
         results.append(checks.check_acceptance(spec.spec_stats, config.min_acceptance_length))
+
+    # 7. warm compile cache
+    if not config.warm_cache:
+        results.append(checks.skipped(checks.WARM_CACHE, "not asked (--warm-cache)"))
+    else:
+        expected = info.expected_aux_layers() if info else None
+        results.append(checks.check_warm_cache(warm or {}, config.fidelity_gate, expected))
+
+    # 8. lookahead-slot audit (the in-process concurrent batch)
+    if not (config.run_fidelity and config.audit):
+        results.append(checks.skipped(checks.SLOT_AUDIT, "not asked"))
+    elif engine_result is None or engine_result.get("slot_audit") is None:
+        results.append(checks.error(checks.SLOT_AUDIT, f"no in-process run: {engine_error}"))
+    else:
+        results.append(checks.check_slot_audit(engine_result["slot_audit"]))
+
+    # 9. concurrent load through both servers
+    if not config.load:
+        results.append(checks.skipped(checks.LOAD, "not asked (--no-load)"))
+    elif spec is None or plain is None or spec.load is None or plain.load is None:
+        why = _why(spec, "load") or _why(plain, "load") or "no bursts ran"
+        results.append(checks.error(checks.LOAD, f"no concurrent load: {why}"))
+    else:
+        results.append(checks.check_load(spec.load, plain.load))
     return results
 
 
@@ -567,21 +793,31 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
         steps.append(
             {
                 "step": "models",
-                "argv": [python, "-m", "tooling.smoke.tiny", str(workdir / "models")],
+                "argv": [
+                    python,
+                    "-m",
+                    "tooling.smoke.tiny",
+                    str(workdir / "models"),
+                    "--arch",
+                    config.tiny_arch,
+                ],
             }
         )
     for name, draft in (("serve with DFlash", drafter), ("serve without speculation", None)):
         options = ServeOptions(target, draft, config.engine, port=0)
         steps.append({"step": name, "argv": build_serve_command(options, python)})
-    if config.run_fidelity:
-        for name, module, files in (
-            ("in-process engine", "tooling.smoke.engine_run", ("engine-in.json", "engine.json")),
+    runs = ["engine"] if config.run_fidelity else []
+    if config.warm_cache:
+        runs += ["warm-A", "warm-B"]
+    for name in runs:
+        for step, module, files in (
+            ("in-process engine", "tooling.smoke.engine_run", (f"{name}-in.json", f"{name}.json")),
             (
                 "reference comparison",
                 "tooling.smoke.reference",
-                ("reference-in.json", "fidelity.json"),
+                (f"{name}-reference-in.json", f"{name}-fidelity.json"),
             ),
         ):
             argv = [python, "-m", module, *(str(workdir / f) for f in files)]
-            steps.append({"step": name, "argv": argv})
+            steps.append({"step": f"{step} ({name})", "argv": argv})
     return {"workdir": str(workdir), "time_limit_s": config.timeouts.total, "steps": steps}

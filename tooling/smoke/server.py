@@ -39,6 +39,8 @@ class ServeOptions:
     host: str = LOCALHOST
     port: int = 8000
     served_model_name: str = SERVED_MODEL_NAME
+    language_model_only: bool = False
+    """A multimodal target (Qwen3.5/3.6) served for text only: no vision tower, no processor."""
     extra_args: tuple[str, ...] = ()
 
     @property
@@ -80,8 +82,12 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
         str(engine.gpu_memory_utilization),
         "--seed",
         str(engine.seed),
-        "--block-size",
-        str(engine.block_size),
+        "--kv-cache-dtype",
+        engine.kv_cache_dtype,
+        "--tensor-parallel-size",
+        str(engine.tensor_parallel_size),
+        "--max-num-seqs",
+        str(engine.max_num_seqs),
         # Greedy means greedy: no sampling defaults from the model's generation_config.
         "--generation-config",
         "vllm",
@@ -89,6 +95,11 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
         "--enable-prompt-tokens-details",
         "--enable-prefix-caching" if options.prefix_caching else "--no-enable-prefix-caching",
     ]
+    if engine.block_size is not None:
+        # None: vLLM picks (a hybrid target's attention blocks match the Mamba page).
+        cmd += ["--block-size", str(engine.block_size)]
+    if options.language_model_only:
+        cmd.append("--language-model-only")
     if engine.enforce_eager:
         cmd.append("--enforce-eager")
     if options.drafter is not None:

@@ -1,10 +1,18 @@
-"""Seeded tiny models for the smoke: random Qwen3 target, byte-level BPE tokenizer, DFlash drafter.
+"""Seeded tiny models for the smoke: a random target, byte-level BPE tokenizer, DFlash drafter.
 
-The drafter is the reference package's ``dflash.model.DFlashDraftModel`` with
-hybrid layers (sliding, sliding, full), so what vLLM loads is exactly what the
-reference computes with. The tokenizer is trained offline on a seeded
-synthetic corpus and saved beside the target, so ``vllm serve`` and the
-OpenAI API work end to end.
+Two targets (``--arch``):
+- ``hybrid`` (default): ``Qwen3_5ForConditionalGeneration``, the architecture
+  Qwen3.6-27B ships as: Gated DeltaNet (linear attention) layers with a gated
+  full-attention layer every fourth, interleaved M-RoPE over a quarter of the
+  head, and a (tiny) vision tower that the smoke never feeds: vLLM serves it
+  with ``--language-model-only``. Its drafter has four sliding-window layers and
+  one full layer, as the seed's does.
+- ``qwen3``: the attention-only ``Qwen3ForCausalLM``; drafter (sliding, sliding, full).
+
+The drafter is the reference package's ``dflash.model.DFlashDraftModel``, so
+what vLLM loads is exactly what the reference computes with. The tokenizer
+is trained offline on a seeded synthetic corpus and saved beside the target,
+so ``vllm serve`` and the OpenAI API work end to end.
 
 Runs in an interpreter with torch, transformers, tokenizers and ``dflash``:
 ``python -m tooling.smoke.tiny OUT_DIR [--seed N]`` writes ``OUT_DIR/target``,
@@ -24,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "tiny.json"
+HYBRID = "hybrid"
+QWEN3 = "qwen3"
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|dflash_mask|>"
 
@@ -33,6 +43,7 @@ class TinySpec:
     """Shapes of the tiny pair (the ones that loaded in vLLM 0.20.1 on an H200)."""
 
     seed: int = 0
+    arch: str = QWEN3
     vocab_size: int = 2048
     hidden_size: int = 256
     intermediate_size: int = 512
@@ -53,6 +64,19 @@ class TinySpec:
     @property
     def mask_token_id(self) -> int:
         return self.vocab_size - 1
+
+    @classmethod
+    def for_arch(cls, arch: str, seed: int = 0) -> TinySpec:
+        """The spec of ``arch``: the hybrid drafter gets the seed's four sliding + one full."""
+        if arch == QWEN3:
+            return cls(seed=seed, arch=QWEN3)
+        if arch == HYBRID:
+            return cls(
+                seed=seed,
+                arch=HYBRID,
+                draft_layer_types=("sliding_attention",) * 4 + ("full_attention",),
+            )
+        raise ValueError(f"unknown tiny architecture {arch!r}")
 
 
 @dataclass(frozen=True)
@@ -163,18 +187,20 @@ def _qwen3_common(spec: TinySpec) -> dict[str, Any]:
 
 
 def write_target(out: Path, spec: TinySpec) -> None:
-    """A seeded random Qwen3ForCausalLM saved in bf16 safetensors, with its tokenizer."""
+    """A seeded random target of ``spec.arch`` in bf16 safetensors, with its tokenizer."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(
-        num_hidden_layers=spec.target_layers,
-        architectures=["Qwen3ForCausalLM"],
-        **_qwen3_common(spec),
-    )
-    torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out)
+    if spec.arch == HYBRID:
+        write_hybrid_target(out, spec)
+    else:
+        config = Qwen3Config(
+            num_hidden_layers=spec.target_layers,
+            architectures=["Qwen3ForCausalLM"],
+            **_qwen3_common(spec),
+        )
+        torch.manual_seed(spec.seed)
+        Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=train_tokenizer(spec),
         eos_token=EOS_TOKEN,
@@ -182,6 +208,84 @@ def write_target(out: Path, spec: TinySpec) -> None:
         model_max_length=spec.max_position_embeddings,
     )
     wrapped.save_pretrained(out)
+
+
+HYBRID_ATTENTION_HEAD_DIM = 256
+"""Qwen3.6's own: a quarter of it (64) rotates, as three interleaved M-RoPE sections."""
+HYBRID_MROPE_SECTION = (11, 11, 10)
+
+
+def hybrid_config(spec: TinySpec) -> dict[str, Any]:
+    """config.json contents of the tiny ``Qwen3_5ForConditionalGeneration`` (plain data).
+
+    Every fourth layer is full (gated) attention, the others Gated DeltaNet, as in
+    Qwen3.6. Head counts are even so TP=2 splits them. The multimodal token ids
+    are reserved ids inside the vocabulary; the smoke sends no images.
+    """
+    text = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.target_layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=HYBRID_ATTENTION_HEAD_DIM,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        full_attention_interval=4,
+        layer_types=[
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+            for i in range(spec.target_layers)
+        ],
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": list(HYBRID_MROPE_SECTION),
+            "mrope_interleaved": True,
+        },
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=2,
+        out_hidden_size=spec.hidden_size,
+        num_position_embeddings=64,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+    )
+    reserved = spec.vocab_size - 5
+    return dict(
+        architectures=["Qwen3_5ForConditionalGeneration"],
+        model_type="qwen3_5",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=reserved,
+        video_token_id=reserved + 1,
+        vision_start_token_id=reserved + 2,
+        vision_end_token_id=reserved + 3,
+        tie_word_embeddings=False,
+    )
+
+
+def write_hybrid_target(out: Path, spec: TinySpec) -> None:
+    """A seeded random Qwen3_5ForConditionalGeneration in bf16 safetensors."""
+    import torch
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    config = Qwen3_5Config(**hybrid_config(spec))
+    torch.manual_seed(spec.seed)
+    model = Qwen3_5ForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(out)
 
 
 def write_drafter(out: Path, spec: TinySpec) -> None:
@@ -241,8 +345,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tooling.smoke.tiny")
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arch", choices=(HYBRID, QWEN3), default=HYBRID)
     args = parser.parse_args(argv)
-    models = write_tiny_models(args.out, TinySpec(seed=args.seed))
+    models = write_tiny_models(args.out, TinySpec.for_arch(args.arch, args.seed))
     print(json.dumps(models.to_json()))
     return 0
 

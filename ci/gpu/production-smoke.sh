@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The production-path smoke on one GPU host, one variant per call (each fits one
+# device command of <= 10 minutes; the smoke's own --time-limit stops it first).
+#   PATCHED_SITE  pip --target folder: the wheel under test + the bundle's deps
+#   STOCK_SITE    pip --target folder holding stock vLLM 0.20.1 (deps from PATCHED_SITE)
+#   OUT           where reports and logs go
+# Variants:
+#   default  compiled + CUDA graphs, hybrid Qwen3.5-family target, concurrent
+#            load on both servers, audited concurrent in-process batch (checks 1-6, 8, 9)
+#   eager    the same with --enforce-eager
+#   qwen3    the attention-only pair, compiled
+#   warm     check 7: stock compiles into the cache first (A), then the wheel (B); C cold
+#   stock    negative control on STOCK_SITE (--expect stock): checks 2-5 and 8 must fail
+#   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
+#   tp2      --tensor-parallel-size 2 (a 2-GPU host)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|fp8|tp2}
+: "${PATCHED_SITE:?}" "${OUT:?}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+cd "$here/../.."
+mkdir -p "$OUT"
+site=$PATCHED_SITE
+args=(--tiny --time-limit "${TIME_LIMIT:-540}")
+case $variant in
+  default) ;;
+  eager) args+=(--enforce-eager) ;;
+  qwen3) args+=(--tiny-arch qwen3) ;;
+  warm) args+=(--warm-cache --stock-site "${STOCK_SITE:?}" --no-load --no-audit) ;;
+  stock) site=${STOCK_SITE:?}:$PATCHED_SITE; args+=(--expect stock --no-load) ;;
+  fp8) args+=(--kv-cache-dtype fp8) ;;
+  tp2) args+=(--tensor-parallel-size 2) ;;
+  *) echo "unknown variant $variant" >&2; exit 2 ;;
+esac
+start=$(date +%s)
+PYTHONPATH=$site python3 -m tooling --no-progress smoke "${args[@]}" \
+  --workdir "$OUT/$variant" --json > "$OUT/$variant.json" 2> "$OUT/$variant.err"
+rc=$?
+echo "production smoke $variant: exit $rc in $(( $(date +%s) - start ))s (report $OUT/$variant/report.json, logs $OUT/$variant/logs)"
+python3 - "$OUT/$variant.json" <<'PY' || tail -3 "$OUT/$variant.err"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for c in r.get("checks", []):
+    print(f"{c['number']:>2} {c['id']:<16} {c['status']:<5} {c['evidence'][:200]}")
+print(r.get("summary"))
+PY
+# Nothing may be left running: list any vLLM process this run left behind.
+pgrep -af "vllm.entrypoints|tooling.smoke" || true
+exit $rc

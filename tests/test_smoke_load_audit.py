@@ -1,0 +1,116 @@
+"""The slot audit's arithmetic on crafted block tables, and the load client's own logic."""
+
+from __future__ import annotations
+
+from tooling.smoke import checks, load
+from tooling.smoke.slotaudit import SlotAudit, audit_first_pass
+
+BLOCK = 16
+
+
+def _slots(blocks_by_position: list[tuple[int, int]]) -> list[int]:
+    # (block id, offset) -> slot, as the DFlash kernel computes it.
+    return [b * BLOCK + o for b, o in blocks_by_position]
+
+
+def test_slots_in_own_blocks_pass() -> None:
+    owners = {"a": [3, 4], "b": [7]}
+    # Two rows of K+1 = 4 query slots; row a crosses from block 3 into 4.
+    slots = _slots([(3, 14), (3, 15), (4, 0), (4, 1), (7, 2), (7, 3), (7, 4), (7, 5)])
+    audit = audit_first_pass(slots, list(range(8)), ["a", "b"], owners, BLOCK)
+    assert (audit.slots, audit.outside, audit.other_live) == (8, 0, 0)
+    assert checks.check_slot_audit(audit.to_json()).status == checks.PASS
+
+
+def test_unreserved_lookahead_into_a_stale_row_is_counted() -> None:
+    # Request a's first prefill reserved one block (3); its lookahead spills past
+    # it and the stale block-table tail points at block 7, which b owns, and at
+    # the null block.
+    owners = {"a": [3], "b": [7]}
+    slots = [*_slots([(3, 15), (7, 0), (0, 1), (0, 2)]), -1, -1, -1, -1]
+    audit = audit_first_pass(slots, list(range(8)), ["a", "b"], owners, BLOCK)
+    assert audit.slots == 4  # padding slots are not writes
+    assert audit.outside == 3
+    assert audit.other_live == 1
+    assert audit.null_block == 2
+    assert audit.examples[0]["owned_by"] == ["b"]
+    result = checks.check_slot_audit(audit.to_json())
+    assert result.status == checks.FAIL
+    assert "3 of 4" in result.evidence and "1 into another live" in result.evidence
+
+
+def test_manager_blocks_larger_than_kernel_blocks() -> None:
+    # Hybrid: manager block 2 of 64 tokens holds kernel blocks 8..11 of 16 tokens.
+    owners = {"a": [2]}
+    slots = [11 * 16 + 15, 12 * 16]  # last token of manager block 2, then block 3
+    audit = audit_first_pass(slots, [0, 1], ["a"], owners, 64)
+    assert (audit.slots, audit.outside) == (2, 1)
+
+
+def test_audits_add_up_and_nothing_audited_is_an_error() -> None:
+    total = SlotAudit()
+    total.add(audit_first_pass([0], [0], ["x"], {}, BLOCK))
+    assert total.unknown_rows == 1 and total.slots == 0
+    assert checks.check_slot_audit(total.to_json()).status == checks.ERROR
+
+
+def test_load_items_are_distinct_shared_prefix_prompts() -> None:
+    base = list(range(100, 300))
+    items = load.load_items(base, 64, seed=2, vocab=(10, 1000))
+    assert len({i.prompt for i in items}) == 64
+    for n, item in enumerate(items):
+        length = load.PREFIX_LENGTHS[n % len(load.PREFIX_LENGTHS)]
+        assert list(item.prompt[:length]) == base[:length]
+        assert load.OUTPUT_TOKENS[0] <= item.max_tokens <= load.OUTPUT_TOKENS[1]
+    assert len({i.max_tokens for i in items}) > 10
+    assert items == load.load_items(base, 64, seed=2, vocab=(10, 1000))
+
+
+def test_percentiles_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert load.percentile(values, 50) == 50.0
+    assert load.percentile(values, 99) == 99.0
+    assert load.percentile([3.0], 99) == 3.0
+    assert load.percentile([], 50) is None
+
+
+def _burst(failed: int, cached: int, tps: float) -> dict:
+    return {
+        "requests": 64,
+        "failed": failed,
+        "tokens_per_s": tps,
+        "p50_latency_s": 0.1,
+        "p99_latency_s": 0.3,
+        "cached_tokens": cached,
+    }
+
+
+def test_load_verdicts() -> None:
+    plain = {"first": _burst(0, 10, 50), "measured": _burst(0, 3000, 900)}
+    good = {"first": _burst(0, 10, 40), "measured": _burst(0, 3000, 1500), "acceptance_length": 2.1}
+    assert checks.check_load(good, plain).status == checks.PASS
+    dropped = {"first": _burst(0, 10, 40), "measured": _burst(0, 2900, 1500)}
+    assert checks.check_load(dropped, plain).status == checks.FAIL
+    failing = {"first": _burst(1, 10, 40), "measured": _burst(0, 3000, 1500)}
+    assert checks.check_load(failing, plain).status == checks.FAIL
+    assert "1 failed" in checks.check_load(failing, plain).evidence
+
+
+def test_warm_cache_verdict_uses_run_b_and_its_captured_layers() -> None:
+    good = {"agreement": 0.998, "feature_layers": {"nearest": [2, 4, 6]}}
+    stale = {"agreement": 0.995, "feature_layers": {"nearest": [1, 3, 5]}}
+    broken = {"agreement": 0.483}
+    runs = {"A": broken, "B": good, "C": good}
+    assert checks.check_warm_cache(runs, 0.99, (2, 4, 6)).status == checks.PASS
+    runs["B"] = stale  # drafter right, features of the other build's layers
+    assert checks.check_warm_cache(runs, 0.99, (2, 4, 6)).status == checks.FAIL
+    runs["B"] = broken
+    result = checks.check_warm_cache(runs, 0.99, (2, 4, 6))
+    assert result.status == checks.FAIL and "B 48.3%" in result.evidence
+    assert checks.check_warm_cache({"A": broken}, 0.99, (2, 4, 6)).status == checks.ERROR
+
+
+def test_aux_layers_fail_when_the_drafter_got_other_layers() -> None:
+    result = checks.check_aux_layers((2, 4, 6), (2, 4, 6), "log", captured=(1, 3, 5))
+    assert result.status == checks.FAIL and "HF layers (1, 3, 5)" in result.evidence
+    assert checks.check_aux_layers((2, 4, 6), (2, 4, 6), "log", captured=(2, 4, 6)).passed
