@@ -11,6 +11,7 @@ while [ ! -f "$WORK/train-out/summary.json" ] && [ "$limit" -gt 0 ]; do
 done
 tail -5 "$WORK/train.log"
 engines=""
-for e in patched no-fix1 no-fix2 no-fix3 stock; do engines="$engines --engine $e=$ENGINES/$e"; done
+# Every engine host-setup.sh installed: patched, stock and the no-<patch id> ablations.
+for dir in "$ENGINES"/*/; do e=$(basename "$dir"); engines="$engines --engine $e=$ENGINES/$e"; done
 PYTHONPATH=$SITE python3 -m tooling --no-progress smoke --trained --workdir "$WORK/accept" $engines
 echo "acceptance: exit $?"

@@ -14,19 +14,22 @@ cp "$official" "$payload"/vllm-0.20.1.tar.gz "$VLLM_DFLASH_CACHE/pypi/"
 export PYTHONPATH=$SITE
 cd "$here/../.."
 # The patched wheel, with the probes (this interpreter plus $SITE is the probe
-# interpreter), then the ablations without them.
-python3 -m tooling --offline --no-progress build --dist "$WORK/dist" \
-  --probe-python "$(command -v python3)" --json > "$WORK/build-patched.json"
-for skip in dflash-layer-id-offset dflash-swa-config eagle-cache-drop; do
-  python3 -m tooling --offline --no-progress build --dist "$WORK/dist-$skip" --skip "$skip" \
-    --no-probes --json > "$WORK/build-no-$skip.json"
-done
+# interpreter) unless PROBES=0 (the CPU build machine probed the same bytes: the
+# build is reproducible, so the sha256 printed below must equal its own), then
+# one ablation per patch id in ABLATIONS (default: every patch of the series).
+probes=(--probe-python "$(command -v python3)")
+[ "${PROBES:-1}" = 0 ] && probes=(--no-probes)
+python3 -m tooling --offline --no-progress build --dist "$WORK/dist" "${probes[@]}" \
+  --json > "$WORK/build-patched.json"
 install() { python3 -m pip install --quiet --no-deps --no-index --target "$ENGINES/$1" "$2"; }
 install stock "$official"
 install patched "$(ls "$WORK"/dist/vllm-*.whl)"
-install no-fix1 "$(ls "$WORK"/dist-dflash-layer-id-offset/vllm-*.whl)"
-install no-fix2 "$(ls "$WORK"/dist-dflash-swa-config/vllm-*.whl)"
-install no-fix3 "$(ls "$WORK"/dist-eagle-cache-drop/vllm-*.whl)"
+all=$(python3 -c 'import tomllib; print(" ".join(p["id"] for p in tomllib.load(open("patches/series.toml", "rb"))["patch"]))')
+for skip in ${ABLATIONS-$all}; do
+  python3 -m tooling --offline --no-progress build --dist "$WORK/dist-$skip" --skip "$skip" \
+    --no-probes --json > "$WORK/build-no-$skip.json"
+  install "no-$skip" "$(ls "$WORK/dist-$skip"/vllm-*.whl)"
+done
 sha256sum "$WORK"/dist*/vllm-*.whl
 python3 - <<'PY'
 import json, os
