@@ -34,12 +34,16 @@ def _fa3_fp8_support():
     """
     from vllm.v1.attention.backends import flash_attn
 
-    saved = flash_attn.flash_attn_supports_fp8
-    flash_attn.flash_attn_supports_fp8 = lambda: True
+    # The question's name differs between releases (0.22 to 0.32 do not ask).
+    names = ("flash_attn_supports_fp8", "flash_attn_supports_kv_cache_dtype")
+    saved = {n: getattr(flash_attn, n) for n in names if hasattr(flash_attn, n)}
+    for name in saved:
+        setattr(flash_attn, name, lambda *args, **kwargs: True)
     try:
         yield
     finally:
-        flash_attn.flash_attn_supports_fp8 = saved
+        for name, original in saved.items():
+            setattr(flash_attn, name, original)
 
 
 def _layer(attn, config) -> dict:

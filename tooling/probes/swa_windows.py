@@ -59,6 +59,20 @@ def _layer_causal(config, model) -> list[bool] | None:
     return list(DFlashQwen3ForCausalLM.get_draft_attn_causal(SimpleNamespace(model=model)))
 
 
+def _kv_cache(backend, spec, impl):
+    """A zeroed four-block KV cache in the layout this release's backend reads."""
+    import torch
+
+    if hasattr(backend, "get_kv_cache_shape"):
+        shape = backend.get_kv_cache_shape(4, spec.block_size, impl.num_kv_heads, impl.head_size)
+        return torch.zeros(shape, dtype=spec.dtype)
+    # 0.33 sizes every layer's cache from its spec, in bytes.
+    from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
+
+    shape = compute_layer_kv_cache_shape_bytes(spec, 4)
+    return torch.zeros(shape, dtype=torch.uint8).view(spec.dtype)
+
+
 def _record_forward(config, attn, metadata) -> dict:
     """Run ``attn``'s backend forward once on ``metadata``; what FlashAttention was asked."""
     import torch
@@ -72,8 +86,7 @@ def _record_forward(config, attn, metadata) -> dict:
         built = builder.build(common_prefix_len=0, common_attn_metadata=metadata)
     impl = attn.impl
     tokens = metadata.num_actual_tokens
-    shape = backend.get_kv_cache_shape(4, spec.block_size, impl.num_kv_heads, impl.head_size)
-    kv_cache = torch.zeros(shape, dtype=spec.dtype)
+    kv_cache = _kv_cache(backend, spec, impl)
     query = torch.zeros(tokens, impl.num_heads, impl.head_size, dtype=torch.bfloat16)
     key = torch.zeros(tokens, impl.num_kv_heads, impl.head_size, dtype=torch.bfloat16)
     output = torch.zeros_like(query)
