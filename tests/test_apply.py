@@ -52,11 +52,14 @@ def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
         assert outcome.probe_after["status"] == PRESENT, outcome.probe_after
     after = {o.patch_id: o.probe_after for o in patched_0201.outcomes}
     assert "(2, 17, 32, 47, 62)" in after["dflash-layer-id-offset"]["evidence"]
-    assert after["dflash-swa-config"]["details"]["windows"] == [[15, 0], [15, 0], [-1, -1]]
-    assert after["dflash-swa-config"]["details"]["kv_specs"] == ["FullAttentionSpec"] * 3
+    swa = after["dflash-swa-config"]["details"]
+    assert swa["masks"] == [[15, 0], [15, 0], [-1, -1]]
+    assert [c["kv_spec"] for c in swa["calls"]] == ["FullAttentionSpec"] * 3
+    assert after["dflash-fp8-kv-cache"]["details"]["query_start_loc"]["cpu"] == "torch.int32"
     assert after["eagle-cache-drop"]["details"]["cached_dflash"] == 192
     before = {o.patch_id: o.probe_before for o in patched_0201.outcomes}
     assert before["eagle-cache-drop"]["details"]["cached_dflash"] == 176
+    assert before["dflash-fp8-kv-cache"]["details"]["query_start_loc"]["cpu"] == "torch.int64"
 
 
 def test_0201_one_commit_per_patch_with_trailers(patched_0201, series):
@@ -79,6 +82,8 @@ def test_0220_offset_is_superseded_not_reapplied(patched_0220):
     assert any("qwen3_dflash.py hunk #" in c for c in swa.conflicts)
     assert report.outcome("eagle-cache-drop").status == APPLIED
     assert report.outcome("eagle-cache-drop").probe_after["status"] == PRESENT
+    fp8 = report.outcome("dflash-fp8-kv-cache")
+    assert fp8.status == SUPERSEDED and fp8.commit is None
     assert not report.ok
 
 

@@ -95,6 +95,7 @@ def test_release_notes_from_the_real_build(built_wheel, series, patched_0201, pa
     notes = release_notes(series, manifest, built_wheel.filename, built_wheel.sha256, status)
     assert notes.startswith(f"# vLLM {built_wheel.version}\n")
     assert built_wheel.sha256 in notes
+    assert f"- `vllm.__version__`: `{built_wheel.version}`" in notes
     carried = notes.split("## Patches carried")[1].split("##")[0]
     for patch in series.patches:
         assert patch.title in carried

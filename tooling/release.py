@@ -64,6 +64,9 @@ def release_notes(
         f"- wheel: `{wheel_name}`",
         f"- sha256: `{wheel_sha256}`",
     ]
+    if manifest.runtime_version:
+        # What vLLM keys its compiled-graph caches by: never stock's version.
+        lines.append(f"- `vllm.__version__`: `{manifest.runtime_version}`")
     lines += [
         f"- upstream {a['kind']}: `{a.get('file') or a.get('commit')}` (sha256 `{a['sha256']}`)"
         for a in manifest.upstream

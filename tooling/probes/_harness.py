@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,19 @@ def install_cpu_platform() -> None:
 
             return AttentionBackendEnum.FLASH_ATTN.get_path()
 
+        @classmethod
+        def is_pin_memory_available(cls) -> bool:
+            # Pinned host buffers need an accelerator's allocator.
+            return False
+
     platforms._current_platform = ProbeCpuPlatform()
+    # Releases from 0.26 read pin-memory support once, at import, into the
+    # default of every CPU/GPU buffer: it must be this platform's answer
+    # before those buffers' module is imported.
+    import vllm.utils.torch_utils as torch_utils
+
+    if hasattr(torch_utils, "PIN_MEMORY"):
+        torch_utils.PIN_MEMORY = False
     # vLLM inspects model classes in a fresh interpreter so the parent never
     # initialises CUDA. That child would detect the real platform (on a GPU host
     # with no visible device it fails); the probe never touches CUDA, so the
@@ -111,6 +124,7 @@ def vllm_config(
     method: str | None = "dflash",
     block_size: int = 16,
     prefix_caching: bool = False,
+    cache_dtype: str = "auto",
 ):
     """A real VllmConfig for ``pair``, built the way the engine builds it."""
     from vllm.config import (
@@ -146,7 +160,9 @@ def vllm_config(
             max_model_len=1024,
             is_encoder_decoder=False,
         ),
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching),
+        cache_config=CacheConfig(
+            block_size=block_size, enable_prefix_caching=prefix_caching, cache_dtype=cache_dtype
+        ),
         speculative_config=spec,
     )
 
@@ -175,6 +191,87 @@ def ensure_single_process_group(config) -> None:
         )
         initialize_model_parallel(1, 1)
     _distributed = True
+
+
+class _KernelRecorder:
+    """Stands in for a GPU kernel or its launcher: records each call's arguments, computes nothing.
+
+    Triton kernels are called as ``kernel[grid](**args)``, launchers and
+    FlashAttention's wrappers as ``fn(**args)``; both forms land in ``calls``.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid) -> _KernelRecorder:
+        return self
+
+    def __call__(self, *args, **kwargs) -> None:
+        self.calls.append(dict(kwargs, _args=args))
+
+
+@contextmanager
+def recording(module, *names: str):
+    """Replace whichever of ``names`` ``module`` has by one recorder, for the ``with`` body.
+
+    The names that exist are the CUDA entry points a vLLM release calls; the
+    recorder keeps what they were given, which is what the probes ask about.
+    """
+    recorder = _KernelRecorder()
+    saved = {n: getattr(module, n) for n in names if hasattr(module, n)}
+    for name in names:
+        setattr(module, name, recorder)
+    try:
+        yield recorder
+    finally:
+        for name in names:
+            if name in saved:
+                setattr(module, name, saved[name])
+            else:
+                delattr(module, name)
+
+
+def dflash_proposer_metadata(config):
+    """The attention metadata V1's DFlashProposer builds for its drafter's queries.
+
+    Runs the real proposer's ``set_inputs_first_pass`` on a crafted target
+    batch (two requests, 5 and 3 new tokens, 20 and 11 tokens long). The Triton
+    kernel that fills the drafter's input buffers on the GPU is recorded, not
+    run: the metadata is built around it, not by it. Returns the proposer's
+    metadata, or raises what the proposer raised.
+    """
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.spec_decode import dflash
+
+    query_start = torch.tensor([0, 5, 8], dtype=torch.int32)
+    target = CommonAttentionMetadata(
+        query_start_loc=query_start,
+        query_start_loc_cpu=query_start.clone(),
+        seq_lens=torch.tensor([20, 11], dtype=torch.int32),
+        num_reqs=2,
+        num_actual_tokens=8,
+        max_query_len=5,
+        max_seq_len=20,
+        block_table_tensor=torch.arange(8, dtype=torch.int32).view(2, 4),
+        slot_mapping=torch.zeros(8, dtype=torch.int64),
+    )
+    hidden = config.speculative_config.draft_model_config.hf_config.hidden_size
+    with set_current_vllm_config(config):
+        proposer = dflash.DFlashProposer(config, torch.device("cpu"))
+        kernels = ("copy_and_expand_dflash_inputs_kernel", "_copy_and_expand_dflash_inputs")
+        with recording(dflash, *kernels):
+            _, _, metadata = proposer.set_inputs_first_pass(
+                target_token_ids=torch.zeros(8, dtype=torch.int32),
+                next_token_ids=torch.zeros(2, dtype=torch.int32),
+                target_positions=torch.arange(8),
+                target_hidden_states=torch.zeros(8, 3 * hidden),
+                token_indices_to_sample=None,
+                cad=target,
+                num_rejected_tokens_gpu=None,
+            )
+    return metadata
 
 
 def scratch_dir() -> Path:
