@@ -13,8 +13,10 @@ The in-process fidelity run needs a GPU and is switched off here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -25,21 +27,26 @@ from tooling.smoke.checks import FAIL, INFO, PASS, SKIP
 
 STANDIN_MAIN = textwrap.dedent(
     """
-    import argparse, http.server, json, os, sys
+    import argparse, http.server, json, os, sys, time
 
     parser = argparse.ArgumentParser()
     parser.add_argument("command")
     parser.add_argument("model")
     for flag in ("--host", "--port", "--served-model-name", "--attention-backend",
                  "--max-model-len", "--gpu-memory-utilization", "--seed", "--block-size",
-                 "--kv-cache-dtype",                 "--tensor-parallel-size", "--max-num-seqs",
-                 "--generation-config", "--speculative-config"):
+                 "--kv-cache-dtype", "--tensor-parallel-size", "--max-num-seqs",
+                 "--kv-cache-memory-bytes", "--generation-config", "--speculative-config"):
         parser.add_argument(flag)
     for flag in ("--enable-prompt-tokens-details", "--enable-prefix-caching",
                  "--no-enable-prefix-caching", "--enforce-eager",
                  "--language-model-only"):
         parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
+    if os.environ.get("STANDIN_PIDS"):
+        with open(os.environ["STANDIN_PIDS"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+    # A slow start (compiling), before anything listens.
+    time.sleep(float(os.environ.get("STANDIN_DELAY", "0")))
     stock = os.environ.get("STANDIN_MODE") == "stock"
     block = int(args.block_size)
     spec = json.loads(args.speculative_config) if args.speculative_config else None
@@ -223,6 +230,35 @@ def test_stock_build_fails_fix_checks_but_stays_lossless(tmp_path, standin_vllm,
     assert status["acceptance"] == FAIL  # 1.25 < 1.5
     assert not report.passed
     assert "2 aux_layers (fail)" in report.summary_line()
+
+
+def test_spent_time_limit_still_writes_the_report_and_stops_servers(
+    tmp_path, standin_vllm, monkeypatch
+) -> None:
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    monkeypatch.setenv("STANDIN_DELAY", "60")
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("STANDIN_PIDS", str(pids))
+    config = _config(tmp_path, *standin_vllm)
+    config = SmokeConfig(
+        **{
+            **config.__dict__,
+            "timeouts": Timeouts(total=6, server_start=30, request=10, server_stop=1),
+        }
+    )
+    started = time.monotonic()
+    report = run_smoke(config, notify=lambda m: None)
+    assert time.monotonic() - started < 30
+    assert not report.passed
+    saved = json.loads((tmp_path / "smoke" / "report.json").read_text())
+    assert saved["passed"] is False
+    servers = {s.name: s for s in report.steps if s.name.startswith("serve")}
+    assert not servers["serve with DFlash"].ok
+    assert "time limit is spent" in servers["serve without speculation"].message
+    # The slow server was started, then stopped with its whole group.
+    (pid,) = [int(line) for line in pids.read_text().split()]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 def test_no_vllm_is_one_clear_error(tmp_path, monkeypatch) -> None:

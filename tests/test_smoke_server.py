@@ -103,12 +103,24 @@ def test_serve_command_for_dflash_server() -> None:
     assert flags["--gpu-memory-utilization"] == "0.3"
     assert flags["--seed"] == "0"
     assert flags["--block-size"] == "16"
-    assert "--enforce-eager" in cmd
+    # Compiled graphs (vLLM's default) unless asked; vLLM profiles the KV-cache size.
+    assert "--enforce-eager" not in cmd
+    assert "--kv-cache-memory-bytes" not in cmd
     assert "--enable-prefix-caching" in cmd
     assert "--enable-prompt-tokens-details" in cmd
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "model": "/m/drafter", "num_speculative_tokens": 3}
     assert spec == speculative_config("/m/drafter", 3)
+
+
+def test_serve_command_for_a_shared_gpu_and_a_hybrid_target() -> None:
+    engine = EngineSettings(enforce_eager=True, block_size=None, kv_cache_memory_bytes=4 << 30)
+    options = ServeOptions("t", "d", engine, port=1, language_model_only=True)
+    cmd = build_serve_command(options, python="py")
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(4 << 30)
+    assert "--block-size" not in cmd
+    assert "--enforce-eager" in cmd
+    assert "--language-model-only" in cmd
 
 
 def test_serve_command_without_drafter_keeps_caching_setting() -> None:

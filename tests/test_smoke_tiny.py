@@ -9,6 +9,10 @@ reference's own speculative loop (``DFlashDraftModel.spec_generate``): drafts
 recorded from that loop must be reproduced exactly, and drafts from the same
 loop with the drafter miswired as stock vLLM 0.20.1 wires it (every layer full
 attention; context read at ``hidden_states[id]``) must fall below the gate.
+That loop needs the attention-only ``qwen3`` target (its cache is cropped
+after each verification). The ``hybrid`` target (the smoke's default) is
+checked the way the GPU smoke gates it: context features handed in as the
+engine's, and the HF layer they are nearest to.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import pytest
 from tooling.fsutil import sha256_file
 from tooling.paths import REPO_DIR, default_cache_dir
 from tooling.smoke import checks
-from tooling.smoke.config import drafter_info_from_config
-from tooling.smoke.tiny import MANIFEST, TinySpec, load_manifest
+from tooling.smoke.config import drafter_info_from_config, target_info_from_config
+from tooling.smoke.tiny import MANIFEST, TinySpec, _qwen3_common, hybrid_config, load_manifest
 
 DFLASH_REQ = "dflash==0.1.0"
 
@@ -169,8 +173,12 @@ def _run(probe_py: Path, dflash_path: Path, *args: str, timeout: int = 240) -> N
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
     root = tmp_path_factory.mktemp("tiny")
-    _run(probe_py, dflash_path, "-m", "tooling.smoke.tiny", str(root / "a"), "--seed", "0")
-    _run(probe_py, dflash_path, "-m", "tooling.smoke.tiny", str(root / "b"), "--seed", "0")
+    for name in ("a", "b"):
+        _run(
+            probe_py,
+            dflash_path,
+            *("-m", "tooling.smoke.tiny", str(root / name), "--seed", "0", "--arch", "qwen3"),
+        )
     script = root / "check.py"
     script.write_text(CHECK_SCRIPT)
     _run(probe_py, dflash_path, str(script), str(root / "a"), str(root / "check.json"))
@@ -179,7 +187,7 @@ def tiny(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
 
 def test_manifest_lists_every_file_with_its_digest(tiny) -> None:
     models = load_manifest(tiny["root"] / "a")
-    assert models.spec == TinySpec()
+    assert models.spec == TinySpec.for_arch("qwen3")
     assert models.target.is_dir() and models.drafter.is_dir()
     expected = {
         "target/config.json",
@@ -274,3 +282,95 @@ def test_reference_child_entry_point(tiny, probe_py: Path, dflash_path: Path) ->
     assert result["agreement"] == 1.0
     assert result["dtype"] == "float32"
     assert result["engine_acceptance_length"] == result["reference_acceptance_length"]
+
+
+HYBRID_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import transformers
+    from dflash.model import extract_context_feature
+    from tooling.smoke.reference import (
+        FidelityInput, compare, load_pair, reference_logits, target_hidden_states)
+
+    root, out_path = sys.argv[1], sys.argv[2]
+    config = transformers.AutoConfig.from_pretrained(f"{root}/target")
+    out = {"target_config": type(config).__name__}
+    target, draft = load_pair(f"{root}/target", f"{root}/drafter", "cpu", "float32")
+    out["target_class"] = type(target).__name__
+    out["windows"] = [layer.self_attn.sliding_window for layer in draft.layers]
+    sequence = torch.randint(10, 2000, (56,), generator=torch.Generator().manual_seed(0)).tolist()
+    hidden = target_hidden_states(target, sequence)
+    out["hidden_states"] = len(hidden)
+    ids = list(draft.target_layer_ids)
+    right = extract_context_feature(hidden, ids)
+    # What stock 0.20.1 hands the drafter: hidden_states[id], not [id + 1].
+    stock = torch.cat([hidden[i] for i in ids], dim=-1)
+    # The reference's own drafts from the right features, at three bonus positions.
+    proposals = []
+    for position in (24, 40, 55):
+        logits = reference_logits(target, draft, right, position, sequence[position], 3)
+        proposals.append({"prompt": 0, "position": position, "bonus": sequence[position],
+                          "drafts": logits.argmax(-1).tolist()})
+    out["comparisons"] = {}
+    for name, features in (("right", right), ("stock", stock)):
+        path = f"{root}/{name}-features.pt"
+        torch.save({0: (list(range(len(sequence))), features[0])}, path)
+        out["comparisons"][name] = compare(FidelityInput(
+            target=f"{root}/target", drafter=f"{root}/drafter", prompts=[sequence[:24]],
+            outputs=[sequence[24:]], proposals=proposals, device="cpu", dtype="float32",
+            context="engine", features_path=path, expected_layers=[i + 1 for i in ids]))
+    json.dump(out, open(out_path, "w"))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
+    """The default tiny pair (no --arch), compared as the GPU smoke compares it."""
+    root = tmp_path_factory.mktemp("hybrid")
+    _run(probe_py, dflash_path, "-m", "tooling.smoke.tiny", str(root / "pair"))
+    script = root / "check.py"
+    script.write_text(HYBRID_SCRIPT)
+    _run(probe_py, dflash_path, str(script), str(root / "pair"), str(root / "check.json"))
+    return {"root": root, "check": json.loads((root / "check.json").read_text())}
+
+
+def test_default_pair_is_the_hybrid_family(hybrid) -> None:
+    models = load_manifest(hybrid["root"] / "pair")
+    assert models.spec == TinySpec.for_arch("hybrid")
+    config = json.loads(models.target.joinpath("config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    info = target_info_from_config(config)
+    assert (info.hybrid, info.multimodal) == (True, True)
+    check = hybrid["check"]
+    assert check["target_config"] == "Qwen3_5Config"
+    assert check["target_class"] == "Qwen3_5ForConditionalGeneration"
+    assert check["hidden_states"] == 9  # embeddings + 8 layers
+    assert check["windows"] == [16, 16, 16, 16, None]
+    drafter = json.loads(models.drafter.joinpath("config.json").read_text())
+    assert drafter_info_from_config(drafter).expected_windows() == [(15, 0)] * 4 + [(-1, -1)]
+
+
+def test_hybrid_engine_context_finds_the_captured_layers(hybrid) -> None:
+    right = hybrid["check"]["comparisons"]["right"]
+    assert right["context"] == "engine"
+    assert right["compared_tokens"] == 9
+    assert right["agreement"] == 1.0
+    assert right["feature_layers"]["nearest"] == [2, 4, 6]
+    stock = hybrid["check"]["comparisons"]["stock"]
+    # Features taken at hidden_states[id] are nearest to those layers: check 2 fails.
+    assert stock["feature_layers"]["nearest"] == [1, 3, 5]
+    captured = tuple(stock["feature_layers"]["nearest"])
+    verdict = checks.check_aux_layers((2, 4, 6), (2, 4, 6), "x", captured)
+    assert verdict.status == checks.FAIL
+
+
+def test_hybrid_drafter_shares_the_target_attention_shape() -> None:
+    # One KV spec for the target's attention layers and the drafter's: vLLM 0.20.1
+    # then keeps every drafter layer in one KV-cache group (see TinySpec.for_arch).
+    spec = TinySpec.for_arch("hybrid")
+    text = hybrid_config(spec)["text_config"]
+    drafter = _qwen3_common(spec)
+    keys = ("num_attention_heads", "num_key_value_heads", "head_dim")
+    assert [text[k] for k in keys] == [drafter[k] for k in keys] == [2, 2, 256]

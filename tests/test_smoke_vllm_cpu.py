@@ -9,7 +9,10 @@ patched tree, first on the path:
   ``attention_windows`` the GPU run uses, and the V1 runner's aux-layer
   resolver answers for the drafter config: the check verdicts must be FAIL on
   the pristine tree and PASS on the patched one;
-- ``install_recorder`` binds to the real ``DFlashProposer.propose``.
+- ``install_recorder`` binds to the real ``DFlashProposer.propose``;
+- the slot auditor's hooks bind to the real ``Scheduler.schedule`` (which the
+  async scheduler inherits), ``DFlashProposer.set_inputs_first_pass`` and its
+  Triton kernel (interpreted), with an attention and a Mamba KV-cache group.
 """
 
 from __future__ import annotations
@@ -33,12 +36,17 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
+    # The DFlash first-pass kernel runs in Triton's interpreter (section 6).
+    os.environ["TRITON_INTERPRET"] = "1"
     from tooling.probes import _harness
     _harness.install_cpu_platform()
     import torch
+    from vllm.platforms import current_platform
+    # The proposer's buffers (section 6) ask for pinned memory, which needs an accelerator.
+    type(current_platform).is_pin_memory_available = classmethod(lambda cls: False)
 
-    argv, out_path = json.loads(sys.argv[1]), sys.argv[2]
+    argvs, out_path = json.loads(sys.argv[1]), sys.argv[2]
     out = {}
 
     # 1. /metrics from vLLM's own logger: a 200-token prompt twice, six drafts.
@@ -63,17 +71,18 @@ SCRIPT = textwrap.dedent(
         logger.record(SchedulerStats(prefix_cache_stats=cache, spec_decoding_stats=spec), None)
     out["metrics"] = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
 
-    # 2. Our serve argv through vLLM's serve parser.
+    # 2. Our serve argvs through vLLM's serve parser.
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     parser = FlexibleArgumentParser()
     ServeSubcommand().subparser_init(parser.add_subparsers(dest="subcommand"))
-    args = parser.parse_args(argv)
-    out["args"] = {k: getattr(args, k) for k in (
+    out["args"] = [{k: getattr(args, k) for k in (
         "subcommand", "model_tag", "host", "port", "served_model_name", "attention_backend",
         "max_model_len", "gpu_memory_utilization", "seed", "block_size", "generation_config",
         "enable_prompt_tokens_details", "enable_prefix_caching", "enforce_eager",
-        "speculative_config")}
+        "speculative_config", "kv_cache_dtype", "tensor_parallel_size", "max_num_seqs",
+        "language_model_only", "kv_cache_memory_bytes")}
+        for args in map(parser.parse_args, argvs)]
 
     # 3. A completion answer as vLLM serialises it.
     from vllm.entrypoints.openai.completion.protocol import (
@@ -110,6 +119,94 @@ SCRIPT = textwrap.dedent(
     original = DFlashProposer.propose
     install_recorder(DFlashProposer, ProposalRecorder())
     out["recorder_wraps"] = DFlashProposer.propose.__wrapped__ is original
+
+    # 6. The slot auditor's hooks on the real Scheduler (an attention group and a
+    # Mamba group in align mode, as a hybrid target has) and the real DFlash
+    # first pass, its Triton kernel reading a real MultiGroupBlockTable. The
+    # runner's drafting step is stood in for by a subclass that hands the first
+    # pass what GPUModelRunner hands it: the drafter group's block table and the
+    # scheduled tokens' positions.
+    from types import SimpleNamespace
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec)
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
+    from tooling.smoke.engine_run import SlotAuditor
+
+    block = 16
+    config = _harness.vllm_config(pair, prefix_caching=True)
+    config.cache_config.mamba_cache_mode = "align"
+    config.cache_config.num_gpu_blocks = 64
+    kv_cache_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["attn"], FullAttentionSpec(
+            block_size=block, num_kv_heads=1, head_size=1, dtype=torch.float32)),
+        KVCacheGroupSpec(["mamba"], MambaSpec(
+            block_size=block, shapes=((16,),), dtypes=(torch.float32,), mamba_cache_mode="align")),
+    ])
+    with set_current_vllm_config(config):
+        proposer = DFlashProposer(config, torch.device("cpu"), runner=None)
+    proposer.block_size, proposer.kv_cache_gid = block, 0
+
+    class Runner(GPUModelRunner):
+        def __init__(self):
+            self.input_batch = SimpleNamespace(req_ids=[], block_table=MultiGroupBlockTable(
+                max_num_reqs=4, max_model_len=1024, max_num_batched_tokens=1024,
+                pin_memory=False, device=torch.device("cpu"), block_sizes=[block, block],
+                kernel_block_sizes=[block, block]))
+
+        def propose_draft_token_ids(self, scheduler_output):
+            new = scheduler_output.scheduled_new_reqs
+            self.input_batch.req_ids = [r.req_id for r in new]
+            for row, r in enumerate(new):
+                self.input_batch.block_table.add_row(r.block_ids, row)
+            self.input_batch.block_table.commit_block_table(len(new))
+            lens = [scheduler_output.num_scheduled_tokens[r.req_id] for r in new]
+            starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+            n = int(starts[-1])
+            cad = CommonAttentionMetadata(
+                query_start_loc=starts, query_start_loc_cpu=starts,
+                seq_lens=torch.tensor(lens, dtype=torch.int32), num_reqs=len(new),
+                num_actual_tokens=n, max_query_len=max(lens), max_seq_len=max(lens),
+                block_table_tensor=self.input_batch.block_table[0].get_device_tensor(len(new)),
+                slot_mapping=torch.zeros(n, dtype=torch.int64))
+            return proposer.set_inputs_first_pass(
+                target_token_ids=torch.zeros(n, dtype=torch.int32),
+                next_token_ids=torch.ones(len(new), dtype=torch.int32),
+                target_positions=torch.cat([torch.arange(length) for length in lens]),
+                target_hidden_states=torch.zeros(n, 8), token_indices_to_sample=None,
+                cad=cad, num_rejected_tokens_gpu=None)
+
+    auditor = SlotAuditor()
+    auditor.install(Scheduler, Runner, DFlashProposer)
+    auditor.runner = Runner()
+    scheduler = Scheduler(
+        vllm_config=config, kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(config), block_size=block,
+        log_stats=False)
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(block, sha256)
+    for i, length in enumerate((32, 40)):
+        scheduler.add_request(Request(
+            request_id=f"r{i}", prompt_token_ids=list(range(100 * i + 1, 100 * i + 1 + length)),
+            sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+            block_hasher=hasher))
+    scheduled = scheduler.schedule()
+    auditor.runner.propose_draft_token_ids(scheduled)
+    out["audit"] = {
+        # async scheduling (0.20.1's default with DFlash) runs AsyncScheduler.schedule
+        "async_scheduler_inherits_schedule": "schedule" not in vars(AsyncScheduler),
+        "snapshot_is_of_this_step": auditor.pending[-1][0] is scheduled,
+        "snapshot": auditor.pending[-1][1],
+        "scheduled": {r.req_id: r.block_ids for r in scheduled.scheduled_new_reqs},
+        "counts": auditor.audit.to_json(),
+    }
     json.dump(out, open(out_path, "w"))
     """
 )
@@ -123,9 +220,29 @@ def probe_py() -> Path:
     return Path(value)
 
 
-SERVE_ARGV = build_serve_command(
-    ServeOptions("/models/target", "/models/drafter", EngineSettings(), port=8123), "python"
-)
+SERVE_ARGVS = [
+    build_serve_command(
+        ServeOptions("/models/target", "/models/drafter", EngineSettings(), port=8123), "python"
+    ),
+    # The hybrid target's server with every production option the smoke passes.
+    build_serve_command(
+        ServeOptions(
+            "/models/target",
+            "/models/drafter",
+            EngineSettings(
+                block_size=None,
+                enforce_eager=True,
+                kv_cache_dtype="fp8",
+                tensor_parallel_size=2,
+                max_num_seqs=4,
+                kv_cache_memory_bytes=4 << 30,
+            ),
+            port=8124,
+            language_model_only=True,
+        ),
+        "python",
+    ),
+]
 
 
 def _observe(probe_py: Path, tree: Path, tmp: Path) -> dict:
@@ -142,9 +259,9 @@ def _observe(probe_py: Path, tree: Path, tmp: Path) -> dict:
         "TMPDIR": str(tmp),
     }
     # argv after "python -m vllm.entrypoints.cli.main": what vLLM's CLI parses.
-    argv = json.dumps(SERVE_ARGV[3:])
+    argvs = json.dumps([argv[3:] for argv in SERVE_ARGVS])
     result = subprocess.run(
-        [str(probe_py), str(script), argv, str(out)],
+        [str(probe_py), str(script), argvs, str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -179,7 +296,7 @@ def test_metrics_written_by_vllm_parse(stock) -> None:
 
 
 def test_vllm_accepts_our_serve_argv(stock) -> None:
-    args = stock["args"]
+    args, production = stock["args"]
     assert args["subcommand"] == "serve"
     assert args["model_tag"] == "/models/target"
     assert (args["host"], args["port"]) == ("127.0.0.1", 8123)
@@ -190,12 +307,52 @@ def test_vllm_accepts_our_serve_argv(stock) -> None:
     assert args["generation_config"] == "vllm"
     assert args["enable_prompt_tokens_details"] is True
     assert args["enable_prefix_caching"] is True
-    assert args["enforce_eager"] is True
+    # Compiled graphs by default: no --enforce-eager.
+    assert args["enforce_eager"] is False
+    assert (args["kv_cache_dtype"], args["tensor_parallel_size"], args["max_num_seqs"]) == (
+        "auto",
+        1,
+        8,
+    )
+    assert args["language_model_only"] is False
     assert args["speculative_config"] == {
         "method": "dflash",
         "model": "/models/drafter",
         "num_speculative_tokens": 3,
     }
+    assert production["block_size"] is None  # vLLM sizes a hybrid target's blocks
+    assert production["enforce_eager"] is True
+    assert (production["kv_cache_dtype"], production["tensor_parallel_size"]) == ("fp8", 2)
+    assert production["max_num_seqs"] == 4
+    assert production["language_model_only"] is True
+    assert production["kv_cache_memory_bytes"] == 4 << 30
+    assert args["kv_cache_memory_bytes"] is None
+
+
+def _check_audit_hooks(audit: dict) -> None:
+    assert audit["async_scheduler_inherits_schedule"] is True
+    assert audit["snapshot_is_of_this_step"] is True
+    owners, block_sizes = audit["snapshot"]["owners"], audit["snapshot"]["block_sizes"]
+    assert block_sizes == [16, 16]
+    # Both groups (attention, Mamba) list both requests with the blocks the step assigned.
+    for group, blocks in enumerate(owners):
+        assert blocks == {req: ids[group] for req, ids in audit["scheduled"].items()}
+    counts = audit["counts"]
+    assert (counts["passes"], counts["unaudited_passes"], counts["unknown_rows"]) == (1, 0, 0)
+    assert counts["slots"] == 8  # two requests, 1 + K query slots each
+
+
+def test_slot_audit_hooks_bind_to_the_real_scheduler_and_first_pass(stock) -> None:
+    _check_audit_hooks(stock["audit"])
+    counts = stock["audit"]["counts"]
+    # Stock 0.20.1 reserves no lookahead on a first prefill: all 8 query slots
+    # (positions past the scheduled chunk) read unassigned block-table entries.
+    assert (counts["outside"], counts["null_block"], counts["other_live"]) == (8, 8, 0)
+    assert {e["position"] for e in counts["examples"]} == {16, 17, 18, 19}
+
+
+def test_slot_audit_hooks_bind_on_the_patched_tree(patched) -> None:
+    _check_audit_hooks(patched["audit"])
 
 
 def test_vllm_completion_answer_parses(stock) -> None:

@@ -961,6 +961,11 @@ def _parse_engines(specs: tuple[str, ...]) -> dict[str, Path]:
 @click.option("--num-speculative-tokens", type=int, default=3, show_default=True)
 @click.option("--gpu-memory-utilization", type=float, default=0.3, show_default=True)
 @click.option(
+    "--kv-cache-memory-bytes",
+    type=int,
+    help="Fixed KV-cache size per engine, no memory profiling (for runs sharing a GPU).",
+)
+@click.option(
     "--time-limit",
     type=float,
     default=540,
@@ -1022,6 +1027,7 @@ def smoke_command(
     no_fidelity: bool,
     num_speculative_tokens: int,
     gpu_memory_utilization: float,
+    kv_cache_memory_bytes: int | None,
     time_limit: float,
     tiny_arch: str,
     enforce_eager: bool,
@@ -1071,6 +1077,7 @@ def smoke_command(
         engine=EngineSettings(
             num_speculative_tokens=num_speculative_tokens,
             gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
             enforce_eager=enforce_eager,
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,

@@ -13,6 +13,10 @@
 #   stock    negative control on STOCK_SITE (--expect stock): checks 2-5 and 8 must fail
 #   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
 #   tp2      --tensor-parallel-size 2 (a 2-GPU host)
+# Optional: TIME_LIMIT (seconds, default 540), KV_CACHE_MEMORY_BYTES (a fixed KV cache
+# per engine: no memory profiling, for variants sharing one GPU) with
+# GPU_MEMORY_UTILIZATION (then only the free memory each engine needs at start-up),
+# SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|fp8|tp2}
@@ -21,7 +25,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUF
 cd "$here/../.."
 mkdir -p "$OUT"
 site=$PATCHED_SITE
-args=(--tiny --time-limit "${TIME_LIMIT:-540}")
+limit=${TIME_LIMIT:-540}
+args=(--tiny --time-limit "$limit")
+[ -n "${KV_CACHE_MEMORY_BYTES:-}" ] && args+=(--kv-cache-memory-bytes "$KV_CACHE_MEMORY_BYTES")
+[ -n "${GPU_MEMORY_UTILIZATION:-}" ] && args+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
 case $variant in
   default) ;;
   eager) args+=(--enforce-eager) ;;
@@ -33,7 +40,9 @@ case $variant in
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
 start=$(date +%s)
-PYTHONPATH=$site python3 -m tooling --no-progress smoke "${args[@]}" \
+# Backstop past the smoke's own limit: SIGTERM makes it stop its children (no report then).
+PYTHONPATH=$site timeout --kill-after=20 $((${limit%.*} + 40)) \
+  python3 -m tooling --no-progress smoke "${args[@]}" \
   --workdir "$OUT/$variant" --json > "$OUT/$variant.json" 2> "$OUT/$variant.err"
 rc=$?
 echo "production smoke $variant: exit $rc in $(( $(date +%s) - start ))s (report $OUT/$variant/report.json, logs $OUT/$variant/logs)"
@@ -42,8 +51,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 for c in r.get("checks", []):
     print(f"{c['number']:>2} {c['id']:<16} {c['status']:<5} {c['evidence'][:200]}")
-print(r.get("summary"))
+print(r.get("summary") or r.get("error"))
 PY
 # Nothing may be left running: list any vLLM process this run left behind.
-pgrep -af "vllm.entrypoints|tooling.smoke" || true
+[ -n "${SHARED_GPU:-}" ] || pgrep -af "vllm.entrypoints|tooling.smoke" || true
 exit $rc

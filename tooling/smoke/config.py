@@ -83,6 +83,12 @@ class EngineSettings:
     tensor_parallel_size: int = 1
     max_num_seqs: int = 8
     """Small, so the concurrent batches queue and requests finish out of order."""
+    kv_cache_memory_bytes: int | None = None
+    """A fixed KV-cache size instead of vLLM's memory profiling. For engines that
+    share a GPU with others starting and stopping: vLLM 0.20.1 fails its start-up
+    (an assertion in ``determine_available_memory``) when another process frees GPU
+    memory while it profiles; with a fixed size it does not profile.
+    ``gpu_memory_utilization`` is then only the free memory required at start-up."""
 
 
 @dataclass(frozen=True)

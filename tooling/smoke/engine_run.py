@@ -68,6 +68,7 @@ class EngineRunInput:
     tensor_parallel_size: int = 1
     max_num_seqs: int = 8
     block_size: int | None = 16
+    kv_cache_memory_bytes: int | None = None
     language_model_only: bool = False
     features_path: str | None = None
     """Where to save the recorded context features (torch.save); None: not recorded."""
@@ -348,6 +349,8 @@ def run(request: EngineRunInput) -> dict[str, Any]:
     optional: dict[str, Any] = {}
     if request.block_size is not None:
         optional["block_size"] = request.block_size
+    if request.kv_cache_memory_bytes is not None:
+        optional["kv_cache_memory_bytes"] = request.kv_cache_memory_bytes
     if request.language_model_only:
         optional["language_model_only"] = True
     started = time.monotonic()

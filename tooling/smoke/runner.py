@@ -574,6 +574,7 @@ def _engine_request(run: _Run, target: str, drafter: str, features: Path, *, bat
         "tensor_parallel_size": 1,
         "max_num_seqs": engine.max_num_seqs,
         "block_size": engine.block_size,
+        "kv_cache_memory_bytes": engine.kv_cache_memory_bytes,
         "language_model_only": run.target_info.multimodal,
         "features_path": str(features),
         "concurrent": concurrent,

@@ -95,6 +95,8 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
         "--enable-prompt-tokens-details",
         "--enable-prefix-caching" if options.prefix_caching else "--no-enable-prefix-caching",
     ]
+    if engine.kv_cache_memory_bytes is not None:
+        cmd += ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]
     if engine.block_size is not None:
         # None: vLLM picks (a hybrid target's attention blocks match the Mamba page).
         cmd += ["--block-size", str(engine.block_size)]

@@ -67,13 +67,26 @@ class TinySpec:
 
     @classmethod
     def for_arch(cls, arch: str, seed: int = 0) -> TinySpec:
-        """The spec of ``arch``: the hybrid drafter gets the seed's four sliding + one full."""
+        """The spec of ``arch``: the hybrid drafter gets the seed's four sliding + one full.
+
+        The hybrid's attention shape (heads, KV heads, head size) is shared by the
+        target's gated-attention layers and the drafter's: vLLM 0.20.1 groups a
+        hybrid model's KV cache by layer spec into groups as large as the smallest
+        spec type (here the target's two attention layers), so drafter layers of
+        another shape would be split over several groups and the DFlash proposer
+        refuses to start ("All drafting layers should belong to the same kv cache
+        group"). With one shape the drafter's layers join the target's attention
+        type and stay in one group.
+        """
         if arch == QWEN3:
             return cls(seed=seed, arch=QWEN3)
         if arch == HYBRID:
             return cls(
                 seed=seed,
                 arch=HYBRID,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=HYBRID_ATTENTION_HEAD_DIM,
                 draft_layer_types=("sliding_attention",) * 4 + ("full_attention",),
             )
         raise ValueError(f"unknown tiny architecture {arch!r}")
@@ -227,9 +240,9 @@ def hybrid_config(spec: TinySpec) -> dict[str, Any]:
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.target_layers,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=HYBRID_ATTENTION_HEAD_DIM,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
         linear_conv_kernel_dim=4,
         linear_key_head_dim=64,
         linear_value_head_dim=64,
