@@ -57,6 +57,12 @@ def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
     assert after["eagle-cache-drop"]["details"]["cached_dflash"] == 192
     before = {o.patch_id: o.probe_before for o in patched_0201.outcomes}
     assert before["eagle-cache-drop"]["details"]["cached_dflash"] == 176
+    assert before["dflash-lookahead-slots"]["details"]["outside"] == {
+        "first prefill K=3": 4,
+        "first prefill K=15": 16,
+        "decode all-accepted K=3": 1,
+    }
+    assert set(after["dflash-lookahead-slots"]["details"]["outside"].values()) == {0}
 
 
 def test_0201_one_commit_per_patch_with_trailers(patched_0201, series):
@@ -79,6 +85,9 @@ def test_0220_offset_is_superseded_not_reapplied(patched_0220):
     assert any("qwen3_dflash.py hunk #" in c for c in swa.conflicts)
     assert report.outcome("eagle-cache-drop").status == APPLIED
     assert report.outcome("eagle-cache-drop").probe_after["status"] == PRESENT
+    # 0.22.0 still reserves K slots and none on a first prefill.
+    assert report.outcome("dflash-lookahead-slots").status == APPLIED
+    assert report.outcome("dflash-lookahead-slots").probe_after["status"] == PRESENT
     assert not report.ok
 
 

@@ -37,7 +37,7 @@ from tooling.verify import (
 
 from .conftest import apply_options
 
-ALL = [1, 2, 3]
+ALL = [1, 2, 3, 4]
 
 
 def states(report) -> list[str]:
@@ -90,7 +90,7 @@ def test_patched_wheel_installs_and_verifies(
     report = verify(dist, ProbeTarget(python=patched_env, pycache=cache.root / "pycache"), ALL)
     assert report.integrity_ok, report.problems
     assert report.files_checked > 3000
-    assert states(report) == ["present"] * 3
+    assert states(report) == ["present"] * 4
     assert report.manifest is not None and not report.missing_fixes
 
 
@@ -106,7 +106,7 @@ def test_site_packages_mode_and_json(patched_env, probe_python):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["ok"] and data["built_by_us"] and data["integrity"]["problems"] == []
-    assert [f["state"] for f in data["fixes"]] == ["present"] * 3
+    assert [f["state"] for f in data["fixes"]] == ["present"] * 4
 
 
 def test_tampered_file_is_named_with_its_patch(patched_env):
@@ -151,9 +151,10 @@ def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python)
     assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
     data = json.loads(result.stdout)
     assert data["integrity"]["ok"] and not data["built_by_us"]
-    assert [f["state"] for f in data["fixes"]] == ["absent"] * 3
+    assert [f["state"] for f in data["fixes"]] == ["absent"] * 4
     assert "(1, 16, 31, 46, 61)" in data["fixes"][0]["evidence"]
     assert "176 tokens from the prefix cache" in data["fixes"][2]["evidence"]
+    assert "first prefill K=3 (32-token prompt): 4 of 4 outside" in data["fixes"][3]["evidence"]
 
 
 def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_python, cache):
@@ -162,8 +163,8 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
     )
     assert report.integrity_ok
-    assert states(report) == ["present (upstream form)", "absent", "absent"]
-    assert [f.number for f in report.missing_fixes] == [2, 3]
+    assert states(report) == ["present (upstream form)", "absent", "absent", "absent"]
+    assert [f.number for f in report.missing_fixes] == [2, 3, 4]
     assert dataclasses.replace(report, required=[1]).missing_fixes == []
 
 
@@ -177,7 +178,7 @@ def test_a_build_without_a_patch_reports_that_fix_absent(
     result = verify(
         locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
     )
-    assert states(result) == ["present", "present", "absent (skipped in build)"]
+    assert states(result) == ["present", "present", "absent (skipped in build)", "present"]
     assert [f.number for f in result.missing_fixes] == [3]
 
 
@@ -195,7 +196,7 @@ def test_no_vllm_is_its_own_exit_code(tmp_path):
 
 
 def test_parse_require():
-    assert parse_require("all") == [1, 2, 3]
+    assert parse_require("all") == [1, 2, 3, 4]
     assert parse_require("3,dflash-layer-id-offset,swa_windows") == [1, 2, 3]
     with pytest.raises(ConfigError, match="--require 'nine'"):
         parse_require("nine")

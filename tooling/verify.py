@@ -32,6 +32,7 @@ FIXES = (
     (1, "dflash-layer-id-offset", "layer_offset"),
     (2, "dflash-swa-config", "swa_windows"),
     (3, "eagle-cache-drop", "eagle_cache_drop"),
+    (4, "dflash-lookahead-slots", "lookahead_slots"),
 )
 
 _LOCATE = r"""
@@ -249,7 +250,8 @@ def parse_require(spec: str) -> list[int]:
     for token in (t.strip() for t in spec.split(",") if t.strip()):
         match = [n for n, pid, probe in FIXES if token in (str(n), pid, probe)]
         if not match:
-            raise ConfigError(f"--require {token!r}: not a fix (1, 2, 3, a patch id or a probe)")
+            numbers = ", ".join(str(n) for n, _, _ in FIXES)
+            raise ConfigError(f"--require {token!r}: not a fix ({numbers}, a patch id or a probe)")
         wanted += match
     return sorted(set(wanted))
 

@@ -34,7 +34,7 @@ __all__ = [
     "start_probes",
 ]
 
-ALL_PROBES = ("layer_offset", "swa_windows", "eagle_cache_drop")
+ALL_PROBES = ("layer_offset", "swa_windows", "eagle_cache_drop", "lookahead_slots")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _CHILD_PACKAGE = "dflash_probes"
 DEFAULT_TIMEOUT_S = 900

@@ -111,6 +111,8 @@ def vllm_config(
     method: str | None = "dflash",
     block_size: int = 16,
     prefix_caching: bool = False,
+    num_speculative_tokens: int = 3,
+    mamba_cache_mode: str = "none",
 ):
     """A real VllmConfig for ``pair``, built the way the engine builds it."""
     from vllm.config import (
@@ -134,7 +136,7 @@ def vllm_config(
         spec = SpeculativeConfig(
             method=method,
             model=str(pair.drafter),
-            num_speculative_tokens=3,
+            num_speculative_tokens=num_speculative_tokens,
             target_model_config=model,
             target_parallel_config=ParallelConfig(),
         )
@@ -146,7 +148,11 @@ def vllm_config(
             max_model_len=1024,
             is_encoder_decoder=False,
         ),
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching),
+        cache_config=CacheConfig(
+            block_size=block_size,
+            enable_prefix_caching=prefix_caching,
+            mamba_cache_mode=mamba_cache_mode,
+        ),
         speculative_config=spec,
     )
 
