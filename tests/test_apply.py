@@ -55,8 +55,10 @@ def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
     assert after["dflash-swa-config"]["details"]["windows"] == [[15, 0], [15, 0], [-1, -1]]
     assert after["dflash-swa-config"]["details"]["kv_specs"] == ["FullAttentionSpec"] * 3
     assert after["eagle-cache-drop"]["details"]["cached_dflash"] == 192
+    assert after["eagle-cache-drop"]["details"]["hybrid_cached_dflash"] == 192
     before = {o.patch_id: o.probe_before for o in patched_0201.outcomes}
     assert before["eagle-cache-drop"]["details"]["cached_dflash"] == 176
+    assert before["eagle-cache-drop"]["details"]["hybrid_cached_dflash"] == 176
     assert before["dflash-lookahead-slots"]["details"]["outside"] == {
         "first prefill K=3": 4,
         "first prefill K=15": 16,
