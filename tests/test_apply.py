@@ -208,4 +208,4 @@ def test_git_source_end_to_end(tmp_path, upstream_0201, series, cache, catalog):
     upstream = Upstream(base, "git", fetched.source_dir, None, git=fetched)
     report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
     assert report.ok and report.baseline == repo.head.commit.hexsha
-    assert [o.status for o in report.outcomes] == [APPLIED] * 3
+    assert [o.status for o in report.outcomes] == [APPLIED] * len(series.patches)
