@@ -30,6 +30,7 @@ TOUCHED = {
     "vllm/v1/worker/gpu_model_runner.py",
     "vllm/model_executor/models/qwen3_dflash.py",
     "vllm/config/speculative.py",
+    "vllm/v1/core/kv_cache_utils.py",
     "vllm/v1/core/sched/scheduler.py",
 }
 
@@ -102,7 +103,10 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series):
         (p.id, "applied", "absent", "present") for p in series.patches
     ]
     assert {f.path for f in manifest.files} == TOUCHED
-    assert manifest.owners("vllm/v1/core/sched/scheduler.py") == ["0003-eagle-cache-drop.patch"]
+    assert manifest.owners("vllm/v1/core/sched/scheduler.py") == [
+        "0003-eagle-cache-drop.patch",
+        "0004-dflash-lookahead-slots.patch",
+    ]
     for f in manifest.files:
         assert f.sha256_before != f.sha256_after
     assert sbom["spdxVersion"] == "SPDX-2.3"
@@ -130,7 +134,10 @@ def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache)
     partial = series.without(["dflash-swa-config"])
     report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
     result = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
-    assert result.version == f"0.20.1+dflash.2.{partial.digest[:8]}.skip.dflashswaconfig"
+    assert (
+        result.version
+        == f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}.skip.dflashswaconfig"
+    )
     assert partial.digest != series.digest
     assert result.manifest.skipped == ["dflash-swa-config"]
     assert "vllm/model_executor/models/qwen3_dflash.py" not in {
