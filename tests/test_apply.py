@@ -57,9 +57,17 @@ def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
     assert [c["kv_spec"] for c in swa["calls"]] == ["FullAttentionSpec"] * 3
     assert after["dflash-fp8-kv-cache"]["details"]["query_start_loc"]["cpu"] == "torch.int32"
     assert after["eagle-cache-drop"]["details"]["cached_dflash"] == 192
+    assert after["eagle-cache-drop"]["details"]["hybrid_cached_dflash"] == 192
     before = {o.patch_id: o.probe_before for o in patched_0201.outcomes}
     assert before["eagle-cache-drop"]["details"]["cached_dflash"] == 176
     assert before["dflash-fp8-kv-cache"]["details"]["query_start_loc"]["cpu"] == "torch.int64"
+    assert before["eagle-cache-drop"]["details"]["hybrid_cached_dflash"] == 176
+    assert before["dflash-lookahead-slots"]["details"]["outside"] == {
+        "first prefill K=3": 4,
+        "first prefill K=15": 16,
+        "decode all-accepted K=3": 1,
+    }
+    assert set(after["dflash-lookahead-slots"]["details"]["outside"].values()) == {0}
 
 
 def test_0201_one_commit_per_patch_with_trailers(patched_0201, series):
@@ -84,6 +92,9 @@ def test_0220_offset_is_superseded_not_reapplied(patched_0220):
     assert report.outcome("eagle-cache-drop").probe_after["status"] == PRESENT
     fp8 = report.outcome("dflash-fp8-kv-cache")
     assert fp8.status == SUPERSEDED and fp8.commit is None
+    # 0.22.0 still reserves K slots and none on a first prefill.
+    assert report.outcome("dflash-lookahead-slots").status == APPLIED
+    assert report.outcome("dflash-lookahead-slots").probe_after["status"] == PRESENT
     assert not report.ok
 
 
@@ -105,7 +116,7 @@ def test_conflict_names_patch_file_hunk_and_line(tmp_path, upstream_0201, series
     (conflict,) = first.conflicts
     assert "vllm/v1/worker/gpu_model_runner.py hunk #1" in conflict
     assert "line 4961 expected" in conflict and "layer_ids  = getattr" in conflict
-    assert [o.status for o in report.outcomes[1:]] == [NOT_ATTEMPTED, NOT_ATTEMPTED]
+    assert [o.status for o in report.outcomes[1:]] == [NOT_ATTEMPTED] * (len(series.patches) - 1)
 
 
 def test_keep_going_reports_every_later_patch(tmp_path, upstream_0201, series, cache):
@@ -118,7 +129,9 @@ def test_keep_going_reports_every_later_patch(tmp_path, upstream_0201, series, c
         tmp_path / "w",
         apply_options(None, cache, keep_going=True),
     )
-    assert [o.status for o in report.outcomes] == [APPLIED, CONFLICT, APPLIED]
+    assert [o.status for o in report.outcomes] == [APPLIED, CONFLICT] + [APPLIED] * (
+        len(series.patches) - 2
+    )
 
 
 def test_lines_that_moved_are_reported_with_the_offset(tmp_path, upstream_0201, series, cache):
@@ -144,7 +157,7 @@ def test_already_applied_patch_is_detected(tmp_path, upstream_0201, series, cach
     )
     first = report.outcome("dflash-layer-id-offset")
     assert first.status == ALREADY_APPLIED and first.commit is None
-    assert [o.status for o in report.outcomes[1:]] == [APPLIED, APPLIED]
+    assert [o.status for o in report.outcomes[1:]] == [APPLIED] * (len(series.patches) - 1)
 
 
 def ledger_copy(tmp_path: Path) -> Path:
@@ -202,4 +215,4 @@ def test_git_source_end_to_end(tmp_path, upstream_0201, series, cache, catalog):
     upstream = Upstream(base, "git", fetched.source_dir, None, git=fetched)
     report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
     assert report.ok and report.baseline == repo.head.commit.hexsha
-    assert [o.status for o in report.outcomes] == [APPLIED] * 3
+    assert [o.status for o in report.outcomes] == [APPLIED] * len(series.patches)

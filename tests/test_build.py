@@ -120,7 +120,10 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series, touched):
     ]
     assert {f.path for f in manifest.files} == touched
     assert manifest.owners(VERSION_FILE) == [VERSION_STAMP]
-    assert manifest.owners("vllm/v1/core/sched/scheduler.py") == ["0003-eagle-cache-drop.patch"]
+    assert manifest.owners("vllm/v1/core/sched/scheduler.py") == [
+        "0003-eagle-cache-drop.patch",
+        "0004-dflash-lookahead-slots.patch",
+    ]
     for f in manifest.files:
         assert f.sha256_before != f.sha256_after
     assert sbom["spdxVersion"] == "SPDX-2.3"

@@ -68,7 +68,7 @@ def site_of(python: Path) -> Path:
 
 
 def test_patched_wheel_installs_and_verifies(
-    patched_env, built_wheel, patched_0201, upstream_0201, cache
+    patched_env, built_wheel, patched_0201, upstream_0201, series, cache
 ):
     shown = subprocess.run(
         [str(patched_env), "-m", "pip", "show", "vllm"], capture_output=True, text=True, check=True
@@ -165,7 +165,9 @@ def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python)
     assert [f["state"] for f in data["fixes"]] == ["absent"] * len(ALL)
     assert data["identity"]["runtime"] == "0.20.1" and data["identity"]["stamped"] is None
     assert "(1, 16, 31, 46, 61)" in data["fixes"][0]["evidence"]
-    assert "176 tokens from the prefix cache" in data["fixes"][2]["evidence"]
+    assert "attention only: 176 with DFlash" in data["fixes"][2]["evidence"]
+    assert 'attention + Mamba ("align"): 176 with DFlash' in data["fixes"][2]["evidence"]
+    assert "first prefill K=3 (32-token prompt): 4 of 4 outside" in data["fixes"][3]["evidence"]
 
 
 def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_python, cache):
@@ -178,6 +180,7 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         1: "present (upstream form)",
         2: "absent",
         3: "absent",
+        4: "absent",
         5: "present (upstream form)",
         6: "absent",
     }

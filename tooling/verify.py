@@ -32,6 +32,7 @@ FIXES = (
     (1, "dflash-layer-id-offset", "layer_offset"),
     (2, "dflash-swa-config", "swa_windows"),
     (3, "eagle-cache-drop", "eagle_cache_drop"),
+    (4, "dflash-lookahead-slots", "lookahead_slots"),
     (5, "dflash-fp8-kv-cache", "fp8_kv"),
     (6, "dflash-compile-key", "compile_key"),
 )

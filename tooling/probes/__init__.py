@@ -34,7 +34,14 @@ __all__ = [
     "start_probes",
 ]
 
-ALL_PROBES = ("layer_offset", "swa_windows", "eagle_cache_drop", "fp8_kv", "compile_key")
+ALL_PROBES = (
+    "layer_offset",
+    "swa_windows",
+    "eagle_cache_drop",
+    "lookahead_slots",
+    "fp8_kv",
+    "compile_key",
+)
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _CHILD_PACKAGE = "dflash_probes"
 DEFAULT_TIMEOUT_S = 900

@@ -125,6 +125,8 @@ def vllm_config(
     block_size: int = 16,
     prefix_caching: bool = False,
     cache_dtype: str = "auto",
+    num_speculative_tokens: int = 3,
+    mamba_cache_mode: str = "none",
 ):
     """A real VllmConfig for ``pair``, built the way the engine builds it."""
     from vllm.config import (
@@ -148,7 +150,7 @@ def vllm_config(
         spec = SpeculativeConfig(
             method=method,
             model=str(pair.drafter),
-            num_speculative_tokens=3,
+            num_speculative_tokens=num_speculative_tokens,
             target_model_config=model,
             target_parallel_config=ParallelConfig(),
         )
@@ -161,7 +163,10 @@ def vllm_config(
             is_encoder_decoder=False,
         ),
         cache_config=CacheConfig(
-            block_size=block_size, enable_prefix_caching=prefix_caching, cache_dtype=cache_dtype
+            block_size=block_size,
+            enable_prefix_caching=prefix_caching,
+            cache_dtype=cache_dtype,
+            mamba_cache_mode=mamba_cache_mode,
         ),
         speculative_config=spec,
     )

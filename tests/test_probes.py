@@ -1,0 +1,47 @@
+"""Probes on real upstream releases: each reads absent where the release has the bug and
+present where upstream fixed it its own way (0.20.1, stock and patched: test_apply)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tooling.probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, run_probes
+from tooling.upstream import fetch_upstream
+
+
+@pytest.fixture(scope="module")
+def probe_release(catalog, fetch_options, probe_python, cache):
+    def run(version: str, *names: str) -> dict[str, ProbeResult]:
+        upstream = fetch_upstream(catalog.get(version), fetch_options, with_wheel=False)
+        target = ProbeTarget(
+            python=probe_python, root=upstream.source_dir, pycache=cache.root / "pycache"
+        )
+        return run_probes(target, names)
+
+    return run
+
+
+def test_lookahead_slots_absent_on_0220(probe_release):
+    (result,) = probe_release("0.22.0", "lookahead_slots").values()
+    assert result.status == ABSENT, result.evidence
+    assert result.details["outside"] == {
+        "first prefill K=3": 4,
+        "first prefill K=15": 16,
+        "decode all-accepted K=3": 1,
+    }
+
+
+def test_lookahead_slots_present_on_0230(probe_release):
+    (result,) = probe_release("0.23.0", "lookahead_slots").values()
+    assert result.status == PRESENT, result.evidence
+    assert set(result.details["outside"].values()) == {0}
+
+
+def test_0330_keeps_every_block_and_reserves_every_slot(probe_release):
+    results = probe_release("0.33.0", "eagle_cache_drop", "lookahead_slots")
+    cache_drop = results["eagle_cache_drop"]
+    assert cache_drop.status == PRESENT, cache_drop.evidence
+    assert cache_drop.form == "needs_eagle_block_drop() -> False"
+    assert cache_drop.details["hybrid_cached_dflash"] == cache_drop.details["hybrid_cached_no_spec"]
+    assert cache_drop.details["hybrid_cached_dflash"] == 192
+    assert results["lookahead_slots"].status == PRESENT, results["lookahead_slots"].evidence
