@@ -39,6 +39,9 @@ case $variant in
   tp2) args+=(--tensor-parallel-size 2) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
+# SMOKE_ARGS: more `tooling smoke` options for any variant (e.g. --tiny-arch qwen3).
+read -r -a more <<< "${SMOKE_ARGS:-}"
+args+=("${more[@]}")
 start=$(date +%s)
 # Backstop past the smoke's own limit: SIGTERM makes it stop its children (no report then).
 PYTHONPATH=$site timeout --kill-after=20 $((${limit%.*} + 40)) \

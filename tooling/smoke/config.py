@@ -258,6 +258,13 @@ def find_model_file(model: str, filename: str) -> Path:
     return Path(cached)
 
 
+#: The Gated DeltaNet prefill kernel for hybrid targets. vLLM's default on sm90 is
+#: FlashInfer's (JIT-compiled at first run), which needs flashinfer, a package the
+#: offline bundle leaves out; the Triton/FLA kernel is vLLM's own, and the DFlash
+#: fixes under test live in neither.
+GDN_PREFILL_BACKEND = "triton"
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """What the smoke must know of the target to start it right."""
@@ -266,6 +273,10 @@ class TargetInfo:
     """Linear-attention (Mamba-like) layers beside attention: vLLM sizes its blocks."""
     multimodal: bool
     """A vision tower in the checkpoint: served with ``--language-model-only``."""
+
+    @property
+    def gdn_prefill_backend(self) -> str | None:
+        return GDN_PREFILL_BACKEND if self.hybrid else None
 
 
 def target_info_from_config(config: dict[str, Any]) -> TargetInfo:

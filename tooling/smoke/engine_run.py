@@ -70,6 +70,7 @@ class EngineRunInput:
     block_size: int | None = 16
     kv_cache_memory_bytes: int | None = None
     language_model_only: bool = False
+    gdn_prefill_backend: str | None = None
     features_path: str | None = None
     """Where to save the recorded context features (torch.save); None: not recorded."""
     concurrent: list[dict[str, Any]] | None = None
@@ -353,6 +354,8 @@ def run(request: EngineRunInput) -> dict[str, Any]:
         optional["kv_cache_memory_bytes"] = request.kv_cache_memory_bytes
     if request.language_model_only:
         optional["language_model_only"] = True
+    if request.gdn_prefill_backend is not None:
+        optional["gdn_prefill_backend"] = request.gdn_prefill_backend
     started = time.monotonic()
     llm = LLM(
         model=request.target,

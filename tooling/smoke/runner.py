@@ -491,6 +491,7 @@ def _serve_options(run: _Run, target: str, drafter: str | None, port: int) -> Se
         _engine_settings(run),
         port=port,
         language_model_only=run.target_info.multimodal,
+        gdn_prefill_backend=run.target_info.gdn_prefill_backend,
     )
 
 
@@ -576,6 +577,7 @@ def _engine_request(run: _Run, target: str, drafter: str, features: Path, *, bat
         "block_size": engine.block_size,
         "kv_cache_memory_bytes": engine.kv_cache_memory_bytes,
         "language_model_only": run.target_info.multimodal,
+        "gdn_prefill_backend": run.target_info.gdn_prefill_backend,
         "features_path": str(features),
         "concurrent": concurrent,
     }

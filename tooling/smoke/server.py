@@ -40,6 +40,7 @@ class ServeOptions:
     port: int = 8000
     served_model_name: str = SERVED_MODEL_NAME
     language_model_only: bool = False
+    gdn_prefill_backend: str | None = None
     """A multimodal target (Qwen3.5/3.6) served for text only: no vision tower, no processor."""
     extra_args: tuple[str, ...] = ()
 
@@ -102,6 +103,8 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
         cmd += ["--block-size", str(engine.block_size)]
     if options.language_model_only:
         cmd.append("--language-model-only")
+    if options.gdn_prefill_backend is not None:
+        cmd += ["--gdn-prefill-backend", options.gdn_prefill_backend]
     if engine.enforce_eager:
         cmd.append("--enforce-eager")
     if options.drafter is not None:
