@@ -87,6 +87,8 @@ class SeriesReport:
     head: str
     outcomes: list[PatchOutcome]
     probe_python: str | None
+    saved_work: str | None = None
+    """Where a person's earlier tree at ``work_dir`` was moved, when there was one."""
 
     @property
     def ok(self) -> bool:
@@ -149,6 +151,7 @@ def _as_json(result: ProbeResult | None) -> dict[str, Any] | None:
 
 
 def create_work_tree(upstream: Upstream, work_dir: Path) -> git.Repo:
+    """A fresh tree at ``work_dir``; callers sharing it hold ``locked(work_dir)``."""
     if upstream.git is not None:
         return worktree.create_from_clone(upstream.git.clone, upstream.git.commit, work_dir)
     message = (
@@ -167,6 +170,7 @@ def apply_series(
     before_run = (
         start_probes(probe_target, log=log_dir / "probes-base.log") if probe_target else None
     )
+    saved = worktree.clear_way(work_dir)
     repo = create_work_tree(upstream, work_dir)
     if options.three_way and options.preimages:
         worktree.seed_preimages(repo, list(options.preimages))
@@ -224,6 +228,7 @@ def apply_series(
         head=repo.head.commit.hexsha,
         outcomes=outcomes,
         probe_python=str(options.probe_python) if options.probe_python else None,
+        saved_work=str(saved) if saved else None,
     )
     save_report(work_dir, report)
     return report

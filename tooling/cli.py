@@ -32,6 +32,7 @@ from .errors import (
 )
 from .export import check_export, export_patches
 from .fetch import DEFAULT_INDEX_URL, FetchOptions
+from .fsutil import locked
 from .paths import CacheLayout, default_cache_dir, default_patches_dir
 from .probe_env import (
     ensure_probe_env,
@@ -356,7 +357,16 @@ def _report_text(report: SeriesReport) -> str:
         lines += [f"  {o.patch_id}: {c}" for c in o.conflicts]
     if report.probe_python is None:
         lines.append("probes: not run (no probe interpreter; run `tooling probe-env`)")
+    if report.saved_work:
+        lines.append(_saved_note(report))
     return "\n".join(lines)
+
+
+def _saved_note(report: SeriesReport) -> str:
+    return (
+        f"the earlier work tree held work of yours; it was moved to {report.saved_work} "
+        "(`tooling patch export --work-dir` reads it there)"
+    )
 
 
 def _fail_unless_ok(report: SeriesReport, settings: Settings) -> None:
@@ -417,7 +427,9 @@ def patch(
         settings, base_version, source, git_url, ref, allow_moving_ref, with_wheel=False
     )
     options = _apply_options(settings, probe_python, three_way, keep_going, series)
-    report = apply_series(upstream, series, _work_dir(work_dir, upstream, series), options)
+    work = _work_dir(work_dir, upstream, series)
+    ctx.with_resource(locked(work))
+    report = apply_series(upstream, series, work, options)
     emit(settings, report.to_json(), _report_text(report))
     _fail_unless_ok(report, settings)
 
@@ -505,6 +517,7 @@ def patch_export(ctx: click.Context, check: bool) -> None:
         series = load_series(settings.patches_dir / "series.toml", check_digests=False)
         upstream_version = extra.get("base") or series.validated_base
         work = extra.get("work_dir") or Path("build") / "work" / f"vllm-{upstream_version}"
+        ctx.with_resource(locked(Path(work).resolve()))
         if not Path(work).is_dir():
             raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
         result = export_patches(Path(work), series)
@@ -533,6 +546,8 @@ def ensure_patched(
 ) -> SeriesReport:
     """The applied series for ``upstream``: reused when the work tree is current, else applied."""
     work = _work_dir(work_dir, upstream, series)
+    # Held until the command ends: the build reads the tree's commits after this returns.
+    click.get_current_context().with_resource(locked(work))
     options = _apply_options(settings, probe_python, False, False, series)
     if require_probes and options.probe_python is None:
         raise BuildError(
@@ -544,6 +559,8 @@ def ensure_patched(
         if report is not None and (report.probe_python or not require_probes):
             return report
     report = apply_series(upstream, series, work, options)
+    if report.saved_work:
+        click.echo(_saved_note(report), err=True)
     _fail_unless_ok(report, settings)
     return report
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .bases import Artifact, Base
 from .errors import ArchiveError, CacheMissError, IntegrityError, NetworkError
-from .fsutil import CHUNK, atomic_output, sha256_file, staging_dir
+from .fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
 from .paths import CacheLayout
 from .progress import progress_bar
 
@@ -176,24 +176,31 @@ def extract_sdist(sdist: Path, dest: Path) -> Path:
     """Unpack ``sdist`` into ``dest`` (atomically) and return the folder holding ``vllm/``.
 
     tarfile's ``data`` filter refuses absolute paths, ``..`` and links that
-    leave the target, so a hostile archive cannot write outside ``dest``.
+    leave the target, so a hostile archive cannot write outside ``dest``. The
+    layout is checked before the tree enters the cache, and the cache entry
+    is locked, so a second process waits for the first one's tree instead of
+    unpacking its own over it.
     """
-    if dest.is_dir():
-        return _tree_root(dest, sdist)
-    try:
-        with staging_dir(dest) as tmp, tarfile.open(sdist, "r:*") as tar:
-            tar.extractall(tmp, filter="data")
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise ArchiveError(f"{sdist.name}: truncated or corrupt archive ({e})") from None
-    except OSError as e:
-        raise ArchiveError(f"{sdist.name}: cannot unpack into {dest.parent} ({e})") from None
-    return _tree_root(dest, sdist)
+    with locked(dest):
+        if dest.is_dir():
+            return _tree_root(dest, sdist)
+        try:
+            with staging_dir(dest) as tmp:
+                with tarfile.open(sdist, "r:*") as tar:
+                    tar.extractall(tmp, filter="data")
+                name = _tree_root(tmp, sdist).name
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise ArchiveError(f"{sdist.name}: truncated or corrupt archive ({e})") from None
+        except OSError as e:
+            raise ArchiveError(f"{sdist.name}: cannot unpack into {dest.parent} ({e})") from None
+        return dest / name
 
 
 def _tree_root(dest: Path, sdist: Path) -> Path:
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1 or not (tops[0] / "vllm").is_dir():
-        raise ArchiveError(f"{sdist.name}: expected one top folder holding vllm/, found {tops}")
+        names = sorted(p.name for p in tops)
+        raise ArchiveError(f"{sdist.name}: expected one top folder holding vllm/, found {names}")
     return tops[0]
 
 

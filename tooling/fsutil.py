@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,16 +63,59 @@ def atomic_write_text(target: Path, text: str) -> None:
         f.write(text)  # type: ignore[arg-type]
 
 
+def lock_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
+
+
+@contextlib.contextmanager
+def locked(target: Path) -> Iterator[None]:
+    """Hold the exclusive lock of ``target`` (a folder or file that processes share).
+
+    Several tooling processes (CI jobs, two terminals, --skip variants) may
+    want the same work tree or cache entry at once; each holds this lock while
+    it creates, reads or replaces ``target``. The lock is the kernel's
+    (``flock``), so it is released when its holder dies, however it dies.
+    The holder removes the lock file on the way out; a waiter that then holds
+    a removed file's lock starts over on the new one.
+    """
+    path = lock_path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not waited:
+                print(f"waiting for another tooling process using {target}", file=sys.stderr)
+                waited = True
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def staging_dir(target: Path) -> Iterator[Path]:
-    """A temp folder beside ``target`` that replaces it only on success."""
+    """A temp folder beside ``target`` that becomes ``target`` only on success.
+
+    ``target`` must not exist when the folder is committed: a tree is never
+    deleted here, since another process may be reading it (callers hold
+    ``locked(target)`` and clear the way themselves).
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
     try:
         yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

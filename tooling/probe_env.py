@@ -15,7 +15,7 @@ import venv
 from pathlib import Path
 
 from .errors import EnvironmentProblem
-from .fsutil import sha256_file
+from .fsutil import locked, sha256_file
 from .paths import REPO_DIR, CacheLayout
 
 REQUIREMENTS = REPO_DIR / "requirements" / "probe.txt"
@@ -35,6 +35,12 @@ def ensure_probe_env(cache: CacheLayout, requirements: Path = REQUIREMENTS) -> P
     if not requirements.is_file():
         raise EnvironmentProblem(f"{requirements}: no probe requirements file")
     env = env_dir(cache, requirements)
+    # Locked: a second process waits for this environment instead of deleting it half-built.
+    with locked(env):
+        return _create_probe_env(env, requirements)
+
+
+def _create_probe_env(env: Path, requirements: Path) -> Path:
     if (env / _MARKER).is_file():
         return python_of(env)
     if env.exists():
@@ -81,6 +87,11 @@ def ensure_reference_dflash(cache: CacheLayout, python: Path) -> Path:
     ``dflash.model``, which uses only torch and transformers from the probe env.
     """
     target = reference_dflash_dir(cache)
+    with locked(target):
+        return _install_reference_dflash(target, python)
+
+
+def _install_reference_dflash(target: Path, python: Path) -> Path:
     if (target / _MARKER).is_file():
         return target
     if target.exists():

@@ -1,0 +1,94 @@
+"""The CLI's promises under faults, with real processes: concurrent runs, a person's work
+in the work tree, refs that do not match their base, signals, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tooling.paths import default_cache_dir
+
+from .conftest import git
+
+CACHE = default_cache_dir()
+SDIST = "vllm-0.20.1.tar.gz"
+WHEEL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
+EPOCH = "1795910400"
+
+
+def tooling(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A real `tooling` process (as `python -m tooling`), stdout and stderr captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tooling", "--no-progress", *args],
+        cwd=cwd,
+        env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def fresh_cache(tmp_path: Path, *files: str) -> Path:
+    """A cache of its own holding only links to the real pinned artifacts."""
+    cache = tmp_path / "cache"
+    (cache / "pypi").mkdir(parents=True)
+    for name in files:
+        (cache / "pypi" / name).symlink_to(CACHE / "pypi" / name)
+    return cache
+
+
+def wait_for(predicate, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_two_builds_at_once_share_the_work_tree_safely(tmp_path, probe_python):
+    """B starts while A waits for its base probes; neither may patch the other's tree."""
+    env = {"TOOLING_PROBE_PYTHON": str(probe_python)}
+    a = tooling("build", "--json", "--dist", "dist-a", cwd=tmp_path, env=env)
+    work = tmp_path / "build" / "work" / "vllm-0.20.1"
+    # A has created its tree and is waiting for the base probes: the moment B used to replace it.
+    wait_for(lambda: (work / ".git" / "refs" / "tags" / "baseline").exists(), "A's work tree")
+    b = tooling("build", "--json", "--dist", "dist-b", cwd=tmp_path, env=env)
+    (code_a, out_a, err_a), (code_b, out_b, err_b) = finish(a), finish(b)
+    assert (code_a, code_b) == (0, 0), (err_a, err_b)
+    for out in (out_a, out_b):
+        statuses = {p["id"]: p["status"] for p in json.loads(out)["patches"]}
+        assert set(statuses.values()) == {"applied"}, statuses
+    assert json.loads(out_a)["sha256"] == json.loads(out_b)["sha256"]
+    # One baseline and one commit per patch: nobody's commits landed in another tree.
+    assert len(git(work, "rev-list", "baseline..HEAD").split()) == 3
+    saved = json.loads((work / ".git" / "dflash-series.json").read_text())
+    assert {o["status"] for o in saved["outcomes"]} == {"applied"}
+    assert sorted(p.name for p in work.parent.iterdir()) == ["vllm-0.20.1", "vllm-0.20.1.logs"]
+
+
+def test_two_trees_from_one_fresh_cache_do_not_break_each_other(tmp_path):
+    """Both unpack the sdist into the same cache; neither may delete it under the other."""
+    cache = fresh_cache(tmp_path, SDIST)
+    env = {"VLLM_DFLASH_CACHE": str(cache), "TOOLING_PROBE_PYTHON": ""}
+    a = tooling("patch", "--offline", "--json", "--work-dir", "wa", cwd=tmp_path, env=env)
+    # B starts unpacking just after A: A then copies the tree while B finishes its own copy.
+    wait_for(lambda: any((cache / "sources").glob(".sdist-*")), "A unpacking the sdist")
+    b = tooling("patch", "--offline", "--json", "--work-dir", "wb", cwd=tmp_path, env=env)
+    results = [finish(a), finish(b)]
+    for code, out, err in results:
+        assert code == 0, err
+        assert {o["status"] for o in json.loads(out)["outcomes"]} == {"applied"}
+    sources = [p for p in (cache / "sources").iterdir() if not p.name.startswith(".")]
+    assert len(sources) == 1
+    assert not [p for p in (cache / "sources").iterdir() if p.name.endswith(".part")]
