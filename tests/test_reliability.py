@@ -92,3 +92,28 @@ def test_two_trees_from_one_fresh_cache_do_not_break_each_other(tmp_path):
     sources = [p for p in (cache / "sources").iterdir() if not p.name.startswith(".")]
     assert len(sources) == 1
     assert not [p for p in (cache / "sources").iterdir() if p.name.endswith(".part")]
+
+
+def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_path):
+    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
+    args = ("patch", "--offline", "--json", "--work-dir", "w")
+    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    assert code == 0, err
+    # A tree holding only our commits is simply made again.
+    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    assert code == 0, err
+    assert json.loads(out)["saved_work"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w", "w.logs"]
+    work = tmp_path / "w"
+    (work / "vllm" / "NOTES.txt").write_text("a new patch in the making\n")
+    git(work, "add", "vllm/NOTES.txt")
+    person = ["-c", "user.name=A Person", "-c", "user.email=person@example.com"]
+    git(work, *person, "commit", "-q", "-m", "my new patch")
+    mine = git(work, "rev-parse", "HEAD")
+    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    assert code == 0, err
+    saved = Path(json.loads(out)["saved_work"])
+    assert saved.parent == tmp_path and saved.name.startswith("w.saved-")
+    assert git(saved, "rev-parse", "HEAD") == mine
+    assert str(saved) in err
+    assert mine not in git(work, "rev-list", "HEAD")

@@ -357,16 +357,17 @@ def _report_text(report: SeriesReport) -> str:
         lines += [f"  {o.patch_id}: {c}" for c in o.conflicts]
     if report.probe_python is None:
         lines.append("probes: not run (no probe interpreter; run `tooling probe-env`)")
-    if report.saved_work:
-        lines.append(_saved_note(report))
     return "\n".join(lines)
 
 
-def _saved_note(report: SeriesReport) -> str:
-    return (
-        f"the earlier work tree held work of yours; it was moved to {report.saved_work} "
-        "(`tooling patch export --work-dir` reads it there)"
-    )
+def _tell_saved(report: SeriesReport) -> None:
+    if report.saved_work:
+        click.echo(
+            f"note: the earlier work tree held work of yours; it was moved to "
+            f"{report.saved_work} (`tooling patch --work-dir {report.saved_work} export` "
+            "exports it)",
+            err=True,
+        )
 
 
 def _fail_unless_ok(report: SeriesReport, settings: Settings) -> None:
@@ -430,6 +431,7 @@ def patch(
     work = _work_dir(work_dir, upstream, series)
     ctx.with_resource(locked(work))
     report = apply_series(upstream, series, work, options)
+    _tell_saved(report)
     emit(settings, report.to_json(), _report_text(report))
     _fail_unless_ok(report, settings)
 
@@ -559,8 +561,7 @@ def ensure_patched(
         if report is not None and (report.probe_python or not require_probes):
             return report
     report = apply_series(upstream, series, work, options)
-    if report.saved_work:
-        click.echo(_saved_note(report), err=True)
+    _tell_saved(report)
     _fail_unless_ok(report, settings)
     return report
 
