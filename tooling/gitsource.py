@@ -84,18 +84,36 @@ def resolve_ref(repo: git.Repo, ref: str) -> tuple[str, str]:
     raise GitSourceError(f"ref {ref!r} does not exist in {repo.git_dir}")
 
 
-def check_pin(base: Base, ref: str, kind: str, commit: str, allow_moving_ref: bool) -> None:
-    """Refuse branches (unless allowed) and a pinned tag that moved."""
+def check_pin(
+    repo: git.Repo, base: Base, ref: str, kind: str, commit: str, allow_moving_ref: bool
+) -> None:
+    """The ref must be the base it will be labelled as: its pinned commit, or (a moving ref
+    asked for) a descendant of it. Refuses branches unless allowed, and a pinned tag that moved.
+    """
     if kind == "branch" and not allow_moving_ref:
         raise GitSourceError(
             f"ref {ref!r} is a branch (a moving ref); pin a tag or commit, "
             "or pass --allow-moving-ref"
         )
-    if ref == base.git.tag and not commit.startswith(base.git.commit):
+    if commit.startswith(base.git.commit):
+        return
+    if ref == base.git.tag:
         raise GitSourceError(
             f"tag {ref} resolves to {commit}, but bases.toml pins {base.git.commit} "
             f"for vLLM {base.version}"
         )
+    if not allow_moving_ref:
+        raise GitSourceError(
+            f"ref {ref!r} resolves to {commit[:12]}, which is not vLLM {base.version} "
+            f"({base.git.tag} = {base.git.commit[:12]}); pass the --base it belongs to"
+        )
+    try:
+        repo.git.merge_base("--is-ancestor", base.git.commit, commit)
+    except git.GitCommandError:
+        raise GitSourceError(
+            f"ref {ref!r} ({commit[:12]}) does not descend from vLLM {base.version} "
+            f"({base.git.tag} = {base.git.commit[:12]}); pass the --base it belongs to"
+        ) from None
 
 
 def export_tree(repo: git.Repo, commit: str, dest: Path) -> Path:
@@ -131,7 +149,7 @@ def fetch_git(
     ref = ref or base.git.tag
     repo = update_clone(url, cache, offline)
     kind, commit = resolve_ref(repo, ref)
-    check_pin(base, ref, kind, commit, allow_moving_ref)
+    check_pin(repo, base, ref, kind, commit, allow_moving_ref)
     source_dir = export_tree(repo, commit, cache.sources / f"git-{commit}")
     return GitSource(
         base=base,
