@@ -117,3 +117,19 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
     assert git(saved, "rev-parse", "HEAD") == mine
     assert str(saved) in err
     assert mine not in git(work, "rev-list", "HEAD")
+
+
+def test_no_probes_runs_no_probe_interpreter_even_when_one_is_configured(tmp_path):
+    marker = tmp_path / "probe-started"
+    probe = tmp_path / "probe-python"
+    probe.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    probe.chmod(0o755)
+    env = {"TOOLING_PROBE_PYTHON": str(probe), "VLLM_DFLASH_CACHE": str(CACHE)}
+    code, out, err = finish(
+        tooling(
+            "build", "--offline", "--no-probes", "--json", "--work-dir", "w", cwd=tmp_path, env=env
+        )
+    )
+    assert code == 0, err
+    assert not marker.exists()
+    assert {p["probe"] for p in json.loads(out)["patches"]} == {None}

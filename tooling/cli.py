@@ -7,6 +7,7 @@ ToolingError prints as a single line on stderr.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -551,7 +552,10 @@ def ensure_patched(
     # Held until the command ends: the build reads the tree's commits after this returns.
     click.get_current_context().with_resource(locked(work))
     options = _apply_options(settings, probe_python, False, False, series)
-    if require_probes and options.probe_python is None:
+    if not require_probes:
+        # --no-probes means none: not even the interpreter the environment configures.
+        options = dataclasses.replace(options, probe_python=None)
+    elif options.probe_python is None:
         raise BuildError(
             "no probe interpreter: run `tooling probe-env`, set "
             "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)"
