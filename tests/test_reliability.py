@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -119,17 +120,106 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
     assert mine not in git(work, "rev-list", "HEAD")
 
 
-def test_no_probes_runs_no_probe_interpreter_even_when_one_is_configured(tmp_path):
-    marker = tmp_path / "probe-started"
-    probe = tmp_path / "probe-python"
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
+    """A folder whose work tree `w` is patched (no probes), and the env that built it.
+
+    The environment configures a probe interpreter that only leaves a mark, so
+    the build shows whether --no-probes started it.
+    """
+    root = tmp_path_factory.mktemp("prepared")
+    marker = root / "probe-started"
+    probe = root / "probe-python"
     probe.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
     probe.chmod(0o755)
     env = {"TOOLING_PROBE_PYTHON": str(probe), "VLLM_DFLASH_CACHE": str(CACHE)}
-    code, out, err = finish(
-        tooling(
-            "build", "--offline", "--no-probes", "--json", "--work-dir", "w", cwd=tmp_path, env=env
-        )
+    build = tooling(
+        "build", "--offline", "--no-probes", "--json", "--work-dir", "w", cwd=root, env=env
     )
+    code, out, err = finish(build)
     assert code == 0, err
+    (root / "first-build.json").write_text(out)
+    return root, env, marker
+
+
+def test_no_probes_runs_no_probe_interpreter_even_when_one_is_configured(prepared):
+    root, _, marker = prepared
     assert not marker.exists()
-    assert {p["probe"] for p in json.loads(out)["patches"]} == {None}
+    out = json.loads((root / "first-build.json").read_text())
+    assert {p["probe"] for p in out["patches"]} == {None}
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
+)
+def test_a_signal_during_the_build_leaves_no_part_file(prepared, signum, code):
+    """CI cancel, a closed terminal, Ctrl-C: the half-written wheel goes, the exit says why."""
+    root, env, _ = prepared
+    dist = root / f"dist-{signum}"
+    build = tooling(
+        "build",
+        "--offline",
+        "--no-probes",
+        "--work-dir",
+        "w",
+        "--dist",
+        dist.name,
+        cwd=root,
+        env=env,
+    )
+    wait_for(lambda: any(dist.glob(".*.part")), "the wheel being written", timeout=120)
+    build.send_signal(signum)
+    got, _, err = finish(build)
+    assert got == code, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert list(dist.iterdir()) == []
+
+
+BOOM = """
+import sys, time
+from tooling.cli import main
+
+@main.command("boom")
+def boom():
+    raise RuntimeError("kaboom")
+
+@main.command("nap")
+def nap():
+    print("napping", flush=True)
+    time.sleep(60)
+
+main()
+"""
+
+
+def cli_with_extra_commands(*args: str) -> subprocess.Popen:
+    """The real CLI group with two commands of this test: one that fails, one that waits."""
+    return subprocess.Popen(
+        [sys.executable, "-c", BOOM, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1_with_the_traceback_under_debug():
+    code, _, err = finish(cli_with_extra_commands("boom"))
+    assert (code, err) == (
+        1,
+        "error: unexpected RuntimeError: kaboom (rerun with --debug for the traceback)\n",
+    )
+    code, _, err = finish(cli_with_extra_commands("--debug", "boom"))
+    assert code == 1
+    assert "Traceback" in err and err.rstrip().endswith("RuntimeError: kaboom")
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
+def test_signals_exit_128_plus_their_number(signum, code):
+    proc = cli_with_extra_commands("nap")
+    assert proc.stdout.readline() == "napping\n"
+    proc.send_signal(signum)
+    got, _, err = finish(proc)
+    assert got == code
+    assert err == f"error: interrupted ({signal.Signals(signum).name})\n"

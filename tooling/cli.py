@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,7 @@ class Settings:
     offline: bool = False
     progress: bool = True
     json: bool = False
+    debug: bool = False
     emitted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     """Options of a command group, read by its subcommands."""
@@ -90,23 +93,62 @@ class Settings:
         return python_of(env) if (env / ".complete").is_file() else None
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program stands so cleanup (temp files) runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    # A second signal while cleaning up ends the process at once.
+    signal.signal(signum, signal.SIG_DFL)
+    raise Interrupted(signum)
+
+
 class ToolingGroup(click.Group):
-    """Maps every ToolingError to its exit code and a one-line message (or JSON)."""
+    """Maps every failure to its exit code and a one-line message (or JSON).
+
+    A ToolingError has its own code; a signal exits 128 + its number; anything
+    else is a bug: one line and exit 1, the traceback only under --debug.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ToolingError as e:
+            _fail(ctx, str(e), exit_code_for(e))
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)
+            _fail(ctx, f"interrupted ({signal.Signals(signum).name})", 128 + signum)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:
             settings = ctx.find_object(Settings)
-            if settings is not None and settings.json and not settings.emitted:
-                click.echo(
-                    json.dumps(
-                        {"ok": False, "error": str(e), "exit_code": e.exit_code, **settings.extra},
-                        indent=2,
-                    )
-                )
-            click.echo(f"error: {e}", err=True)
-            ctx.exit(exit_code_for(e))
+            if settings is not None and settings.debug:
+                traceback.print_exc()
+                ctx.exit(1)
+            first = (str(e).strip().splitlines() or [""])[0]
+            _fail(
+                ctx,
+                f"unexpected {type(e).__name__}: {first} (rerun with --debug for the traceback)",
+                1,
+            )
+
+
+def _fail(ctx: click.Context, message: str, code: int) -> None:
+    settings = ctx.find_object(Settings)
+    if settings is not None and settings.json and not settings.emitted:
+        click.echo(
+            json.dumps(
+                {"ok": False, "error": message, "exit_code": code, **settings.extra},
+                indent=2,
+                default=str,
+            )
+        )
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(code)
 
 
 def json_option(f):
@@ -243,6 +285,7 @@ def _fetch(
 )
 @click.option("--offline", is_flag=True, help="Use only the cache; never touch the network.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--debug", is_flag=True, help="Show the traceback of an unexpected error.")
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -251,9 +294,14 @@ def main(
     index_url: str,
     offline: bool,
     no_progress: bool,
+    debug: bool,
 ) -> None:
     """Fetch, patch, build, verify and smoke-test vLLM with the DFlash fixes."""
+    # CI cancels and closed terminals end the run like Ctrl-C: temp files are removed.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupted)
     settings = ctx.ensure_object(Settings)
+    settings.debug = debug
     settings.cache = CacheLayout(cache_dir or default_cache_dir())
     settings.index_url = index_url
     settings.offline = offline
