@@ -6,7 +6,9 @@ import hashlib
 import io
 import json
 import random
+import resource
 import shutil
+import signal
 import tarfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +22,7 @@ from tooling.cli import main
 from tooling.errors import (
     ArchiveError,
     CacheMissError,
+    CacheWriteError,
     IntegrityError,
     NetworkError,
     UnknownBaseError,
@@ -52,8 +55,10 @@ def make_sdist(version: str, *, escape: bool = False, padding: int = 0) -> bytes
 class Index:
     """A real HTTP simple index on 127.0.0.1 that counts the requests it serves."""
 
-    def __init__(self, files: dict[str, bytes], stated: dict[str, str] | None = None):
+    def __init__(self, files: dict[str, bytes], stated: dict[str, str] | None = None, cut: int = 0):
         self.files = files
+        self.cut = cut
+        """Bytes of each file body left unsent (the Content-Length still promises them)."""
         self.stated = (
             stated
             if stated is not None
@@ -93,7 +98,7 @@ class Index:
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(body[: len(body) - index.cut] if ctype[-6:] == "stream" else body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
@@ -206,9 +211,38 @@ def test_truncated_sdist_is_an_archive_error(tmp_path):
 
 def test_sdist_escaping_its_folder_is_refused(tmp_path):
     (tmp_path / "evil.tar.gz").write_bytes(make_sdist("9.9.9", escape=True))
-    with pytest.raises(ArchiveError):
+    with pytest.raises(ArchiveError, match="'../../escaped.txt' would land outside") as err:
         extract_sdist(tmp_path / "evil.tar.gz", tmp_path / "a" / "b" / "out")
     assert not list(tmp_path.rglob("escaped.txt"))
+    assert "corrupt" not in str(err.value)
+
+
+def test_a_body_shorter_than_its_content_length_is_a_network_error(tmp_path, sdist_bytes):
+    idx = Index({"vllm-9.9.9.tar.gz": sdist_bytes}, cut=100)
+    try:
+        with pytest.raises(NetworkError, match=f"ended after {len(sdist_bytes) - 100} of"):
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, idx.url))
+    finally:
+        idx.close()
+    assert list((tmp_path / "cache" / "pypi").iterdir()) == []
+
+
+def test_a_full_disk_during_a_download_names_the_cache_folder(tmp_path):
+    """The file size limit stands in for a full disk (the kernel's EFBIG)."""
+    data = make_sdist("9.9.9", padding=3_000_000)
+    idx = Index({"vllm-9.9.9.tar.gz": data})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
+    try:
+        with pytest.raises(CacheWriteError, match="cannot write to the cache") as err:
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", data), options(tmp_path, idx.url))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+        idx.close()
+    assert str(tmp_path / "cache" / "pypi") in str(err.value)
+    assert list((tmp_path / "cache" / "pypi").iterdir()) == []
 
 
 def test_real_pinned_artifacts_fetch_and_unpack(upstream_0201, catalog):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import json
 import re
 import tarfile
@@ -16,12 +17,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
 from .bases import Artifact, Base
-from .errors import ArchiveError, CacheMissError, IntegrityError, NetworkError
+from .errors import ArchiveError, CacheMissError, CacheWriteError, IntegrityError, NetworkError
 from .fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
 from .paths import CacheLayout
 from .progress import progress_bar
@@ -134,22 +136,42 @@ def resolve_url(artifact: Artifact, index_url: str) -> str:
 def download(url: str, target: Path, artifact: Artifact, show_progress: bool) -> None:
     """Stream ``url`` to ``target``, hashing as it goes; rename only if the hash matches."""
     digest = hashlib.sha256()
-    with _open(url) as response, atomic_output(target) as out:
-        total = artifact.size or int(response.headers.get("Content-Length") or 0) or None
-        with progress_bar(total, f"fetch {artifact.filename}", show_progress) as bar:
-            try:
-                for block in iter(lambda: response.read(CHUNK), b""):
+    received = 0
+    try:
+        with _open(url) as response, atomic_output(target) as out:
+            promised = int(response.headers.get("Content-Length") or 0) or None
+            total = artifact.size or promised
+            with progress_bar(total, f"fetch {artifact.filename}", show_progress) as bar:
+                for block in _blocks(response, url):
                     digest.update(block)
                     out.write(block)
+                    received += len(block)
                     bar.update(len(block))
-            except OSError as e:
-                raise NetworkError(f"{url}: download broke off ({e})") from None
-        actual = digest.hexdigest()
-        if actual != artifact.sha256:
-            raise IntegrityError(
-                f"{artifact.filename}: downloaded sha256 {actual} does not match "
-                f"the pinned {artifact.sha256}; nothing was kept"
-            )
+            if promised is not None and received < promised:
+                raise NetworkError(f"{url}: the body ended after {received} of {promised} bytes")
+            actual = digest.hexdigest()
+            if actual != artifact.sha256:
+                raise IntegrityError(
+                    f"{artifact.filename}: downloaded sha256 {actual} does not match "
+                    f"the pinned {artifact.sha256}; nothing was kept"
+                )
+    except OSError as e:
+        # Reads are wrapped by _blocks, so an OSError here is the cache's own.
+        raise CacheWriteError(
+            f"cannot write to the cache {target.parent}: {e.strerror or e}"
+        ) from None
+
+
+def _blocks(response, url: str) -> Iterator[bytes]:
+    """The body in blocks; a connection that breaks off is the network's fault."""
+    while True:
+        try:
+            block = response.read(CHUNK)
+        except (OSError, http.client.HTTPException) as e:
+            raise NetworkError(f"{url}: download broke off ({e})") from None
+        if not block:
+            return
+        yield block
 
 
 def ensure_artifact(artifact: Artifact, options: FetchOptions, *, verify: bool = True) -> Path:
@@ -189,6 +211,10 @@ def extract_sdist(sdist: Path, dest: Path) -> Path:
                 with tarfile.open(sdist, "r:*") as tar:
                     tar.extractall(tmp, filter="data")
                 name = _tree_root(tmp, sdist).name
+        except tarfile.FilterError as e:
+            raise ArchiveError(
+                f"{sdist.name}: refused, member {e.tarinfo.name!r} would land outside {dest} ({e})"
+            ) from None
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
             raise ArchiveError(f"{sdist.name}: truncated or corrupt archive ({e})") from None
         except OSError as e:
