@@ -223,3 +223,26 @@ def test_signals_exit_128_plus_their_number(signum, code):
     got, _, err = finish(proc)
     assert got == code
     assert err == f"error: interrupted ({signal.Signals(signum).name})\n"
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-python"])
+def test_a_probe_interpreter_that_cannot_start_is_a_probe_error(tmp_path, kind):
+    python = tmp_path / "bin" / "python"
+    if kind == "not-python":
+        python.parent.mkdir()
+        python.write_text("#!/bin/sh\nexit 1\n")
+        python.chmod(0o755)
+    env = {"TOOLING_PROBE_PYTHON": str(python), "VLLM_DFLASH_CACHE": str(CACHE)}
+    code, _, err = finish(tooling("patch", "--offline", "--work-dir", "w", cwd=tmp_path, env=env))
+    assert code == 12, err
+    assert err.startswith(f"error: probe interpreter {python}") and err.count("\n") == 1, err
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_dist_that_is_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "dist").write_text("not a folder")
+    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
+    args = ("build", "--offline", "--no-probes", "--work-dir", "w", "--dist", "dist")
+    code, _, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    assert (code, err) == (13, f"error: --dist {tmp_path / 'dist'} is a file, not a folder\n")
+    assert not (tmp_path / "w").exists()

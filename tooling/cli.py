@@ -7,7 +7,6 @@ ToolingError prints as a single line on stderr.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -38,6 +37,7 @@ from .fetch import DEFAULT_INDEX_URL, FetchOptions
 from .fsutil import locked
 from .paths import CacheLayout, default_cache_dir, default_patches_dir
 from .probe_env import (
+    check_probe_python,
     ensure_probe_env,
     ensure_reference_dflash,
     env_dir,
@@ -83,12 +83,15 @@ class Settings:
         )
 
     def probe_python(self, explicit: Path | None) -> Path | None:
-        """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env."""
+        """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env.
+
+        One that cannot start is a ProbeError now, not an "unknown" probe later.
+        """
         if explicit:
-            return explicit
+            return check_probe_python(explicit)
         from_env = probe_python_from_env()
         if from_env:
-            return from_env
+            return check_probe_python(from_env)
         env = env_dir(self.cache)
         return python_of(env) if (env / ".complete").is_file() else None
 
@@ -365,7 +368,13 @@ def _work_dir(work_dir: Path | None, upstream: Upstream, series: Series) -> Path
 
 
 def _apply_options(
-    settings: Settings, probe_python: Path | None, three_way: bool, keep_going: bool, series: Series
+    settings: Settings,
+    probe_python: Path | None,
+    three_way: bool,
+    keep_going: bool,
+    series: Series,
+    *,
+    probes: bool = True,
 ) -> ApplyOptions:
     preimages: tuple[bytes, ...] = ()
     if three_way and series.validated_base:
@@ -381,7 +390,7 @@ def _apply_options(
             if (validated.source_dir / f).is_file()
         )
     return ApplyOptions(
-        probe_python=settings.probe_python(probe_python),
+        probe_python=settings.probe_python(probe_python) if probes else None,
         three_way=three_way,
         keep_going=keep_going,
         preimages=preimages,
@@ -599,11 +608,9 @@ def ensure_patched(
     work = _work_dir(work_dir, upstream, series)
     # Held until the command ends: the build reads the tree's commits after this returns.
     click.get_current_context().with_resource(locked(work))
-    options = _apply_options(settings, probe_python, False, False, series)
-    if not require_probes:
-        # --no-probes means none: not even the interpreter the environment configures.
-        options = dataclasses.replace(options, probe_python=None)
-    elif options.probe_python is None:
+    # --no-probes means none: not even the interpreter the environment configures.
+    options = _apply_options(settings, probe_python, False, False, series, probes=require_probes)
+    if require_probes and options.probe_python is None:
         raise BuildError(
             "no probe interpreter: run `tooling probe-env`, set "
             "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)"
@@ -699,6 +706,8 @@ def build(
     cuda_arch_list: str,
 ) -> None:
     """Build the patched CUDA wheel into dist/."""
+    if dist_dir.exists() and not dist_dir.is_dir():
+        raise BuildError(f"--dist {dist_dir.resolve()} is a file, not a folder")
     settings = _settings(ctx)
     series = settings.series(skip)
     # Precompiled mode re-verifies the official wheel while it copies (build.py).

@@ -14,7 +14,7 @@ import sys
 import venv
 from pathlib import Path
 
-from .errors import EnvironmentProblem
+from .errors import EnvironmentProblem, ProbeError
 from .fsutil import locked, sha256_file
 from .paths import REPO_DIR, CacheLayout
 
@@ -116,6 +116,27 @@ def _install_reference_dflash(target: Path, python: Path) -> Path:
         )
     (target / _MARKER).write_text(REFERENCE_DFLASH + "\n")
     return target
+
+
+def check_probe_python(python: Path) -> Path:
+    """``python`` when it starts and is a Python 3; else a ProbeError naming it."""
+    try:
+        result = subprocess.run(
+            [str(python), "-c", "import sys; print(sys.version_info[0])"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except OSError as e:
+        raise ProbeError(f"probe interpreter {python} cannot start: {e.strerror or e}") from None
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"probe interpreter {python} did not answer within 120 s") from None
+    if result.returncode != 0 or result.stdout.strip() != "3":
+        raise ProbeError(
+            f"probe interpreter {python} is not a working Python 3 (exit {result.returncode})"
+        )
+    return python
 
 
 def probe_python_from_env() -> Path | None:
