@@ -246,3 +246,20 @@ def test_a_dist_that_is_a_file_is_refused_before_any_work(tmp_path):
     code, _, err = finish(tooling(*args, cwd=tmp_path, env=env))
     assert (code, err) == (13, f"error: --dist {tmp_path / 'dist'} is a file, not a folder\n")
     assert not (tmp_path / "w").exists()
+
+
+def test_verify_with_an_interpreter_that_is_not_python_is_one_line(tmp_path):
+    code, _, err = finish(tooling("verify", "--python", "/bin/true", cwd=tmp_path))
+    assert (code, err) == (
+        16,
+        "error: /bin/true is not a Python interpreter: it printed no answer\n",
+    )
+
+
+def test_pip_refusing_a_wheel_shows_pips_error_line(tmp_path):
+    from tooling.install import pip_install
+
+    bad = tmp_path / "vllm-0.20.1-cp38-abi3-manylinux_2_35_x86_64.whl"
+    bad.write_bytes(b"not a zip archive")
+    failure = pip_install(bad, target=tmp_path / "site")
+    assert failure is not None and failure.startswith("ERROR:"), failure

@@ -129,7 +129,12 @@ def locate_with_python(python: Path) -> InstalledDist:
         ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise VllmNotFoundError(f"cannot ask {python} for its vLLM: {e}") from None
-    data = json.loads(out.strip().splitlines()[-1])
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise VllmNotFoundError(
+            f"{python} is not a Python interpreter: it printed no answer"
+        ) from None
     if data is None or not data.get("dist_info"):
         raise VllmNotFoundError(f"no vLLM distribution installed for {python}")
     site = Path(data["site"])
