@@ -11,6 +11,7 @@ import shutil
 import signal
 import tarfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -319,3 +320,75 @@ def test_bases_file_problems_are_config_errors(tmp_path):
     (tmp_path / "bases.toml").write_text("not = [toml")
     with pytest.raises(Exception, match="not valid TOML"):
         load_bases(tmp_path / "bases.toml")
+
+
+class RawIndex:
+    """An index that answers the project page with the given raw bytes and headers."""
+
+    def __init__(
+        self, body: bytes, *, length: int | None = None, chunked: bool = False, stall: float = 0
+    ):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+                if chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header(
+                        "Content-Length", str(length if length is not None else len(body))
+                    )
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if stall:
+                    time.sleep(stall)
+                if chunked:
+                    # One chunk announced larger than what is sent, then the connection ends.
+                    self.wfile.write(b"%x\r\n" % (len(body) + 50) + body)
+                else:
+                    self.wfile.write(body)
+                self.wfile.flush()
+                self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("body", "kw", "message"),
+    [
+        (b"{not json", {}, "is not a simple index"),
+        (b'{"meta": {}}', {}, "is not a simple index"),
+        (b'{"files": []}', {"chunked": True}, "broke off"),
+        (b'{"files": []}', {"length": 500}, "ended after 13 of 500 bytes"),
+        (b'{"files": []}', {"stall": 3}, "timed out"),
+    ],
+    ids=["bad-json", "no-files", "cut-chunked", "cut-length", "stall"],
+)
+def test_a_broken_index_page_is_a_network_error(
+    tmp_path, monkeypatch, sdist_bytes, body, kw, message
+):
+    monkeypatch.setattr("tooling.fetch._TIMEOUT_S", 1)
+    idx = RawIndex(body, **kw)
+    try:
+        with pytest.raises(NetworkError, match=message):
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, idx.url))
+    finally:
+        idx.close()
+
+
+def test_an_index_url_without_a_scheme_is_named(tmp_path, sdist_bytes):
+    with pytest.raises(NetworkError, match="index URL 'pypi.org/simple/' has no http"):
+        ensure_artifact(
+            pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, "pypi.org/simple/")
+        )

@@ -116,12 +116,17 @@ def _open(url: str, accept: str | None = None):
 
 def resolve_url(artifact: Artifact, index_url: str) -> str:
     """Find ``artifact`` on the index and check the index agrees with our pin."""
+    if urllib.parse.urlsplit(index_url).scheme not in ("http", "https", "file"):
+        raise NetworkError(f"index URL {index_url!r} has no http(s):// or file:// scheme")
     page = urllib.parse.urljoin(index_url.rstrip("/") + "/", f"{PROJECT}/")
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
     with _open(page, accept) as response:
-        body = response.read()
+        body = b"".join(_blocks(response, page))
         content_type = response.headers.get("Content-Type", "")
-    files = parse_simple_index(body, content_type, page)
+    try:
+        files = parse_simple_index(body, content_type, page)
+    except (ValueError, KeyError, TypeError) as e:
+        raise NetworkError(f"{page} is not a simple index ({type(e).__name__}: {e})") from None
     if artifact.filename not in files:
         raise NetworkError(f"{page} does not list {artifact.filename}")
     url, stated = files[artifact.filename]
@@ -136,19 +141,14 @@ def resolve_url(artifact: Artifact, index_url: str) -> str:
 def download(url: str, target: Path, artifact: Artifact, show_progress: bool) -> None:
     """Stream ``url`` to ``target``, hashing as it goes; rename only if the hash matches."""
     digest = hashlib.sha256()
-    received = 0
     try:
         with _open(url) as response, atomic_output(target) as out:
-            promised = int(response.headers.get("Content-Length") or 0) or None
-            total = artifact.size or promised
+            total = artifact.size or int(response.headers.get("Content-Length") or 0) or None
             with progress_bar(total, f"fetch {artifact.filename}", show_progress) as bar:
                 for block in _blocks(response, url):
                     digest.update(block)
                     out.write(block)
-                    received += len(block)
                     bar.update(len(block))
-            if promised is not None and received < promised:
-                raise NetworkError(f"{url}: the body ended after {received} of {promised} bytes")
             actual = digest.hexdigest()
             if actual != artifact.sha256:
                 raise IntegrityError(
@@ -163,14 +163,22 @@ def download(url: str, target: Path, artifact: Artifact, show_progress: bool) ->
 
 
 def _blocks(response, url: str) -> Iterator[bytes]:
-    """The body in blocks; a connection that breaks off is the network's fault."""
+    """The body in blocks; a connection that breaks off (or a body shorter than its
+    Content-Length, which http.client lets through) is the network's fault."""
+    promised = int(response.headers.get("Content-Length") or 0) or None
+    received = 0
     while True:
         try:
             block = response.read(CHUNK)
+        except TimeoutError:
+            raise NetworkError(f"{url}: timed out after {_TIMEOUT_S} s without data") from None
         except (OSError, http.client.HTTPException) as e:
-            raise NetworkError(f"{url}: download broke off ({e})") from None
+            raise NetworkError(f"{url}: download broke off ({e!r})") from None
         if not block:
+            if promised is not None and received < promised:
+                raise NetworkError(f"{url}: the body ended after {received} of {promised} bytes")
             return
+        received += len(block)
         yield block
 
 
