@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from tooling.paths import default_cache_dir
+from tooling.paths import REPO_DIR, default_cache_dir
 
 from .conftest import git
 
@@ -263,3 +265,58 @@ def test_pip_refusing_a_wheel_shows_pips_error_line(tmp_path):
     bad.write_bytes(b"not a zip archive")
     failure = pip_install(bad, target=tmp_path / "site")
     assert failure is not None and failure.startswith("ERROR:"), failure
+
+
+@pytest.mark.parametrize(
+    ("epoch", "message"),
+    [
+        ("yesterday", "is not a whole number of seconds"),
+        ("4354819200", "is past 2107, the last year a zip can hold"),
+    ],
+)
+def test_a_bad_source_date_epoch_is_one_line(prepared, epoch, message):
+    root, env, _ = prepared
+    args = ("build", "--offline", "--no-probes", "--work-dir", "w", "--dist", "dist-epoch")
+    code, _, err = finish(tooling(*args, cwd=root, env={**env, "SOURCE_DATE_EPOCH": epoch}))
+    assert code == 13 and err == f"error: SOURCE_DATE_EPOCH {epoch!r} {message}\n", err
+
+
+def test_release_refuses_a_foreign_wheel_and_a_wheel_outside_dist_before_writing(
+    prepared, tmp_path
+):
+    root, env, _ = prepared
+    foreign = tmp_path / "d" / "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
+    foreign.parent.mkdir()
+    with zipfile.ZipFile(foreign, "w") as zf:
+        zf.writestr("vllm-0.20.1.dist-info/METADATA", "Name: vllm\nVersion: 0.20.1\n")
+    code, _, err = finish(tooling("release", "--dist", "d", cwd=tmp_path, env=env))
+    assert code == 13 and err.startswith(f"error: {foreign.name} has no dflash_build.json"), err
+    assert [p.name for p in foreign.parent.iterdir()] == [foreign.name]
+    ours = next((root / "dist").glob("vllm-*.whl"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = finish(tooling("release", "--wheel", str(ours), "--dist", "empty", cwd=tmp_path))
+    assert code == 13 and err.startswith(f"error: {ours} is not inside --dist"), err
+    assert list(empty.iterdir()) == []
+
+
+def test_patch_status_json_with_a_broken_series_is_json(tmp_path):
+    patches = tmp_path / "patches"
+    shutil.copytree(REPO_DIR / "patches", patches)
+    (patches / "series.toml").write_text("[[patch]\nbroken")
+    args = ("--patches-dir", str(patches), "patch", "--work-dir", "w", "status", "--json")
+    code, out, err = finish(tooling(*args, cwd=tmp_path))
+    assert code == 10 and err.count("\n") == 1, err
+    assert json.loads(out)["exit_code"] == 10
+
+
+def test_without_git_on_path_commands_that_need_none_work(tmp_path):
+    path = {"PATH": str(Path(sys.executable).parent)}
+    code, out, err = finish(tooling("verify", "--help", cwd=tmp_path, env=path))
+    assert code == 0 and "Usage:" in out, err
+    env = {**path, "TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
+    code, _, err = finish(tooling("patch", "--offline", "--work-dir", "w", cwd=tmp_path, env=env))
+    assert (code, err) == (
+        18,
+        "error: git is not installed (not found on PATH); the work tree needs it\n",
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import git
 
 from . import __version__
 from .apply import ApplyOptions, SeriesReport, apply_series, reusable_report
@@ -25,6 +26,7 @@ from .bases import Base, BaseCatalog, load_bases
 from .build import BuildOptions, BuildResult, build_precompiled
 from .errors import (
     BuildError,
+    EnvironmentProblem,
     PatchConflictError,
     SeriesError,
     ToolingError,
@@ -122,6 +124,11 @@ class ToolingGroup(click.Group):
             return super().invoke(ctx)
         except ToolingError as e:
             _fail(ctx, str(e), exit_code_for(e))
+        except git.GitCommandNotFound:
+            problem = EnvironmentProblem(
+                "git is not installed (not found on PATH); the work tree needs it"
+            )
+            _fail(ctx, str(problem), problem.exit_code)
         except KeyboardInterrupt as e:
             signum = getattr(e, "signum", signal.SIGINT)
             _fail(ctx, f"interrupted ({signal.Signals(signum).name})", 128 + signum)
@@ -625,6 +632,22 @@ def ensure_patched(
     return report
 
 
+#: A zip entry's date holds years 1980-2107.
+_ZIP_LAST_EPOCH = 4354819199
+
+
+def _source_date_epoch() -> int | None:
+    """``$SOURCE_DATE_EPOCH`` as the seconds a wheel's dates can hold, or None when unset."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if not value:
+        return None
+    if not value.strip().isdigit():
+        raise BuildError(f"SOURCE_DATE_EPOCH {value!r} is not a whole number of seconds")
+    if int(value) > _ZIP_LAST_EPOCH:
+        raise BuildError(f"SOURCE_DATE_EPOCH {value!r} is past 2107, the last year a zip can hold")
+    return int(value)
+
+
 def _build_text(result: BuildResult, report: SeriesReport) -> str:
     rows = [
         [o.patch_id, o.status, (o.probe_after or {}).get("status", "-")] for o in report.outcomes
@@ -708,6 +731,7 @@ def build(
     """Build the patched CUDA wheel into dist/."""
     if dist_dir.exists() and not dist_dir.is_dir():
         raise BuildError(f"--dist {dist_dir.resolve()} is a file, not a folder")
+    _source_date_epoch()  # refused before any work, not after the tree is made
     settings = _settings(ctx)
     series = settings.series(skip)
     # Precompiled mode re-verifies the official wheel while it copies (build.py).
@@ -728,7 +752,7 @@ def build(
         None if no_probes else probe_python,
         require_probes=not no_probes,
     )
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    epoch = _source_date_epoch()
     if mode == "source":
         from .source_build import SourceBuildOptions, build_from_source
 
@@ -740,7 +764,7 @@ def build(
                 dist_dir=dist_dir,
                 use_precompiled_kernels=use_precompiled_kernels,
                 build_tag=build_tag,
-                source_date_epoch=int(epoch) if epoch else None,
+                source_date_epoch=epoch,
                 build_python=build_python,
                 max_jobs=max_jobs,
                 cuda_arch_list=cuda_arch_list,
@@ -756,7 +780,7 @@ def build(
             BuildOptions(
                 dist_dir=dist_dir,
                 build_tag=build_tag,
-                source_date_epoch=int(epoch) if epoch else None,
+                source_date_epoch=epoch,
             ),
         )
     data = {
