@@ -10,6 +10,7 @@ upstream) or as superseded on later releases.
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,10 @@ class ReleaseFiles:
     manifest: Path
 
 
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
 def write_release(
     dist: Path,
     wheel: Path,
@@ -143,9 +148,11 @@ def write_release(
     Everything is checked and computed before the first file is written, so a
     refusal leaves --dist as it was.
     """
-    dist = dist.resolve()
+    # Lexical absolute paths: a file in --dist may be a link to the build's output.
+    dist, wheel = _absolute(dist), _absolute(wheel)
+    extra_files = [_absolute(f) for f in extra_files]
     for f in (wheel, *extra_files):
-        if not f.resolve().is_relative_to(dist):
+        if not f.is_relative_to(dist):
             raise BuildError(f"{f} is not inside --dist {dist}: SHA256SUMS lists --dist only")
     manifest = read_wheel_manifest(wheel)
     digest = sha256_file(wheel)
@@ -154,10 +161,10 @@ def write_release(
     manifest_path = dist / f"{wheel.name}.manifest.json"
     manifest_text = manifest.to_bytes().decode()
     digests = {
-        wheel.resolve(): digest,
+        wheel: digest,
         manifest_path: sha256_bytes(manifest_text.encode()),
         notes: sha256_bytes(notes_text.encode()),
-        **{f.resolve(): sha256_file(f) for f in extra_files},
+        **{f: sha256_file(f) for f in extra_files},
     }
     sums = "".join(f"{digests[f]}  {f.relative_to(dist)}\n" for f in sorted(digests))
     checksums = dist / "SHA256SUMS"
