@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -320,3 +321,36 @@ def test_without_git_on_path_commands_that_need_none_work(tmp_path):
         18,
         "error: git is not installed (not found on PATH); the work tree needs it\n",
     )
+
+
+def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
+    tmp_path, probe_python
+):
+    """The file size limit stands in for a full disk (the kernel's EFBIG)."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {
+        **os.environ,
+        "TOOLING_PROBE_PYTHON": str(probe_python),
+        "VLLM_DFLASH_CACHE": str(CACHE),
+        "TMPDIR": str(scratch),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tooling", "patch", "--offline", "--work-dir", "w"],
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 13, proc.stderr
+    assert proc.stderr.startswith(f"error: cannot create the work tree {tmp_path / 'w'}: ")
+    assert "File too large" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    # Only the probe log stays; the base probes were stopped and their temp folder removed.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp", "w.logs"]
+    assert list(scratch.iterdir()) == []

@@ -139,7 +139,7 @@ class ToolingGroup(click.Group):
             if settings is not None and settings.debug:
                 traceback.print_exc()
                 ctx.exit(1)
-            first = (str(e).strip().splitlines() or [""])[0]
+            first = (str(e).strip().splitlines() or [""])[0][:300]
             _fail(
                 ctx,
                 f"unexpected {type(e).__name__}: {first} (rerun with --debug for the traceback)",
