@@ -354,3 +354,16 @@ def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
     # Only the probe log stays; the base probes were stopped and their temp folder removed.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp", "w.logs"]
     assert list(scratch.iterdir()) == []
+
+
+def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path):
+    cache = fresh_cache(tmp_path, SDIST)
+    with open(CACHE / "pypi" / WHEEL, "rb") as f:
+        (cache / "pypi" / WHEEL).write_bytes(f.read(1_000_000))
+    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(cache)}
+    args = ("build", "--offline", "--no-probes", "--work-dir", "w", "--dist", "dist")
+    code, _, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    assert code == 6, err
+    assert err.startswith(f"error: {WHEEL}: sha256 ") and "removed from the cache" in err, err
+    assert not (cache / "pypi" / WHEEL).exists()
+    assert not list(tmp_path.glob("dist/*"))

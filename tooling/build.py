@@ -27,7 +27,7 @@ from packaging.version import Version
 
 from . import __version__, worktree
 from .apply import SeriesReport
-from .errors import BuildError
+from .errors import ArchiveError, BuildError
 from .fetch import verify_artifact
 from .fsutil import atomic_output, sha256_bytes
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
@@ -196,7 +196,12 @@ def build_precompiled(
     changed = {p: owners.get(p, []) for p in paths}
     check_compiled(series, changed)
 
-    official = open_wheel(upstream.wheel)
+    try:
+        official = open_wheel(upstream.wheel)
+    except ArchiveError:
+        # A damaged cached wheel: its pin check says so, and that it was removed.
+        wheel_check.result()
+        raise
     by_name = {info.filename: info for info in official.infolist()}
     identity = plan_identity(upstream.wheel.name, series, options.build_tag)
     epoch = options.source_date_epoch
