@@ -367,3 +367,15 @@ def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path):
     assert err.startswith(f"error: {WHEEL}: sha256 ") and "removed from the cache" in err, err
     assert not (cache / "pypi" / WHEEL).exists()
     assert not list(tmp_path.glob("dist/*"))
+
+
+def test_verify_of_a_dist_info_without_metadata_is_one_line(tmp_path):
+    site = tmp_path / "site"
+    (site / "vllm-0.20.1.dist-info").mkdir(parents=True)
+    (site / "vllm-0.20.1.dist-info" / "RECORD").write_text("")
+    code, _, err = finish(tooling("verify", "--site-packages", str(site), cwd=tmp_path))
+    dist_info = site / "vllm-0.20.1.dist-info"
+    assert (code, err) == (
+        16,
+        f"error: {dist_info} has no METADATA: not an installed distribution\n",
+    )

@@ -148,7 +148,12 @@ def locate_in_site(site: Path) -> InstalledDist:
         raise VllmNotFoundError(f"no vllm-*.dist-info in {site}")
     if len(found) > 1:
         raise VllmNotFoundError(f"{site} holds several vLLM installs: {[p.name for p in found]}")
-    metadata = (found[0] / "METADATA").read_text(encoding="utf-8", errors="replace")
+    try:
+        metadata = (found[0] / "METADATA").read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise VllmNotFoundError(
+            f"{found[0]} has no METADATA: not an installed distribution"
+        ) from None
     version = next(
         (ln.split(":", 1)[1].strip() for ln in metadata.splitlines() if ln.startswith("Version:")),
         "?",
