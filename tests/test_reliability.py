@@ -379,3 +379,37 @@ def test_verify_of_a_dist_info_without_metadata_is_one_line(tmp_path):
         16,
         f"error: {dist_info} has no METADATA: not an installed distribution\n",
     )
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """Folders even root cannot write into (chattr +i), made writable again afterwards."""
+    made: list[Path] = []
+
+    def make(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["chattr", "+i", str(folder)], check=True)
+        made.append(folder)
+        return folder
+
+    yield make
+    for folder in made:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_cache_is_used_when_it_holds_the_entry_and_named_when_not(
+    tmp_path, catalog, immutable
+):
+    name = f"sdist-{catalog.get('0.20.1').sdist.sha256[:16]}"
+    full = fresh_cache(tmp_path / "full", SDIST)
+    (full / "sources").mkdir()
+    (full / "sources" / name).symlink_to(CACHE / "sources" / name)
+    immutable(full / "sources")
+    args = ("fetch", "--offline", "--no-wheel")
+    code, _, err = finish(tooling(*args, cwd=tmp_path, env={"VLLM_DFLASH_CACHE": str(full)}))
+    assert code == 0, err
+    empty = fresh_cache(tmp_path / "empty", SDIST)
+    immutable(empty / "sources")
+    code, _, err = finish(tooling(*args, cwd=tmp_path, env={"VLLM_DFLASH_CACHE": str(empty)}))
+    assert code == 20 and err.startswith(f"error: cannot write to {empty / 'sources'}: "), err
+    assert err.count("\n") == 1

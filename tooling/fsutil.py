@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -12,6 +13,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from .errors import CacheWriteError
 
 CHUNK = 1 << 20
 
@@ -79,10 +82,21 @@ def locked(target: Path) -> Iterator[None]:
     a removed file's lock starts over on the new one.
     """
     path = lock_path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
     waited = False
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            if target.exists():
+                # A read-only folder: nobody changes the entry, so reading needs no lock.
+                yield
+                return
+            raise CacheWriteError(
+                f"cannot write to {path.parent}: {e.strerror} (needed to create {target.name})"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
