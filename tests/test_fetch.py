@@ -392,3 +392,17 @@ def test_an_index_url_without_a_scheme_is_named(tmp_path, sdist_bytes):
         ensure_artifact(
             pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, "pypi.org/simple/")
         )
+
+
+def test_a_bad_sdist_layout_never_enters_the_cache(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("vllm-9.9.9/not_vllm/__init__.py")
+        tar.addfile(info, io.BytesIO(b""))
+    (tmp_path / "odd.tar.gz").write_bytes(buf.getvalue())
+    for _ in range(2):  # the second call must not find a half-accepted tree
+        with pytest.raises(
+            ArchiveError, match=r"expected one top folder holding vllm/, found \['vllm-9.9.9'\]"
+        ):
+            extract_sdist(tmp_path / "odd.tar.gz", tmp_path / "out")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.tar.gz"]
