@@ -37,7 +37,7 @@ test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts
 lint: $(STAMP) ## ruff, and the CI workflows against the GitHub Actions schema
 	$(BIN)/ruff check tooling tests bench
 	$(BIN)/ruff format --check tooling tests bench
-	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows ci/workflows/*.yml
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 
 check-patches: $(STAMP) ## Fail when patches/ is not what `tooling patch export` would write
 	$(TOOLING) patch export --check

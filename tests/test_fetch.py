@@ -6,9 +6,12 @@ import hashlib
 import io
 import json
 import random
+import resource
 import shutil
+import signal
 import tarfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from tooling.cli import main
 from tooling.errors import (
     ArchiveError,
     CacheMissError,
+    CacheWriteError,
     IntegrityError,
     NetworkError,
     UnknownBaseError,
@@ -52,8 +56,10 @@ def make_sdist(version: str, *, escape: bool = False, padding: int = 0) -> bytes
 class Index:
     """A real HTTP simple index on 127.0.0.1 that counts the requests it serves."""
 
-    def __init__(self, files: dict[str, bytes], stated: dict[str, str] | None = None):
+    def __init__(self, files: dict[str, bytes], stated: dict[str, str] | None = None, cut: int = 0):
         self.files = files
+        self.cut = cut
+        """Bytes of each file body left unsent (the Content-Length still promises them)."""
         self.stated = (
             stated
             if stated is not None
@@ -93,7 +99,7 @@ class Index:
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(body[: len(body) - index.cut] if ctype[-6:] == "stream" else body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
@@ -206,9 +212,38 @@ def test_truncated_sdist_is_an_archive_error(tmp_path):
 
 def test_sdist_escaping_its_folder_is_refused(tmp_path):
     (tmp_path / "evil.tar.gz").write_bytes(make_sdist("9.9.9", escape=True))
-    with pytest.raises(ArchiveError):
+    with pytest.raises(ArchiveError, match="'../../escaped.txt' would land outside") as err:
         extract_sdist(tmp_path / "evil.tar.gz", tmp_path / "a" / "b" / "out")
     assert not list(tmp_path.rglob("escaped.txt"))
+    assert "corrupt" not in str(err.value)
+
+
+def test_a_body_shorter_than_its_content_length_is_a_network_error(tmp_path, sdist_bytes):
+    idx = Index({"vllm-9.9.9.tar.gz": sdist_bytes}, cut=100)
+    try:
+        with pytest.raises(NetworkError, match=f"ended after {len(sdist_bytes) - 100} of"):
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, idx.url))
+    finally:
+        idx.close()
+    assert list((tmp_path / "cache" / "pypi").iterdir()) == []
+
+
+def test_a_full_disk_during_a_download_names_the_cache_folder(tmp_path):
+    """The file size limit stands in for a full disk (the kernel's EFBIG)."""
+    data = make_sdist("9.9.9", padding=3_000_000)
+    idx = Index({"vllm-9.9.9.tar.gz": data})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
+    try:
+        with pytest.raises(CacheWriteError, match="cannot write to the cache") as err:
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", data), options(tmp_path, idx.url))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+        idx.close()
+    assert str(tmp_path / "cache" / "pypi") in str(err.value)
+    assert list((tmp_path / "cache" / "pypi").iterdir()) == []
 
 
 def test_real_pinned_artifacts_fetch_and_unpack(upstream_0201, catalog):
@@ -285,3 +320,89 @@ def test_bases_file_problems_are_config_errors(tmp_path):
     (tmp_path / "bases.toml").write_text("not = [toml")
     with pytest.raises(Exception, match="not valid TOML"):
         load_bases(tmp_path / "bases.toml")
+
+
+class RawIndex:
+    """An index that answers the project page with the given raw bytes and headers."""
+
+    def __init__(
+        self, body: bytes, *, length: int | None = None, chunked: bool = False, stall: float = 0
+    ):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+                if chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header(
+                        "Content-Length", str(length if length is not None else len(body))
+                    )
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if stall:
+                    time.sleep(stall)
+                if chunked:
+                    # One chunk announced larger than what is sent, then the connection ends.
+                    self.wfile.write(b"%x\r\n" % (len(body) + 50) + body)
+                else:
+                    self.wfile.write(body)
+                self.wfile.flush()
+                self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("body", "kw", "message"),
+    [
+        (b"{not json", {}, "is not a simple index"),
+        (b'{"meta": {}}', {}, "is not a simple index"),
+        (b'{"files": []}', {"chunked": True}, "broke off"),
+        (b'{"files": []}', {"length": 500}, "ended after 13 of 500 bytes"),
+        (b'{"files": []}', {"stall": 3}, "timed out"),
+    ],
+    ids=["bad-json", "no-files", "cut-chunked", "cut-length", "stall"],
+)
+def test_a_broken_index_page_is_a_network_error(
+    tmp_path, monkeypatch, sdist_bytes, body, kw, message
+):
+    monkeypatch.setattr("tooling.fetch._TIMEOUT_S", 1)
+    idx = RawIndex(body, **kw)
+    try:
+        with pytest.raises(NetworkError, match=message):
+            ensure_artifact(pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, idx.url))
+    finally:
+        idx.close()
+
+
+def test_an_index_url_without_a_scheme_is_named(tmp_path, sdist_bytes):
+    with pytest.raises(NetworkError, match="index URL 'pypi.org/simple/' has no http"):
+        ensure_artifact(
+            pin("vllm-9.9.9.tar.gz", sdist_bytes), options(tmp_path, "pypi.org/simple/")
+        )
+
+
+def test_a_bad_sdist_layout_never_enters_the_cache(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("vllm-9.9.9/not_vllm/__init__.py")
+        tar.addfile(info, io.BytesIO(b""))
+    (tmp_path / "odd.tar.gz").write_bytes(buf.getvalue())
+    for _ in range(2):  # the second call must not find a half-accepted tree
+        with pytest.raises(
+            ArchiveError, match=r"expected one top folder holding vllm/, found \['vllm-9.9.9'\]"
+        ):
+            extract_sdist(tmp_path / "odd.tar.gz", tmp_path / "out")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.tar.gz"]

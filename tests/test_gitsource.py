@@ -99,9 +99,27 @@ def test_update_sees_new_tags_and_offline_uses_the_cache(tmp_path, remote):
     cache = CacheLayout(tmp_path / "cache")
     fetch_git(base_pinned(tagged), cache, url=url)
     repo.create_tag("v9.9.10")
-    newer = fetch_git(base_pinned(tagged), cache, url=url, ref="v9.9.10")
-    assert newer.commit == repo.head.commit.hexsha
+    # The update saw the new tag (else "does not exist"); it is another release, so refused.
+    with pytest.raises(GitSourceError, match="'v9.9.10' resolves to .* not vLLM 9.9.9"):
+        fetch_git(base_pinned(tagged), cache, url=url, ref="v9.9.10")
     offline = fetch_git(base_pinned(tagged), cache, url=url, offline=True)
     assert offline.commit == tagged
     with pytest.raises(CacheMissError, match="no cached clone"):
         fetch_git(base_pinned(tagged), CacheLayout(tmp_path / "empty"), url=url, offline=True)
+
+
+def test_a_ref_of_another_release_is_refused(tmp_path, remote):
+    """`--ref v0.22.0` on base 0.20.1 would be labelled 0.20.1: the ref must be the base."""
+    repo, tagged, url = remote
+    later = repo.head.commit.hexsha
+    repo.create_tag("v9.10.0")
+    cache = CacheLayout(tmp_path / "cache")
+    for ref in ("v9.10.0", later):
+        with pytest.raises(GitSourceError, match="not vLLM 9.9.9") as err:
+            fetch_git(base_pinned(tagged), cache, url=url, ref=ref)
+        assert err.value.exit_code == 8
+    # A moving ref, when asked for, must still build on the base's commit.
+    repo.git.checkout("-q", "--orphan", "elsewhere")
+    repo.index.commit("unrelated history")
+    with pytest.raises(GitSourceError, match="does not descend from vLLM 9.9.9"):
+        fetch_git(base_pinned(tagged), cache, url=url, ref="elsewhere", allow_moving_ref=True)

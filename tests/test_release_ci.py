@@ -15,7 +15,7 @@ from tooling.paths import REPO_DIR
 from tooling.release import read_wheel_manifest, release_notes, upstream_since, write_release
 from tooling.status import BaseStatus
 
-WORKFLOWS = sorted((REPO_DIR / "ci" / "workflows").glob("*.yml"))
+WORKFLOWS = sorted((REPO_DIR / ".github" / "workflows").glob("*.yml"))
 #: Jobs that only decide whether another job runs, and say why when it does not.
 GATES = {"gpu-runner"}
 
@@ -70,9 +70,24 @@ def test_jobs_call_make_targets_only():
                     assert match.group(1) in targets
 
 
-def test_the_github_path_points_at_ci():
-    link = REPO_DIR / ".github" / "workflows"
-    assert link.is_symlink() and link.resolve() == (REPO_DIR / "ci" / "workflows").resolve()
+def test_no_workflow_github_reads_is_a_link():
+    """GitHub Actions does not follow a linked workflows folder or a linked workflow file."""
+    folder = REPO_DIR / ".github" / "workflows"
+    assert not (REPO_DIR / ".github").is_symlink() and not folder.is_symlink()
+    assert folder.is_dir() and WORKFLOWS
+    for workflow in folder.iterdir():
+        assert not workflow.is_symlink() and workflow.is_file(), workflow
+
+
+def test_every_job_states_its_own_least_permissions():
+    for workflow in WORKFLOWS:
+        data = yaml.safe_load(workflow.read_text())
+        assert data["permissions"] == {}, "the default for every job: nothing"
+        for name, job in data["jobs"].items():
+            granted = job.get("permissions")
+            assert granted is not None, f"{name}: no permissions of its own"
+            writes = {k for k, v in granted.items() if v == "write"}
+            assert writes <= ({"contents"} if name == "publish" else set()), name
 
 
 def test_every_make_target_has_help():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import git
 
 from . import worktree
-from .errors import SeriesError
+from .errors import BuildError, SeriesError
 from .fsutil import atomic_write_text
 from .hunks import parse_diff, place_hunk
 from .probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
@@ -87,6 +88,8 @@ class SeriesReport:
     head: str
     outcomes: list[PatchOutcome]
     probe_python: str | None
+    saved_work: str | None = None
+    """Where a person's earlier tree at ``work_dir`` was moved, when there was one."""
 
     @property
     def ok(self) -> bool:
@@ -149,13 +152,28 @@ def _as_json(result: ProbeResult | None) -> dict[str, Any] | None:
 
 
 def create_work_tree(upstream: Upstream, work_dir: Path) -> git.Repo:
-    if upstream.git is not None:
-        return worktree.create_from_clone(upstream.git.clone, upstream.git.commit, work_dir)
-    message = (
-        f"upstream vLLM {upstream.base.version} ({upstream.base.sdist.filename})\n\n"
-        f"sdist sha256 {upstream.base.sdist.sha256}\n"
-    )
-    return worktree.create_from_tree(upstream.source_dir, work_dir, message)
+    """A fresh tree at ``work_dir``; callers sharing it hold ``locked(work_dir)``.
+
+    A write that fails (a full disk) is a BuildError naming the tree; the
+    staging folder is already gone by then.
+    """
+    try:
+        if upstream.git is not None:
+            return worktree.create_from_clone(upstream.git.clone, upstream.git.commit, work_dir)
+        message = (
+            f"upstream vLLM {upstream.base.version} ({upstream.base.sdist.filename})\n\n"
+            f"sdist sha256 {upstream.base.sdist.sha256}\n"
+        )
+        return worktree.create_from_tree(upstream.source_dir, work_dir, message)
+    except shutil.Error as e:
+        # copytree gathers one (source, target, why) per file; the first says it.
+        why = re.search(r"\[Errno \d+\] ([^:']+)", str(e.args[0][0][2]))
+        reason = why.group(1) if why else str(e.args[0][0][2])
+    except OSError as e:
+        reason = e.strerror or str(e)
+    except git.GitCommandError as e:
+        reason = worktree.git_error_summary(e)
+    raise BuildError(f"cannot create the work tree {work_dir}: {reason}")
 
 
 def apply_series(
@@ -167,9 +185,18 @@ def apply_series(
     before_run = (
         start_probes(probe_target, log=log_dir / "probes-base.log") if probe_target else None
     )
-    repo = create_work_tree(upstream, work_dir)
-    if options.three_way and options.preimages:
-        worktree.seed_preimages(repo, list(options.preimages))
+    try:
+        saved = worktree.clear_way(work_dir)
+        repo = create_work_tree(upstream, work_dir)
+        if options.three_way and options.preimages:
+            worktree.seed_preimages(repo, list(options.preimages))
+    except BaseException:
+        # The base probes must not outlive a failed run (nor their temp folder).
+        if before_run is not None and before_run.process is not None:
+            before_run.process.kill()
+        if before_run is not None:
+            before_run.wait()
+        raise
     before = before_run.wait() if before_run else None
 
     outcomes: list[PatchOutcome] = []
@@ -224,6 +251,7 @@ def apply_series(
         head=repo.head.commit.hexsha,
         outcomes=outcomes,
         probe_python=str(options.probe_python) if options.probe_python else None,
+        saved_work=str(saved) if saved else None,
     )
     save_report(work_dir, report)
     return report

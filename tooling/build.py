@@ -27,7 +27,7 @@ from packaging.version import Version
 
 from . import __version__, worktree
 from .apply import SeriesReport
-from .errors import BuildError
+from .errors import ArchiveError, BuildError
 from .fetch import verify_artifact
 from .fsutil import atomic_output, sha256_bytes
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
@@ -249,7 +249,12 @@ def build_precompiled(
             f"patch {', '.join(changed[VERSION_FILE])} edits {VERSION_FILE}, "
             "which the build stamps with the series label"
         )
-    official = open_wheel(upstream.wheel)
+    try:
+        official = open_wheel(upstream.wheel)
+    except ArchiveError:
+        # A damaged cached wheel: its pin check says so, and that it was removed.
+        wheel_check.result()
+        raise
     by_name = {info.filename: info for info in official.infolist()}
     identity = plan_identity(upstream.wheel.name, series, options.build_tag)
     stamped = runtime_version(upstream.base.version, series)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
+import git
 
 from . import __version__
 from .apply import ApplyOptions, SeriesReport, apply_series, reusable_report
@@ -23,6 +26,7 @@ from .bases import Base, BaseCatalog, load_bases
 from .build import BuildOptions, BuildResult, build_precompiled
 from .errors import (
     BuildError,
+    EnvironmentProblem,
     PatchConflictError,
     SeriesError,
     ToolingError,
@@ -32,8 +36,10 @@ from .errors import (
 )
 from .export import check_export, export_patches
 from .fetch import DEFAULT_INDEX_URL, FetchOptions
+from .fsutil import locked
 from .paths import CacheLayout, default_cache_dir, default_patches_dir
 from .probe_env import (
+    check_probe_python,
     ensure_probe_env,
     ensure_reference_dflash,
     env_dir,
@@ -57,6 +63,7 @@ class Settings:
     offline: bool = False
     progress: bool = True
     json: bool = False
+    debug: bool = False
     emitted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     """Options of a command group, read by its subcommands."""
@@ -78,33 +85,80 @@ class Settings:
         )
 
     def probe_python(self, explicit: Path | None) -> Path | None:
-        """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env."""
+        """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env.
+
+        One that cannot start is a ProbeError now, not an "unknown" probe later.
+        """
         if explicit:
-            return explicit
+            return check_probe_python(explicit)
         from_env = probe_python_from_env()
         if from_env:
-            return from_env
+            return check_probe_python(from_env)
         env = env_dir(self.cache)
         return python_of(env) if (env / ".complete").is_file() else None
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program stands so cleanup (temp files) runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    # A second signal while cleaning up ends the process at once.
+    signal.signal(signum, signal.SIG_DFL)
+    raise Interrupted(signum)
+
+
 class ToolingGroup(click.Group):
-    """Maps every ToolingError to its exit code and a one-line message (or JSON)."""
+    """Maps every failure to its exit code and a one-line message (or JSON).
+
+    A ToolingError has its own code; a signal exits 128 + its number; anything
+    else is a bug: one line and exit 1, the traceback only under --debug.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ToolingError as e:
+            _fail(ctx, str(e), exit_code_for(e))
+        except git.GitCommandNotFound:
+            problem = EnvironmentProblem(
+                "git is not installed (not found on PATH); the work tree needs it"
+            )
+            _fail(ctx, str(problem), problem.exit_code)
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)
+            _fail(ctx, f"interrupted ({signal.Signals(signum).name})", 128 + signum)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:
             settings = ctx.find_object(Settings)
-            if settings is not None and settings.json and not settings.emitted:
-                click.echo(
-                    json.dumps(
-                        {"ok": False, "error": str(e), "exit_code": e.exit_code, **settings.extra},
-                        indent=2,
-                    )
-                )
-            click.echo(f"error: {e}", err=True)
-            ctx.exit(exit_code_for(e))
+            if settings is not None and settings.debug:
+                traceback.print_exc()
+                ctx.exit(1)
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            _fail(
+                ctx,
+                f"unexpected {type(e).__name__}: {first} (rerun with --debug for the traceback)",
+                1,
+            )
+
+
+def _fail(ctx: click.Context, message: str, code: int) -> None:
+    settings = ctx.find_object(Settings)
+    if settings is not None and settings.json and not settings.emitted:
+        click.echo(
+            json.dumps(
+                {"ok": False, "error": message, "exit_code": code, **settings.extra},
+                indent=2,
+                default=str,
+            )
+        )
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(code)
 
 
 def json_option(f):
@@ -241,6 +295,7 @@ def _fetch(
 )
 @click.option("--offline", is_flag=True, help="Use only the cache; never touch the network.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--debug", is_flag=True, help="Show the traceback of an unexpected error.")
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -249,9 +304,14 @@ def main(
     index_url: str,
     offline: bool,
     no_progress: bool,
+    debug: bool,
 ) -> None:
     """Fetch, patch, build, verify and smoke-test vLLM with the DFlash fixes."""
+    # CI cancels and closed terminals end the run like Ctrl-C: temp files are removed.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupted)
     settings = ctx.ensure_object(Settings)
+    settings.debug = debug
     settings.cache = CacheLayout(cache_dir or default_cache_dir())
     settings.index_url = index_url
     settings.offline = offline
@@ -315,7 +375,13 @@ def _work_dir(work_dir: Path | None, upstream: Upstream, series: Series) -> Path
 
 
 def _apply_options(
-    settings: Settings, probe_python: Path | None, three_way: bool, keep_going: bool, series: Series
+    settings: Settings,
+    probe_python: Path | None,
+    three_way: bool,
+    keep_going: bool,
+    series: Series,
+    *,
+    probes: bool = True,
 ) -> ApplyOptions:
     preimages: tuple[bytes, ...] = ()
     if three_way and series.validated_base:
@@ -331,7 +397,7 @@ def _apply_options(
             if (validated.source_dir / f).is_file()
         )
     return ApplyOptions(
-        probe_python=settings.probe_python(probe_python),
+        probe_python=settings.probe_python(probe_python) if probes else None,
         three_way=three_way,
         keep_going=keep_going,
         preimages=preimages,
@@ -357,6 +423,16 @@ def _report_text(report: SeriesReport) -> str:
     if report.probe_python is None:
         lines.append("probes: not run (no probe interpreter; run `tooling probe-env`)")
     return "\n".join(lines)
+
+
+def _tell_saved(report: SeriesReport) -> None:
+    if report.saved_work:
+        click.echo(
+            f"note: the earlier work tree held work of yours; it was moved to "
+            f"{report.saved_work} (`tooling patch --work-dir {report.saved_work} export` "
+            "exports it)",
+            err=True,
+        )
 
 
 def _fail_unless_ok(report: SeriesReport, settings: Settings) -> None:
@@ -417,7 +493,10 @@ def patch(
         settings, base_version, source, git_url, ref, allow_moving_ref, with_wheel=False
     )
     options = _apply_options(settings, probe_python, three_way, keep_going, series)
-    report = apply_series(upstream, series, _work_dir(work_dir, upstream, series), options)
+    work = _work_dir(work_dir, upstream, series)
+    ctx.with_resource(locked(work))
+    report = apply_series(upstream, series, work, options)
+    _tell_saved(report)
     emit(settings, report.to_json(), _report_text(report))
     _fail_unless_ok(report, settings)
 
@@ -505,6 +584,7 @@ def patch_export(ctx: click.Context, check: bool) -> None:
         series = load_series(settings.patches_dir / "series.toml", check_digests=False)
         upstream_version = extra.get("base") or series.validated_base
         work = extra.get("work_dir") or Path("build") / "work" / f"vllm-{upstream_version}"
+        ctx.with_resource(locked(Path(work).resolve()))
         if not Path(work).is_dir():
             raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
         result = export_patches(Path(work), series)
@@ -533,7 +613,10 @@ def ensure_patched(
 ) -> SeriesReport:
     """The applied series for ``upstream``: reused when the work tree is current, else applied."""
     work = _work_dir(work_dir, upstream, series)
-    options = _apply_options(settings, probe_python, False, False, series)
+    # Held until the command ends: the build reads the tree's commits after this returns.
+    click.get_current_context().with_resource(locked(work))
+    # --no-probes means none: not even the interpreter the environment configures.
+    options = _apply_options(settings, probe_python, False, False, series, probes=require_probes)
     if require_probes and options.probe_python is None:
         raise BuildError(
             "no probe interpreter: run `tooling probe-env`, set "
@@ -544,8 +627,25 @@ def ensure_patched(
         if report is not None and (report.probe_python or not require_probes):
             return report
     report = apply_series(upstream, series, work, options)
+    _tell_saved(report)
     _fail_unless_ok(report, settings)
     return report
+
+
+#: A zip entry's date holds years 1980-2107.
+_ZIP_LAST_EPOCH = 4354819199
+
+
+def _source_date_epoch() -> int | None:
+    """``$SOURCE_DATE_EPOCH`` as the seconds a wheel's dates can hold, or None when unset."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if not value:
+        return None
+    if not value.strip().isdigit():
+        raise BuildError(f"SOURCE_DATE_EPOCH {value!r} is not a whole number of seconds")
+    if int(value) > _ZIP_LAST_EPOCH:
+        raise BuildError(f"SOURCE_DATE_EPOCH {value!r} is past 2107, the last year a zip can hold")
+    return int(value)
 
 
 def _build_text(result: BuildResult, report: SeriesReport) -> str:
@@ -629,6 +729,9 @@ def build(
     cuda_arch_list: str,
 ) -> None:
     """Build the patched CUDA wheel into dist/."""
+    if dist_dir.exists() and not dist_dir.is_dir():
+        raise BuildError(f"--dist {dist_dir.resolve()} is a file, not a folder")
+    _source_date_epoch()  # refused before any work, not after the tree is made
     settings = _settings(ctx)
     series = settings.series(skip)
     # Precompiled mode re-verifies the official wheel while it copies (build.py).
@@ -649,7 +752,7 @@ def build(
         None if no_probes else probe_python,
         require_probes=not no_probes,
     )
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    epoch = _source_date_epoch()
     if mode == "source":
         from .source_build import SourceBuildOptions, build_from_source
 
@@ -661,7 +764,7 @@ def build(
                 dist_dir=dist_dir,
                 use_precompiled_kernels=use_precompiled_kernels,
                 build_tag=build_tag,
-                source_date_epoch=int(epoch) if epoch else None,
+                source_date_epoch=epoch,
                 build_python=build_python,
                 max_jobs=max_jobs,
                 cuda_arch_list=cuda_arch_list,
@@ -677,7 +780,7 @@ def build(
             BuildOptions(
                 dist_dir=dist_dir,
                 build_tag=build_tag,
-                source_date_epoch=int(epoch) if epoch else None,
+                source_date_epoch=epoch,
             ),
         )
     data = {

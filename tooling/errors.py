@@ -123,6 +123,12 @@ class BundleError(ToolingError):
     exit_code = 19
 
 
+class CacheWriteError(ToolingError):
+    """The artifact cache cannot be written (full disk, read-only folder)."""
+
+    exit_code = 20
+
+
 def exit_code_for(error: BaseException) -> int:
     """The process exit status for ``error``; 1 for anything unexpected."""
     if isinstance(error, ToolingError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import json
 import re
 import tarfile
@@ -16,13 +17,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
 from .bases import Artifact, Base
-from .errors import ArchiveError, CacheMissError, IntegrityError, NetworkError
-from .fsutil import CHUNK, atomic_output, sha256_file, staging_dir
+from .errors import ArchiveError, CacheMissError, CacheWriteError, IntegrityError, NetworkError
+from .fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
 from .paths import CacheLayout
 from .progress import progress_bar
 
@@ -114,12 +116,17 @@ def _open(url: str, accept: str | None = None):
 
 def resolve_url(artifact: Artifact, index_url: str) -> str:
     """Find ``artifact`` on the index and check the index agrees with our pin."""
+    if urllib.parse.urlsplit(index_url).scheme not in ("http", "https", "file"):
+        raise NetworkError(f"index URL {index_url!r} has no http(s):// or file:// scheme")
     page = urllib.parse.urljoin(index_url.rstrip("/") + "/", f"{PROJECT}/")
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
     with _open(page, accept) as response:
-        body = response.read()
+        body = b"".join(_blocks(response, page))
         content_type = response.headers.get("Content-Type", "")
-    files = parse_simple_index(body, content_type, page)
+    try:
+        files = parse_simple_index(body, content_type, page)
+    except (ValueError, KeyError, TypeError) as e:
+        raise NetworkError(f"{page} is not a simple index ({type(e).__name__}: {e})") from None
     if artifact.filename not in files:
         raise NetworkError(f"{page} does not list {artifact.filename}")
     url, stated = files[artifact.filename]
@@ -134,22 +141,45 @@ def resolve_url(artifact: Artifact, index_url: str) -> str:
 def download(url: str, target: Path, artifact: Artifact, show_progress: bool) -> None:
     """Stream ``url`` to ``target``, hashing as it goes; rename only if the hash matches."""
     digest = hashlib.sha256()
-    with _open(url) as response, atomic_output(target) as out:
-        total = artifact.size or int(response.headers.get("Content-Length") or 0) or None
-        with progress_bar(total, f"fetch {artifact.filename}", show_progress) as bar:
-            try:
-                for block in iter(lambda: response.read(CHUNK), b""):
+    try:
+        with _open(url) as response, atomic_output(target) as out:
+            total = artifact.size or int(response.headers.get("Content-Length") or 0) or None
+            with progress_bar(total, f"fetch {artifact.filename}", show_progress) as bar:
+                for block in _blocks(response, url):
                     digest.update(block)
                     out.write(block)
                     bar.update(len(block))
-            except OSError as e:
-                raise NetworkError(f"{url}: download broke off ({e})") from None
-        actual = digest.hexdigest()
-        if actual != artifact.sha256:
-            raise IntegrityError(
-                f"{artifact.filename}: downloaded sha256 {actual} does not match "
-                f"the pinned {artifact.sha256}; nothing was kept"
-            )
+            actual = digest.hexdigest()
+            if actual != artifact.sha256:
+                raise IntegrityError(
+                    f"{artifact.filename}: downloaded sha256 {actual} does not match "
+                    f"the pinned {artifact.sha256}; nothing was kept"
+                )
+    except OSError as e:
+        # Reads are wrapped by _blocks, so an OSError here is the cache's own.
+        raise CacheWriteError(
+            f"cannot write to the cache {target.parent}: {e.strerror or e}"
+        ) from None
+
+
+def _blocks(response, url: str) -> Iterator[bytes]:
+    """The body in blocks; a connection that breaks off (or a body shorter than its
+    Content-Length, which http.client lets through) is the network's fault."""
+    promised = int(response.headers.get("Content-Length") or 0) or None
+    received = 0
+    while True:
+        try:
+            block = response.read(CHUNK)
+        except TimeoutError:
+            raise NetworkError(f"{url}: timed out after {_TIMEOUT_S} s without data") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise NetworkError(f"{url}: download broke off ({e!r})") from None
+        if not block:
+            if promised is not None and received < promised:
+                raise NetworkError(f"{url}: the body ended after {received} of {promised} bytes")
+            return
+        received += len(block)
+        yield block
 
 
 def ensure_artifact(artifact: Artifact, options: FetchOptions, *, verify: bool = True) -> Path:
@@ -176,24 +206,35 @@ def extract_sdist(sdist: Path, dest: Path) -> Path:
     """Unpack ``sdist`` into ``dest`` (atomically) and return the folder holding ``vllm/``.
 
     tarfile's ``data`` filter refuses absolute paths, ``..`` and links that
-    leave the target, so a hostile archive cannot write outside ``dest``.
+    leave the target, so a hostile archive cannot write outside ``dest``. The
+    layout is checked before the tree enters the cache, and the cache entry
+    is locked, so a second process waits for the first one's tree instead of
+    unpacking its own over it.
     """
-    if dest.is_dir():
-        return _tree_root(dest, sdist)
-    try:
-        with staging_dir(dest) as tmp, tarfile.open(sdist, "r:*") as tar:
-            tar.extractall(tmp, filter="data")
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise ArchiveError(f"{sdist.name}: truncated or corrupt archive ({e})") from None
-    except OSError as e:
-        raise ArchiveError(f"{sdist.name}: cannot unpack into {dest.parent} ({e})") from None
-    return _tree_root(dest, sdist)
+    with locked(dest):
+        if dest.is_dir():
+            return _tree_root(dest, sdist)
+        try:
+            with staging_dir(dest) as tmp:
+                with tarfile.open(sdist, "r:*") as tar:
+                    tar.extractall(tmp, filter="data")
+                name = _tree_root(tmp, sdist).name
+        except tarfile.FilterError as e:
+            raise ArchiveError(
+                f"{sdist.name}: refused, member {e.tarinfo.name!r} would land outside {dest} ({e})"
+            ) from None
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise ArchiveError(f"{sdist.name}: truncated or corrupt archive ({e})") from None
+        except OSError as e:
+            raise ArchiveError(f"{sdist.name}: cannot unpack into {dest.parent} ({e})") from None
+        return dest / name
 
 
 def _tree_root(dest: Path, sdist: Path) -> Path:
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1 or not (tops[0] / "vllm").is_dir():
-        raise ArchiveError(f"{sdist.name}: expected one top folder holding vllm/, found {tops}")
+        names = sorted(p.name for p in tops)
+        raise ArchiveError(f"{sdist.name}: expected one top folder holding vllm/, found {names}")
     return tops[0]
 
 

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from .errors import CacheWriteError
 
 CHUNK = 1 << 20
 
@@ -61,16 +66,70 @@ def atomic_write_text(target: Path, text: str) -> None:
         f.write(text)  # type: ignore[arg-type]
 
 
+def lock_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
+
+
+@contextlib.contextmanager
+def locked(target: Path) -> Iterator[None]:
+    """Hold the exclusive lock of ``target`` (a folder or file that processes share).
+
+    Several tooling processes (CI jobs, two terminals, --skip variants) may
+    want the same work tree or cache entry at once; each holds this lock while
+    it creates, reads or replaces ``target``. The lock is the kernel's
+    (``flock``), so it is released when its holder dies, however it dies.
+    The holder removes the lock file on the way out; a waiter that then holds
+    a removed file's lock starts over on the new one.
+    """
+    path = lock_path(target)
+    waited = False
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            if target.exists():
+                # A read-only folder: nobody changes the entry, so reading needs no lock.
+                yield
+                return
+            raise CacheWriteError(
+                f"cannot write to {path.parent}: {e.strerror} (needed to create {target.name})"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not waited:
+                print(f"waiting for another tooling process using {target}", file=sys.stderr)
+                waited = True
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def staging_dir(target: Path) -> Iterator[Path]:
-    """A temp folder beside ``target`` that replaces it only on success."""
+    """A temp folder beside ``target`` that becomes ``target`` only on success.
+
+    ``target`` must not exist when the folder is committed: a tree is never
+    deleted here, since another process may be reading it (callers hold
+    ``locked(target)`` and clear the way themselves).
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
     try:
         yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import git
 
 from .bases import Base
 from .errors import ArchiveError, CacheMissError, GitSourceError
-from .fsutil import staging_dir
+from .fsutil import locked, staging_dir
 from .paths import CacheLayout
 from .worktree import git_error_summary
 
@@ -46,26 +45,28 @@ def clone_dir(cache: CacheLayout, url: str) -> Path:
 
 
 def update_clone(url: str, cache: CacheLayout, offline: bool) -> git.Repo:
-    """Create or refresh the cached bare clone of ``url``."""
+    """Create or refresh the cached bare clone of ``url`` (locked: one writer at a time)."""
     path = clone_dir(cache, url)
-    if path.is_dir():
-        repo = git.Repo(path)
-        if not offline:
-            try:
-                repo.git.fetch(url, *_REFSPECS, "--prune")
-            except git.GitCommandError as e:
-                summary = git_error_summary(e)
-                raise GitSourceError(f"git remote {url} cannot be read: {summary}") from None
-        return repo
-    if offline:
-        raise CacheMissError(f"--offline: no cached clone of {url} in {cache.git}")
-    try:
-        with staging_dir(path) as tmp:
-            repo = git.Repo.init(tmp, bare=True)
-            repo.git.fetch(url, *_REFSPECS)
-    except git.GitCommandError as e:
-        raise GitSourceError(f"git remote {url} cannot be read: {git_error_summary(e)}") from None
-    return git.Repo(path)
+    with locked(path):
+        if path.is_dir():
+            repo = git.Repo(path)
+            if not offline:
+                try:
+                    repo.git.fetch(url, *_REFSPECS, "--prune")
+                except git.GitCommandError as e:
+                    summary = git_error_summary(e)
+                    raise GitSourceError(f"git remote {url} cannot be read: {summary}") from None
+            return repo
+        if offline:
+            raise CacheMissError(f"--offline: no cached clone of {url} in {cache.git}")
+        try:
+            with staging_dir(path) as tmp:
+                repo = git.Repo.init(tmp, bare=True)
+                repo.git.fetch(url, *_REFSPECS)
+        except git.GitCommandError as e:
+            summary = git_error_summary(e)
+            raise GitSourceError(f"git remote {url} cannot be read: {summary}") from None
+        return git.Repo(path)
 
 
 def resolve_ref(repo: git.Repo, ref: str) -> tuple[str, str]:
@@ -83,39 +84,56 @@ def resolve_ref(repo: git.Repo, ref: str) -> tuple[str, str]:
     raise GitSourceError(f"ref {ref!r} does not exist in {repo.git_dir}")
 
 
-def check_pin(base: Base, ref: str, kind: str, commit: str, allow_moving_ref: bool) -> None:
-    """Refuse branches (unless allowed) and a pinned tag that moved."""
+def check_pin(
+    repo: git.Repo, base: Base, ref: str, kind: str, commit: str, allow_moving_ref: bool
+) -> None:
+    """The ref must be the base it will be labelled as: its pinned commit, or (a moving ref
+    asked for) a descendant of it. Refuses branches unless allowed, and a pinned tag that moved.
+    """
     if kind == "branch" and not allow_moving_ref:
         raise GitSourceError(
             f"ref {ref!r} is a branch (a moving ref); pin a tag or commit, "
             "or pass --allow-moving-ref"
         )
-    if ref == base.git.tag and not commit.startswith(base.git.commit):
+    if commit.startswith(base.git.commit):
+        return
+    if ref == base.git.tag:
         raise GitSourceError(
             f"tag {ref} resolves to {commit}, but bases.toml pins {base.git.commit} "
             f"for vLLM {base.version}"
         )
+    if not allow_moving_ref:
+        raise GitSourceError(
+            f"ref {ref!r} resolves to {commit[:12]}, which is not vLLM {base.version} "
+            f"({base.git.tag} = {base.git.commit[:12]}); pass the --base it belongs to"
+        )
+    try:
+        repo.git.merge_base("--is-ancestor", base.git.commit, commit)
+    except git.GitCommandError:
+        raise GitSourceError(
+            f"ref {ref!r} ({commit[:12]}) does not descend from vLLM {base.version} "
+            f"({base.git.tag} = {base.git.commit[:12]}); pass the --base it belongs to"
+        ) from None
 
 
 def export_tree(repo: git.Repo, commit: str, dest: Path) -> Path:
-    """Write the files of ``commit`` to ``dest`` (atomically) via ``git archive``."""
-    if dest.is_dir():
+    """Write the files of ``commit`` to ``dest`` (atomically, locked) via ``git archive``."""
+    with locked(dest):
+        if dest.is_dir():
+            return dest
+        try:
+            with staging_dir(dest) as tmp:
+                archive = tmp / ".export.tar"
+                with open(archive, "wb") as out:
+                    repo.git.archive(commit, format="tar", output_stream=out)
+                with tarfile.open(archive) as tar:
+                    tar.extractall(tmp, filter="data")
+                archive.unlink()
+                if not (tmp / "vllm").is_dir():
+                    raise GitSourceError(f"commit {commit} has no vllm/ package at its root")
+        except (git.GitCommandError, tarfile.TarError) as e:
+            raise ArchiveError(f"cannot export commit {commit}: {e}") from None
         return dest
-    archive = dest.parent / f".{dest.name}.tar"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(archive, "wb") as out:
-            repo.git.archive(commit, format="tar", output_stream=out)
-        with staging_dir(dest) as tmp, tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
-    except (git.GitCommandError, tarfile.TarError) as e:
-        raise ArchiveError(f"cannot export commit {commit}: {e}") from None
-    finally:
-        archive.unlink(missing_ok=True)
-    if not (dest / "vllm").is_dir():
-        shutil.rmtree(dest)
-        raise GitSourceError(f"commit {commit} has no vllm/ package at its root")
-    return dest
 
 
 def fetch_git(
@@ -131,7 +149,7 @@ def fetch_git(
     ref = ref or base.git.tag
     repo = update_clone(url, cache, offline)
     kind, commit = resolve_ref(repo, ref)
-    check_pin(base, ref, kind, commit, allow_moving_ref)
+    check_pin(repo, base, ref, kind, commit, allow_moving_ref)
     source_dir = export_tree(repo, commit, cache.sources / f"git-{commit}")
     return GitSource(
         base=base,

@@ -14,8 +14,8 @@ import sys
 import venv
 from pathlib import Path
 
-from .errors import EnvironmentProblem
-from .fsutil import sha256_file
+from .errors import EnvironmentProblem, ProbeError
+from .fsutil import locked, sha256_file
 from .paths import REPO_DIR, CacheLayout
 
 REQUIREMENTS = REPO_DIR / "requirements" / "probe.txt"
@@ -35,6 +35,12 @@ def ensure_probe_env(cache: CacheLayout, requirements: Path = REQUIREMENTS) -> P
     if not requirements.is_file():
         raise EnvironmentProblem(f"{requirements}: no probe requirements file")
     env = env_dir(cache, requirements)
+    # Locked: a second process waits for this environment instead of deleting it half-built.
+    with locked(env):
+        return _create_probe_env(env, requirements)
+
+
+def _create_probe_env(env: Path, requirements: Path) -> Path:
     if (env / _MARKER).is_file():
         return python_of(env)
     if env.exists():
@@ -81,6 +87,11 @@ def ensure_reference_dflash(cache: CacheLayout, python: Path) -> Path:
     ``dflash.model``, which uses only torch and transformers from the probe env.
     """
     target = reference_dflash_dir(cache)
+    with locked(target):
+        return _install_reference_dflash(target, python)
+
+
+def _install_reference_dflash(target: Path, python: Path) -> Path:
     if (target / _MARKER).is_file():
         return target
     if target.exists():
@@ -105,6 +116,27 @@ def ensure_reference_dflash(cache: CacheLayout, python: Path) -> Path:
         )
     (target / _MARKER).write_text(REFERENCE_DFLASH + "\n")
     return target
+
+
+def check_probe_python(python: Path) -> Path:
+    """``python`` when it starts and is a Python 3; else a ProbeError naming it."""
+    try:
+        result = subprocess.run(
+            [str(python), "-c", "import sys; print(sys.version_info[0])"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except OSError as e:
+        raise ProbeError(f"probe interpreter {python} cannot start: {e.strerror or e}") from None
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"probe interpreter {python} did not answer within 120 s") from None
+    if result.returncode != 0 or result.stdout.strip() != "3":
+        raise ProbeError(
+            f"probe interpreter {python} is not a working Python 3 (exit {result.returncode})"
+        )
+    return python
 
 
 def probe_python_from_env() -> Path | None:

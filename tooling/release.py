@@ -10,12 +10,14 @@ upstream) or as superseded on later releases.
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write_text, sha256_file
+from .errors import BuildError
+from .fsutil import atomic_write_text, sha256_bytes, sha256_file
 from .manifest import MANIFEST_NAME, BuildManifest
 from .series import Series
 
@@ -23,9 +25,16 @@ UPSTREAM_STATUSES = ("superseded", "already-applied")
 
 
 def read_wheel_manifest(wheel: Path) -> BuildManifest:
-    with zipfile.ZipFile(wheel) as zf:
-        name = next(n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}"))
-        return BuildManifest.from_json(json.loads(zf.read(name)))
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}")]
+            if not names:
+                raise BuildError(
+                    f"{wheel.name} has no {MANIFEST_NAME}: not a wheel this toolchain built"
+                )
+            return BuildManifest.from_json(json.loads(zf.read(names[0])))
+    except (zipfile.BadZipFile, OSError) as e:
+        raise BuildError(f"{wheel}: cannot read the wheel ({e})") from None
 
 
 def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
@@ -126,6 +135,10 @@ class ReleaseFiles:
     manifest: Path
 
 
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
 def write_release(
     dist: Path,
     wheel: Path,
@@ -133,15 +146,32 @@ def write_release(
     status: dict[str, Any] | None,
     extra_files: list[Path] = (),
 ) -> ReleaseFiles:
-    """RELEASE_NOTES.md, the manifest as JSON, and SHA256SUMS over everything released."""
+    """RELEASE_NOTES.md, the manifest as JSON, and SHA256SUMS over everything released.
+
+    Everything is checked and computed before the first file is written, so a
+    refusal leaves --dist as it was.
+    """
+    # Lexical absolute paths: a file in --dist may be a link to the build's output.
+    dist, wheel = _absolute(dist), _absolute(wheel)
+    extra_files = [_absolute(f) for f in extra_files]
+    for f in (wheel, *extra_files):
+        if not f.is_relative_to(dist):
+            raise BuildError(f"{f} is not inside --dist {dist}: SHA256SUMS lists --dist only")
     manifest = read_wheel_manifest(wheel)
     digest = sha256_file(wheel)
     notes = dist / "RELEASE_NOTES.md"
-    atomic_write_text(notes, release_notes(series, manifest, wheel.name, digest, status))
+    notes_text = release_notes(series, manifest, wheel.name, digest, status)
     manifest_path = dist / f"{wheel.name}.manifest.json"
-    atomic_write_text(manifest_path, manifest.to_bytes().decode())
-    files = [wheel, manifest_path, notes, *extra_files]
-    sums = "".join(f"{sha256_file(f)}  {f.relative_to(dist)}\n" for f in sorted(files))
+    manifest_text = manifest.to_bytes().decode()
+    digests = {
+        wheel: digest,
+        manifest_path: sha256_bytes(manifest_text.encode()),
+        notes: sha256_bytes(notes_text.encode()),
+        **{f: sha256_file(f) for f in extra_files},
+    }
+    sums = "".join(f"{digests[f]}  {f.relative_to(dist)}\n" for f in sorted(digests))
     checksums = dist / "SHA256SUMS"
+    atomic_write_text(notes, notes_text)
+    atomic_write_text(manifest_path, manifest_text)
     atomic_write_text(checksums, sums)
     return ReleaseFiles(notes=notes, checksums=checksums, manifest=manifest_path)

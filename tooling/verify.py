@@ -172,7 +172,12 @@ def locate_with_python(python: Path) -> InstalledDist:
         ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise VllmNotFoundError(f"cannot ask {python} for its vLLM: {e}") from None
-    data = json.loads(out.strip().splitlines()[-1])
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise VllmNotFoundError(
+            f"{python} is not a Python interpreter: it printed no answer"
+        ) from None
     if data is None or not data.get("dist_info"):
         raise VllmNotFoundError(f"no vLLM distribution installed for {python}")
     site = Path(data["site"])
@@ -186,7 +191,12 @@ def locate_in_site(site: Path) -> InstalledDist:
         raise VllmNotFoundError(f"no vllm-*.dist-info in {site}")
     if len(found) > 1:
         raise VllmNotFoundError(f"{site} holds several vLLM installs: {[p.name for p in found]}")
-    metadata = (found[0] / "METADATA").read_text(encoding="utf-8", errors="replace")
+    try:
+        metadata = (found[0] / "METADATA").read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise VllmNotFoundError(
+            f"{found[0]} has no METADATA: not an installed distribution"
+        ) from None
     version = next(
         (ln.split(":", 1)[1].strip() for ln in metadata.splitlines() if ln.startswith("Version:")),
         "?",

@@ -12,6 +12,8 @@ import io
 import os
 import re
 import shutil
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +98,48 @@ def _configure(repo: git.Repo) -> None:
     exclude.write_text("__pycache__/\n*.pyc\n")
 
 
+def person_work(work_dir: Path) -> list[str]:
+    """What in an existing work tree this toolchain did not make (empty: safe to replace).
+
+    Our commits carry our committer identity; a person's commit, amend or
+    rebase carries theirs. Edited or new files count too (bytecode does not:
+    probes write it).
+    """
+    try:
+        repo = git.Repo(work_dir)
+        repo.rev_parse(BASELINE_TAG)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.BadName, ValueError):
+        return [f"{work_dir} is not a work tree made by `tooling patch`"]
+    found = [
+        f"commit {c.hexsha[:12]} {c.summary}"
+        for c in repo.iter_commits(f"{BASELINE_TAG}..HEAD")
+        if (c.committer.name, c.committer.email) != IDENTITY
+    ]
+    changed = repo.git.status("--porcelain", "--untracked-files=all").splitlines()
+    found += [f"uncommitted {line[3:]}" for line in changed if line.strip()]
+    return found
+
+
+def clear_way(work_dir: Path) -> Path | None:
+    """Make room for a new tree at ``work_dir``: a person's work is moved aside, ours removed.
+
+    Returns where a person's tree went (``<name>.saved-<time>``), or None.
+    The caller holds ``locked(work_dir)``, so no other tooling process reads
+    the old tree while it goes.
+    """
+    if not work_dir.exists():
+        return None
+    if person_work(work_dir):
+        saved = work_dir.with_name(f"{work_dir.name}.saved-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(work_dir, saved)
+        return saved
+    # Renamed first, so an interrupted removal never leaves a half tree under the real name.
+    trash = Path(tempfile.mkdtemp(prefix=f".{work_dir.name}.", suffix=".old", dir=work_dir.parent))
+    os.rename(work_dir, trash / work_dir.name)
+    shutil.rmtree(trash)
+    return None
+
+
 def create_from_tree(source_dir: Path, work_dir: Path, message: str) -> git.Repo:
     """A new work tree whose baseline commit holds exactly ``source_dir``'s files."""
     with staging_dir(work_dir) as tmp:
@@ -112,7 +156,6 @@ def create_from_tree(source_dir: Path, work_dir: Path, message: str) -> git.Repo
 def create_from_clone(clone: Path, commit: str, work_dir: Path) -> git.Repo:
     """A new work tree from a cached clone; the baseline is the upstream commit itself."""
     with staging_dir(work_dir) as tmp:
-        shutil.rmtree(tmp)
         repo = git.Repo.clone_from(str(clone), tmp, shared=True, no_checkout=True)
         _configure(repo)
         repo.git.checkout("--quiet", "-B", BRANCH, commit)
