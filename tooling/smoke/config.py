@@ -122,8 +122,15 @@ class SmokeConfig:
     max_tokens: int = 48
     fidelity_max_tokens: int = 40
     fidelity_gate: float = 0.99
-    fidelity_tie_tolerance: float = 0.0
-    """Count a draft whose reference logit is this close to the best as agreeing (0: exact)."""
+    fidelity_tie_tolerance: float = 2**-7
+    """Count a draft whose reference logit is this close to the best as agreeing (0: exact).
+
+    One bf16 ulp of a logit in [1, 2): compiled graphs fuse and round differently
+    from the eager reference, and on an H200 (2026-11-30, compiled, tiny pair) every
+    one of the 10 mismatches in 5226 draft tokens had a margin of 2^-8 or 2^-7,
+    while stock 0.20.1's 1991 mismatches were mostly far off. The exact agreement
+    stays in the report.
+    """
     reference_dtype: str = "auto"
     """dtype of the reference run: ``auto`` (the checkpoint's), ``float32``, ``bfloat16``."""
     min_acceptance_length: float | None = None
