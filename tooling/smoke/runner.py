@@ -3,14 +3,16 @@
 Order and why:
 1. which vLLM (a quick import in the child interpreter: fails fast on a bad PYTHONPATH);
 2. the models (``--tiny``: generated in a child);
+2a. with ``warm_cache``: in a fresh compile cache, the other build's engine (A)
+   then this one's (B), each with the reference; C is step 5 (its own cold
+   cache). First, because that check is what such a run is for: on an H200 the
+   servers and step 5 took 270 s before A started, and B missed the deadline;
 3. ``vllm serve`` with the DFlash drafter and prefix caching: lossless prompts,
    the repeated 200-token prompt, acceptance counters, the aux-layer log line;
 4. ``vllm serve`` without speculation, same prefix caching: the same prompts;
 5. the in-process engine (``engine_run``): drafter windows, every proposal,
    the context features, then a concurrent batch with the lookahead-slot audit;
-6. the reference (``reference``): agreement per draft position;
-7. with ``warm_cache``: in a fresh compile cache, the other build's engine (A)
-   then this one's (B), each with the reference; C is step 5 (its own cold cache).
+6. the reference (``reference``): agreement per draft position.
 
 Each server in step 3/4 also takes two concurrent bursts (``load``) when asked.
 Every vLLM process of the run uses ``workdir/vllm-cache`` (cleared first) as
@@ -412,12 +414,12 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
     except SmokeError as e:
         info_error = str(e)
 
-    spec, plain = _servers(run, logs, target, drafter)
     expected = info.expected_aux_layers() if info else None
+    warm = _warm_cache(run, logs, target, drafter, expected) if config.warm_cache else None
+    spec, plain = _servers(run, logs, target, drafter)
     engine_result, engine_error, fidelity, fidelity_error = _fidelity(
         run, logs, target, drafter, expected
     )
-    warm = _warm_cache(run, logs, target, drafter, expected) if config.warm_cache else None
     if warm is not None:
         warm["C"] = fidelity
 
@@ -811,21 +813,28 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
                 ],
             }
         )
+
+    def engine_steps(names: list[str]) -> None:
+        for name in names:
+            for step, module, files in (
+                (
+                    "in-process engine",
+                    "tooling.smoke.engine_run",
+                    (f"{name}-in.json", f"{name}.json"),
+                ),
+                (
+                    "reference comparison",
+                    "tooling.smoke.reference",
+                    (f"{name}-reference-in.json", f"{name}-fidelity.json"),
+                ),
+            ):
+                argv = [python, "-m", module, *(str(workdir / f) for f in files)]
+                steps.append({"step": f"{step} ({name})", "argv": argv})
+
+    # The order run_smoke uses: the warm-cache runs first, then the servers.
+    engine_steps(["warm-A", "warm-B"] if config.warm_cache else [])
     for name, draft in (("serve with DFlash", drafter), ("serve without speculation", None)):
         options = ServeOptions(target, draft, config.engine, port=0)
         steps.append({"step": name, "argv": build_serve_command(options, python)})
-    runs = ["engine"] if config.run_fidelity else []
-    if config.warm_cache:
-        runs += ["warm-A", "warm-B"]
-    for name in runs:
-        for step, module, files in (
-            ("in-process engine", "tooling.smoke.engine_run", (f"{name}-in.json", f"{name}.json")),
-            (
-                "reference comparison",
-                "tooling.smoke.reference",
-                (f"{name}-reference-in.json", f"{name}-fidelity.json"),
-            ),
-        ):
-            argv = [python, "-m", module, *(str(workdir / f) for f in files)]
-            steps.append({"step": f"{step} ({name})", "argv": argv})
+    engine_steps(["engine"] if config.run_fidelity else [])
     return {"workdir": str(workdir), "time_limit_s": config.timeouts.total, "steps": steps}
