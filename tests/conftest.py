@@ -114,3 +114,46 @@ def git(cwd: Path, *args: str) -> str:
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def run_on_tree(
+    python: Path,
+    tree: Path,
+    tmp: Path,
+    script: str,
+    argument: str,
+    *,
+    timeout: float,
+    unset: tuple[str, ...] = (),
+) -> dict:
+    """Run ``script`` in ``python`` with ``tree``'s vLLM first on its path (CPU only).
+
+    The script gets ``argument`` and the path of the JSON file it must write,
+    which is returned parsed; ``unset`` names environment variables it must not see.
+    """
+    import json
+
+    assert (tree / "vllm").is_dir(), tree
+    script_path, out = tmp / "script.py", tmp / "out.json"
+    script_path.write_text(script)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "OMP_NUM_THREADS": "1",
+        # The probe harness's scratch folders go to the test's tmp, not /tmp.
+        "TMPDIR": str(tmp),
+    }
+    for name in unset:
+        env.pop(name, None)
+    result = subprocess.run(
+        [str(python), str(script_path), argument, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())

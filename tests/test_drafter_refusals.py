@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tooling.paths import REPO_DIR
+from .conftest import run_on_tree
 
 pytestmark = pytest.mark.slow
 
@@ -125,28 +124,7 @@ def probe_py() -> Path:
 
 
 def _build_all(probe_py: Path, tree: Path, tmp: Path) -> dict:
-    assert (tree / "vllm").is_dir(), tree
-    script, out = tmp / "build.py", tmp / "build.json"
-    script.write_text(SCRIPT)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-        "OMP_NUM_THREADS": "1",
-        "TMPDIR": str(tmp),
-    }
-    env.pop(OPT_IN, None)
-    result = subprocess.run(
-        [str(probe_py), str(script), json.dumps(CASES), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_on_tree(probe_py, tree, tmp, SCRIPT, json.dumps(CASES), timeout=600, unset=(OPT_IN,))
 
 
 @pytest.fixture(scope="session")

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tooling.paths import REPO_DIR
 from tooling.smoke import checks
 from tooling.smoke.client import parse_completion
 from tooling.smoke.config import EngineSettings, drafter_info_from_config
 from tooling.smoke.metrics import parse_prometheus, prefix_cache_counters, spec_decode_stats
 from tooling.smoke.server import ServeOptions, build_serve_command
+
+from .conftest import run_on_tree
 
 pytestmark = pytest.mark.slow
 
@@ -246,30 +246,9 @@ SERVE_ARGVS = [
 
 
 def _observe(probe_py: Path, tree: Path, tmp: Path) -> dict:
-    assert (tree / "vllm").is_dir(), tree
-    script, out = tmp / "observe.py", tmp / "observe.json"
-    script.write_text(SCRIPT)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-        "OMP_NUM_THREADS": "1",
-        # The probe harness's scratch folders go to the test's tmp, not /tmp.
-        "TMPDIR": str(tmp),
-    }
     # argv after "python -m vllm.entrypoints.cli.main": what vLLM's CLI parses.
     argvs = json.dumps([argv[3:] for argv in SERVE_ARGVS])
-    result = subprocess.run(
-        [str(probe_py), str(script), argvs, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_on_tree(probe_py, tree, tmp, SCRIPT, argvs, timeout=300)
 
 
 @pytest.fixture(scope="session")
