@@ -12,6 +12,7 @@ belong to the patched source.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import re
 import time
@@ -32,7 +33,7 @@ from .fetch import verify_artifact
 from .fsutil import atomic_output, sha256_bytes
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
 from .sbom import SBOM_NAME, sbom_bytes
-from .series import Series, is_compiled_path
+from .series import Patch, Series, is_compiled_path
 from .upstream import Upstream
 from .wheelfile import (
     CopiedMember,
@@ -336,12 +337,14 @@ def make_manifest(
                 file=o.patch_file,
                 sha256=o.sha256,
                 status=o.status,
-                probe=_probe_name(series, o.patch_id),
+                probe=patch.probe if patch else None,
                 probe_before=(o.probe_before or {}).get("status"),
                 probe_after=(o.probe_after or {}).get("status"),
                 commit=o.commit,
+                sha1=hashlib.sha1(patch.file.read_bytes()).hexdigest() if patch else None,
             )
             for o in report.outcomes
+            for patch in [_series_patch(series, o.patch_id)]
         ],
         skipped=list(series.skipped),
         files=files,
@@ -387,8 +390,8 @@ def assemble(
         raise BuildError(f"cannot write {target}: {e.strerror or e}") from None
 
 
-def _probe_name(series: Series, patch_id: str) -> str | None:
-    return next((p.probe for p in series.patches if p.id == patch_id), None)
+def _series_patch(series: Series, patch_id: str) -> Patch | None:
+    return next((p for p in series.patches if p.id == patch_id), None)
 
 
 def _blob(repo: git.Repo, rev: str, path: str) -> bytes | None:

@@ -33,6 +33,8 @@ class PatchEntry:
     probe_before: str | None
     probe_after: str | None
     commit: str | None = None
+    sha1: str | None = None
+    """SHA1 of the patch file: SPDX 2.3 requires one for every file (None: written before it)."""
 
 
 @dataclass

@@ -11,7 +11,8 @@ import json
 import time
 from typing import Any
 
-from .manifest import BuildManifest
+from .errors import BuildError
+from .manifest import BuildManifest, PatchEntry
 
 SBOM_NAME = "vllm-dflash.spdx.json"
 NAMESPACE = "https://vllm-dflash.invalid/spdx"
@@ -19,6 +20,16 @@ NAMESPACE = "https://vllm-dflash.invalid/spdx"
 
 def _spdx_id(text: str) -> str:
     return "SPDXRef-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in text)
+
+
+def _file_checksums(patch: PatchEntry) -> list[dict[str, str]]:
+    # SPDX 2.3 (section 8.4) makes a SHA1 mandatory for every file entry.
+    if patch.sha1 is None:
+        raise BuildError(f"patch {patch.id}: the build manifest has no sha1, which SPDX requires")
+    return [
+        {"algorithm": "SHA1", "checksumValue": patch.sha1},
+        {"algorithm": "SHA256", "checksumValue": patch.sha256},
+    ]
 
 
 def spdx_document(manifest: BuildManifest, wheel_filename: str) -> dict[str, Any]:
@@ -112,7 +123,7 @@ def spdx_document(manifest: BuildManifest, wheel_filename: str) -> dict[str, Any
             {
                 "SPDXID": patch_id,
                 "fileName": f"./patches/{patch.file}",
-                "checksums": [{"algorithm": "SHA256", "checksumValue": patch.sha256}],
+                "checksums": _file_checksums(patch),
                 "licenseConcluded": "Apache-2.0",
                 "copyrightText": "NOASSERTION",
                 "comment": f"patch {patch.id}, verified by probe {patch.probe}",
