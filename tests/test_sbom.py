@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import zlib
+from pathlib import Path
 
 import pytest
 from spdx_tools.spdx.parser.parse_anything import parse_file
 from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
 
+from tooling.apply import APPLIED, PatchOutcome, SeriesReport
+from tooling.build import WheelIdentity, make_manifest
 from tooling.errors import BuildError
 from tooling.manifest import BuildManifest, ChangedFile, PatchEntry
 from tooling.sbom import SBOM_NAME, sbom_bytes
+from tooling.upstream import Upstream
 
 WHEEL = "vllm-0.20.1+dflash.6.0123456789ab-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 
@@ -98,3 +104,45 @@ def test_sbom_refuses_a_manifest_without_patch_sha1(manifest):
     manifest.patches[0].sha1 = None
     with pytest.raises(BuildError, match="^patch dflash-layer-id-offset: .* no sha1"):
         sbom_bytes(manifest, WHEEL)
+
+
+def _validate(path: Path) -> list[str]:
+    return [m.validation_message for m in validate_full_spdx_document(parse_file(str(path)))]
+
+
+def test_a_build_manifest_of_the_real_series_gives_a_valid_sbom(tmp_path, catalog, series):
+    """make_manifest records each patch file's sha1 and the zlib; the SBOM built on it validates."""
+    base = catalog.get("0.20.1")
+    upstream = Upstream(base, "pypi", tmp_path, Path(base.wheel.filename), Path("sdist"))
+    outcomes = [
+        PatchOutcome(
+            p.id, p.file.name, p.sha256, APPLIED, "applied", probe_before={"status": "absent"}
+        )
+        for p in series.patches
+    ]
+    report = SeriesReport(
+        "0.20.1", "pypi", upstream.identity, series.digest, "", "", "", outcomes, None
+    )
+    identity = WheelIdentity("vllm", "0.20.1+dflash.6.abc", None, "cp38-abi3-manylinux_2_35_x86_64")
+    manifest = make_manifest(
+        upstream, series, report, identity, identity.version, "precompiled", [], 1795910400, []
+    )
+    assert [p.sha1 for p in manifest.patches] == [
+        hashlib.sha1(p.file.read_bytes()).hexdigest() for p in series.patches
+    ]
+    assert manifest.zlib_version == zlib.ZLIB_RUNTIME_VERSION
+    path = tmp_path / SBOM_NAME
+    path.write_bytes(sbom_bytes(manifest, identity.filename))
+    assert _validate(path) == []
+
+
+def test_a_manifest_written_before_sha1_and_zlib_still_reads(manifest):
+    old = json.loads(manifest.to_bytes())
+    for entry in old["patches"]:
+        del entry["sha1"]
+    del old["zlib_version"]
+    again = BuildManifest.from_json(old)
+    assert again.zlib_version is None and {p.sha1 for p in again.patches} == {None}
+    assert again == dataclasses.replace(
+        manifest, patches=[dataclasses.replace(p, sha1=None) for p in manifest.patches]
+    )

@@ -17,6 +17,7 @@ import io
 import re
 import time
 import zipfile
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -351,6 +352,7 @@ def make_manifest(
         toolchain={"name": "vllm-dflash-tooling", "version": __version__},
         build_tag=identity.build_tag,
         source_date_epoch=epoch,
+        zlib_version=zlib.ZLIB_RUNTIME_VERSION,
         notes=notes,
     )
 
@@ -426,8 +428,10 @@ def _members(
         return info.date_time if info else by_name[f"{old_info}/RECORD"].date_time
 
     def add_new(name: str, data: bytes, info: zipfile.ZipInfo | None, into: list[Member]) -> None:
-        attr = info.external_attr if info else 0o100644 << 16
-        into.append(NewMember(name, data, stamp(info), attr))
+        if info is None:
+            into.append(NewMember(name, data, stamp(info)))
+        else:
+            into.append(NewMember(name, data, stamp(info), info.external_attr, info.create_system))
         hashes[name] = (record_hash(data), str(len(data)))
 
     for info in official.infolist():
@@ -473,7 +477,11 @@ def _members(
     record_info = by_name[f"{old_info}/RECORD"]
     dist_members.append(
         NewMember(
-            record_name, lines.getvalue().encode(), stamp(record_info), record_info.external_attr
+            record_name,
+            lines.getvalue().encode(),
+            stamp(record_info),
+            record_info.external_attr,
+            record_info.create_system,
         )
     )
     return members + dist_members
