@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, VllmNotFoundError
+from .errors import ConfigError, EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
 from .fsutil import CHUNK
 from .install import pip_install
 from .manifest import MANIFEST_NAME, BuildManifest
@@ -316,12 +316,12 @@ def verify(
     log: Path | None = None,
 ) -> VerifyReport:
     """Integrity and fixes of ``dist``; the probes import vLLM while the files are hashed."""
-    run = start_probes(probe_target, ALL_PROBES, log=log)
-    files_checked, problems = check_files(dist)
-    manifest = read_manifest(dist)
-    for problem in problems:
-        problem.patches = manifest.owners(problem.path) if manifest else []
-    results = run.wait()
+    with start_probes(probe_target, ALL_PROBES, log=log) as run:
+        files_checked, problems = check_files(dist)
+        manifest = read_manifest(dist)
+        for problem in problems:
+            problem.patches = manifest.owners(problem.path) if manifest else []
+        results = run.wait()
     fixes = []
     for number, patch_id, probe in FIXES:
         result = results[probe]
@@ -354,22 +354,37 @@ def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
     import venv
 
     # No pip inside: the toolchain's own pip installs into it (pip --python).
-    venv.EnvBuilder(with_pip=False, clear=True).create(dest)
+    try:
+        venv.EnvBuilder(with_pip=False, clear=True).create(dest)
+    except OSError as e:
+        raise EnvironmentProblem(
+            f"cannot create a virtualenv at {dest}: {e.strerror or e}"
+        ) from None
     python = dest / "bin" / "python"
-    purelib = subprocess.run(
-        [str(probe_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    own = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    purelib = _purelib(probe_python, "probe interpreter", ProbeError)
+    own = _purelib(python, "the new virtualenv's python", EnvironmentProblem)
     (Path(own) / "dflash-probe-deps.pth").write_text(purelib + "\n")
     failure = pip_install(wheel, python=python)
     if failure is not None:
         raise VllmNotFoundError(f"pip could not install {wheel.name}: {failure}")
     return python
+
+
+def _purelib(python: Path, role: str, error: type[ToolingError]) -> str:
+    """``python``'s site-packages folder; a failure is ``error`` naming ``role``."""
+    try:
+        result = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
+    except OSError as e:
+        raise error(f"{role} {python} cannot run: {e.strerror or e}") from None
+    except subprocess.TimeoutExpired:
+        raise error(f"{role} {python} did not answer within 120s") from None
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise error(f"{role} {python} failed (exit status {result.returncode}): {last}")
+    return result.stdout.strip()
