@@ -11,7 +11,6 @@ before anything is written, rather than written wrong.
 from __future__ import annotations
 
 import base64
-import calendar
 import contextlib
 import errno
 import hashlib
@@ -43,8 +42,6 @@ _UTF8_FLAG = 0x800
 #: The first and last moments a zip's MS-DOS date and time can hold.
 _DOS_MIN = (1980, 1, 1, 0, 0, 0)
 _DOS_MAX = (2107, 12, 31, 23, 59, 58)
-_ZIP_EPOCH_MIN = calendar.timegm((*_DOS_MIN, 0, 0, 0))
-_ZIP_EPOCH_MAX = calendar.timegm((*_DOS_MAX, 0, 0, 0))
 #: Members at least this large are copied by the kernel (copy_file_range).
 _KERNEL_COPY_MIN = 1 << 20
 #: copy_file_range's ways of saying "not here" (old kernels, other filesystems).
@@ -59,8 +56,13 @@ def record_hash(data: bytes) -> str:
 
 def dos_datetime(epoch: int) -> tuple[int, int, int, int, int, int]:
     """A zip date_time for ``epoch`` (UTC), clamped to the range zip can hold."""
-    t = time.gmtime(min(max(epoch, _ZIP_EPOCH_MIN), _ZIP_EPOCH_MAX))
-    return (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec)
+    return _clamped(time.gmtime(epoch)[:6])
+
+
+def _clamped(date_time: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
+    # A 7-bit year since 1980: earlier or later dates would spill into other fields.
+    year, month, day, hour, minute, second = min(max(tuple(date_time), _DOS_MIN), _DOS_MAX)
+    return (year, month, day, hour, minute, second)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class _HashingWriter:
         self.offset = 0
         self._sha256 = hashlib.sha256()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self._out.write(data)
         self.offset += len(data)
         # Small writes (headers) are batched: a task per header would cost more
@@ -154,8 +156,8 @@ class _HashingWriter:
 
 
 def _dos(date_time: tuple[int, ...]) -> tuple[int, int]:
-    # A 7-bit year since 1980 and 2-second resolution: clamp, as zipfile does not.
-    year, month, day, hour, minute, second = min(max(date_time, _DOS_MIN), _DOS_MAX)
+    # 2-second resolution; zipfile would refuse (or garble) a date out of range.
+    year, month, day, hour, minute, second = _clamped(date_time)
     return (hour << 11) | (minute << 5) | (second // 2), ((year - 1980) << 9) | (month << 5) | day
 
 
@@ -221,8 +223,8 @@ class _Entry:
     create_system: int
     source_start: int | None
     """Copied members: where the stored bytes start in the source."""
-    payload: bytes | None
-    """New members: the deflated bytes."""
+    payload: bytes
+    """New members: the deflated bytes (empty for copied ones)."""
 
     def shared(self) -> tuple[int, ...]:
         """The fields local and central headers share, in their common order."""
@@ -291,7 +293,7 @@ def _entry(src: BinaryIO, member: Member) -> _Entry:
             info.external_attr,
             info.create_system,
             start,
-            None,
+            b"",
         )
     else:
         compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
@@ -326,7 +328,7 @@ def _write_entries(
         offset = out.offset
         shared = entry.shared()
         out.write(_LOCAL.pack(_LOCAL_SIG, 20, *shared, 0) + entry.name)
-        if entry.payload is not None:
+        if entry.source_start is None:
             out.write(entry.payload)
         else:
             start, csize = entry.source_start, entry.csize
