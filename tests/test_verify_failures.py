@@ -13,7 +13,7 @@ import pytest
 
 from tooling.errors import EnvironmentProblem, ProbeError, VllmNotFoundError
 from tooling.probes import UNKNOWN, ProbeTarget, start_probes
-from tooling.verify import InstalledDist, install_into_fresh_env, verify
+from tooling.verify import InstalledDist, install_into_fresh_env, locate_with_python, verify
 
 
 def _failing_python(tmp_path: Path) -> Path:
@@ -29,7 +29,8 @@ def test_a_failing_probe_interpreter_is_one_line(tmp_path):
     with pytest.raises(ProbeError) as e:
         install_into_fresh_env(tmp_path / "x.whl", broken, tmp_path / "venv")
     assert str(e.value) == (
-        f"probe interpreter {broken} failed (exit status 3): Fatal Python error: init_fs_encoding"
+        f"cannot ask the probe interpreter {broken} for its site-packages: "
+        "exit status 3: Fatal Python error: init_fs_encoding"
     )
 
 
@@ -37,7 +38,10 @@ def test_a_missing_probe_interpreter_is_one_line(tmp_path):
     missing = tmp_path / "nope" / "python"
     with pytest.raises(ProbeError) as e:
         install_into_fresh_env(tmp_path / "x.whl", missing, tmp_path / "venv")
-    assert str(e.value) == f"probe interpreter {missing} cannot run: No such file or directory"
+    assert str(e.value) == (
+        f"cannot ask the probe interpreter {missing} for its site-packages: "
+        "No such file or directory"
+    )
 
 
 def test_a_venv_that_cannot_be_created_is_one_line(tmp_path):
@@ -133,3 +137,12 @@ def test_a_probe_run_that_finished_closes_quietly(slow_probe):
         pass
     assert run.process is not None and run.process.returncode == 0
     assert list(scratch.iterdir()) == []
+
+
+def test_asking_a_failing_python_for_its_vllm_is_one_line(tmp_path):
+    broken = _failing_python(tmp_path)
+    with pytest.raises(VllmNotFoundError) as e:
+        locate_with_python(broken)
+    assert str(e.value) == (
+        f"cannot ask {broken} for its vLLM: exit status 3: Fatal Python error: init_fs_encoding"
+    )

@@ -52,6 +52,8 @@ else:
     }))
 """
 
+_PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
 
 @dataclass(frozen=True)
 class InstalledDist:
@@ -161,17 +163,7 @@ class VerifyReport:
 
 def locate_with_python(python: Path) -> InstalledDist:
     """Ask ``python`` where its vLLM distribution is installed."""
-    try:
-        out = subprocess.run(
-            [str(python), "-c", _LOCATE],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-            stdin=subprocess.DEVNULL,
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise VllmNotFoundError(f"cannot ask {python} for its vLLM: {e}") from None
+    out = _ask(python, _LOCATE, f"cannot ask {python} for its vLLM", VllmNotFoundError)
     try:
         data = json.loads(out.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -361,8 +353,10 @@ def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
             f"cannot create a virtualenv at {dest}: {e.strerror or e}"
         ) from None
     python = dest / "bin" / "python"
-    purelib = _purelib(probe_python, "probe interpreter", ProbeError)
-    own = _purelib(python, "the new virtualenv's python", EnvironmentProblem)
+    where = f"cannot ask the probe interpreter {probe_python} for its site-packages"
+    purelib = _ask(probe_python, _PURELIB, where, ProbeError).strip()
+    where = f"cannot ask the new virtualenv's python {python} for its site-packages"
+    own = _ask(python, _PURELIB, where, EnvironmentProblem).strip()
     (Path(own) / "dflash-probe-deps.pth").write_text(purelib + "\n")
     failure = pip_install(wheel, python=python)
     if failure is not None:
@@ -370,21 +364,21 @@ def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
     return python
 
 
-def _purelib(python: Path, role: str, error: type[ToolingError]) -> str:
-    """``python``'s site-packages folder; a failure is ``error`` naming ``role``."""
+def _ask(python: Path, code: str, what: str, error: type[ToolingError]) -> str:
+    """What ``python -c code`` prints; a failure is one ``error`` line starting with ``what``."""
     try:
         result = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            [str(python), "-c", code],
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
             timeout=120,
         )
     except OSError as e:
-        raise error(f"{role} {python} cannot run: {e.strerror or e}") from None
+        raise error(f"{what}: {e.strerror or e}") from None
     except subprocess.TimeoutExpired:
-        raise error(f"{role} {python} did not answer within 120s") from None
+        raise error(f"{what}: no answer within 120s") from None
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise error(f"{role} {python} failed (exit status {result.returncode}): {last}")
-    return result.stdout.strip()
+        raise error(f"{what}: exit status {result.returncode}: {last}")
+    return result.stdout
