@@ -2,7 +2,8 @@
 
 It names the distribution, the upstream vLLM release, the official wheel
 whose compiled members it reuses (by sha256) and each patch applied, so a
-scanner sees the patched build as vLLM plus three known changes.
+scanner sees the patched build as vLLM plus the known changes it carries.
+Each patch is an SPDX file entry (SHA1 and SHA256), valid SPDX 2.3 by spdx-tools.
 """
 
 from __future__ import annotations
