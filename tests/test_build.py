@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import resource
@@ -117,6 +118,10 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series, touched):
     }
     assert [(p.id, p.status, p.probe_before, p.probe_after) for p in manifest.patches] == [
         (p.id, "applied", "absent", "present") for p in series.patches
+    ]
+    # SPDX needs each patch file's SHA1 (tests/test_sbom.py validates the document itself).
+    assert [p.sha1 for p in manifest.patches] == [
+        hashlib.sha1(p.file.read_bytes()).hexdigest() for p in series.patches
     ]
     assert {f.path for f in manifest.files} == touched
     assert manifest.owners(VERSION_FILE) == [VERSION_STAMP]

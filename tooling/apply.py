@@ -192,10 +192,8 @@ def apply_series(
             worktree.seed_preimages(repo, list(options.preimages))
     except BaseException:
         # The base probes must not outlive a failed run (nor their temp folder).
-        if before_run is not None and before_run.process is not None:
-            before_run.process.kill()
         if before_run is not None:
-            before_run.wait()
+            before_run.close()
         raise
     before = before_run.wait() if before_run else None
 

@@ -12,10 +12,12 @@ belong to the patched source.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import re
 import time
 import zipfile
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from .fetch import verify_artifact
 from .fsutil import atomic_output, sha256_bytes
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
 from .sbom import SBOM_NAME, sbom_bytes
-from .series import Series, is_compiled_path
+from .series import Patch, Series, is_compiled_path
 from .upstream import Upstream
 from .wheelfile import (
     CopiedMember,
@@ -336,18 +338,21 @@ def make_manifest(
                 file=o.patch_file,
                 sha256=o.sha256,
                 status=o.status,
-                probe=_probe_name(series, o.patch_id),
+                probe=patch.probe if patch else None,
                 probe_before=(o.probe_before or {}).get("status"),
                 probe_after=(o.probe_after or {}).get("status"),
                 commit=o.commit,
+                sha1=hashlib.sha1(patch.file.read_bytes()).hexdigest() if patch else None,
             )
             for o in report.outcomes
+            for patch in [_series_patch(series, o.patch_id)]
         ],
         skipped=list(series.skipped),
         files=files,
         toolchain={"name": "vllm-dflash-tooling", "version": __version__},
         build_tag=identity.build_tag,
         source_date_epoch=epoch,
+        zlib_version=zlib.ZLIB_RUNTIME_VERSION,
         notes=notes,
     )
 
@@ -387,8 +392,8 @@ def assemble(
         raise BuildError(f"cannot write {target}: {e.strerror or e}") from None
 
 
-def _probe_name(series: Series, patch_id: str) -> str | None:
-    return next((p.probe for p in series.patches if p.id == patch_id), None)
+def _series_patch(series: Series, patch_id: str) -> Patch | None:
+    return next((p for p in series.patches if p.id == patch_id), None)
 
 
 def _blob(repo: git.Repo, rev: str, path: str) -> bytes | None:
@@ -423,8 +428,10 @@ def _members(
         return info.date_time if info else by_name[f"{old_info}/RECORD"].date_time
 
     def add_new(name: str, data: bytes, info: zipfile.ZipInfo | None, into: list[Member]) -> None:
-        attr = info.external_attr if info else 0o100644 << 16
-        into.append(NewMember(name, data, stamp(info), attr))
+        if info is None:
+            into.append(NewMember(name, data, stamp(info)))
+        else:
+            into.append(NewMember(name, data, stamp(info), info.external_attr, info.create_system))
         hashes[name] = (record_hash(data), str(len(data)))
 
     for info in official.infolist():
@@ -470,7 +477,11 @@ def _members(
     record_info = by_name[f"{old_info}/RECORD"]
     dist_members.append(
         NewMember(
-            record_name, lines.getvalue().encode(), stamp(record_info), record_info.external_attr
+            record_name,
+            lines.getvalue().encode(),
+            stamp(record_info),
+            record_info.external_attr,
+            record_info.create_system,
         )
     )
     return members + dist_members

@@ -33,6 +33,8 @@ class PatchEntry:
     probe_before: str | None
     probe_after: str | None
     commit: str | None = None
+    sha1: str | None = None
+    """SHA1 of the patch file: SPDX 2.3 requires one for every file (None: written before it)."""
 
 
 @dataclass
@@ -52,6 +54,9 @@ class BuildManifest:
     source_date_epoch: int | None = None
     runtime_version: str | None = None
     """What ``vllm.__version__`` reports (None: a schema-1 build, not stamped)."""
+    zlib_version: str | None = None
+    """The zlib that deflated the new members: their bytes, so the wheel's digest, depend
+    on it (None: built before it was recorded)."""
     schema: int = SCHEMA
     notes: list[str] = field(default_factory=list)
 

@@ -2,7 +2,8 @@
 
 It names the distribution, the upstream vLLM release, the official wheel
 whose compiled members it reuses (by sha256) and each patch applied, so a
-scanner sees the patched build as vLLM plus three known changes.
+scanner sees the patched build as vLLM plus the known changes it carries.
+Each patch is an SPDX file entry (SHA1 and SHA256), valid SPDX 2.3 by spdx-tools.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import json
 import time
 from typing import Any
 
-from .manifest import BuildManifest
+from .errors import BuildError
+from .manifest import BuildManifest, PatchEntry
 
 SBOM_NAME = "vllm-dflash.spdx.json"
 NAMESPACE = "https://vllm-dflash.invalid/spdx"
@@ -19,6 +21,16 @@ NAMESPACE = "https://vllm-dflash.invalid/spdx"
 
 def _spdx_id(text: str) -> str:
     return "SPDXRef-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in text)
+
+
+def _file_checksums(patch: PatchEntry) -> list[dict[str, str]]:
+    # SPDX 2.3 (section 8.4) makes a SHA1 mandatory for every file entry.
+    if patch.sha1 is None:
+        raise BuildError(f"patch {patch.id}: the build manifest has no sha1, which SPDX requires")
+    return [
+        {"algorithm": "SHA1", "checksumValue": patch.sha1},
+        {"algorithm": "SHA256", "checksumValue": patch.sha256},
+    ]
 
 
 def spdx_document(manifest: BuildManifest, wheel_filename: str) -> dict[str, Any]:
@@ -112,7 +124,7 @@ def spdx_document(manifest: BuildManifest, wheel_filename: str) -> dict[str, Any
             {
                 "SPDXID": patch_id,
                 "fileName": f"./patches/{patch.file}",
-                "checksums": [{"algorithm": "SHA256", "checksumValue": patch.sha256}],
+                "checksums": _file_checksums(patch),
                 "licenseConcluded": "Apache-2.0",
                 "copyrightText": "NOASSERTION",
                 "comment": f"patch {patch.id}, verified by probe {patch.probe}",

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, VllmNotFoundError
+from .errors import ConfigError, EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
 from .fsutil import CHUNK
 from .install import pip_install
 from .manifest import MANIFEST_NAME, BuildManifest
@@ -51,6 +51,8 @@ else:
         "dist_info": str(record.parent) if record else None,
     }))
 """
+
+_PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
 
 @dataclass(frozen=True)
@@ -161,17 +163,7 @@ class VerifyReport:
 
 def locate_with_python(python: Path) -> InstalledDist:
     """Ask ``python`` where its vLLM distribution is installed."""
-    try:
-        out = subprocess.run(
-            [str(python), "-c", _LOCATE],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-            stdin=subprocess.DEVNULL,
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise VllmNotFoundError(f"cannot ask {python} for its vLLM: {e}") from None
+    out = _ask(python, _LOCATE, f"cannot ask {python} for its vLLM", VllmNotFoundError)
     try:
         data = json.loads(out.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -316,12 +308,12 @@ def verify(
     log: Path | None = None,
 ) -> VerifyReport:
     """Integrity and fixes of ``dist``; the probes import vLLM while the files are hashed."""
-    run = start_probes(probe_target, ALL_PROBES, log=log)
-    files_checked, problems = check_files(dist)
-    manifest = read_manifest(dist)
-    for problem in problems:
-        problem.patches = manifest.owners(problem.path) if manifest else []
-    results = run.wait()
+    with start_probes(probe_target, ALL_PROBES, log=log) as run:
+        files_checked, problems = check_files(dist)
+        manifest = read_manifest(dist)
+        for problem in problems:
+            problem.patches = manifest.owners(problem.path) if manifest else []
+        results = run.wait()
     fixes = []
     for number, patch_id, probe in FIXES:
         result = results[probe]
@@ -354,22 +346,39 @@ def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
     import venv
 
     # No pip inside: the toolchain's own pip installs into it (pip --python).
-    venv.EnvBuilder(with_pip=False, clear=True).create(dest)
+    try:
+        venv.EnvBuilder(with_pip=False, clear=True).create(dest)
+    except OSError as e:
+        raise EnvironmentProblem(
+            f"cannot create a virtualenv at {dest}: {e.strerror or e}"
+        ) from None
     python = dest / "bin" / "python"
-    purelib = subprocess.run(
-        [str(probe_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    own = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    where = f"cannot ask the probe interpreter {probe_python} for its site-packages"
+    purelib = _ask(probe_python, _PURELIB, where, ProbeError).strip()
+    where = f"cannot ask the new virtualenv's python {python} for its site-packages"
+    own = _ask(python, _PURELIB, where, EnvironmentProblem).strip()
     (Path(own) / "dflash-probe-deps.pth").write_text(purelib + "\n")
     failure = pip_install(wheel, python=python)
     if failure is not None:
         raise VllmNotFoundError(f"pip could not install {wheel.name}: {failure}")
     return python
+
+
+def _ask(python: Path, code: str, what: str, error: type[ToolingError]) -> str:
+    """What ``python -c code`` prints; a failure is one ``error`` line starting with ``what``."""
+    try:
+        result = subprocess.run(
+            [str(python), "-c", code],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
+    except OSError as e:
+        raise error(f"{what}: {e.strerror or e}") from None
+    except subprocess.TimeoutExpired:
+        raise error(f"{what}: no answer within 120s") from None
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise error(f"{what}: exit status {result.returncode}: {last}")
+    return result.stdout

@@ -79,7 +79,25 @@ class ProbeRun:
         try:
             return self._collect()
         finally:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.close()
+
+    def close(self) -> None:
+        """Stop the child if it still runs and remove its folder; safe to call again.
+
+        Callers that do other work between ``start_probes`` and ``wait`` hold the
+        run in a ``with`` block, so a failure (or Ctrl-C) there does not leave a
+        probe interpreter importing vLLM in the background.
+        """
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ProbeRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _collect(self) -> dict[str, ProbeResult]:
         if self.process is None:
@@ -87,8 +105,7 @@ class ProbeRun:
         try:
             self.process.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            # close() (from wait) kills it.
             return self._unknown(f"probes timed out after {self.timeout_s:.0f}s (log: {self.log})")
         out = self.workdir / "out.json"
         if not out.is_file():

@@ -1,0 +1,148 @@
+"""verify when its helpers fail: one line and its exit code, and no probe left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tooling.errors import EnvironmentProblem, ProbeError, VllmNotFoundError
+from tooling.probes import UNKNOWN, ProbeTarget, start_probes
+from tooling.verify import InstalledDist, install_into_fresh_env, locate_with_python, verify
+
+
+def _failing_python(tmp_path: Path) -> Path:
+    """An interpreter that starts and fails the way a broken probe env does."""
+    python = tmp_path / "broken-python"
+    python.write_text("#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 3\n")
+    python.chmod(0o755)
+    return python
+
+
+def test_a_failing_probe_interpreter_is_one_line(tmp_path):
+    broken = _failing_python(tmp_path)
+    with pytest.raises(ProbeError) as e:
+        install_into_fresh_env(tmp_path / "x.whl", broken, tmp_path / "venv")
+    assert str(e.value) == (
+        f"cannot ask the probe interpreter {broken} for its site-packages: "
+        "exit status 3: Fatal Python error: init_fs_encoding"
+    )
+
+
+def test_a_missing_probe_interpreter_is_one_line(tmp_path):
+    missing = tmp_path / "nope" / "python"
+    with pytest.raises(ProbeError) as e:
+        install_into_fresh_env(tmp_path / "x.whl", missing, tmp_path / "venv")
+    assert str(e.value) == (
+        f"cannot ask the probe interpreter {missing} for its site-packages: "
+        "No such file or directory"
+    )
+
+
+def test_a_venv_that_cannot_be_created_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    dest = tmp_path / "file" / "venv"
+    with pytest.raises(EnvironmentProblem) as e:
+        install_into_fresh_env(tmp_path / "x.whl", Path(sys.executable), dest)
+    assert str(e.value).startswith(f"cannot create a virtualenv at {dest}: ")
+    assert "\n" not in str(e.value)
+
+
+def test_pip_failing_on_the_wheel_is_one_line(tmp_path):
+    wheel = tmp_path / "vllm-0.20.1-py3-none-any.whl"
+    wheel.write_bytes(b"not a zip")
+    with pytest.raises(VllmNotFoundError) as e:
+        install_into_fresh_env(wheel, Path(sys.executable), tmp_path / "venv")
+    assert str(e.value).startswith(f"pip could not install {wheel.name}: ")
+    assert "\n" not in str(e.value)
+
+
+@pytest.fixture
+def slow_probe(tmp_path, monkeypatch) -> Iterator[tuple[ProbeTarget, str, Path]]:
+    """A probe interpreter that hangs (as one stuck importing vLLM does).
+
+    Its processes are found by a marker in their environment, which they
+    carry from the moment they are started.
+    """
+    python = tmp_path / "slow-python"
+    python.write_text("#!/bin/sh\nexec sleep 300\n")
+    python.chmod(0o755)
+    marker = f"SLOW_PROBE_MARKER={tmp_path}"
+    monkeypatch.setenv("SLOW_PROBE_MARKER", str(tmp_path))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    yield ProbeTarget(python=python), marker, scratch
+    for pid in _running(marker):  # what a failing test left behind
+        os.kill(pid, signal.SIGKILL)
+
+
+def _running(marker: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if marker.encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_failed_verify_leaves_no_probe_running(tmp_path, slow_probe):
+    """RECORD is unreadable: verify fails after the probes started, and stops them."""
+    target, marker, scratch = slow_probe
+    site = tmp_path / "site"
+    (site / "vllm-0.20.1.dist-info").mkdir(parents=True)  # no RECORD in it
+    dist = InstalledDist("0.20.1", site, "vllm-0.20.1.dist-info")
+    with pytest.raises(VllmNotFoundError, match="cannot read RECORD"):
+        verify(dist, target, [], log=tmp_path / "probes.log")
+    assert _running(marker) == []
+    assert list(scratch.iterdir()) == []  # the run's temp folder is removed
+
+
+def test_an_interrupted_wait_stops_the_probes(slow_probe):
+    target, marker, scratch = slow_probe
+    run = start_probes(target, ("layer_offset",))
+    assert run.process is not None and _running(marker) == [run.process.pid]
+    with pytest.raises(KeyboardInterrupt), run:
+        raise KeyboardInterrupt
+    assert _running(marker) == []
+    assert run.process.returncode is not None  # reaped, no zombie left
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_timed_out_probe_is_killed_and_reads_unknown(slow_probe):
+    target, marker, scratch = slow_probe
+    run = start_probes(target, ("layer_offset",), timeout_s=0.5)
+    results = run.wait()
+    assert results["layer_offset"].status == UNKNOWN
+    assert "timed out" in results["layer_offset"].evidence
+    assert _running(marker) == []
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_probe_run_that_finished_closes_quietly(slow_probe):
+    """close() after wait() is a no-op: the reaped child is never signalled again."""
+    _, _, scratch = slow_probe
+    run = start_probes(ProbeTarget(python=Path("/bin/true")), ("layer_offset",))
+    assert run.wait()["layer_offset"].status == UNKNOWN  # /bin/true writes no verdicts
+    with run:
+        pass
+    assert run.process is not None and run.process.returncode == 0
+    assert list(scratch.iterdir()) == []
+
+
+def test_asking_a_failing_python_for_its_vllm_is_one_line(tmp_path):
+    broken = _failing_python(tmp_path)
+    with pytest.raises(VllmNotFoundError) as e:
+        locate_with_python(broken)
+    assert str(e.value) == (
+        f"cannot ask {broken} for its vLLM: exit status 3: Fatal Python error: init_fs_encoding"
+    )
