@@ -29,7 +29,7 @@ from tooling.build import (
     runtime_version,
     stamp_version,
 )
-from tooling.errors import ArchiveError, BuildError
+from tooling.errors import BuildError, IntegrityError
 from tooling.manifest import MANIFEST_NAME, BuildManifest
 from tooling.sbom import SBOM_NAME
 
@@ -172,14 +172,17 @@ def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_0201, ser
 
 
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
-    partial = series.without(["dflash-swa-config"])
+    # Patch 5 is written on patch 2's lines: leaving out patch 2 means leaving out both.
+    skip = ["dflash-swa-config", "dflash-fp8-kv-cache"]
+    partial = series.without(skip)
     report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
     result = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
     assert result.version == (
-        f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}.skip.dflashswaconfig"
+        f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}"
+        ".skip.dflashswaconfig.dflashfp8kvcache"
     )
     assert partial.digest != series.digest
-    assert result.manifest.skipped == ["dflash-swa-config"]
+    assert result.manifest.skipped == skip
     assert "vllm/model_executor/models/qwen3_dflash.py" not in {
         f.path for f in result.manifest.files
     }
@@ -231,7 +234,8 @@ def test_corrupt_official_wheel_and_missing_wheel(tmp_path, upstream_0201, serie
     broken = tmp_path / OFFICIAL
     with open(upstream_0201.wheel, "rb") as src:
         broken.write_bytes(src.read(5_000_000))
-    with pytest.raises(ArchiveError, match="not a readable wheel"):
+    # A damaged official wheel is named for what it is: not the pinned file (and gone).
+    with pytest.raises(IntegrityError, match="does not match the pinned .* removed from the cache"):
         build_precompiled(
             dataclasses.replace(upstream_0201, wheel=broken),
             series,

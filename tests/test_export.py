@@ -56,17 +56,19 @@ def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstre
     report = apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
     repo = git.Repo(report.work_dir)
     # Reword the last patch's message in the work tree, keeping its trailers.
-    message = repo.head.commit.message.replace("Spec decode:", "Spec decode (v2):", 1)
+    last = series.patches[-1]
+    subject = last.title.split(":", 1)[0] + ":"
+    message = repo.head.commit.message.replace(subject, subject[:-1] + " (v2):", 1)
     repo.git.commit("--amend", "-m", message, env=worktree.git_env())
     result = export_patches(report.work_dir, series)
     states = {p.file: p.state for p in result.patches}
-    assert states == {p.file.name: "unchanged" for p in series.patches[:2]} | {
-        "0003-eagle-cache-drop.patch": "updated"
+    assert states == {p.file.name: "unchanged" for p in series.patches[:-1]} | {
+        last.file.name: "updated"
     }
-    exported = folder / "0003-eagle-cache-drop.patch"
-    assert b"Subject: Spec decode (v2):" in exported.read_bytes()
+    exported = folder / last.file.name
+    assert f"Subject: {subject[:-1]} (v2):".encode() in exported.read_bytes()
     reloaded = load_series(folder / "series.toml")  # digests match again
-    assert reloaded.get("eagle-cache-drop").sha256 == sha256_file(exported)
+    assert reloaded.get(last.id).sha256 == sha256_file(exported)
 
 
 def test_cli_export_check_exit_code_on_drift(tmp_path, cache):
