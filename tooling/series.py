@@ -50,6 +50,8 @@ class Patch:
     upstream: tuple[str, ...] = ()
     upstream_fixed_in: str | None = None
     drop_when: str = ""
+    requires: tuple[str, ...] = ()
+    """Earlier patches whose lines this one is written on: it cannot go in without them."""
 
     @property
     def label(self) -> str:
@@ -84,6 +86,12 @@ class Series:
         for s in skip:
             self.get(s)
         kept = tuple(p for p in self.patches if p.id not in skip)
+        for patch in kept:
+            needed = [r for r in patch.requires if r in skip]
+            if needed:
+                raise SeriesError(
+                    f"--skip {needed[0]}: patch {patch.id} is written on it; skip {patch.id} too"
+                )
         return Series(
             self.path, kept, self.validated_base, tuple(sorted(set(self.skipped) | set(skip)))
         )
@@ -108,6 +116,7 @@ def _patch(entry: dict, index: int, folder: Path, where: str) -> Patch:
             upstream=tuple(str(u) for u in entry.get("upstream", ())),
             upstream_fixed_in=entry.get("upstream_fixed_in"),
             drop_when=str(entry.get("drop_when", "")).strip(),
+            requires=tuple(str(r) for r in entry.get("requires", ())),
         )
     except KeyError as missing:
         raise SeriesError(f"{where}: missing key {missing}") from None
@@ -148,6 +157,13 @@ def load_series(path: Path, *, check_digests: bool = True) -> Series:
     ids = [p.id for p in patches]
     if len(set(ids)) != len(ids):
         raise SeriesError(f"{path}: duplicate patch ids in {ids}")
+    for p in patches:
+        earlier = ids[: p.index - 1]
+        for required in p.requires:
+            if required not in earlier:
+                raise SeriesError(
+                    f"{path}: patch {p.id} requires {required!r}, which is not an earlier patch"
+                )
     if check_digests:
         for p in patches:
             check_digest(p)

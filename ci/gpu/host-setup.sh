@@ -14,9 +14,10 @@ cp "$official" "$payload"/vllm-0.20.1.tar.gz "$VLLM_DFLASH_CACHE/pypi/"
 export PYTHONPATH=$SITE
 cd "$here/../.."
 # The patched wheel, with the probes (this interpreter plus $SITE is the probe
-# interpreter) unless PROBES=0 (the CPU build machine probed the same bytes: the
-# build is reproducible, so the sha256 printed below must equal its own), then
-# one ablation per patch id in ABLATIONS (default: every patch of the series).
+# interpreter) unless PROBES=0 (the CPU build machine probed the same sources;
+# compare the sha256 printed below with its own: on 2026-11-30 they differed, see
+# README's reproducibility note), then
+# the ablations (ABLATIONS, default: one per patch of the series, see below).
 probes=(--probe-python "$(command -v python3)")
 [ "${PROBES:-1}" = 0 ] && probes=(--no-probes)
 python3 -m tooling --offline --no-progress build --dist "$WORK/dist" "${probes[@]}" \
@@ -24,11 +25,22 @@ python3 -m tooling --offline --no-progress build --dist "$WORK/dist" "${probes[@
 install() { python3 -m pip install --quiet --no-deps --no-index --target "$ENGINES/$1" "$2"; }
 install stock "$official"
 install patched "$(ls "$WORK"/dist/vllm-*.whl)"
-all=$(python3 -c 'import tomllib; print(" ".join(p["id"] for p in tomllib.load(open("patches/series.toml", "rb"))["patch"]))')
-for skip in ${ABLATIONS-$all}; do
-  python3 -m tooling --offline --no-progress build --dist "$WORK/dist-$skip" --skip "$skip" \
-    --no-probes --json > "$WORK/build-no-$skip.json"
-  install "no-$skip" "$(ls "$WORK/dist-$skip"/vllm-*.whl)"
+# One ablation per patch: it and every patch written on it (series.toml `requires`),
+# as comma-joined ids; the engine is named after the first.
+all=$(python3 - <<'PY'
+import tomllib
+patches = tomllib.load(open("patches/series.toml", "rb"))["patch"]
+for p in patches:
+    print(",".join([p["id"]] + [q["id"] for q in patches if p["id"] in q.get("requires", [])]))
+PY
+)
+for ablation in ${ABLATIONS-$all}; do
+  name=${ablation%%,*}
+  skips=()
+  for id in ${ablation//,/ }; do skips+=(--skip "$id"); done
+  python3 -m tooling --offline --no-progress build --dist "$WORK/dist-$name" "${skips[@]}" \
+    --no-probes --json > "$WORK/build-no-$name.json"
+  install "no-$name" "$(ls "$WORK/dist-$name"/vllm-*.whl)"
 done
 sha256sum "$WORK"/dist*/vllm-*.whl
 python3 - <<'PY'

@@ -1,0 +1,37 @@
+"""The ledger's `requires`: a patch written on another's lines cannot go in without it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tooling.errors import SeriesError
+from tooling.series import load_series
+
+from .conftest import PATCHES
+
+
+def test_skipping_a_patch_another_is_written_on_names_both():
+    series = load_series(PATCHES / "series.toml")
+    assert series.get("dflash-fp8-kv-cache").requires == ("dflash-swa-config",)
+    with pytest.raises(
+        SeriesError,
+        match="--skip dflash-swa-config: patch dflash-fp8-kv-cache is written on it; "
+        "skip dflash-fp8-kv-cache too",
+    ):
+        series.without(["dflash-swa-config"])
+    both = series.without(["dflash-swa-config", "dflash-fp8-kv-cache"])
+    assert "dflash-fp8-kv-cache" not in {p.id for p in both.patches}
+
+
+def test_a_requirement_must_be_an_earlier_patch(tmp_path):
+    folder = tmp_path / "patches"
+    shutil.copytree(PATCHES, folder)
+    ledger = folder / "series.toml"
+    text = ledger.read_text()
+    ledger.write_text(
+        text.replace('requires = ["dflash-swa-config"]', 'requires = ["dflash-compile-key"]')
+    )
+    with pytest.raises(SeriesError, match="requires 'dflash-compile-key', which is not an earlier"):
+        load_series(ledger)
