@@ -173,13 +173,13 @@ def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_0201, ser
 
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
     # Patch 5 is written on patch 2's lines: leaving out patch 2 means leaving out both.
-    skip = ["dflash-swa-config", "dflash-fp8-kv-cache"]
+    skip = ["dflash-fp8-kv-cache", "dflash-swa-config"]
     partial = series.without(skip)
     report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
     result = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
     assert result.version == (
         f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}"
-        ".skip.dflashswaconfig.dflashfp8kvcache"
+        ".skip.dflashfp8kvcache.dflashswaconfig"
     )
     assert partial.digest != series.digest
     assert result.manifest.skipped == skip
