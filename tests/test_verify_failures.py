@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,6 +96,17 @@ def _running(marker: str) -> list[int]:
     return found
 
 
+def _seen_running(marker: str, pid: int, within_s: float = 10.0) -> bool:
+    """Whether ``pid`` shows up with ``marker``: its environ can read empty while
+    the child is still between its shell and ``exec sleep``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if _running(marker) == [pid]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_failed_verify_leaves_no_probe_running(tmp_path, slow_probe):
     """RECORD is unreadable: verify fails after the probes started, and stops them."""
     target, marker, scratch = slow_probe
@@ -110,7 +122,7 @@ def test_a_failed_verify_leaves_no_probe_running(tmp_path, slow_probe):
 def test_an_interrupted_wait_stops_the_probes(slow_probe):
     target, marker, scratch = slow_probe
     run = start_probes(target, ("layer_offset",))
-    assert run.process is not None and _running(marker) == [run.process.pid]
+    assert run.process is not None and _seen_running(marker, run.process.pid)
     with pytest.raises(KeyboardInterrupt), run:
         raise KeyboardInterrupt
     assert _running(marker) == []
