@@ -116,6 +116,16 @@ def copy_tree(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.fixture(scope="session")
+def probe_py() -> Path:
+    """The probe interpreter from $TOOLING_PROBE_PYTHON; tests that run vLLM on a CPU
+    skip without it (they never build it themselves)."""
+    value = os.environ.get("TOOLING_PROBE_PYTHON")
+    if not value:
+        pytest.skip("TOOLING_PROBE_PYTHON is unset: it names the CPU interpreter with torch")
+    return Path(value)
+
+
 def run_on_tree(
     python: Path,
     tree: Path,

@@ -13,7 +13,6 @@ picks on an sm100 device) are refused unless the opt-in is set.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -113,14 +112,6 @@ SCRIPT = textwrap.dedent(
     json.dump(out, open(out_path, "w"))
     """
 )
-
-
-@pytest.fixture(scope="session")
-def probe_py() -> Path:
-    value = os.environ.get("TOOLING_PROBE_PYTHON")
-    if not value:
-        pytest.skip("TOOLING_PROBE_PYTHON is unset: it names the CPU interpreter with torch")
-    return Path(value)
 
 
 def _build_all(probe_py: Path, tree: Path, tmp: Path) -> dict:

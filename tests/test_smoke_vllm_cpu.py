@@ -18,7 +18,6 @@ patched tree, first on the path:
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -210,14 +209,6 @@ SCRIPT = textwrap.dedent(
     json.dump(out, open(out_path, "w"))
     """
 )
-
-
-@pytest.fixture(scope="session")
-def probe_py() -> Path:
-    value = os.environ.get("TOOLING_PROBE_PYTHON")
-    if not value:
-        pytest.skip("TOOLING_PROBE_PYTHON is unset: it names the CPU interpreter with torch")
-    return Path(value)
 
 
 SERVE_ARGVS = [

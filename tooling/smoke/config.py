@@ -297,20 +297,19 @@ def target_info_from_config(config: dict[str, Any]) -> TargetInfo:
     )
 
 
-def read_target_info(target: str) -> TargetInfo:
-    path = find_model_file(target, "config.json")
+def _read_config(model: str, role: str) -> dict[str, Any]:
+    """``model``'s config.json (local folder or HF cache); ``role`` names it in errors."""
+    path = find_model_file(model, "config.json")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise SmokeError(f"{path}: cannot read the target config: {e}") from None
-    return target_info_from_config(config)
+        raise SmokeError(f"{path}: cannot read the {role} config: {e}") from None
+
+
+def read_target_info(target: str) -> TargetInfo:
+    return target_info_from_config(_read_config(target, "target"))
 
 
 def read_drafter_info(drafter: str) -> DrafterInfo:
     """Read the drafter's config.json (local folder or HF cache) into DrafterInfo."""
-    path = find_model_file(drafter, "config.json")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise SmokeError(f"{path}: cannot read the drafter config: {e}") from None
-    return drafter_info_from_config(config)
+    return drafter_info_from_config(_read_config(drafter, "drafter"))
