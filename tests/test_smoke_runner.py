@@ -113,6 +113,12 @@ STANDIN_MAIN = textwrap.dedent(
                 return
             prompt = body["prompt"]
             ids = prompt if isinstance(prompt, list) else tokenize(prompt)
+            if os.environ.get("STANDIN_PIDS") and not state.get("noted"):
+                # How many servers had started by this server's first request.
+                state["noted"] = True
+                started = len(open(os.environ["STANDIN_PIDS"]).read().split())
+                with open(os.environ["STANDIN_PIDS"] + ".seen", "a") as f:
+                    f.write(f"{os.getpid()} {started}\\n")
             hits = 0
             if args.enable_prefix_caching and tuple(ids) in state["seen"]:
                 hits = ((len(ids) - 1) // block) * block
@@ -218,6 +224,32 @@ def test_fixed_build_passes_server_checks(tmp_path, standin_vllm, monkeypatch) -
     assert "smoke passed" in format_table(report)
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlap_starts_both_servers_first_and_stops_both(
+    tmp_path, standin_vllm, monkeypatch, overlap
+) -> None:
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("STANDIN_PIDS", str(pids))
+    config = _config(tmp_path, *standin_vllm, overlap_engines=overlap)
+    report = run_smoke(config, notify=lambda m: None)
+    assert report.passed
+    # Overlapped: both servers were up before the first took a request; in turn:
+    # the server with the drafter was alone, then the plain one after it stopped.
+    seen = [line.split() for line in Path(f"{pids}.seen").read_text().splitlines()]
+    assert [int(n) for _, n in seen] == ([2, 2] if overlap else [1, 2])
+    servers = [s for s in report.steps if s.name.startswith("serve")]
+    assert [s.extra["stop"] for s in servers] == ["terminated", "terminated"]
+    for pid in map(int, pids.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    # Overlapping engines share a GPU: each gets a fixed KV cache.
+    assert (report.engine["kv_cache_memory_bytes"] is not None) == overlap
+    for log in ("serve-dflash.log", "serve-plain.log"):
+        command = (tmp_path / "smoke" / "logs" / log).read_text().splitlines()[0]
+        assert ("--kv-cache-memory-bytes" in command) == overlap
+
+
 def test_stock_build_fails_fix_checks_but_stays_lossless(tmp_path, standin_vllm, monkeypatch):
     monkeypatch.setenv("STANDIN_MODE", "stock")
     report = run_smoke(
@@ -273,12 +305,19 @@ def test_no_vllm_is_one_clear_error(tmp_path, monkeypatch) -> None:
 def test_dry_run_plan_lists_every_process(tmp_path) -> None:
     plan = describe_plan(SmokeConfig(workdir=tmp_path, tiny=True, python="/usr/bin/python3"))
     steps = [s["step"] for s in plan["steps"]]
+    # --tiny: both servers start first, to compile while the in-process engine runs.
     assert steps == [
         "models",
         "serve with DFlash",
         "serve without speculation",
         "in-process engine (engine)",
         "reference comparison (engine)",
+    ]
+    config = SmokeConfig(workdir=tmp_path, tiny=True, overlap_engines=False)
+    assert [s["step"] for s in describe_plan(config)["steps"]][1:4] == [
+        "in-process engine (engine)",
+        "serve with DFlash",
+        "serve without speculation",
     ]
     assert all(s["argv"][0] == "/usr/bin/python3" for s in plan["steps"])
     assert plan["steps"][0]["argv"][-2:] == ["--arch", "hybrid"]

@@ -1102,6 +1102,13 @@ def _parse_engines(specs: tuple[str, ...]) -> dict[str, Path]:
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="Another vLLM wheel to install (no deps) for --warm-cache.",
 )
+@click.option(
+    "--sequential",
+    is_flag=True,
+    help="Start the two servers and the in-process engine one after another "
+    "(default with --tiny: at once, on one GPU, each with a fixed KV cache; "
+    "always so without --tiny).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the commands a run would start.")
 @click.option(
     "--trained",
@@ -1141,6 +1148,7 @@ def smoke_command(
     warm_cache: bool,
     stock_site: Path | None,
     stock_wheel: Path | None,
+    sequential: bool,
     dry_run: bool,
     trained: bool,
     engines: tuple[str, ...],
@@ -1195,6 +1203,7 @@ def smoke_command(
         audit=not no_audit,
         warm_cache=warm_cache,
         other_site=str(stock_site.resolve()) if stock_site else None,
+        overlap_engines=False if sequential else None,
     )
     if dry_run:
         plan = describe_plan(config)

@@ -7,7 +7,7 @@ machine that has no torch and the children can be handed the same values as JSON
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,9 @@ FIDELITY_LENGTHS: tuple[int, ...] = (48, 56, 64, 72)
 
 
 TINY_ARCHS = ("hybrid", "qwen3")
+
+OVERLAP_KV_CACHE_BYTES = 4 << 30
+"""Each engine's fixed KV cache when the three start at once without ``kv_cache_memory_bytes``."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,28 @@ class SmokeConfig:
     """Check 7: another build compiles into the cache first (needs ``other_site``)."""
     other_site: str | None = None
     """A folder with another vLLM build (stock, or fix 1 skipped) for the warm-cache check."""
+    overlap_engines: bool | None = None
+    """Start both servers before the in-process engine runs, on one GPU, so their
+    compile and warm-up overlap (most of a tiny run is engine start-up). None: so
+    with ``tiny`` (three copies of a real model rarely fit one GPU). Each engine then
+    gets a fixed KV cache (``kv_cache_memory_bytes``, else OVERLAP_KV_CACHE_BYTES),
+    since vLLM's memory profiling fails while a neighbour frees memory. The load
+    figures are still measured one server at a time, the engine gone."""
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the servers start before the in-process engine (``overlap_engines``)."""
+        return self.tiny if self.overlap_engines is None else self.overlap_engines
+
+    def engine_settings(self, hybrid: bool) -> EngineSettings:
+        """The flags every engine of the run gets: vLLM picks a hybrid target's block
+        size; overlapping engines get a fixed KV cache."""
+        engine = self.engine
+        if hybrid:
+            engine = replace(engine, block_size=None)
+        if self.overlaps and engine.kv_cache_memory_bytes is None:
+            engine = replace(engine, kv_cache_memory_bytes=OVERLAP_KV_CACHE_BYTES)
+        return engine
 
     def validate(self) -> None:
         """Raise SmokeError when the model choice is contradictory."""

@@ -4,17 +4,21 @@ Order and why:
 1. which vLLM (a quick import in the child interpreter: fails fast on a bad PYTHONPATH);
 2. the models (``--tiny``: generated in a child);
 2a. with ``warm_cache``: in a fresh compile cache, the other build's engine (A)
-   then this one's (B), each with the reference; C is step 5 (its own cold
-   cache). First, because that check is what such a run is for: on an H200 the
-   servers and step 5 took 270 s before A started, and B missed the deadline;
-3. ``vllm serve`` with the DFlash drafter and prefix caching: lossless prompts,
+   then this one's (B), each with the reference; C is step 3 (its own cold
+   cache). First, because that check is what such a run is for;
+3. the in-process engine (``engine_run``): drafter windows, every proposal,
+   the context features, then a concurrent batch with the lookahead-slot audit.
+   With ``overlap_engines`` (the ``--tiny`` default) both servers of steps 4-5
+   are started first and compile and warm up meanwhile: on an H200 each start of
+   the tiny hybrid took 2-4 minutes, most of a run;
+4. ``vllm serve`` with the DFlash drafter and prefix caching: lossless prompts,
    the repeated 200-token prompt, acceptance counters, the aux-layer log line;
-4. ``vllm serve`` without speculation, same prefix caching: the same prompts;
-5. the in-process engine (``engine_run``): drafter windows, every proposal,
-   the context features, then a concurrent batch with the lookahead-slot audit;
-6. the reference (``reference``): agreement per draft position.
+5. ``vllm serve`` without speculation, same prefix caching: the same prompts;
+6. the reference (``reference``): agreement per draft position, once the
+   servers have stopped.
 
-Each server in step 3/4 also takes two concurrent bursts (``load``) when asked.
+Each server in step 4/5 also takes two concurrent bursts (``load``) when asked,
+one server at a time, after the in-process engine has exited.
 Every vLLM process of the run uses ``workdir/vllm-cache`` (cleared first) as
 VLLM_CACHE_ROOT, so a run never reads another run's compiled graphs unless
 the warm-cache check puts them there on purpose.
@@ -25,6 +29,7 @@ that fails turns only the checks that need it into errors; the others still run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -47,6 +52,7 @@ from .config import (
     PREFIX_PROMPT_TEXT,
     PREFIX_PROMPT_TOKENS,
     DrafterInfo,
+    EngineSettings,
     SmokeConfig,
     TargetInfo,
     read_drafter_info,
@@ -55,7 +61,15 @@ from .config import (
 from .logscan import aux_layers_from_log_file
 from .procs import log_tail, run_child, sigterm_as_interrupt
 from .report import SmokeReport, StepRecord, plot_acceptance
-from .server import ServeOptions, build_serve_command, child_environment, free_port, serve
+from .server import (
+    SERVED_MODEL_NAME,
+    RunningServer,
+    ServeOptions,
+    build_serve_command,
+    child_environment,
+    free_port,
+    serve,
+)
 from .tiny import load_manifest
 
 Notify = Callable[[str], None]
@@ -189,6 +203,11 @@ class _Run:
         self.cache = self.workdir / "vllm-cache"
         self.target_info = TargetInfo(hybrid=False, multimodal=False)
 
+    @property
+    def engine(self) -> EngineSettings:
+        """The flags every engine of this run gets (SmokeConfig.engine_settings)."""
+        return self.config.engine_settings(self.target_info.hybrid)
+
     def environment(self, cache: Path | None = None, site: str | None = None) -> dict[str, str]:
         """The children's environment: offline, this run's compile cache, ``site`` first."""
         env = child_environment()
@@ -279,57 +298,50 @@ def _models(run: _Run) -> tuple[str, str]:
 
 def _observe_server(
     run: _Run,
-    options: ServeOptions,
-    log: Path,
+    server: RunningServer,
+    drafter: str | None,
     prefix_ids: list[int] | None,
 ) -> tuple[ServerObservations, list[int] | None]:
+    """Wait for a started server, then every request of steps 4-5 against it."""
+    log = server.log
     obs = ServerObservations(log=log)
     timeouts = run.config.timeouts
-    model = options.served_model_name
+    model = SERVED_MODEL_NAME
     try:
-        start_limit = run.deadline.limit(timeouts.server_start, reserve_s=timeouts.server_stop)
-        with serve(
-            options,
-            log=log,
-            start_timeout_s=start_limit,
-            python=run.python,
-            env=run.environment(),
-        ) as server:
-            url = server.base_url
-            obs.startup_s = server.startup_s
-            run.notify(f"server ready in {server.startup_s:.0f}s at {url}")
-            try:
-                for prompt in LOSSLESS_PROMPTS:
-                    limit = run.deadline.limit(timeouts.request, reserve_s=timeouts.server_stop)
-                    obs.completions.append(
-                        client.complete(
-                            url, model, prompt, max_tokens=run.config.max_tokens, timeout_s=limit
-                        )
-                    )
-            except SmokeError as e:
-                obs.errors["lossless"] = str(e)
-            try:
+        obs.startup_s = server.wait_healthy(
+            run.deadline.limit(timeouts.server_start, reserve_s=timeouts.server_stop)
+        )
+        url = server.base_url
+        run.notify(f"server ready {obs.startup_s:.0f}s after its start at {url}")
+        try:
+            for prompt in LOSSLESS_PROMPTS:
                 limit = run.deadline.limit(timeouts.request, reserve_s=timeouts.server_stop)
-                prefix_ids = prefix_ids or prefix_prompt_ids(url, model, limit)
-                obs.prefix = observe_prefix_cache(url, model, prefix_ids, timeout_s=limit)
+                obs.completions.append(
+                    client.complete(
+                        url, model, prompt, max_tokens=run.config.max_tokens, timeout_s=limit
+                    )
+                )
+        except SmokeError as e:
+            obs.errors["lossless"] = str(e)
+        try:
+            limit = run.deadline.limit(timeouts.request, reserve_s=timeouts.server_stop)
+            prefix_ids = prefix_ids or prefix_prompt_ids(url, model, limit)
+            obs.prefix = observe_prefix_cache(url, model, prefix_ids, timeout_s=limit)
+        except SmokeError as e:
+            obs.errors["prefix"] = str(e)
+        if drafter is not None:
+            try:
+                obs.spec_stats = settled_spec_stats(url)
             except SmokeError as e:
-                obs.errors["prefix"] = str(e)
-            if options.drafter is not None:
-                try:
-                    obs.spec_stats = settled_spec_stats(url)
-                except SmokeError as e:
-                    obs.errors["metrics"] = str(e)
-            if run.config.load and prefix_ids:
-                try:
-                    obs.load = _load_bursts(run, url, model, prefix_ids, options.drafter)
-                except SmokeError as e:
-                    obs.errors["load"] = str(e)
-        if server.stop is not None:
-            obs.stop = server.stop.how
+                obs.errors["metrics"] = str(e)
+        if run.config.load and prefix_ids:
+            try:
+                obs.load = _load_bursts(run, url, model, prefix_ids, drafter)
+            except SmokeError as e:
+                obs.errors["load"] = str(e)
     except SmokeError as e:
         for key in ("lossless", "prefix", "metrics", "load"):
             obs.errors.setdefault(key, str(e))
-    obs.aux_layers = aux_layers_from_log_file(log)
     return obs, prefix_ids
 
 
@@ -416,9 +428,9 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
 
     expected = info.expected_aux_layers() if info else None
     warm = _warm_cache(run, logs, target, drafter, expected) if config.warm_cache else None
-    spec, plain = _servers(run, logs, target, drafter)
-    engine_result, engine_error, fidelity, fidelity_error = _fidelity(
-        run, logs, target, drafter, expected
+    spec, plain, engine = _servers_and_engine(run, logs, target, drafter)
+    engine_result, engine_error, fidelity, fidelity_error = _reference(
+        run, logs, "engine", engine, (target, drafter), expected
     )
     if warm is not None:
         warm["C"] = fidelity
@@ -434,7 +446,7 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
         fidelity=fidelity,
         fidelity_error=fidelity_error,
         warm=warm,
-        block_size=None if run.target_info.hybrid else config.engine.block_size,
+        block_size=run.engine.block_size,
     )
     plot = _plot(run, spec.spec_stats) if config.plot else None
     report = SmokeReport(
@@ -449,7 +461,7 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
             "target_info": asdict(run.target_info),
             "drafter_info": asdict(info) if info else None,
         },
-        engine=asdict(config.engine),
+        engine=asdict(run.engine),
         vllm=vllm_info,
         plot=plot,
         expect=config.expect,
@@ -458,43 +470,47 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
     return report
 
 
-def _servers(
+def _servers_and_engine(
     run: _Run, logs: Path, target: str, drafter: str
-) -> tuple[ServerObservations, ServerObservations]:
-    """The server with the DFlash drafter, then the one without; same prefix caching."""
-    observed = []
-    prefix_ids: list[int] | None = None
-    for name, draft, log in (
+) -> tuple[ServerObservations, ServerObservations, tuple[dict[str, Any] | None, str]]:
+    """Steps 3-5: the in-process engine, then the server with the DFlash drafter and
+    the one without (same prefix caching). With ``overlap_engines`` both servers
+    start before the engine runs and stop together at the end; otherwise each
+    starts when its turn comes and stops after it."""
+    plan = (
         ("serve with DFlash", drafter, logs / "serve-dflash.log"),
         ("serve without speculation", None, logs / "serve-plain.log"),
-    ):
-        with run.step(name, log) as step:
-            options = _serve_options(run, target, draft, free_port())
-            obs, prefix_ids = _observe_server(run, options, log, prefix_ids)
-            step.ok = not obs.errors
-            step.message = "; ".join(dict.fromkeys(obs.errors.values()))
-            step.extra = obs.summary()
-        observed.append(obs)
-    return observed[0], observed[1]
+    )
+    overlap = run.config.overlaps
+    observed: list[tuple[ServerObservations, RunningServer, StepRecord]] = []
+    with contextlib.ExitStack() as both:
+        early = [both.enter_context(_serve(run, target, d, log)) for _, d, log in plan if overlap]
+        engine = _engine(run, logs, target, drafter)
+        prefix_ids: list[int] | None = None
+        for i, (name, draft, log) in enumerate(plan):
+            with run.step(name, log) as step, contextlib.ExitStack() as own:
+                server = early[i] if early else own.enter_context(_serve(run, target, draft, log))
+                obs, prefix_ids = _observe_server(run, server, draft, prefix_ids)
+            observed.append((obs, server, step))
+    for obs, server, step in observed:
+        obs.stop = server.stop.how if server.stop else None
+        obs.aux_layers = aux_layers_from_log_file(obs.log)
+        step.ok = not obs.errors
+        step.message = "; ".join(dict.fromkeys(obs.errors.values()))
+        step.extra = obs.summary()
+    return observed[0][0], observed[1][0], engine
 
 
-def _engine_settings(run: _Run) -> Any:
-    """The engine flags, with vLLM choosing the block size of a hybrid target."""
-    from dataclasses import replace
-
-    engine = run.config.engine
-    return replace(engine, block_size=None) if run.target_info.hybrid else engine
-
-
-def _serve_options(run: _Run, target: str, drafter: str | None, port: int) -> ServeOptions:
-    return ServeOptions(
+def _serve(run: _Run, target: str, drafter: str | None, log: Path) -> Any:
+    options = ServeOptions(
         target,
         drafter,
-        _engine_settings(run),
-        port=port,
+        run.engine,
+        port=free_port(),
         language_model_only=run.target_info.multimodal,
         gdn_prefill_backend=run.target_info.gdn_prefill_backend,
     )
+    return serve(options, log=log, python=run.python, env=run.environment())
 
 
 def _plot(run: _Run, stats: metrics.SpecDecodeStats | None) -> Path | None:
@@ -548,7 +564,7 @@ AUDIT_REQUESTS = 48
 
 def _engine_request(run: _Run, target: str, drafter: str, features: Path, *, batch: bool):
     """The in-process run's request; ``batch`` adds the concurrent audited batch."""
-    config, engine = run.config, _engine_settings(run)
+    config, engine = run.config, run.engine
     concurrent = None
     if batch:
         # Shared-prefix prompts of 16-200 tokens, 4-60 output tokens: they finish
@@ -585,40 +601,59 @@ def _engine_request(run: _Run, target: str, drafter: str, features: Path, *, bat
     }
 
 
-def _engine_and_reference(
+def _engine(
     run: _Run,
     logs: Path,
-    name: str,
-    request: dict[str, Any],
-    expected: tuple[int, ...] | None,
-    env: dict[str, str] | None,
-) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
-    """One engine run and its reference comparison, files and logs named by ``name``."""
-    config = run.config
+    target: str,
+    drafter: str,
+    name: str = "engine",
+    env: dict[str, str] | None = None,
+) -> tuple[dict[str, Any] | None, str]:
+    """One in-process engine run (``engine``: the main one, with the audited batch),
+    files and logs named by ``name``. Returns (its result, why it is missing)."""
+    if not run.config.run_fidelity:
+        return None, "skipped (--no-fidelity)"
+    main = name == "engine"
+    request = _engine_request(
+        run, target, drafter, run.workdir / f"{name}-features.pt", batch=main and run.config.audit
+    )
     engine_step = _ChildStep(
         module="tooling.smoke.engine_run",
         request=request,
         in_name=f"{name}-in.json",
         out_name=f"{name}.json",
         log=logs / f"{name}-run.log",
-        timeout_s=config.timeouts.engine_run,
+        timeout_s=run.config.timeouts.engine_run,
         env=env,
     )
-    engine_result = None
     with run.step(f"in-process engine ({name})", engine_step.log) as step:
-        engine_result = _run_json_child(run, engine_step)
-        step.extra = {
-            "proposals": len(engine_result["proposals"]),
-            "vllm": engine_result.get("vllm_location"),
-        }
+        result = _run_json_child(run, engine_step)
+        step.extra = {"proposals": len(result["proposals"]), "vllm": result.get("vllm_location")}
+        return result, ""
+    return None, run.steps[-1].message or "the in-process run did not finish"
+
+
+def _reference(
+    run: _Run,
+    logs: Path,
+    name: str,
+    engine: tuple[dict[str, Any] | None, str],
+    models: tuple[str, str],
+    expected: tuple[int, ...] | None,
+) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
+    """The reference comparison of one engine run of ``models`` (target, drafter).
+    Returns (engine result, why it is missing, fidelity result, why it is missing)."""
+    engine_result, why = engine
     if engine_result is None:
-        why = run.steps[-1].message or "the in-process run did not finish"
+        if not run.config.run_fidelity:
+            return None, why, None, why
         return None, why, None, f"needs the in-process run: {why}"
+    config = run.config
     reference_step = _ChildStep(
         module="tooling.smoke.reference",
         request={
-            "target": request["target"],
-            "drafter": request["drafter"],
+            "target": models[0],
+            "drafter": models[1],
             "prompts": engine_result["prompts"],
             "outputs": engine_result["outputs"],
             "proposals": engine_result["proposals"],
@@ -633,26 +668,10 @@ def _engine_and_reference(
         log=logs / f"{name}-reference.log",
         timeout_s=config.timeouts.reference,
     )
-    fidelity = None
     with run.step(f"reference comparison ({name})", reference_step.log):
-        fidelity = _run_json_child(run, reference_step)
-    why = "" if fidelity else run.steps[-1].message or "the reference comparison did not finish"
-    return engine_result, "", fidelity, why
-
-
-def _fidelity(
-    run: _Run, logs: Path, target: str, drafter: str, expected: tuple[int, ...] | None
-) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
-    """The in-process engine run (with the audited batch) and the reference comparison.
-
-    Returns (engine result, why it is missing, fidelity result, why it is missing).
-    """
-    if not run.config.run_fidelity:
-        return None, "skipped (--no-fidelity)", None, "skipped (--no-fidelity)"
-    request = _engine_request(
-        run, target, drafter, run.workdir / "engine-features.pt", batch=run.config.audit
-    )
-    return _engine_and_reference(run, logs, "engine", request, expected, None)
+        return engine_result, "", _run_json_child(run, reference_step), ""
+    why = run.steps[-1].message or "the reference comparison did not finish"
+    return engine_result, "", None, why
 
 
 def _warm_cache(
@@ -663,12 +682,9 @@ def _warm_cache(
     shutil.rmtree(cache, ignore_errors=True)
     runs: dict[str, dict[str, Any] | None] = {}
     for name, site in (("A", run.config.other_site), ("B", None)):
-        request = _engine_request(
-            run, target, drafter, run.workdir / f"warm-{name}-features.pt", batch=False
-        )
         env = run.environment(cache=cache, site=site)
-        _, _, fidelity, _ = _engine_and_reference(run, logs, f"warm-{name}", request, expected, env)
-        runs[name] = fidelity
+        engine = _engine(run, logs, target, drafter, f"warm-{name}", env)
+        runs[name] = _reference(run, logs, f"warm-{name}", engine, (target, drafter), expected)[2]
     return runs
 
 
@@ -814,27 +830,31 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
             }
         )
 
-    def engine_steps(names: list[str]) -> None:
-        for name in names:
-            for step, module, files in (
-                (
-                    "in-process engine",
-                    "tooling.smoke.engine_run",
-                    (f"{name}-in.json", f"{name}.json"),
-                ),
-                (
-                    "reference comparison",
-                    "tooling.smoke.reference",
-                    (f"{name}-reference-in.json", f"{name}-fidelity.json"),
-                ),
-            ):
-                argv = [python, "-m", module, *(str(workdir / f) for f in files)]
-                steps.append({"step": f"{step} ({name})", "argv": argv})
+    def child(name: str, module: str, files: tuple[str, str]) -> dict[str, Any]:
+        return {"step": name, "argv": [python, "-m", module, *(str(workdir / f) for f in files)]}
 
-    # The order run_smoke uses: the warm-cache runs first, then the servers.
-    engine_steps(["warm-A", "warm-B"] if config.warm_cache else [])
-    for name, draft in (("serve with DFlash", drafter), ("serve without speculation", None)):
-        options = ServeOptions(target, draft, config.engine, port=0)
-        steps.append({"step": name, "argv": build_serve_command(options, python)})
-    engine_steps(["engine"] if config.run_fidelity else [])
+    def engine(name: str) -> dict[str, Any]:
+        files = (f"{name}-in.json", f"{name}.json")
+        return child(f"in-process engine ({name})", "tooling.smoke.engine_run", files)
+
+    def reference(name: str) -> dict[str, Any]:
+        files = (f"{name}-reference-in.json", f"{name}-fidelity.json")
+        return child(f"reference comparison ({name})", "tooling.smoke.reference", files)
+
+    # The order run_smoke starts them in: the warm-cache runs, then the in-process
+    # engine and the servers (the servers first when they overlap), the reference last.
+    for name in ("warm-A", "warm-B") if config.warm_cache else ():
+        steps += [engine(name), reference(name)]
+    servers = [
+        {
+            "step": name,
+            "argv": build_serve_command(
+                ServeOptions(target, draft, config.engine_settings(False), port=0), python
+            ),
+        }
+        for name, draft in (("serve with DFlash", drafter), ("serve without speculation", None))
+    ]
+    main = [engine("engine")] if config.run_fidelity else []
+    steps += servers + main if config.overlaps else main + servers
+    steps += [reference("engine")] if config.run_fidelity else []
     return {"workdir": str(workdir), "time_limit_s": config.timeouts.total, "steps": steps}

@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,13 +148,22 @@ def free_port(host: str = LOCALHOST) -> int:
 
 @dataclass
 class RunningServer:
-    """A server that answered /health; ``stop`` is filled in when the block exits."""
+    """A started server; ``startup_s`` is set once it answered /health, ``stop`` when
+    its block exits."""
 
     base_url: str
     pid: int
     log: Path
     startup_s: float
     stop: StopOutcome | None = None
+    is_running: Callable[[], bool] = lambda: True
+    started_at: float = field(default_factory=time.monotonic)
+
+    def wait_healthy(self, timeout_s: float) -> float:
+        """Wait for /health; ``startup_s`` counts from the start, not from this call."""
+        wait_for_health(self.base_url, self.is_running, timeout_s=timeout_s, log=self.log)
+        self.startup_s = time.monotonic() - self.started_at
+        return self.startup_s
 
 
 def wait_for_health(
@@ -181,6 +190,27 @@ def wait_for_health(
 
 
 @contextlib.contextmanager
+def started(
+    cmd: Sequence[str],
+    *,
+    base_url: str,
+    log: Path,
+    env: Mapping[str, str],
+    stop_grace_s: float = 20.0,
+) -> Iterator[RunningServer]:
+    """Start ``cmd`` and yield at once (``wait_healthy`` is the caller's); always stop
+    its process group. Errors, time-outs and KeyboardInterrupt inside the block all
+    pass through the same stop (SIGTERM, grace, SIGKILL)."""
+    proc = start_group(cmd, log=log, env=env)
+    alive = lambda: proc.poll() is None  # noqa: E731
+    server = RunningServer(base_url, proc.pid, log, startup_s=0.0, is_running=alive)
+    try:
+        yield server
+    finally:
+        server.stop = stop_group(proc, grace_s=stop_grace_s)
+
+
+@contextlib.contextmanager
 def launch(
     cmd: Sequence[str],
     *,
@@ -190,20 +220,10 @@ def launch(
     start_timeout_s: float,
     stop_grace_s: float = 20.0,
 ) -> Iterator[RunningServer]:
-    """Start ``cmd``, wait for ``base_url``/health, yield; always stop its process group.
-
-    Errors, time-outs and KeyboardInterrupt inside the block or during start-up
-    all pass through the same stop (SIGTERM, grace, SIGKILL).
-    """
-    proc = start_group(cmd, log=log, env=env)
-    server = RunningServer(base_url=base_url, pid=proc.pid, log=log, startup_s=0.0)
-    try:
-        server.startup_s = wait_for_health(
-            base_url, lambda: proc.poll() is None, timeout_s=start_timeout_s, log=log
-        )
+    """Start ``cmd``, wait for ``base_url``/health, yield; always stop its process group."""
+    with started(cmd, base_url=base_url, log=log, env=env, stop_grace_s=stop_grace_s) as server:
+        server.wait_healthy(start_timeout_s)
         yield server
-    finally:
-        server.stop = stop_group(proc, grace_s=stop_grace_s)
 
 
 @contextlib.contextmanager
@@ -211,22 +231,21 @@ def serve(
     options: ServeOptions,
     *,
     log: Path,
-    start_timeout_s: float,
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     stop_grace_s: float = 20.0,
 ) -> Iterator[RunningServer]:
-    """``vllm serve`` for ``options``, healthy inside the block and stopped after it."""
+    """``vllm serve`` for ``options``, started (not yet healthy: ``wait_healthy``)
+    inside the block and stopped after it."""
     cmd = build_serve_command(options, python)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", encoding="utf-8") as f:
         f.write("$ " + " ".join(cmd) + "\n")
-    with launch(
+    with started(
         cmd,
         base_url=options.base_url,
         log=log,
         env=child_environment(env),
-        start_timeout_s=start_timeout_s,
         stop_grace_s=stop_grace_s,
     ) as server:
         yield server
