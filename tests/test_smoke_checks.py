@@ -141,6 +141,24 @@ def test_fidelity_gate() -> None:
     assert checks.check_fidelity(empty, 0.99).status == checks.ERROR
 
 
+def test_fidelity_gates_every_group_on_its_tie_tolerant_figure() -> None:
+    # The H200 run of 2026-11-30: 99.9% overall, but the sequential group's exact
+    # figure was 98.3% (exact ties in bf16); gated, it is what counts.
+    result = {
+        "agreement": 0.999,
+        "compared_tokens": 5229,
+        "group_agreement": {"sequential": 1.0, "concurrent": 0.999},
+        "group_exact_agreement": {"sequential": 0.983, "concurrent": 0.982},
+    }
+    verdict = checks.check_fidelity(result, 0.99)
+    assert verdict.status == checks.PASS
+    assert "sequential 100.0% (exact 98.3%)" in verdict.evidence
+    low = {**result, "group_agreement": {"sequential": 1.0, "concurrent": 0.985}}
+    verdict = checks.check_fidelity(low, 0.99)
+    assert verdict.status == checks.FAIL
+    assert "concurrent 98.5% (exact 98.2%)" in verdict.evidence
+
+
 def test_acceptance_is_informational_unless_gated() -> None:
     stats = SpecDecodeStats(6, 18, 7, [4.0, 2.0, 1.0])
     info = checks.check_acceptance(stats, None)

@@ -258,7 +258,8 @@ def test_stock_like_drafts_fail_the_gate(tiny, mode: str) -> None:
     assert result["agreement"] < 0.95
     assert result["mismatches"] == sum(result["totals"]) - sum(result["matches"])
     assert len(result["mismatch_margins"]) == min(result["mismatches"], 50)
-    assert all(m > 0 for m in result["mismatch_margins"])
+    # Every mismatch has a margin; 0 where the reference's logits tie exactly.
+    assert all(m >= 0 for m in result["mismatch_margins"])
     verdict = checks.check_fidelity(result, 0.99)
     assert verdict.status == checks.FAIL
     assert f"of {result['mismatches']} mismatches are near ties" in verdict.evidence

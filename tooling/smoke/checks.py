@@ -283,11 +283,19 @@ def check_fidelity(result: dict[str, Any], gate: float) -> CheckResult:
         )
     groups = result.get("group_agreement") or {}
     low = {g: r for g, r in groups.items() if r is not None and r < gate}
+    exact = result.get("group_exact_agreement") or {}
+
+    def group(name: str, rate: float) -> str:
+        bare = exact.get(name)
+        return f"{name} {rate:.1%}" + (f" (exact {bare:.1%})" if bare not in (None, rate) else "")
+
     if groups:
-        evidence += "; " + ", ".join(f"{g} {r:.1%}" for g, r in groups.items())
+        evidence += "; " + ", ".join(group(g, r) for g, r in groups.items() if r is not None)
     if result.get("other_context_agreement") is not None:
         other = "HF target" if result.get("context") == "engine" else "engine"
-        evidence += f"; with {other} features {result['other_context_agreement']:.1%}"
+        evidence += (
+            f"; with {other} features {result['other_context_agreement']:.1%} (sequential prompts)"
+        )
     passed = rate >= gate and not low
     return CheckResult(FIDELITY, PASS if passed else FAIL, evidence, dict(result))
 
