@@ -120,6 +120,27 @@ def test_site_packages_mode_and_json(patched_env, probe_python):
     assert data["identity"]["runtime"] == data["identity"]["stamped"] == data["vllm_version"]
 
 
+def test_probe_python_questions_a_no_deps_install_named_by_python(patched_env, probe_python):
+    # Without the probe environment's packages the install is a bare --no-deps one:
+    # its own interpreter cannot import torch, so no probe can tell.
+    deps = site_of(patched_env) / "dflash-probe-deps.pth"
+    aside = deps.with_suffix(".aside")
+    deps.rename(aside)
+    try:
+        alone = run_cli("verify", "--python", str(patched_env), "--json")
+        helped = run_cli(
+            "verify", "--python", str(patched_env), "--probe-python", str(probe_python), "--json"
+        )
+    finally:
+        aside.rename(deps)
+    assert alone.returncode == VerifyFixMissingError.exit_code
+    assert {f["state"] for f in json.loads(alone.stdout)["fixes"]} == {"unknown"}
+    assert helped.returncode == 0, helped.stderr
+    data = json.loads(helped.stdout)
+    assert [f["state"] for f in data["fixes"]] == ["present"] * len(ALL)
+    assert data["identity"]["runtime"] == data["identity"]["stamped"] == data["vllm_version"]
+
+
 def test_tampered_file_is_named_with_its_patch(patched_env):
     target = site_of(patched_env) / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
     original = target.read_bytes()

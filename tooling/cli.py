@@ -917,6 +917,12 @@ def verify_command(
         interpreter = python or Path(sys.executable)
         dist = locate_with_python(interpreter)
         target = ProbeTarget(python=interpreter, pycache=pycache)
+        if python is not None and wheel is None and probe_python is not None:
+            # --python names the vLLM, --probe-python what questions it: a --no-deps
+            # install has no torch of its own, so every probe would read unknown.
+            questioner = settings.probe_python(probe_python)
+            assert questioner is not None  # given explicitly: checked, or an error
+            target = ProbeTarget(python=questioner, root=dist.site, pycache=pycache)
     report = verify(dist, target, required)
     built = (
         f"built by this toolchain ({report.manifest.mode}, series "
