@@ -3,6 +3,7 @@ in the work tree, refs that do not match their base, signals, one-line errors.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
@@ -414,3 +415,15 @@ def test_a_read_only_cache_is_used_when_it_holds_the_entry_and_named_when_not(
     code, _, err = finish(tooling(*args, cwd=tmp_path, env={"VLLM_DFLASH_CACHE": str(empty)}))
     assert code == 20 and err.startswith(f"error: cannot write to {empty / 'sources'}: "), err
     assert err.count("\n") == 1
+
+
+def test_smoke_trained_names_the_failed_recipe_step(tmp_path):
+    # This interpreter has no torch, so the recipe's own preflight refuses to train.
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is importable here: the recipe would train")
+    code, _, err = finish(
+        tooling("smoke", "--trained", "--workdir", str(tmp_path / "w"), cwd=tmp_path)
+    )
+    assert code == 17
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: training recipe `train` failed (exit 3)")

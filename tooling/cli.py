@@ -1221,30 +1221,42 @@ def smoke_command(
         raise SmokeError(report.summary_line())
 
 
-def _smoke_trained(settings: Settings, workdir: Path, engines: dict[str, Path]) -> None:
-    """Train (or reuse) the recipe's pair, then measure each engine against the reference."""
+def run_trainer(*args: str, capture: bool = True) -> str:
+    """``python -m tooling.trainer ARGS``: what it printed (``capture``), else its output
+    goes to this terminal. SmokeError naming the step, its exit code and, when captured,
+    its last error line, when it failed."""
     import subprocess
 
+    from .errors import SmokeError
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tooling.trainer", *args], capture_output=capture, text=True
+    )
+    if done.returncode != 0:
+        lines = (done.stderr or "").strip().splitlines()
+        why = lines[-1] if lines else "its output is above"
+        raise SmokeError(f"training recipe `{args[0]}` failed (exit {done.returncode}): {why}")
+    return done.stdout or ""
+
+
+def _smoke_trained(settings: Settings, workdir: Path, engines: dict[str, Path]) -> None:
+    """Train (or reuse) the recipe's pair, then measure each engine against the reference."""
     from .errors import SmokeError
     from .smoke.acceptance import measure_engines, table_markdown
 
     def trained_dir() -> Path:
         # `tooling.trainer path` prints {"output_dir": ..., "complete": ...}.
-        out = subprocess.run(
-            [sys.executable, "-m", "tooling.trainer", "path"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        return Path(json.loads(out)["output_dir"])
+        out = run_trainer("path")
+        try:
+            return Path(json.loads(out)["output_dir"])
+        except (ValueError, KeyError, TypeError):
+            printed = out[:200]
+            raise SmokeError(f"training recipe `path` printed no run folder: {printed!r}") from None
 
     trained = trained_dir()
     if not (trained / "summary.json").is_file():
-        train = subprocess.run(
-            [sys.executable, "-m", "tooling.trainer", "train", "--export", str(workdir)]
-        )
-        if train.returncode != 0:
-            raise SmokeError(f"the training recipe failed (exit {train.returncode})")
+        # About 5 minutes on an H200: its progress goes to this terminal.
+        run_trainer("train", "--export", str(workdir), capture=False)
         trained = trained_dir()
     if not engines:
         import vllm  # the interpreter's own vLLM
