@@ -1,7 +1,7 @@
 """``tooling bundle``: resolution, planning, download, writing, splitting, joining, installing.
 
 Real data throughout: the 0.20.1 runtime lock and the list of wheels one
-offline H200 host lacked (``/work/shared/data``), uv and pip against PyPI, and
+offline H200 host lacked (``tests/data``), uv and pip against PyPI, and
 a small bundle that is split, joined by its own ``join.py`` and installed by
 its own ``install.sh``.
 """
@@ -41,17 +41,11 @@ from tooling.bundle import download as download_wheels
 from tooling.errors import BundleError
 from tooling.paths import REPO_DIR, default_cache_dir
 
-DATA = Path("/work/shared/data")
+DATA = Path(__file__).parent / "data"
 LOCK = DATA / "vllm-0.20.1-runtime-lock.txt"
 CARRIED = DATA / "carried-to-gpu-host-2026-11-29.txt"
 OFFICIAL_WHEEL = default_cache_dir() / "pypi" / "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 PATCHED_NAME = "vllm-0.20.1+dflash-1-cp38-abi3-manylinux_2_35_x86_64.whl"
-
-
-def _data(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"{path} is not on this machine")
-    return path
 
 
 def _pins(text: str) -> set[tuple[str, str]]:
@@ -119,7 +113,7 @@ def test_presence_matches_public_versions_only() -> None:
 
 
 def test_lock_parsing_reads_versions_and_via() -> None:
-    requirements = parse_lock(_data(LOCK).read_text())
+    requirements = parse_lock(LOCK.read_text())
     assert len(requirements) == 180
     by_name = {r.name: r for r in requirements}
     assert by_name["vllm"].version == "0.20.1" and by_name["vllm"].via == ("-r",)
@@ -130,7 +124,7 @@ def test_lock_parsing_reads_versions_and_via() -> None:
 
 
 def test_skipping_drops_what_only_skipped_packages_need() -> None:
-    dropped = skip_closure(parse_lock(_data(LOCK).read_text()), DEFAULT_SKIP)
+    dropped = skip_closure(parse_lock(LOCK.read_text()), DEFAULT_SKIP)
     assert set(DEFAULT_SKIP) <= set(dropped)
     assert dropped["nvidia-cutlass-dsl-libs-base"] == "only needed by nvidia-cutlass-dsl"
     assert dropped["z3-solver"] == "only needed by tilelang"
@@ -141,8 +135,8 @@ def test_skipping_drops_what_only_skipped_packages_need() -> None:
 
 def test_plan_reproduces_the_wheels_one_host_lacked() -> None:
     """The host had everything of the closure except the 90 carried wheels."""
-    requirements = parse_lock(_data(LOCK).read_text())
-    carried = parse_present(_data(CARRIED).read_text())  # wheel names -> versions
+    requirements = parse_lock(LOCK.read_text())
+    carried = parse_present(CARRIED.read_text())  # wheel names -> versions
     host_has = "\n".join(r.name for r in requirements if r.name not in carried)
     plan = plan_bundle(
         requirements,
@@ -164,7 +158,7 @@ def test_plan_reproduces_the_wheels_one_host_lacked() -> None:
 
 
 def test_plan_with_a_freeze_carries_mismatched_versions() -> None:
-    requirements = parse_lock(_data(LOCK).read_text())
+    requirements = parse_lock(LOCK.read_text())
     freeze = "\n".join(f"{r.name}=={r.version}" for r in requirements if r.name != "transformers")
     freeze += "\ntransformers==5.17.0\ntorch==2.11.0+cu130\n"
     plan = plan_bundle(
@@ -194,7 +188,7 @@ def test_resolution_matches_the_release_lock(tmp_path: Path) -> None:
         pytest.skip(f"{OFFICIAL_WHEEL} is not cached (run tooling fetch)")
     config = BundleConfig(wheel=OFFICIAL_WHEEL, out_dir=tmp_path, exclude_newer="2026-05-06")
     resolution = resolve(config)
-    assert _pins(resolution.lock_text) == _pins(_data(LOCK).read_text())
+    assert _pins(resolution.lock_text) == _pins(LOCK.read_text())
     torch = next(r for r in resolution.requirements if r.name == "torch")
     assert torch.hashes and all(len(h) == 64 for h in torch.hashes)
     assert f"./wheels/{OFFICIAL_WHEEL.name}" in resolution.lock_text
