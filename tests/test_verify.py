@@ -141,6 +141,33 @@ def test_probe_python_questions_a_no_deps_install_named_by_python(patched_env, p
     assert data["identity"]["runtime"] == data["identity"]["stamped"] == data["vllm_version"]
 
 
+def test_bytecode_python_would_run_instead_of_its_source_is_found(patched_env):
+    import importlib._bootstrap_external as bootstrap
+    import importlib.util
+
+    clean = json.loads(run_cli("verify", "--python", str(patched_env), "--json").stdout)
+    # pip compiled the install: every module's bytecode, each matching its source.
+    assert clean["integrity"]["bytecode"]["checked"] > 1000
+    assert clean["integrity"]["bytecode"]["differ"] == []
+    # Other code under a header that matches the untouched source: Python runs it.
+    source = site_of(patched_env) / "vllm" / "logger.py"
+    pyc = Path(importlib.util.cache_from_source(str(source)))
+    original = pyc.read_bytes()
+    stat = source.stat()
+    evil = compile("raise SystemExit('not vLLM')", str(source), "exec")
+    pyc.write_bytes(bootstrap._code_to_timestamp_pyc(evil, stat.st_mtime, stat.st_size))
+    try:
+        result = run_cli("verify", "--python", str(patched_env))
+    finally:
+        pyc.write_bytes(original)
+    assert result.returncode == VerifyIntegrityError.exit_code
+    assert (
+        f"bytecode: vllm/__pycache__/{pyc.name} (Python would run it for vllm/logger.py, "
+        "but it was compiled from other code (timestamp header))"
+    ) in result.stdout
+    assert "bytecode: 1 of " in result.stdout
+
+
 def test_tampered_file_is_named_with_its_patch(patched_env):
     target = site_of(patched_env) / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
     original = target.read_bytes()

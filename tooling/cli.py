@@ -913,24 +913,30 @@ def verify_command(
         dist = locate_in_site(site.resolve())
         interpreter = settings.probe_python(probe_python) or Path(sys.executable)
         target = ProbeTarget(python=interpreter, root=site.resolve(), pycache=pycache)
+        runtime = None  # which interpreter runs that folder is not known: the probes' one checks
     else:
         interpreter = python or Path(sys.executable)
         dist = locate_with_python(interpreter)
         target = ProbeTarget(python=interpreter, pycache=pycache)
+        runtime = interpreter
         if python is not None and wheel is None and probe_python is not None:
             # --python names the vLLM, --probe-python what questions it: a --no-deps
             # install has no torch of its own, so every probe would read unknown.
             questioner = settings.probe_python(probe_python)
             assert questioner is not None  # given explicitly: checked, or an error
             target = ProbeTarget(python=questioner, root=dist.site, pycache=pycache)
-    report = verify(dist, target, required)
+    report = verify(dist, target, required, runtime_python=runtime)
     built = (
         f"built by this toolchain ({report.manifest.mode}, series "
         f"{report.manifest.series_digest[:12]})"
         if report.manifest
         else "not built by us"
     )
-    lines = [f"vllm {dist.version} at {dist.site} ({built})", report.identity.describe()]
+    lines = [
+        f"vllm {dist.version} at {dist.site} ({built})",
+        report.identity.describe(),
+        report.bytecode.describe(),
+    ]
     lines += [
         f"{p.kind}: {p.path}"
         + (f" ({p.detail})" if p.detail else "")

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bytecode import BytecodeCheck, check_bytecode
 from .errors import ConfigError, EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
 from .fsutil import CHUNK
 from .install import pip_install
@@ -68,7 +69,8 @@ class InstalledDist:
 class FileProblem:
     path: str
     kind: str
-    """"missing", "modified" or "unexpected"."""
+    """"missing", "modified", "unexpected", or "bytecode" (a .pyc Python would load in
+    place of its unchanged source, compiled from other code)."""
     detail: str = ""
     patches: list[str] = field(default_factory=list)
 
@@ -131,6 +133,7 @@ class VerifyReport:
     fixes: list[FixStatus]
     required: list[int]
     identity: VersionIdentity
+    bytecode: BytecodeCheck
 
     @property
     def integrity_ok(self) -> bool:
@@ -155,6 +158,7 @@ class VerifyReport:
                 "ok": self.integrity_ok,
                 "files_checked": self.files_checked,
                 "problems": [asdict(p) for p in self.problems],
+                "bytecode": asdict(self.bytecode),
             },
             "fixes": [asdict(f) for f in self.fixes],
             "required": self.required,
@@ -253,11 +257,15 @@ def check_files(dist: InstalledDist, workers: int = 2) -> tuple[int, list[FilePr
     return len(checked), problems
 
 
+def top_folders(listed: set[str] | list[str]) -> list[str]:
+    """The distribution's own top-level folders in site-packages, from RECORD's paths."""
+    return sorted({p.split("/", 1)[0] for p in listed if "/" in p and not p.startswith("..")})
+
+
 def _unexpected(dist: InstalledDist, listed: set[str]) -> list[FileProblem]:
     """Files inside the distribution's own folders that RECORD does not list."""
-    tops = {p.split("/", 1)[0] for p in listed if "/" in p and not p.startswith("..")}
     stray = []
-    for top in sorted(tops):
+    for top in top_folders(listed):
         root = dist.site / top
         for dirpath, dirnames, filenames in os.walk(root):
             # Bytecode written after install is the interpreter's, not a change.
@@ -305,14 +313,34 @@ def verify(
     probe_target: ProbeTarget,
     required: list[int],
     *,
+    runtime_python: Path | None = None,
     log: Path | None = None,
 ) -> VerifyReport:
-    """Integrity and fixes of ``dist``; the probes import vLLM while the files are hashed."""
+    """Integrity and fixes of ``dist``; the probes import vLLM while the files are hashed.
+
+    ``runtime_python``: the interpreter that runs the install, whose bytecode is
+    checked (default: the probes' interpreter).
+    """
     with start_probes(probe_target, ALL_PROBES, log=log) as run:
         files_checked, problems = check_files(dist)
+        bytecode = check_bytecode(
+            runtime_python or probe_target.python,
+            dist.site,
+            top_folders([p for p, _, _ in read_record(dist)]),
+        )
+        problems += [
+            FileProblem(
+                pyc,
+                "bytecode",
+                f"Python would run it for {source_of(pyc)}, but it was compiled from other "
+                f"code ({header} header)",
+            )
+            for pyc, header in bytecode.differ
+        ]
         manifest = read_manifest(dist)
         for problem in problems:
-            problem.patches = manifest.owners(problem.path) if manifest else []
+            owned = source_of(problem.path) if problem.kind == "bytecode" else problem.path
+            problem.patches = manifest.owners(owned) if manifest else []
         results = run.wait()
     fixes = []
     for number, patch_id, probe in FIXES:
@@ -333,7 +361,15 @@ def verify(
         stamped=manifest.runtime_version if manifest else None,
         built_by_us=manifest is not None,
     )
-    return VerifyReport(dist, files_checked, problems, manifest, fixes, required, identity)
+    return VerifyReport(
+        dist, files_checked, problems, manifest, fixes, required, identity, bytecode
+    )
+
+
+def source_of(pyc: str) -> str:
+    """``a/__pycache__/b.cpython-312.pyc`` -> ``a/b.py``."""
+    folder, name = pyc.rsplit("/__pycache__/", 1)
+    return f"{folder}/{name.split('.', 1)[0]}.py"
 
 
 def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
