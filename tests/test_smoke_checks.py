@@ -130,6 +130,27 @@ def test_lossless_verdicts() -> None:
     assert checks.check_lossless(same[:1], other, prompts).status == checks.ERROR
 
 
+def test_lossless_differences_at_the_targets_ties_are_not_lost_tokens() -> None:
+    prompts = ["a", "b", "c"]
+    same = [_completion([1, 2, 3]), _completion([4, 5, 6]), _completion([7, 8, 9])]
+    other = [_completion([1, 2, 3]), _completion([4, 9, 6]), _completion([7, 8, 1])]
+    assert [d["first_difference"] for d in checks.first_differences(same, other)] == [1, 2]
+    ties = [
+        {"spec_gap": 0.0, "plain_gap": 0.0, "argmax": 5},
+        {"spec_gap": 0.0039, "plain_gap": 0.0, "argmax": 1},
+    ]
+    result = checks.check_lossless(same, other, prompts, margins=ties, tolerance=2**-7)
+    assert result.status == checks.PASS
+    assert "2/3 greedy completions differ" in result.evidence
+    assert "both tokens within 0.0000, 0.0039 of its best" in result.evidence
+    far = [ties[0], {"spec_gap": 0.0, "plain_gap": 0.5, "argmax": 9}]
+    assert checks.check_lossless(same, other, prompts, far, 2**-7).status == checks.FAIL
+    # Without the reference's margins a difference stays a failure, and says why.
+    unknown = checks.check_lossless(same, other, prompts, None, 2**-7)
+    assert unknown.status == checks.FAIL
+    assert "margins there unknown" in unknown.evidence
+
+
 def test_fidelity_gate() -> None:
     stock = {"ok": True, "agreement": 0.492, "compared_tokens": 480, "per_position": [0.6, 0.5]}
     fixed = {"ok": True, "agreement": 0.998, "compared_tokens": 480, "per_position": [0.99, 1.0]}
@@ -316,3 +337,21 @@ def test_expect_stock_is_a_negative_control(tmp_path: Path) -> None:
     assert "2 aux_layers (pass)" in mixed.summary_line()
     with pytest.raises(SmokeError, match="--expect"):
         SmokeConfig(workdir=tmp_path, tiny=True, expect="patched").validate()
+
+
+def test_lossless_divergences_place_each_first_difference_for_the_reference(tmp_path) -> None:
+    from tooling.smoke.runner import ServerObservations, lossless_divergences
+
+    spec = ServerObservations(log=tmp_path / "s.log")
+    plain = ServerObservations(log=tmp_path / "p.log")
+    spec.completions = [_completion([1, 2, 3]), _completion([4, 5, 6])]
+    plain.completions = [_completion([1, 2, 3]), _completion([4, 9, 6])]
+    spec.prompt_ids = [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]
+    assert lossless_divergences(spec, plain) == [
+        {"context": [21, 22, 23, 24, 25, 4], "tokens": [5, 9]}
+    ]
+    # Ids that are not what the server counted cannot place a difference.
+    spec.prompt_ids = [[11, 12, 13, 14, 15], [21, 22]]
+    assert lossless_divergences(spec, plain) == []
+    spec.prompt_ids = None
+    assert lossless_divergences(spec, plain) == []

@@ -114,6 +114,13 @@ CHECK_SCRIPT = textwrap.dedent(
     for mode in ("same", "all_full", "no_offset"):
         request = record(mode)
         if mode == "same":
+            # A first difference placed in the reference's own greedy output: the
+            # token it chose there, and another one.
+            chosen = request["outputs"][0][5]
+            request["divergences"] = [{
+                "context": request["prompts"][0] + request["outputs"][0][:5],
+                "tokens": [chosen, 10 + (chosen + 1) % 1990],
+            }]
             out["same_request"] = request
         out["comparisons"][mode] = compare(FidelityInput.from_json(request))
         if mode == "all_full":
@@ -250,6 +257,15 @@ def test_reference_comparison_reproduces_the_reference_loop(tiny) -> None:
     assert same["skipped"] == {"no_context": 0, "bonus_mismatch": 0}
     assert same["agreement"] == 1.0
     assert checks.check_fidelity(same, 0.99).status == checks.PASS
+
+
+def test_divergence_margins_are_the_targets_own(tiny) -> None:
+    (margin,) = tiny["check"]["comparisons"]["same"]["divergences"]
+    chosen = tiny["check"]["same_request"]["outputs"][0][5]
+    # The greedy output's token is the target's best there; another one is below it.
+    assert margin["argmax"] == chosen
+    assert margin["spec_gap"] == 0.0
+    assert margin["plain_gap"] > 0.0
 
 
 @pytest.mark.parametrize("mode", ["all_full", "no_offset"])

@@ -101,11 +101,14 @@ def complete(
     return parse_completion(post_json(f"{base_url}/v1/completions", payload, timeout_s))
 
 
-def tokenize(base_url: str, model: str, text: str, *, timeout_s: float) -> list[int]:
-    """The server's own tokenization of ``text`` (no special tokens added)."""
+def tokenize(
+    base_url: str, model: str, text: str, *, timeout_s: float, add_special_tokens: bool = False
+) -> list[int]:
+    """The server's own tokenization of ``text`` (``add_special_tokens``: as
+    /v1/completions does for a text prompt)."""
     data = post_json(
         f"{base_url}/tokenize",
-        {"model": model, "prompt": text, "add_special_tokens": False},
+        {"model": model, "prompt": text, "add_special_tokens": add_special_tokens},
         timeout_s,
     )
     try:

@@ -67,6 +67,10 @@ class FidelityInput:
     """The engine's recorded context features (``engine_run``); needed for ``engine``."""
     expected_layers: list[int] | None = None
     """HF hidden-state index each feature slice should come from (target_layer_ids + 1)."""
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+    """Where the servers' greedy completions first differ: ``context`` (token ids up to
+    there) and ``tokens`` (with the drafter, without). The target's own margins there
+    tell a near tie, which rounding in other kernels flips, from a lost token."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FidelityInput:
@@ -278,6 +282,24 @@ def reference_logits(
     return logits[0].float()
 
 
+def divergence_margins(
+    target_model: Any, divergences: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per divergence: how far below the target's best next-token logit each side's token is."""
+    import torch
+
+    device = next(target_model.parameters()).device
+    margins = []
+    for d in divergences:
+        ids = torch.tensor([d["context"]], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            logits = target_model(ids, use_cache=False).logits[0, -1:].float()
+        spec_gap, plain_gap = tie_margins(logits.expand(2, -1), list(d["tokens"]))
+        best = int(logits[0].argmax())
+        margins.append({"spec_gap": spec_gap, "plain_gap": plain_gap, "argmax": best})
+    return margins
+
+
 def tie_margins(logits: Any, tokens: list[int]) -> list[float]:
     """Per position: how far below the reference's best logit each given token's logit is.
 
@@ -419,6 +441,7 @@ def compare(request: FidelityInput) -> dict[str, Any]:
         "engine_acceptance_length": 1 + sum(engine_accepted) / steps if steps else None,
         "reference_acceptance_length": 1 + sum(reference_accepted) / steps if steps else None,
         "mismatch_examples": examples,
+        "divergences": divergence_margins(target_model, request.divergences),
     }
 
 

@@ -111,6 +111,8 @@ class ServerObservations:
     """How the server's process group ended (procs.StopOutcome.how)."""
     load: dict[str, Any] | None = None
     """The concurrent bursts: ``first`` and ``measured`` summaries, acceptance under load."""
+    prompt_ids: list[list[int]] | None = None
+    """The lossless prompts as this server tokenized them for /v1/completions."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -323,6 +325,15 @@ def _observe_server(
                 )
         except SmokeError as e:
             obs.errors["lossless"] = str(e)
+        if drafter is not None:
+            try:
+                limit = run.deadline.limit(timeouts.request, reserve_s=timeouts.server_stop)
+                obs.prompt_ids = [
+                    client.tokenize(url, model, p, timeout_s=limit, add_special_tokens=True)
+                    for p in LOSSLESS_PROMPTS
+                ]
+            except SmokeError:
+                obs.prompt_ids = None  # only the lossless check's tie margins need them
         try:
             limit = run.deadline.limit(timeouts.request, reserve_s=timeouts.server_stop)
             prefix_ids = prefix_ids or prefix_prompt_ids(url, model, limit)
@@ -430,7 +441,7 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
     warm = _warm_cache(run, logs, target, drafter, expected) if config.warm_cache else None
     spec, plain, engine = _servers_and_engine(run, logs, target, drafter)
     engine_result, engine_error, fidelity, fidelity_error = _reference(
-        run, logs, "engine", engine, (target, drafter), expected
+        run, logs, "engine", engine, (target, drafter), expected, lossless_divergences(spec, plain)
     )
     if warm is not None:
         warm["C"] = fidelity
@@ -633,6 +644,29 @@ def _engine(
     return None, run.steps[-1].message or "the in-process run did not finish"
 
 
+def lossless_divergences(
+    spec: ServerObservations, plain: ServerObservations
+) -> list[dict[str, Any]]:
+    """Where the servers' greedy completions first differ, as the reference's input:
+    ``context`` (prompt ids and the common tokens) and ``tokens`` (with, without the
+    drafter). Empty when any difference cannot be placed (the check then says so)."""
+    ids = spec.prompt_ids
+    if ids is None or len(spec.completions) != len(ids) or len(plain.completions) != len(ids):
+        return []
+    found = []
+    for d in checks.first_differences(spec.completions, plain.completions):
+        i, first = d["prompt"], d["first_difference"]
+        if first is None or len(ids[i]) != spec.completions[i].prompt_tokens:
+            return []  # one is a prefix of the other, or the ids are not what was served
+        found.append(
+            {
+                "context": ids[i] + list(d["spec"][:first]),
+                "tokens": [d["spec"][first], d["plain"][first]],
+            }
+        )
+    return found
+
+
 def _reference(
     run: _Run,
     logs: Path,
@@ -640,8 +674,10 @@ def _reference(
     engine: tuple[dict[str, Any] | None, str],
     models: tuple[str, str],
     expected: tuple[int, ...] | None,
+    divergences: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
-    """The reference comparison of one engine run of ``models`` (target, drafter).
+    """The reference comparison of one engine run of ``models`` (target, drafter), and
+    the target's margins at ``divergences`` (the servers' first differences).
     Returns (engine result, why it is missing, fidelity result, why it is missing)."""
     engine_result, why = engine
     if engine_result is None:
@@ -662,6 +698,7 @@ def _reference(
             "context": config.context_source(run.target_info.hybrid),
             "features_path": engine_result.get("features_path"),
             "expected_layers": list(expected) if expected else None,
+            "divergences": divergences or [],
         },
         in_name=f"{name}-reference-in.json",
         out_name=f"{name}-fidelity.json",
@@ -721,7 +758,13 @@ def evaluate(
         results.append(checks.error(checks.LOSSLESS, f"completions missing: {why}"))
     else:
         results.append(
-            checks.check_lossless(spec.completions, plain.completions, list(LOSSLESS_PROMPTS))
+            checks.check_lossless(
+                spec.completions,
+                plain.completions,
+                list(LOSSLESS_PROMPTS),
+                margins=(fidelity or {}).get("divergences"),
+                tolerance=config.fidelity_tie_tolerance,
+            )
         )
 
     # 2. aux layers: the server log; the in-process run's record when the log has none
