@@ -141,3 +141,27 @@ def test_make_smoke_says_it_needs_a_gpu():
     result = subprocess.run(["make", "-s", "smoke"], cwd=REPO_DIR, capture_output=True, text=True)
     assert result.returncode != 0
     assert "needs an NVIDIA GPU" in result.stderr
+
+
+def test_every_action_is_pinned_to_a_full_commit():
+    """A tag can be moved to other code; a commit cannot (zizmor's unpinned-uses)."""
+    uses = [
+        step["uses"]
+        for workflow in WORKFLOWS
+        for job in yaml.safe_load(workflow.read_text())["jobs"].values()
+        for step in job.get("steps", [])
+        if "uses" in step
+    ]
+    assert uses
+    for use in uses:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", use), use
+
+
+def test_zizmor_finds_nothing_from_low_severity_up_offline():
+    zizmor = Path(sys.executable).parent / "zizmor"
+    result = subprocess.run(
+        [str(zizmor), "--offline", "--min-severity", "low", *map(str, WORKFLOWS)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
