@@ -45,14 +45,25 @@ def _create_probe_env(env: Path, requirements: Path) -> Path:
         return python_of(env)
     if env.exists():
         shutil.rmtree(env)
+    # Minutes, once per machine: say so, and let pip's own progress show (on stderr).
+    # pip, not uv: pip reads the user's index settings (PIP_INDEX_URL, PIP_FIND_LINKS,
+    # pip.conf), and a CPU build of torch often comes from exactly there (uv reads
+    # none of them and would fetch the CUDA build's gigabytes from PyPI).
+    print(
+        f"probe environment: creating {env} from {requirements.name} "
+        "(once per machine; pip's progress follows)",
+        file=sys.stderr,
+        flush=True,
+    )
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     cmd = [
         str(python_of(env)),
         "-m",
         "pip",
         "install",
-        "--quiet",
         "--disable-pip-version-check",
+        "--progress-bar",
+        "on",
         "-r",
         str(requirements),
     ]
