@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import textwrap
 import time
@@ -147,6 +148,21 @@ STANDIN_MAIN = textwrap.dedent(
     """
 )
 
+STANDIN_TORCH = textwrap.dedent(
+    """
+    import os
+
+    class cuda:
+        @staticmethod
+        def device_count():
+            return int(os.environ.get("STANDIN_GPUS", "1"))
+
+        @staticmethod
+        def mem_get_info(i):
+            return (int(float(os.environ.get("STANDIN_FREE_GIB", "139")) * 2**30), 140 * 2**30)
+    """
+)
+
 DRAFTER_CONFIG = {
     "architectures": ["DFlashDraftModel"],
     "model_type": "qwen3",
@@ -167,6 +183,10 @@ def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     (root / "vllm" / "entrypoints" / "__init__.py").write_text("")
     (cli / "__init__.py").write_text("")
     (cli / "main.py").write_text(STANDIN_MAIN)
+    # The GPU as the preflight asks torch for it: STANDIN_GPUS devices with
+    # STANDIN_FREE_GIB of 140 GiB free each.
+    (root / "torch").mkdir()
+    (root / "torch" / "__init__.py").write_text(STANDIN_TORCH)
     monkeypatch.setenv("PYTHONPATH", str(root))
     target = tmp_path / "models" / "target"
     drafter = tmp_path / "models" / "drafter"
@@ -291,6 +311,36 @@ def test_spent_time_limit_still_writes_the_report_and_stops_servers(
     (pid,) = [int(line) for line in pids.read_text().split()]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("env", "kw", "message"),
+    [
+        ({"STANDIN_GPUS": "0"}, {}, "no CUDA GPU is visible to"),
+        (
+            {"STANDIN_FREE_GIB": "20"},
+            {},
+            "GPU 0 has 20.0 GiB free of 140.0 GiB; vLLM needs --gpu-memory-utilization 0.3",
+        ),
+        ({}, {"tensor_parallel_size": 2}, "--tensor-parallel-size 2 needs 2 GPUs; 1 visible"),
+        ({}, {"run_fidelity": True}, "the reference package dflash does not import for"),
+    ],
+)
+def test_preflight_stops_a_run_that_cannot_start_in_one_line(
+    tmp_path, standin_vllm, monkeypatch, env, kw, message
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    from dataclasses import replace
+
+    config = _config(tmp_path, *standin_vllm)
+    engine = replace(config.engine, **{k: v for k, v in kw.items() if k != "run_fidelity"})
+    config = replace(config, engine=engine, run_fidelity=kw.get("run_fidelity", False))
+    with pytest.raises(SmokeError, match=re.escape(message)) as raised:
+        run_smoke(config, notify=lambda m: None)
+    assert "\n" not in str(raised.value) and "vllm-import.log" in str(raised.value)
+    # Nothing was started: no server log.
+    assert not (tmp_path / "smoke" / "logs" / "serve-dflash.log").exists()
 
 
 def test_no_vllm_is_one_clear_error(tmp_path, monkeypatch) -> None:

@@ -265,20 +265,70 @@ def _read_result(path: Path, log: Path) -> dict[str, Any]:
     return data
 
 
-def _vllm_identity(run: _Run) -> dict[str, Any]:
+#: Runs in the serving interpreter: which vLLM, whether the reference imports, the GPUs.
+_PREFLIGHT = """
+import json, pathlib, sys
+import vllm
+out = {"version": vllm.__version__, "location": str(pathlib.Path(vllm.__file__).parent)}
+try:
+    import dflash.model  # the reference the fidelity check compares with
+    out["dflash_error"] = None
+except Exception as e:
+    out["dflash_error"] = f"{type(e).__name__}: {e}"
+try:
+    import torch
+    out["gpus"] = [
+        dict(zip(("free", "total"), torch.cuda.mem_get_info(i)))
+        for i in range(torch.cuda.device_count())
+    ]
+except Exception as e:
+    out["gpus"], out["gpu_error"] = None, f"{type(e).__name__}: {e}"
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+def _preflight(run: _Run) -> dict[str, Any]:
+    """Which vLLM the children import, and what would stop the run minutes later."""
     log = run.workdir / "logs" / "vllm-import.log"
     out = run.workdir / "vllm-import.json"
-    script = (
-        "import json, sys, pathlib, vllm; "
-        "where = str(pathlib.Path(vllm.__file__).parent); "
-        "json.dump({'version': vllm.__version__, 'location': where}, open(sys.argv[1], 'w'))"
-    )
-    env = child_environment()
     limit = run.deadline.limit(120.0)
-    result = run_child([run.python, "-c", script, str(out)], log=log, env=env, timeout_s=limit)
+    result = run_child(
+        [run.python, "-c", _PREFLIGHT, str(out)], log=log, env=child_environment(), timeout_s=limit
+    )
     if result.returncode != 0 or not out.is_file():
         raise SmokeError(f"{run.python} cannot import vllm: {log_tail(log)} (log: {log})")
-    return json.loads(out.read_text(encoding="utf-8"))
+    info: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    problem = preflight_problem(info, run.config, run.python)
+    if problem:
+        raise SmokeError(f"{problem} (log: {log})")
+    return info
+
+
+def preflight_problem(info: dict[str, Any], config: SmokeConfig, python: str) -> str | None:
+    """The first thing the preflight found that the run cannot start with (pure)."""
+    gpus = info.get("gpus")
+    if gpus is None:
+        return f"{python} cannot query the GPUs: {info.get('gpu_error')}"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    if not gpus:
+        return f"no CUDA GPU is visible to {python} (CUDA_VISIBLE_DEVICES={visible})"
+    tp = config.engine.tensor_parallel_size
+    if len(gpus) < tp:
+        return f"--tensor-parallel-size {tp} needs {tp} GPUs; {len(gpus)} visible"
+    share = config.engine.gpu_memory_utilization
+    free, total = gpus[0]["free"], gpus[0]["total"]
+    if free < share * total:
+        return (
+            f"GPU 0 has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; vLLM needs "
+            f"--gpu-memory-utilization {share} of it ({share * total / 2**30:.1f} GiB) free "
+            "to start an engine"
+        )
+    if config.run_fidelity and info.get("dflash_error"):
+        return (
+            f"the reference package dflash does not import for {python} "
+            f"({info['dflash_error']}): install dflash==0.1.0 there, or pass --no-fidelity"
+        )
+    return None
 
 
 def _models(run: _Run) -> tuple[str, str]:
@@ -412,8 +462,8 @@ def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
 def _run_all(run: _Run, logs: Path) -> SmokeReport:
     config = run.config
     vllm_info: dict[str, Any] = {}
-    with run.step("vllm import", logs / "vllm-import.log") as step:
-        vllm_info = _vllm_identity(run)
+    with run.step("preflight", logs / "vllm-import.log") as step:
+        vllm_info = _preflight(run)
         step.extra = vllm_info
     if not run.steps[-1].ok:
         raise SmokeError(run.steps[-1].message)
