@@ -422,3 +422,18 @@ def test_resolve_download_and_write_a_small_bundle(tmp_path: Path) -> None:
     lock = (result.bundle_dir / "requirements.lock").read_text()
     assert "--exclude-newer 2026-05-06" in lock and "sniffio==1.3.1" in lock
     assert f"./wheels/{wheel.name}" in lock and str(tmp_path) not in lock
+
+
+def test_the_carried_scripts_are_files_that_pass_their_linters(tmp_path) -> None:
+    files = REPO_DIR / "tooling" / "bundle_files"
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    result = subprocess.run(
+        [str(shellcheck), str(files / "install.sh")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
+    ruff = Path(sys.executable).parent / "ruff"
+    result = subprocess.run([str(ruff), "check", str(files / "join.py")], capture_output=True)
+    assert result.returncode == 0, result.stdout
+    # install.sh answers --help from its own header, as a file run by sh.
+    result = subprocess.run(["sh", str(files / "install.sh"), "--help"], capture_output=True)
+    assert result.returncode == 0 and b"--target DIR" in result.stdout

@@ -35,6 +35,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -603,119 +604,10 @@ def _match_wheels(entries: Sequence[PlanEntry], folder: Path) -> dict[str, Path]
     return result
 
 
-INSTALL_SH = """\
-#!/bin/sh
-# Install this vLLM DFlash bundle offline, from the wheels beside this script.
-#   sh install.sh                 into the current Python environment
-#   sh install.sh --target DIR    into DIR; then export PYTHONPATH=DIR
-# PYTHON=/path/to/python3 picks the interpreter (default: python3).
-set -eu
-here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
-python=${PYTHON:-python3}
-target=
-while [ $# -gt 0 ]; do
-  case $1 in
-    --target) [ $# -ge 2 ] || { echo "install.sh: --target needs a folder" >&2; exit 2; }
-              target=$2; shift 2 ;;
-    --target=*) target=${1#--target=}; shift ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
-  esac
-done
-# The host's pip.conf (indexes, constraints) has no say: everything is here.
-export PIP_CONFIG_FILE=/dev/null
-# --no-deps: the bundle was resolved as a whole; what it leaves out the host has.
-set -- --no-index --no-deps --require-hashes --find-links "$here/wheels" -r "$here/install.txt"
-if [ -n "$target" ]; then
-  "$python" -m pip install --upgrade --target "$target" "$@"
-  echo "installed into $target; use it with:"
-  echo "  export PYTHONPATH=$target\\${PYTHONPATH:+:\\$PYTHONPATH}"
-else
-  "$python" -m pip install "$@"
-fi
-"""
-
-JOIN_PY = '''\
-#!/usr/bin/env python3
-"""Join the parts of a vLLM DFlash bundle, check every sha256, unpack it.
-
-Usage: python3 join.py [DEST]   (DEST defaults to this folder)
-
-Needs only python3's standard library. Checks each part against SHA256SUMS
-(naming any part that is missing or corrupt), joins them, checks the whole
-archive's digest, then unpacks it into DEST and says how to install.
-"""
-
-import hashlib
-import os
-import sys
-import tarfile
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def main(argv):
-    dest = os.path.abspath(argv[0]) if argv else HERE
-    sums = {}
-    with open(os.path.join(HERE, "SHA256SUMS"), encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                value, name = line.split(None, 1)
-                sums[name.strip().lstrip("*")] = value
-    archive = next(n for n in sums if n.endswith(".tar"))
-    parts = sorted(n for n in sums if n.startswith(archive + ".part-"))
-    bad = []
-    for name in parts:
-        path = os.path.join(HERE, name)
-        if not os.path.isfile(path):
-            bad.append(name + " is missing")
-        elif digest(path) != sums[name]:
-            bad.append(name + " is corrupt (sha256 differs from SHA256SUMS)")
-    if bad:
-        print("join.py: " + "; ".join(bad), file=sys.stderr)
-        return 1
-    os.makedirs(dest, exist_ok=True)
-    joined = os.path.join(dest, archive)
-    tmp = joined + ".part"
-    whole = hashlib.sha256()
-    with open(tmp, "wb") as out:
-        for name in parts:
-            with open(os.path.join(HERE, name), "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    whole.update(block)
-                    out.write(block)
-    if whole.hexdigest() != sums[archive]:
-        os.remove(tmp)
-        print("join.py: the joined " + archive + " does not match SHA256SUMS", file=sys.stderr)
-        return 1
-    os.replace(tmp, joined)
-    with tarfile.open(joined) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
-        else:
-            for member in tar.getmembers():
-                if member.name.startswith(("/", "..")) or "/../" in member.name:
-                    print("join.py: unsafe path " + member.name, file=sys.stderr)
-                    return 1
-            tar.extractall(dest)
-    os.remove(joined)
-    folder = os.path.join(dest, archive[: -len(".tar")])
-    print("bundle ready: " + folder)
-    print("install: sh " + os.path.join(folder, "install.sh") + " [--target DIR]")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-'''
+def _bundle_file(name: str) -> str:
+    """A script the bundle carries, from ``tooling/bundle_files`` (package data: the
+    files are linted and tested as themselves, shellcheck included)."""
+    return resources.files("tooling").joinpath("bundle_files", name).read_text(encoding="utf-8")
 
 
 def _sums_text(files: Iterable[BundleFile]) -> str:
@@ -772,7 +664,7 @@ def write_bundle(
         if resolution is not None:
             (tmp / "requirements.lock").write_text(header + resolution.lock_text)
         (tmp / "install.txt").write_text("\n".join(sorted(install_lines)) + "\n")
-        (tmp / "install.sh").write_text(INSTALL_SH)
+        (tmp / "install.sh").write_text(_bundle_file("install.sh"))
         (tmp / "install.sh").chmod(0o755)
         manifest = {
             "name": name,
@@ -869,7 +761,7 @@ def split_bundle(
         parts = [BundleFile(p.name, p.stat().st_size, sha256_file(p)) for p in writer.parts]
         whole = BundleFile(stem, sum(p.size for p in parts), writer.whole.hexdigest())
         (tmp / "SHA256SUMS").write_text(_sums_text([whole, *parts]))
-        (tmp / "join.py").write_text(JOIN_PY)
+        (tmp / "join.py").write_text(_bundle_file("join.py"))
         (tmp / "join.py").chmod(0o755)
     return parts_dir, parts
 

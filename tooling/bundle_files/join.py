@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Join the parts of a vLLM DFlash bundle, check every sha256, unpack it.
+
+Usage: python3 join.py [DEST]   (DEST defaults to this folder)
+
+Needs only python3's standard library. Checks each part against SHA256SUMS
+(naming any part that is missing or corrupt), joins them, checks the whole
+archive's digest, then unpacks it into DEST and says how to install.
+"""
+
+import hashlib
+import os
+import sys
+import tarfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main(argv: "list[str]") -> int:
+    dest = os.path.abspath(argv[0]) if argv else HERE
+    sums = {}
+    with open(os.path.join(HERE, "SHA256SUMS"), encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                value, name = line.split(None, 1)
+                sums[name.strip().lstrip("*")] = value
+    archive = next(n for n in sums if n.endswith(".tar"))
+    parts = sorted(n for n in sums if n.startswith(archive + ".part-"))
+    bad = []
+    for name in parts:
+        path = os.path.join(HERE, name)
+        if not os.path.isfile(path):
+            bad.append(name + " is missing")
+        elif digest(path) != sums[name]:
+            bad.append(name + " is corrupt (sha256 differs from SHA256SUMS)")
+    if bad:
+        print("join.py: " + "; ".join(bad), file=sys.stderr)
+        return 1
+    os.makedirs(dest, exist_ok=True)
+    joined = os.path.join(dest, archive)
+    tmp = joined + ".part"
+    whole = hashlib.sha256()
+    with open(tmp, "wb") as out:
+        for name in parts:
+            with open(os.path.join(HERE, name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    whole.update(block)
+                    out.write(block)
+    if whole.hexdigest() != sums[archive]:
+        os.remove(tmp)
+        print("join.py: the joined " + archive + " does not match SHA256SUMS", file=sys.stderr)
+        return 1
+    os.replace(tmp, joined)
+    with tarfile.open(joined) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:
+            for member in tar.getmembers():
+                if member.name.startswith(("/", "..")) or "/../" in member.name:
+                    print("join.py: unsafe path " + member.name, file=sys.stderr)
+                    return 1
+            tar.extractall(dest)
+    os.remove(joined)
+    folder = os.path.join(dest, archive[: -len(".tar")])
+    print("bundle ready: " + folder)
+    print("install: sh " + os.path.join(folder, "install.sh") + " [--target DIR]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
