@@ -320,7 +320,8 @@ def main(
 
 
 def _settings(ctx: click.Context) -> Settings:
-    return ctx.find_object(Settings)
+    # main() made it; ensure_object finds that one.
+    return ctx.ensure_object(Settings)
 
 
 @main.command()
@@ -353,7 +354,7 @@ def fetch(
         "artifacts": upstream.artifacts(),
     }
     rows = [
-        [a["kind"], a.get("file") or a.get("url"), (a.get("sha256") or a.get("commit"))[:16]]
+        [a["kind"], a.get("file") or a.get("url"), (a.get("sha256") or a["commit"])[:16]]
         for a in upstream.artifacts()
     ]
     human = (

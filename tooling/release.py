@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ def write_release(
     wheel: Path,
     series: Series,
     status: dict[str, Any] | None,
-    extra_files: list[Path] = (),
+    extra_files: Sequence[Path] = (),
 ) -> ReleaseFiles:
     """RELEASE_NOTES.md, the manifest as JSON, and SHA256SUMS over everything released.
 
