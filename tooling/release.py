@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from .errors import BuildError
 from .fsutil import atomic_write_text, sha256_bytes, sha256_file
 from .manifest import MANIFEST_NAME, BuildManifest
@@ -40,10 +42,6 @@ def read_wheel_manifest(wheel: Path) -> BuildManifest:
 
 def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
     """The first release in the matrix where ``patch_id`` is no longer needed (pure)."""
-
-    def key(version: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in version.split(".") if p.isdigit())
-
     hits = []
     for entry in status.get("bases", []):
         report = entry.get("report")
@@ -52,7 +50,7 @@ def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
         for outcome in report["outcomes"]:
             if outcome["patch_id"] == patch_id and outcome["status"] in UPSTREAM_STATUSES:
                 hits.append(entry["base"])
-    return min(hits, key=key) if hits else None
+    return min(hits, key=Version) if hits else None
 
 
 def release_notes(
