@@ -29,6 +29,8 @@ from .fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
 from .paths import CacheLayout
 from .progress import progress_bar
 
+#: The one default for every index client: fetch joins project pages onto it,
+#: bundle hands it to uv and pip as --index-url (both take it with or without the slash).
 DEFAULT_INDEX_URL = "https://pypi.org/simple/"
 PROJECT = "vllm"
 _TIMEOUT_S = 60
