@@ -34,9 +34,10 @@ test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts
 	TOOLING_PROBE_PYTHON="$$($(TOOLING) probe-env)" \
 	  TOOLING_DFLASH_PATH="$$($(TOOLING) probe-env --dflash-path)" $(BIN)/pytest -q
 
-lint: $(STAMP) ## ruff, and the CI workflows against the GitHub Actions schema
+lint: $(STAMP) ## ruff, mypy, and the CI workflows against the GitHub Actions schema
 	$(BIN)/ruff check tooling tests bench
 	$(BIN)/ruff format --check tooling tests bench
+	$(BIN)/mypy tooling
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 
 check-patches: $(STAMP) ## Fail when patches/ is not what `tooling patch export` would write

@@ -18,8 +18,10 @@ from tooling.apply import (
     SUPERSEDED,
     apply_series,
     decide,
+    describe_conflict,
 )
 from tooling.errors import SeriesError
+from tooling.hunks import parse_diff
 from tooling.probes import ABSENT, PRESENT
 from tooling.series import load_series
 from tooling.upstream import Upstream
@@ -138,7 +140,8 @@ def test_keep_going_reports_every_later_patch(tmp_path, upstream_0201, series, c
 
 def test_lines_that_moved_are_reported_with_the_offset(tmp_path, upstream_0201, series, cache):
     tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
-    target = tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
+    runner = "vllm/v1/worker/gpu_model_runner.py"
+    target = tree / runner
     lines = target.read_text().splitlines(keepends=True)
     lines.insert(100, "# three lines\n# added\n# upstream\n")
     target.write_text("".join(lines))
@@ -146,7 +149,19 @@ def test_lines_that_moved_are_reported_with_the_offset(tmp_path, upstream_0201, 
         upstream_from(tree, upstream_0201), series, tmp_path / "w", apply_options(None, cache)
     )
     # git applies at an offset (no fuzz involved); the text was only moved.
-    assert report.outcome("dflash-layer-id-offset").status == APPLIED
+    outcome = report.outcome("dflash-layer-id-offset")
+    assert outcome.status == APPLIED and outcome.method == "strict"
+    patch = series.get("dflash-layer-id-offset")
+    (file_diff,) = parse_diff(patch.file.read_text())
+    (hunk,) = file_diff.hunks
+    moved_to = hunk.old_start + 3
+    # The hunk report names the new place and the offset...
+    assert describe_conflict(tree, patch) == [
+        f"{runner} hunk #1 ({hunk.header.strip()}): context found at line {moved_to}, moved by +3"
+    ]
+    # ...and the patch's lines went in there, three lines below where the patch says.
+    committed = git.Repo(tmp_path / "w").git.show(f"{outcome.commit}:{runner}").splitlines()
+    assert committed[moved_to - 1 : moved_to - 1 + len(hunk.new_lines)] == list(hunk.new_lines)
 
 
 def test_already_applied_patch_is_detected(tmp_path, upstream_0201, series, cache):

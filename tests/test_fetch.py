@@ -12,6 +12,7 @@ import signal
 import tarfile
 import threading
 import time
+import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from tooling.fetch import (
     parse_simple_index,
 )
 from tooling.paths import CacheLayout
+
+from .conftest import PATCHES
 
 
 def make_sdist(version: str, *, escape: bool = False, padding: int = 0) -> bytes:
@@ -122,6 +125,11 @@ def index(sdist_bytes: bytes):
     idx.close()
 
 
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def pin(name: str, data: bytes) -> Artifact:
     return Artifact(filename=name, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
 
@@ -179,11 +187,13 @@ def test_corrupted_cached_copy_of_the_real_sdist_is_removed(tmp_path, catalog, f
         f.seek(1000)
         f.write(bytes([byte[0] ^ 0xFF]))
     artifact = catalog.get("0.20.1").sdist
+    corrupted = file_sha256(copy)
     with pytest.raises(IntegrityError) as err:
         ensure_artifact(artifact, opts)
-    assert artifact.sha256 in str(err.value)
-    assert hashlib.sha256(real.read_bytes()).hexdigest() != hashlib.sha256(b"").hexdigest()
+    assert f"sha256 {corrupted} does not match the pinned {artifact.sha256}" in str(err.value)
     assert not copy.exists()
+    # Only this test's cache lost its copy: the real cached sdist still matches its pin.
+    assert file_sha256(real) == artifact.sha256
 
 
 def test_unreachable_index_is_a_network_error(tmp_path, sdist_bytes):
@@ -246,12 +256,21 @@ def test_a_full_disk_during_a_download_names_the_cache_folder(tmp_path):
     assert list((tmp_path / "cache" / "pypi").iterdir()) == []
 
 
-def test_real_pinned_artifacts_fetch_and_unpack(upstream_0201, catalog):
-    base = catalog.get("0.20.1")
-    assert upstream_0201.wheel.name == "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
-    assert hashlib.sha256(upstream_0201.wheel.read_bytes()).hexdigest() == base.wheel.sha256
-    assert (upstream_0201.source_dir / "vllm" / "v1" / "worker" / "gpu_model_runner.py").is_file()
-    assert upstream_0201.source_dir.name == "vllm-0.20.1"
+def test_real_pinned_artifacts_fetch_and_unpack(upstream_0201, cache):
+    """Both artifacts sit in the cache under their names, as patches/bases.toml pins them
+    (read here as plain TOML), and the sdist is unpacked under its digest, byte for byte."""
+    pins = tomllib.loads((PATCHES / "bases.toml").read_text(encoding="utf-8"))["bases"]["0.20.1"]
+    for kind, path in (("sdist", upstream_0201.sdist), ("wheel", upstream_0201.wheel)):
+        pinned = pins[kind]
+        assert path == cache.artifacts / pinned["filename"], kind
+        assert path.stat().st_size == pinned["size"], kind
+        assert file_sha256(path) == pinned["sha256"], kind
+    tree = upstream_0201.source_dir
+    assert tree == cache.sources / f"sdist-{pins['sdist']['sha256'][:16]}" / "vllm-0.20.1"
+    member = "vllm-0.20.1/vllm/v1/worker/gpu_model_runner.py"
+    with tarfile.open(upstream_0201.sdist) as tar:
+        packed = tar.extractfile(member).read()
+    assert (tree.parent / member).read_bytes() == packed
 
 
 def test_simple_index_parsing_json_and_html():

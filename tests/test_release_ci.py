@@ -102,6 +102,25 @@ def status_json(*reports) -> dict:
     return {"bases": [BaseStatus(r.base, r).to_json() for r in reports]}
 
 
+def test_upstream_since_is_the_lowest_release_by_version_order():
+    """0.10.0 sorts after 0.9.1 (not as text), and a post-release after its release."""
+
+    def entry(base: str, status: str) -> dict:
+        return {"base": base, "report": {"outcomes": [{"patch_id": "p", "status": status}]}}
+
+    status = {
+        "bases": [
+            entry("0.10.0", "superseded"),
+            entry("0.9.1.post1", "already-applied"),
+            entry("0.9.1", "superseded"),
+            entry("0.9.0", "applied"),
+            {"base": "0.8.0", "report": None, "error": "could not fetch"},
+        ]
+    }
+    assert upstream_since(status, "p") == "0.9.1"
+    assert upstream_since(status, "other") is None
+
+
 def test_release_notes_from_the_real_build(built_wheel, series, patched_0201, patched_0220):
     status = status_json(patched_0201, patched_0220)
     assert upstream_since(status, "dflash-layer-id-offset") == "0.22.0"

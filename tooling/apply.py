@@ -265,10 +265,9 @@ def _apply_one(
     log_dir: Path,
 ) -> None:
     forward_ok, complaint = worktree.apply_check(repo, patch.file)
-    if not forward_ok and _MALFORMED.search(complaint):
+    if not forward_ok and (malformed := _MALFORMED.search(complaint)):
         raise SeriesError(
-            f"patch {patch.id}: {patch.file.name} is not a valid patch "
-            f"({_MALFORMED.search(complaint).group(0)})"
+            f"patch {patch.id}: {patch.file.name} is not a valid patch ({malformed.group(0)})"
         )
     reverse_ok = False if forward_ok else worktree.apply_check(repo, patch.file, reverse=True)[0]
     status = decide(forward_ok, reverse_ok, probe_before.status if probe_before else None)

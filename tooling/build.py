@@ -90,9 +90,10 @@ def plan_identity(
         new_version = runtime_version(str(version), series)
         keep = f"{official_build[0]}{official_build[1]}" if official_build else None
         return WheelIdentity(dist, new_version, keep, tags)
-    if not re.fullmatch(r"\d+[A-Za-z0-9_]*", build_tag):
+    tag = re.fullmatch(r"(\d+)[A-Za-z0-9_]*", build_tag)
+    if tag is None:
         raise BuildError(f"--build-tag {build_tag!r}: must start with a digit (PEP 427)")
-    if official_build and int(re.match(r"\d+", build_tag).group()) <= official_build[0]:
+    if official_build and int(tag.group(1)) <= official_build[0]:
         raise BuildError(
             f"--build-tag {build_tag}: must be above the official build tag {official_build[0]}"
         )
@@ -228,7 +229,7 @@ def build_precompiled(
 ) -> BuildResult:
     """Write the patched wheel into ``options.dist_dir`` and return what was built."""
     started = time.perf_counter()
-    if upstream.wheel is None:
+    if upstream.wheel is None or upstream.base.wheel is None:
         raise BuildError(
             f"vLLM {upstream.base.version} has no pinned official wheel in bases.toml; "
             "precompiled mode needs one (use --mode source)"
@@ -242,8 +243,8 @@ def build_precompiled(
     checker.shutdown(wait=False)
     repo = git.Repo(report.work_dir)
     paths = worktree.changed_files(repo, report.baseline, report.head)
-    owners = patch_owners(repo)
-    changed = {p: owners.get(p, []) for p in paths}
+    owners_by_path = patch_owners(repo)
+    changed = {p: owners_by_path.get(p, []) for p in paths}
     check_compiled(series, changed)
 
     if VERSION_FILE in changed:
@@ -382,6 +383,8 @@ def assemble(
     """
     by_name = {info.filename: info for info in source.infolist()}
     members = _members(source, by_name, identity, new_content, manifest, epoch)
+    # Both callers open the wheel by path (open_wheel), so ZipFile keeps its name.
+    assert source.filename is not None
     try:
         with atomic_output(target, durable=False) as out:
             digest = write_wheel(out, Path(source.filename), members)

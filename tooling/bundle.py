@@ -44,10 +44,10 @@ from packaging.version import InvalidVersion, Version
 
 from .bases import Base
 from .errors import BundleError, EnvironmentProblem
+from .fetch import DEFAULT_INDEX_URL
 from .fsutil import atomic_write_text, sha256_file, staging_dir
 from .progress import progress_bar, step_bar
 
-DEFAULT_INDEX_URL = "https://pypi.org/simple"
 DEFAULT_PYTHON_VERSION = "3.12"
 DEFAULT_PLATFORM = "manylinux_2_35_x86_64"
 DEFAULT_PINS = ("torch==2.11.0",)

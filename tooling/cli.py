@@ -13,9 +13,10 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import git
@@ -51,6 +52,9 @@ from .report import human_size, table
 from .series import Series, load_series
 from .status import status_matrix
 from .upstream import GitRequest, Upstream, fetch_upstream
+
+#: A command function the shared option decorators wrap and hand back.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass
@@ -161,7 +165,7 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
     ctx.exit(code)
 
 
-def json_option(f):
+def json_option(f: F) -> F:
     def callback(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
         ctx.ensure_object(Settings).json = value
         return value
@@ -185,7 +189,7 @@ def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
         click.echo(human)
 
 
-def cache_options(f):
+def cache_options(f: F) -> F:
     """--offline and --cache-dir after the command name too (`tooling fetch --offline`)."""
 
     def offline(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
@@ -215,7 +219,7 @@ def cache_options(f):
     )(f)
 
 
-def probe_python_option(f):
+def probe_python_option(f: F) -> F:
     return click.option(
         "--probe-python",
         type=click.Path(path_type=Path, exists=True),
@@ -224,7 +228,7 @@ def probe_python_option(f):
     )(f)
 
 
-def base_options(f):
+def base_options(f: F) -> F:
     f = cache_options(f)
     f = click.option(
         "--base",
@@ -320,7 +324,8 @@ def main(
 
 
 def _settings(ctx: click.Context) -> Settings:
-    return ctx.find_object(Settings)
+    # main() made it; ensure_object finds that one.
+    return ctx.ensure_object(Settings)
 
 
 @main.command()
@@ -353,7 +358,7 @@ def fetch(
         "artifacts": upstream.artifacts(),
     }
     rows = [
-        [a["kind"], a.get("file") or a.get("url"), (a.get("sha256") or a.get("commit"))[:16]]
+        [a["kind"], a.get("file") or a.get("url"), (a.get("sha256") or a["commit"])[:16]]
         for a in upstream.artifacts()
     ]
     human = (

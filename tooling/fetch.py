@@ -16,6 +16,7 @@ import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import urllib.response
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,9 +29,13 @@ from .fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
 from .paths import CacheLayout
 from .progress import progress_bar
 
+#: The one default for every index client: fetch joins project pages onto it,
+#: bundle hands it to uv and pip as --index-url (both take it with or without the slash).
 DEFAULT_INDEX_URL = "https://pypi.org/simple/"
 PROJECT = "vllm"
 _TIMEOUT_S = 60
+#: What urlopen returns for an http(s):// URL and for a file:// one.
+_Response = http.client.HTTPResponse | urllib.response.addinfourl
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def parse_simple_index(
     return files
 
 
-def _open(url: str, accept: str | None = None):
+def _open(url: str, accept: str | None = None) -> _Response:
     request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
         return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
@@ -162,7 +167,7 @@ def download(url: str, target: Path, artifact: Artifact, show_progress: bool) ->
         ) from None
 
 
-def _blocks(response, url: str) -> Iterator[bytes]:
+def _blocks(response: _Response, url: str) -> Iterator[bytes]:
     """The body in blocks; a connection that breaks off (or a body shorter than its
     Content-Length, which http.client lets through) is the network's fault."""
     promised = int(response.headers.get("Content-Length") or 0) or None

@@ -21,11 +21,8 @@ CHUNK = 1 << 20
 
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -33,8 +30,8 @@ def sha256_bytes(data: bytes) -> str:
 
 
 @contextlib.contextmanager
-def atomic_output(target: Path, mode: str = "wb", *, durable: bool = True) -> Iterator[BinaryIO]:
-    """Open a temp file beside ``target``; rename it over ``target`` only on success.
+def atomic_output(target: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """Open a binary temp file beside ``target``; rename it over ``target`` only on success.
 
     The temp file lives in the same folder so the rename is atomic, and its
     name starts with a dot so a crash leaves nothing that looks like a result.
@@ -50,8 +47,8 @@ def atomic_output(target: Path, mode: str = "wb", *, durable: bool = True) -> It
     os.umask(umask)
     os.chmod(fd, 0o666 & ~umask)
     try:
-        with os.fdopen(fd, mode) as f:
-            yield f  # type: ignore[misc]
+        with os.fdopen(fd, "wb") as f:
+            yield f
             f.flush()
             if durable:
                 os.fsync(f.fileno())
@@ -62,8 +59,10 @@ def atomic_output(target: Path, mode: str = "wb", *, durable: bool = True) -> It
 
 
 def atomic_write_text(target: Path, text: str) -> None:
-    with atomic_output(target, "w") as f:
-        f.write(text)  # type: ignore[arg-type]
+    # UTF-8 whatever the locale: every reader of these files (series.toml, the
+    # lock, reports, release notes) reads UTF-8.
+    with atomic_output(target) as f:
+        f.write(text.encode("utf-8"))
 
 
 def lock_path(target: Path) -> Path:

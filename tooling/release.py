@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from packaging.version import Version
 
 from .errors import BuildError
 from .fsutil import atomic_write_text, sha256_bytes, sha256_file
@@ -39,10 +42,6 @@ def read_wheel_manifest(wheel: Path) -> BuildManifest:
 
 def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
     """The first release in the matrix where ``patch_id`` is no longer needed (pure)."""
-
-    def key(version: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in version.split(".") if p.isdigit())
-
     hits = []
     for entry in status.get("bases", []):
         report = entry.get("report")
@@ -51,7 +50,7 @@ def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
         for outcome in report["outcomes"]:
             if outcome["patch_id"] == patch_id and outcome["status"] in UPSTREAM_STATUSES:
                 hits.append(entry["base"])
-    return min(hits, key=key) if hits else None
+    return min(hits, key=Version) if hits else None
 
 
 def release_notes(
@@ -144,7 +143,7 @@ def write_release(
     wheel: Path,
     series: Series,
     status: dict[str, Any] | None,
-    extra_files: list[Path] = (),
+    extra_files: Sequence[Path] = (),
 ) -> ReleaseFiles:
     """RELEASE_NOTES.md, the manifest as JSON, and SHA256SUMS over everything released.
 

@@ -9,6 +9,7 @@ patch that goes in but does not change behaviour.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,7 @@ def status_matrix(
     options: ApplyOptions,
     *,
     workers: int = 2,
-    on_done=None,
+    on_done: Callable[[BaseStatus], object] | None = None,
 ) -> list[BaseStatus]:
     """Status of every patch on every base, in the order of ``bases``."""
     with tempfile.TemporaryDirectory(prefix="dflash-status-") as tmp:

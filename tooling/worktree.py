@@ -46,6 +46,14 @@ FORMAT_PATCH_FLAGS = (
 )
 
 
+def _text(value: str | bytes) -> str:
+    """A commit's message or summary as text.
+
+    GitPython types them ``str | bytes``: bytes where the commit's encoding fails.
+    """
+    return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
+
+
 def git_error_lines(error: git.GitCommandError) -> list[str]:
     """git's own complaint, without GitPython's quoting around it."""
     text = str(error.stderr or error).strip()
@@ -111,7 +119,7 @@ def person_work(work_dir: Path) -> list[str]:
     except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.BadName, ValueError):
         return [f"{work_dir} is not a work tree made by `tooling patch`"]
     found = [
-        f"commit {c.hexsha[:12]} {c.summary}"
+        f"commit {c.hexsha[:12]} {_text(c.summary)}"
         for c in repo.iter_commits(f"{BASELINE_TAG}..HEAD")
         if (c.committer.name, c.committer.email) != IDENTITY
     ]
@@ -193,7 +201,7 @@ def am(repo: git.Repo, patch: Path, trailers: dict[str, str], *, three_way: bool
     except git.GitCommandError:
         repo.git.am("--abort")
         raise
-    message = repo.head.commit.message.rstrip("\n")
+    message = _text(repo.head.commit.message).rstrip("\n")
     lines = "".join(f"{k}: {v}\n" for k, v in trailers.items())
     date = repo.head.commit.authored_datetime
     stamp = f"{int(date.timestamp())} {date.strftime('%z')}"
@@ -220,7 +228,7 @@ def series_commits(repo: git.Repo) -> list[SeriesCommit]:
     """The commits after the baseline, oldest first, with their patch trailers."""
     out = []
     for commit in reversed(list(repo.iter_commits(f"{BASELINE_TAG}..HEAD"))):
-        message = commit.message
+        message = _text(commit.message)
         file_m = re.search(rf"^{TRAILER_FILE}: (.+)$", message, re.M)
         sha_m = re.search(rf"^{TRAILER_SHA}: ([0-9a-f]{{64}})$", message, re.M)
         out.append(

@@ -14,9 +14,13 @@ API name that answers (ours or upstream's) is reported as the form.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import _harness
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 NAME = "eagle_cache_drop"
 BLOCK = 16
@@ -105,7 +109,7 @@ class Layout:
         return f"{self.name}: {self.dflash} with DFlash, {self.no_spec} without speculation"
 
 
-def _layout(pair, name: str, *, hybrid: bool) -> tuple[Layout, object]:
+def _layout(pair, name: str, *, hybrid: bool) -> tuple[Layout, VllmConfig]:
     mode = "align" if hybrid else "none"
     configs = {
         method: _harness.vllm_config(

@@ -9,6 +9,7 @@ they are already in vLLM's convention and must come back unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 from . import _harness
@@ -49,7 +50,8 @@ def run() -> ProbeResult:
         )
     )
     fixed = tuple(i + 1 for i in TARGET_LAYER_IDS)
-    seen: dict[str, object] = {}
+    # resolver label -> the layers it resolves for the DFlash and the EAGLE3 config.
+    seen: dict[str, dict[str, Sequence[int] | None]] = {}
     verdicts = []
     for label, resolve in _resolvers():
         dflash_layers = resolve(spec)

@@ -90,11 +90,8 @@ def write_json(path: Path, data: Any) -> None:
 
 def sha256_file(path: Path) -> str:
     """sha256 of a file's bytes."""
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def default_cache_root() -> Path:
