@@ -34,11 +34,13 @@ test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts
 	TOOLING_PROBE_PYTHON="$$($(TOOLING) probe-env)" \
 	  TOOLING_DFLASH_PATH="$$($(TOOLING) probe-env --dflash-path)" $(BIN)/pytest -q
 
-lint: $(STAMP) ## ruff, mypy, and the CI workflows against the GitHub Actions schema
+lint: $(STAMP) ## ruff, mypy, shellcheck, and the CI workflows (schema, zizmor offline)
 	$(BIN)/ruff check tooling tests bench
 	$(BIN)/ruff format --check tooling tests bench
 	$(BIN)/mypy tooling
+	$(BIN)/shellcheck --severity=warning tooling/bundle_files/install.sh ci/gpu/*.sh
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/zizmor --offline --min-severity low .github/workflows/*.yml
 
 check-patches: $(STAMP) ## Fail when patches/ is not what `tooling patch export` would write
 	$(TOOLING) patch export --check

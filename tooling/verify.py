@@ -23,7 +23,6 @@ from typing import Any
 
 from .bytecode import BytecodeCheck, check_bytecode
 from .errors import ConfigError, EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
-from .fsutil import CHUNK
 from .install import pip_install
 from .manifest import MANIFEST_NAME, BuildManifest
 from .probes import ABSENT, ALL_PROBES, PRESENT, ProbeResult, ProbeTarget, start_probes
@@ -201,11 +200,9 @@ def locate_in_site(site: Path) -> InstalledDist:
 
 
 def _record_digest(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+        digest = hashlib.file_digest(f, "sha256").digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def read_record(dist: InstalledDist) -> list[tuple[str, str, str]]:

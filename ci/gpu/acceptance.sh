@@ -3,7 +3,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-cd "$here/../.."
+cd "$here/../.." || exit 1
 limit=${WAIT_S:-420}
 while [ ! -f "$WORK/train-out/summary.json" ] && [ "$limit" -gt 0 ]; do
   if ! pgrep -f tooling.trainer > /dev/null; then break; fi

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared locations on the GPU host (sourced by the other scripts).
 export WORK=${WORK:-/tmp/dflash}
 export SITE=$WORK/site              # vLLM's dependencies (bundle, pip --target)

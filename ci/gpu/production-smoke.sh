@@ -22,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|fp8|tp2}
 : "${PATCHED_SITE:?}" "${OUT:?}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
-cd "$here/../.."
+cd "$here/../.." || exit 1
 mkdir -p "$OUT"
 site=$PATCHED_SITE
 limit=${TIME_LIMIT:-540}

@@ -3,7 +3,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-cd "$here/../.."
+cd "$here/../.." || exit 1
 run() {  # name expect
   PYTHONPATH=$ENGINES/$1:$SITE python3 -m tooling --no-progress smoke --tiny --expect "$2" \
     --workdir "$WORK/smoke-$1" --gpu-memory-utilization 0.1 --json \
