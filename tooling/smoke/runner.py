@@ -562,7 +562,10 @@ def _servers_and_engine(
     return observed[0][0], observed[1][0], engine
 
 
-def _serve(run: _Run, target: str, drafter: str | None, log: Path) -> Any:
+def _serve(
+    run: _Run, target: str, drafter: str | None, log: Path
+) -> contextlib.AbstractContextManager[RunningServer]:
+    """``vllm serve`` of ``target`` (with ``drafter``, if any): started on entering."""
     options = ServeOptions(
         target,
         drafter,
