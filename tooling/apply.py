@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,25 @@ from .probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from .series import Patch, Series
 from .upstream import Upstream
 
-APPLIED = "applied"
-ALREADY_APPLIED = "already-applied"
-SUPERSEDED = "superseded"
-CONFLICT = "conflict"
-SKIPPED = "skipped"
-NOT_ATTEMPTED = "not-attempted"
+
+class PatchStatus(StrEnum):
+    """What applying a patch came to. Strings underneath: reports and JSON carry the values."""
+
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already-applied"
+    SUPERSEDED = "superseded"
+    CONFLICT = "conflict"
+    SKIPPED = "skipped"
+    NOT_ATTEMPTED = "not-attempted"
+
+
+# The names the rest of the toolchain imports.
+APPLIED = PatchStatus.APPLIED
+ALREADY_APPLIED = PatchStatus.ALREADY_APPLIED
+SUPERSEDED = PatchStatus.SUPERSEDED
+CONFLICT = PatchStatus.CONFLICT
+SKIPPED = PatchStatus.SKIPPED
+NOT_ATTEMPTED = PatchStatus.NOT_ATTEMPTED
 
 REPORT_FILE = "dflash-series.json"
 #: git apply's words for a patch file it cannot parse (a ledger problem, not a conflict).
@@ -40,7 +54,7 @@ _MALFORMED = re.compile(
 )
 
 
-def decide(forward_ok: bool, reverse_ok: bool, probe_status: str | None) -> str:
+def decide(forward_ok: bool, reverse_ok: bool, probe_status: str | None) -> PatchStatus:
     """The status of one patch from what was observed about the tree (pure).
 
     Behaviour outranks text: a base that already behaves as fixed is never
@@ -61,7 +75,7 @@ class PatchOutcome:
     patch_id: str
     patch_file: str
     sha256: str
-    status: str
+    status: PatchStatus
     message: str
     method: str | None = None
     """"strict" or "3way" for applied patches."""

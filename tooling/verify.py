@@ -18,6 +18,7 @@ import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,7 @@ class FixStatus:
     number: int
     patch_id: str
     probe: str
-    state: str
-    """present, "present (upstream form)", absent, "absent (skipped in build)" or unknown."""
+    state: FixState
     evidence: str
     form: str | None = None
 
@@ -140,9 +140,7 @@ class VerifyReport:
 
     @property
     def missing_fixes(self) -> list[FixStatus]:
-        return [
-            f for f in self.fixes if f.number in self.required and not f.state.startswith(PRESENT)
-        ]
+        return [f for f in self.fixes if f.number in self.required and not f.state.present]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -281,14 +279,30 @@ def read_manifest(dist: InstalledDist) -> BuildManifest | None:
     return BuildManifest.from_json(json.loads(path.read_text(encoding="utf-8")))
 
 
-def fix_state(result: ProbeResult, patch_id: str, manifest: BuildManifest | None) -> str:
-    """present / present (upstream form) / absent / absent (skipped in build) / unknown (pure)."""
+class FixState(StrEnum):
+    """What verify says of one fix. Strings underneath: text and JSON carry the values."""
+
+    PRESENT = "present"
+    PRESENT_UPSTREAM = "present (upstream form)"
+    """The behaviour is there, not from our build (e.g. vLLM 0.22.0's offset fix)."""
+    ABSENT = "absent"
+    ABSENT_SKIPPED = "absent (skipped in build)"
+    UNKNOWN = "unknown"
+
+    @property
+    def present(self) -> bool:
+        return self in (FixState.PRESENT, FixState.PRESENT_UPSTREAM)
+
+
+def fix_state(result: ProbeResult, patch_id: str, manifest: BuildManifest | None) -> FixState:
+    """The fix's state from its probe's answer and our manifest (pure)."""
     if result.status == PRESENT:
         ours = manifest is not None and patch_id in manifest.applied_patch_ids()
-        return PRESENT if ours else f"{PRESENT} (upstream form)"
-    if result.status == ABSENT and manifest is not None and patch_id in manifest.skipped:
-        return f"{ABSENT} (skipped in build)"
-    return result.status
+        return FixState.PRESENT if ours else FixState.PRESENT_UPSTREAM
+    if result.status == ABSENT:
+        skipped = manifest is not None and patch_id in manifest.skipped
+        return FixState.ABSENT_SKIPPED if skipped else FixState.ABSENT
+    return FixState.UNKNOWN
 
 
 def parse_require(spec: str) -> list[int]:

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
-PRESENT = "present"
-ABSENT = "absent"
-UNKNOWN = "unknown"
+
+class ProbeStatus(StrEnum):
+    """A probe's answer. Strings underneath: JSON and text output are the values."""
+
+    PRESENT = "present"
+    ABSENT = "absent"
+    UNKNOWN = "unknown"
+
+
+# The names the probes and verify import.
+PRESENT = ProbeStatus.PRESENT
+ABSENT = ProbeStatus.ABSENT
+UNKNOWN = ProbeStatus.UNKNOWN
 
 
 @dataclass
 class ProbeResult:
     probe: str
-    status: str
-    """present, absent or unknown."""
+    status: ProbeStatus
     evidence: str
     """One line a person reads: what vLLM did when asked."""
     form: str | None = None
@@ -26,4 +36,4 @@ class ProbeResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProbeResult:
-        return cls(**data)
+        return cls(**{**data, "status": ProbeStatus(data["status"])})

@@ -7,19 +7,32 @@ tested on captured observations.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from .client import Completion
 from .metrics import SpecDecodeStats
 
-PASS = "pass"
-FAIL = "fail"
-ERROR = "error"
-"""The check could not run; counts as not passed."""
-INFO = "info"
-"""Reported without a gate (acceptance without --min-acceptance-length)."""
-SKIP = "skip"
-"""Not run because the caller asked so (e.g. no fidelity run); does not fail the smoke."""
+
+class Verdict(StrEnum):
+    """A check's outcome. Strings underneath: the report's JSON and table carry the values."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+    """The check could not run; counts as not passed."""
+    INFO = "info"
+    """Reported without a gate (acceptance without --min-acceptance-length)."""
+    SKIP = "skip"
+    """Not run because the caller asked so (e.g. no fidelity run); does not fail the smoke."""
+
+
+# The names the runner, the report and the tests use.
+PASS = Verdict.PASS
+FAIL = Verdict.FAIL
+ERROR = Verdict.ERROR
+INFO = Verdict.INFO
+SKIP = Verdict.SKIP
 
 LOSSLESS = "lossless"
 AUX_LAYERS = "aux_layers"
@@ -57,10 +70,10 @@ ORDER = (
 
 @dataclass
 class CheckResult:
-    """One check's verdict: ``status`` is pass, fail, error or info; ``evidence`` one line."""
+    """One check's verdict with its ``evidence`` in one line."""
 
     id: str
-    status: str
+    status: Verdict
     evidence: str
     details: dict[str, Any] = field(default_factory=dict)
 
