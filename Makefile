@@ -12,7 +12,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 3155328
 export SOURCE_DATE_EPOCH
 
 .DEFAULT_GOAL := help
-.PHONY: help wheel test lint verify smoke status release check-patches clean probe-env
+.PHONY: help wheel check test lint verify smoke status release check-patches clean probe-env
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ probe-env: $(STAMP) ## Create the cached CPU interpreter the behavioural probes 
 wheel: $(STAMP) ## Build the patched vLLM 0.20.1 CUDA wheel into dist/
 	@$(TOOLING) probe-env >/dev/null
 	$(TOOLING) build --dist $(DIST)
+
+check: $(STAMP) ## The fast tier: tests that need neither the real artifacts nor the probe env
+	$(BIN)/pytest -q -m "not slow"
 
 test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts)
 	TOOLING_PROBE_PYTHON="$$($(TOOLING) probe-env)" \

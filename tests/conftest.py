@@ -167,3 +167,28 @@ def run_on_tree(
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+#: Fixtures that need the real 244 MB artifacts, the CPU probe environment or both.
+HEAVY_FIXTURES = frozenset(
+    {
+        "cache",
+        "fetch_options",
+        "probe_python",
+        "probe_py",
+        "dflash_path",
+        "upstream_0201",
+        "upstream_0220",
+        "patched_0201",
+        "patched_0220",
+        "built_wheel",
+        "smoke_run",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that reaches a heavy fixture (``make check`` skips them)."""
+    for item in items:
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

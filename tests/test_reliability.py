@@ -25,6 +25,8 @@ CACHE = default_cache_dir()
 SDIST = "vllm-0.20.1.tar.gz"
 WHEEL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 EPOCH = "1795910400"
+#: Tests that run on the real pinned artifacts in the per-user cache (``make check`` skips them).
+needs_artifacts = pytest.mark.slow
 
 
 def tooling(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -61,6 +63,7 @@ def wait_for(predicate, what: str, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
+@needs_artifacts
 def test_two_builds_at_once_share_the_work_tree_safely(tmp_path, probe_python):
     """B starts while A waits for its base probes; neither may patch the other's tree."""
     env = {"TOOLING_PROBE_PYTHON": str(probe_python)}
@@ -83,6 +86,7 @@ def test_two_builds_at_once_share_the_work_tree_safely(tmp_path, probe_python):
     assert sorted(p.name for p in work.parent.iterdir()) == ["vllm-0.20.1", "vllm-0.20.1.logs"]
 
 
+@needs_artifacts
 def test_two_trees_from_one_fresh_cache_do_not_break_each_other(tmp_path):
     """Both unpack the sdist into the same cache; neither may delete it under the other."""
     cache = fresh_cache(tmp_path, SDIST)
@@ -100,6 +104,7 @@ def test_two_trees_from_one_fresh_cache_do_not_break_each_other(tmp_path):
     assert not [p for p in (cache / "sources").iterdir() if p.name.endswith(".part")]
 
 
+@needs_artifacts
 def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_path):
     env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
     args = ("patch", "--offline", "--json", "--work-dir", "w")
@@ -157,6 +162,7 @@ def test_no_probes_runs_no_probe_interpreter_even_when_one_is_configured(prepare
 @pytest.mark.parametrize(
     ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
 )
+@needs_artifacts
 def test_a_signal_during_the_build_leaves_no_part_file(prepared, signum, code):
     """CI cancel, a closed terminal, Ctrl-C: the half-written wheel goes, the exit says why."""
     root, env, _ = prepared
@@ -230,6 +236,7 @@ def test_signals_exit_128_plus_their_number(signum, code):
     assert err == f"error: interrupted ({signal.Signals(signum).name})\n"
 
 
+@needs_artifacts
 @pytest.mark.parametrize("kind", ["missing", "not-python"])
 def test_a_probe_interpreter_that_cannot_start_is_a_probe_error(tmp_path, kind):
     python = tmp_path / "bin" / "python"
@@ -244,6 +251,7 @@ def test_a_probe_interpreter_that_cannot_start_is_a_probe_error(tmp_path, kind):
     assert not (tmp_path / "w").exists()
 
 
+@needs_artifacts
 def test_a_dist_that_is_a_file_is_refused_before_any_work(tmp_path):
     (tmp_path / "dist").write_text("not a folder")
     env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
@@ -277,6 +285,7 @@ def test_pip_refusing_a_wheel_shows_pips_error_line(tmp_path):
         ("4354819200", "is past 2107, the last year a zip can hold"),
     ],
 )
+@needs_artifacts
 def test_a_bad_source_date_epoch_is_one_line(prepared, epoch, message):
     root, env, _ = prepared
     args = ("build", "--offline", "--no-probes", "--work-dir", "w", "--dist", "dist-epoch")
@@ -313,6 +322,7 @@ def test_patch_status_json_with_a_broken_series_is_json(tmp_path):
     assert json.loads(out)["exit_code"] == 10
 
 
+@needs_artifacts
 def test_without_git_on_path_commands_that_need_none_work(tmp_path):
     path = {"PATH": str(Path(sys.executable).parent)}
     code, out, err = finish(tooling("verify", "--help", cwd=tmp_path, env=path))
@@ -325,6 +335,7 @@ def test_without_git_on_path_commands_that_need_none_work(tmp_path):
     )
 
 
+@needs_artifacts
 def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
     tmp_path, probe_python
 ):
@@ -358,6 +369,7 @@ def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
     assert list(scratch.iterdir()) == []
 
 
+@needs_artifacts
 def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path):
     cache = fresh_cache(tmp_path, SDIST)
     with open(CACHE / "pypi" / WHEEL, "rb") as f:
@@ -399,6 +411,7 @@ def immutable(tmp_path):
         subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
+@needs_artifacts
 def test_a_read_only_cache_is_used_when_it_holds_the_entry_and_named_when_not(
     tmp_path, catalog, immutable
 ):

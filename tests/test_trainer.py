@@ -284,6 +284,7 @@ print(json.dumps({{"target": type(target).__name__, "keys": keys, "dtypes": dtyp
     assert out["roundtrip"] == "def f(x):\n    return x\n"
 
 
+@pytest.mark.slow  # the recipe in the probe environment
 def test_split_and_tokenizer_are_deterministic() -> None:
     python, env = _probe_env()
     args = ["-m", "tooling.trainer", "digest", "--preset", "smoke"]
@@ -334,6 +335,7 @@ print(json.dumps({"good": good, "bad": bad, "labels": labels.tolist(), "valid": 
 """
 
 
+@pytest.mark.slow  # the recipe in the probe environment
 def test_multi_block_training_forward_matches_reference() -> None:
     python, env = _probe_env()
     out = json.loads(_run(python, env, ["-c", _UNIT_SCRIPT]).stdout)
