@@ -24,8 +24,8 @@ from tooling.smoke.server import (
     build_serve_command,
     child_environment,
     free_port,
-    launch,
     speculative_config,
+    started,
 )
 
 STANDIN = textwrap.dedent(
@@ -141,14 +141,13 @@ def test_child_environment_is_offline_and_keeps_the_install_path() -> None:
     assert (Path(parts[-1]) / "tooling" / "smoke").is_dir()
 
 
-def test_launch_waits_for_health_then_kills_a_stubborn_group_on_error(standin) -> None:
+def test_started_server_waits_for_health_then_kills_a_stubborn_group_on_error(standin) -> None:
     cmd, url, pidfile, log = standin("stubborn")
     with (
         pytest.raises(RuntimeError, match="inside the block"),
-        launch(
-            cmd, base_url=url, log=log, env=os.environ, start_timeout_s=20, stop_grace_s=1.0
-        ) as server,
+        started(cmd, base_url=url, log=log, env=os.environ, stop_grace_s=1.0) as server,
     ):
+        server.wait_healthy(20)
         pids = _pids(pidfile)
         assert all(_alive(p) for p in pids)
         assert server.startup_s >= 0.2  # it did wait for the delayed /health
@@ -161,12 +160,13 @@ def test_launch_waits_for_health_then_kills_a_stubborn_group_on_error(standin) -
     assert "stand-in starting" in log.read_text()
 
 
-def test_launch_stops_the_group_on_ctrl_c(standin) -> None:
+def test_started_server_stops_the_group_on_ctrl_c(standin) -> None:
     cmd, url, pidfile, log = standin("stubborn")
     with (
         pytest.raises(KeyboardInterrupt),
-        launch(cmd, base_url=url, log=log, env=os.environ, start_timeout_s=20, stop_grace_s=0.5),
+        started(cmd, base_url=url, log=log, env=os.environ, stop_grace_s=0.5) as server,
     ):
+        server.wait_healthy(20)
         pids = _pids(pidfile)
         raise KeyboardInterrupt
     assert not any(_alive(p) for p in pids)
@@ -174,9 +174,8 @@ def test_launch_stops_the_group_on_ctrl_c(standin) -> None:
 
 def test_cooperative_leader_is_terminated_and_its_stubborn_child_killed(standin) -> None:
     cmd, url, pidfile, log = standin("cooperative")
-    with launch(
-        cmd, base_url=url, log=log, env=os.environ, start_timeout_s=20, stop_grace_s=1.0
-    ) as server:
+    with started(cmd, base_url=url, log=log, env=os.environ, stop_grace_s=1.0) as server:
+        server.wait_healthy(20)
         pids = _pids(pidfile)
     assert server.stop is not None
     # The leader went on SIGTERM; its grandchild ignored it and needed SIGKILL.
@@ -188,9 +187,10 @@ def test_server_that_exits_early_is_reported_with_its_last_log_line(standin) -> 
     cmd, url, pidfile, log = standin("crash")
     with (
         pytest.raises(SmokeError, match="CUDA out of memory") as caught,
-        launch(cmd, base_url=url, log=log, env=os.environ, start_timeout_s=20, stop_grace_s=0.5),
+        started(cmd, base_url=url, log=log, env=os.environ, stop_grace_s=0.5) as server,
     ):
-        pytest.fail("the block must not run")
+        server.wait_healthy(20)
+        pytest.fail("the server must not become healthy")
     assert str(log) in str(caught.value)
     assert not any(_alive(p) for p in _pids(pidfile))
 
@@ -200,9 +200,10 @@ def test_health_time_limit_stops_the_server(standin) -> None:
     start = time.monotonic()
     with (
         pytest.raises(SmokeError, match=r"did not answer within 1s"),
-        launch(cmd, base_url=url, log=log, env=os.environ, start_timeout_s=1.0, stop_grace_s=0.5),
+        started(cmd, base_url=url, log=log, env=os.environ, stop_grace_s=0.5) as server,
     ):
-        pytest.fail("the block must not run")
+        server.wait_healthy(1.0)
+        pytest.fail("the server must not become healthy")
     assert time.monotonic() - start < 10
     assert not any(_alive(p) for p in _pids(pidfile))
 

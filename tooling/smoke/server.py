@@ -2,8 +2,9 @@
 
 The server runs as ``python -m vllm.entrypoints.cli.main serve``: an install
 with ``pip install --target`` has no ``vllm`` console script. It listens on
-127.0.0.1 on a free port, and ``launch`` yields only once ``/health`` answers;
-leaving the block always stops the whole process group, keeping the log.
+127.0.0.1 on a free port. ``started`` yields as soon as the process runs (several
+servers can compile at once) and ``RunningServer.wait_healthy`` waits for
+``/health``; leaving the block always stops the whole process group, keeping the log.
 """
 
 from __future__ import annotations
@@ -208,22 +209,6 @@ def started(
         yield server
     finally:
         server.stop = stop_group(proc, grace_s=stop_grace_s)
-
-
-@contextlib.contextmanager
-def launch(
-    cmd: Sequence[str],
-    *,
-    base_url: str,
-    log: Path,
-    env: Mapping[str, str],
-    start_timeout_s: float,
-    stop_grace_s: float = 20.0,
-) -> Iterator[RunningServer]:
-    """Start ``cmd``, wait for ``base_url``/health, yield; always stop its process group."""
-    with started(cmd, base_url=base_url, log=log, env=env, stop_grace_s=stop_grace_s) as server:
-        server.wait_healthy(start_timeout_s)
-        yield server
 
 
 @contextlib.contextmanager
