@@ -257,6 +257,9 @@ def test_reference_comparison_reproduces_the_reference_loop(tiny) -> None:
     assert same["skipped"] == {"no_context": 0, "bonus_mismatch": 0}
     assert same["agreement"] == 1.0
     assert checks.check_fidelity(same, 0.99).status == checks.PASS
+    # Where the comparison's time went, so a slow reference step says why.
+    assert set(same["seconds"]) == {"load", "target", "features", "drafter", "divergences"}
+    assert all(s >= 0 for s in same["seconds"].values()) and same["seconds"]["drafter"] > 0
 
 
 def test_divergence_margins_are_the_targets_own(tiny) -> None:

@@ -35,6 +35,9 @@ interpreter with torch, transformers and the reference ``dflash`` package.
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,21 @@ class Agreement:
 
     def per_position(self) -> list[float]:
         return [m / t if t else 0.0 for m, t in zip(self.matches, self.totals, strict=True)]
+
+
+@dataclass
+class PhaseTimes:
+    """Wall seconds spent per phase of the comparison, reported so a slow step says why."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - start
 
 
 def accepted_length(drafts: list[int], sequence: list[int], position: int) -> int:
@@ -316,8 +334,14 @@ def compare(request: FidelityInput) -> dict[str, Any]:
     import torch
 
     device = _pick_device(request.device)
-    target_model, draft_model = load_pair(request.target, request.drafter, device, request.dtype)
-    engine_features = EngineFeatures.load(request.features_path) if request.features_path else None
+    times = PhaseTimes()
+    with times.phase("load"):
+        target_model, draft_model = load_pair(
+            request.target, request.drafter, device, request.dtype
+        )
+        engine_features = (
+            EngineFeatures.load(request.features_path) if request.features_path else None
+        )
     if request.context == "engine" and engine_features is None:
         raise ValueError("context 'engine' needs the engine's recorded features")
     sequences = [p + o for p, o in zip(request.prompts, request.outputs, strict=True)]
@@ -343,14 +367,18 @@ def compare(request: FidelityInput) -> dict[str, Any]:
             skipped["no_context"] += len(proposals)
             continue
         sequence = sequences[index]
-        hidden = target_hidden_states(target_model, sequence)
-        from dflash.model import extract_context_feature
+        with times.phase("target"):
+            hidden = target_hidden_states(target_model, sequence)
+            from dflash.model import extract_context_feature
 
-        hf_features = extract_context_feature(hidden, draft_model.target_layer_ids)
-        recorded = engine_features.sequence_features(index, sequences) if engine_features else None
-        if recorded is not None:
-            distances.add(recorded[0], hidden)
-            recorded = recorded.to(device=hf_features.device, dtype=hf_features.dtype)
+            hf_features = extract_context_feature(hidden, draft_model.target_layer_ids)
+        with times.phase("features"):
+            recorded = (
+                engine_features.sequence_features(index, sequences) if engine_features else None
+            )
+            if recorded is not None:
+                distances.add(recorded[0], hidden)
+                recorded = recorded.to(device=hf_features.device, dtype=hf_features.dtype)
         gated_features = recorded if request.context == "engine" else hf_features
         other_features = hf_features if request.context == "engine" else recorded
         for proposal in proposals:
@@ -367,15 +395,19 @@ def compare(request: FidelityInput) -> dict[str, Any]:
             if gated_features is None or gated_features.shape[1] < position:
                 skipped["no_context"] += 1
                 continue
-            logits = reference_logits(target_model, draft_model, gated_features, position, bonus, k)
-            ours = [int(t) for t in logits.argmax(dim=-1).tolist()]
+            with times.phase("drafter"):
+                logits = reference_logits(
+                    target_model, draft_model, gated_features, position, bonus, k
+                )
+                ours = [int(t) for t in logits.argmax(dim=-1).tolist()]
             group = str(proposal.get("group", "sequential"))
             other_known = other_features is not None and other_features.shape[1] >= position
             if group == "sequential" and other_known:
-                alt = reference_logits(
-                    target_model, draft_model, other_features, position, bonus, k
-                )
-                other.add(drafts, [int(t) for t in alt.argmax(dim=-1).tolist()])
+                with times.phase("other_context"):
+                    alt = reference_logits(
+                        target_model, draft_model, other_features, position, bonus, k
+                    )
+                    other.add(drafts, [int(t) for t in alt.argmax(dim=-1).tolist()])
             gaps = tie_margins(logits, drafts)
             # Where the margin is within tolerance the engine's token stands in for ours.
             tolerated = [
@@ -404,6 +436,8 @@ def compare(request: FidelityInput) -> dict[str, Any]:
                 )
     steps = len(engine_accepted)
     gated = tolerant if request.tie_tolerance > 0 else agreement
+    with times.phase("divergences"):
+        divergences = divergence_margins(target_model, request.divergences)
     del torch
     return {
         "context": request.context,
@@ -441,7 +475,8 @@ def compare(request: FidelityInput) -> dict[str, Any]:
         "engine_acceptance_length": 1 + sum(engine_accepted) / steps if steps else None,
         "reference_acceptance_length": 1 + sum(reference_accepted) / steps if steps else None,
         "mismatch_examples": examples,
-        "divergences": divergence_margins(target_model, request.divergences),
+        "divergences": divergences,
+        "seconds": times.seconds,
     }
 
 

@@ -758,8 +758,10 @@ def _reference(
         log=logs / f"{name}-reference.log",
         timeout_s=config.timeouts.reference,
     )
-    with run.step(f"reference comparison ({name})", reference_step.log):
-        return engine_result, "", _run_json_child(run, reference_step), ""
+    with run.step(f"reference comparison ({name})", reference_step.log) as step:
+        fidelity = _run_json_child(run, reference_step)
+        step.extra = {"seconds": fidelity.get("seconds")}
+        return engine_result, "", fidelity, ""
     why = run.steps[-1].message or "the reference comparison did not finish"
     return engine_result, "", None, why
 
