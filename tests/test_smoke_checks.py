@@ -136,13 +136,18 @@ def test_lossless_differences_at_the_targets_ties_are_not_lost_tokens() -> None:
     other = [_completion([1, 2, 3]), _completion([4, 9, 6]), _completion([7, 8, 1])]
     assert [d["first_difference"] for d in checks.first_differences(same, other)] == [1, 2]
     ties = [
-        {"spec_gap": 0.0, "plain_gap": 0.0, "argmax": 5},
-        {"spec_gap": 0.0039, "plain_gap": 0.0, "argmax": 1},
+        {"spec_gap": 0.0, "plain_gap": 0.0, "argmax": 5, "spread": 0.9},
+        {"spec_gap": 0.0039, "plain_gap": 0.0, "argmax": 1, "spread": 0.7},
     ]
     result = checks.check_lossless(same, other, prompts, margins=ties, tolerance=2**-7)
     assert result.status == checks.PASS
     assert "2/3 greedy completions differ" in result.evidence
     assert "both tokens within 0.0000, 0.0039 of its best" in result.evidence
+    assert "the logits' spread there 0.70 or more" in result.evidence
+    # The default tolerance: the first differences measured on an H200 pass it.
+    measured = [{"spec_gap": 0.0, "plain_gap": g, "argmax": 1} for g in (0.0156, 0.0234)]
+    default = SmokeConfig(workdir=Path("w"), tiny=True).lossless_tie_tolerance
+    assert checks.check_lossless(same, other, prompts, measured, default).status == checks.PASS
     far = [ties[0], {"spec_gap": 0.0, "plain_gap": 0.5, "argmax": 9}]
     assert checks.check_lossless(same, other, prompts, far, 2**-7).status == checks.FAIL
     # Without the reference's margins a difference stays a failure, and says why.

@@ -106,6 +106,7 @@ def test_serve_command_for_dflash_server() -> None:
     # Compiled graphs (vLLM's default) unless asked; vLLM profiles the KV-cache size.
     assert "--enforce-eager" not in cmd
     assert "--kv-cache-memory-bytes" not in cmd
+    assert "--disable-custom-all-reduce" not in cmd
     assert "--enable-prefix-caching" in cmd
     assert "--enable-prompt-tokens-details" in cmd
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
@@ -114,9 +115,17 @@ def test_serve_command_for_dflash_server() -> None:
 
 
 def test_serve_command_for_a_shared_gpu_and_a_hybrid_target() -> None:
-    engine = EngineSettings(enforce_eager=True, block_size=None, kv_cache_memory_bytes=4 << 30)
+    engine = EngineSettings(
+        enforce_eager=True,
+        block_size=None,
+        kv_cache_memory_bytes=4 << 30,
+        tensor_parallel_size=2,
+        disable_custom_all_reduce=True,
+    )
     options = ServeOptions("t", "d", engine, port=1, language_model_only=True)
     cmd = build_serve_command(options, python="py")
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+    assert "--disable-custom-all-reduce" in cmd
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(4 << 30)
     assert "--block-size" not in cmd
     assert "--enforce-eager" in cmd

@@ -269,6 +269,7 @@ def test_divergence_margins_are_the_targets_own(tiny) -> None:
     assert margin["argmax"] == chosen
     assert margin["spec_gap"] == 0.0
     assert margin["plain_gap"] > 0.0
+    assert margin["spread"] > 0.0
 
 
 @pytest.mark.parametrize("mode", ["all_full", "no_offset"])

@@ -1102,6 +1102,12 @@ def _parse_engines(specs: tuple[str, ...]) -> dict[str, Path]:
 @click.option("--enforce-eager", is_flag=True, help="Eager mode (default: compiled + CUDA graphs).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="e.g. fp8.")
 @click.option("--tensor-parallel-size", type=int, default=1, show_default=True)
+@click.option(
+    "--disable-custom-all-reduce",
+    is_flag=True,
+    help="The servers use NCCL's all-reduce (0.20.1's custom one faults at TP=2 on a hybrid "
+    "target with DFlash, stock and patched alike).",
+)
 @click.option("--no-load", is_flag=True, help="Skip the concurrent bursts against the servers.")
 @click.option("--no-audit", is_flag=True, help="Skip the concurrent audited in-process batch.")
 @click.option(
@@ -1160,6 +1166,7 @@ def smoke_command(
     enforce_eager: bool,
     kv_cache_dtype: str,
     tensor_parallel_size: int,
+    disable_custom_all_reduce: bool,
     no_load: bool,
     no_audit: bool,
     warm_cache: bool,
@@ -1209,6 +1216,7 @@ def smoke_command(
             enforce_eager=enforce_eager,
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
+            disable_custom_all_reduce=disable_custom_all_reduce,
         ),
         timeouts=Timeouts(total=time_limit),
         fidelity_gate=fidelity_gate,

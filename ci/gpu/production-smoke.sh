@@ -12,7 +12,7 @@
 #   warm     check 7: stock compiles into the cache first (A), then the wheel (B); C cold
 #   stock    negative control on STOCK_SITE (--expect stock): checks 2-5 and 8 must fail
 #   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
-#   tp2      --tensor-parallel-size 2 (a 2-GPU host)
+#   tp2      --tensor-parallel-size 2 --disable-custom-all-reduce (a 2-GPU host)
 # Optional: TIME_LIMIT (seconds, default 540), KV_CACHE_MEMORY_BYTES (a fixed KV cache
 # per engine: no memory profiling, for variants sharing one GPU) with
 # GPU_MEMORY_UTILIZATION (then only the free memory each engine needs at start-up),
@@ -36,7 +36,9 @@ case $variant in
   warm) args+=(--warm-cache --stock-site "${STOCK_SITE:?}" --no-load --no-audit) ;;
   stock) site=${STOCK_SITE:?}:$PATCHED_SITE; args+=(--expect stock --no-load) ;;
   fp8) args+=(--kv-cache-dtype fp8) ;;
-  tp2) args+=(--tensor-parallel-size 2) ;;
+  # 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
+  # (stock too): the servers use NCCL's (README, "Smoke on the production path").
+  tp2) args+=(--tensor-parallel-size 2 --disable-custom-all-reduce) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
 # SMOKE_ARGS: more `tooling smoke` options for any variant (e.g. --tiny-arch qwen3).

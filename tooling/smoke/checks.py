@@ -162,10 +162,12 @@ def check_lossless(
             LOSSLESS, FAIL, f"{evidence}; the target's margins there unknown", details
         )
     gaps = [max(m["spec_gap"], m["plain_gap"]) for m in margins]
+    spreads = [m["spread"] for m in margins if m.get("spread") is not None]
     evidence += (
         "; the target's logits there: both tokens within "
         + ", ".join(f"{g:.4f}" for g in gaps)
-        + f" of its best (tie tolerance {tolerance:.4f})"
+        + f" of its best (tie tolerance {tolerance:.4f}"
+        + (f"; the logits' spread there {min(spreads):.2f} or more)" if spreads else ")")
     )
     ties = all(g <= tolerance for g in gaps)
     return CheckResult(LOSSLESS, PASS if ties else FAIL, evidence, details)

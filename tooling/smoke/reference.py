@@ -8,9 +8,9 @@ a block [b, mask, ..., mask] at positions p..p+k, one ``DFlashDraftModel``
 forward without a cache, logits through the target's output head, argmax.
 Agreement is counted per draft position.
 
-The target runs once per request over its whole sequence: a causal model's
-hidden state at position i does not depend on later tokens, so the context
-features of every proposal are prefixes of that one pass.
+The target runs at most once per request over its whole sequence: a causal
+model's hidden state at position i does not depend on later tokens, so the
+context features of every proposal are prefixes of that one pass.
 
 Where the context features come from (``context``):
 - ``target``: the HF target's hidden states. End to end: a wrong aux layer or a
@@ -313,8 +313,17 @@ def divergence_margins(
         with torch.inference_mode():
             logits = target_model(ids, use_cache=False).logits[0, -1:].float()
         spec_gap, plain_gap = tie_margins(logits.expand(2, -1), list(d["tokens"]))
-        best = int(logits[0].argmax())
-        margins.append({"spec_gap": spec_gap, "plain_gap": plain_gap, "argmax": best})
+        margins.append(
+            {
+                "spec_gap": spec_gap,
+                "plain_gap": plain_gap,
+                "argmax": int(logits[0].argmax()),
+                "best": float(logits[0].max()),
+                # How far apart the target's logits are there: a lost token is a draw
+                # from this spread, a tie a small fraction of it.
+                "spread": float(logits[0].std()),
+            }
+        )
     return margins
 
 
@@ -367,18 +376,25 @@ def compare(request: FidelityInput) -> dict[str, Any]:
             skipped["no_context"] += len(proposals)
             continue
         sequence = sequences[index]
-        with times.phase("target"):
-            hidden = target_hidden_states(target_model, sequence)
-            from dflash.model import extract_context_feature
+        sequential = all(p.get("group", "sequential") == "sequential" for p in proposals)
+        # The HF target pass gates with context "target"; otherwise it serves only the
+        # sequential prompts' other-context figure and layer distances (a hybrid
+        # target's torch GDN fallback made it a third of the step's time).
+        hf_features = hidden = None
+        if request.context == "target" or sequential:
+            with times.phase("target"):
+                hidden = target_hidden_states(target_model, sequence)
+                from dflash.model import extract_context_feature
 
-            hf_features = extract_context_feature(hidden, draft_model.target_layer_ids)
+                hf_features = extract_context_feature(hidden, draft_model.target_layer_ids)
         with times.phase("features"):
             recorded = (
                 engine_features.sequence_features(index, sequences) if engine_features else None
             )
             if recorded is not None:
-                distances.add(recorded[0], hidden)
-                recorded = recorded.to(device=hf_features.device, dtype=hf_features.dtype)
+                if hidden is not None:
+                    distances.add(recorded[0], hidden)
+                recorded = recorded.to(device=device, dtype=target_model.dtype)
         gated_features = recorded if request.context == "engine" else hf_features
         other_features = hf_features if request.context == "engine" else recorded
         for proposal in proposals:

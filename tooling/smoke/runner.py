@@ -1,8 +1,9 @@
 """Run the whole smoke on a GPU host: models, two servers, the in-process run, the reference.
 
 Order and why:
-1. which vLLM (a quick import in the child interpreter: fails fast on a bad PYTHONPATH);
-2. the models (``--tiny``: generated in a child);
+1. which vLLM (a quick import in the child interpreter: fails fast on a bad PYTHONPATH),
+   and what else would stop the run minutes later (the preflight);
+2. the models (``--tiny``: generated in a child, started beside the preflight);
 2a. with ``warm_cache``: in a fresh compile cache, the other build's engine (A)
    then this one's (B), each with the reference; C is step 3 (its own cold
    cache). First, because that check is what such a run is for;
@@ -34,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -59,7 +61,7 @@ from .config import (
     read_target_info,
 )
 from .logscan import aux_layers_from_log_file
-from .procs import log_tail, run_child, sigterm_as_interrupt
+from .procs import log_tail, run_child, sigterm_as_interrupt, start_group, stop_group
 from .report import SmokeReport, StepRecord, plot_acceptance
 from .server import (
     SERVED_MODEL_NAME,
@@ -249,10 +251,15 @@ class _Run:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         limit = self.deadline.limit(timeout_s)
         result = run_child([self.python, "-m", module, *args], log=log, env=env, timeout_s=limit)
-        if result.timed_out:
-            raise SmokeError(f"{module} did not finish within {limit:.0f}s (log: {log})")
-        if result.returncode != 0:
-            raise SmokeError(f"{module} exited {result.returncode}: {log_tail(log)} (log: {log})")
+        _raise_unless_done(module, result.returncode, limit, log)
+
+
+def _raise_unless_done(module: str, returncode: int | None, limit: float, log: Path) -> None:
+    """SmokeError naming ``module`` and its log unless it exited 0 (None: ran out of time)."""
+    if returncode is None:
+        raise SmokeError(f"{module} did not finish within {limit:.0f}s (log: {log})")
+    if returncode != 0:
+        raise SmokeError(f"{module} exited {returncode}: {log_tail(log)} (log: {log})")
 
 
 def _read_result(path: Path, log: Path) -> dict[str, Any]:
@@ -331,21 +338,38 @@ def preflight_problem(info: dict[str, Any], config: SmokeConfig, python: str) ->
     return None
 
 
-def _models(run: _Run) -> tuple[str, str]:
+@contextmanager
+def _models_started(run: _Run) -> Iterator[Callable[[], tuple[str, str]]]:
+    """Start writing the tiny pair (``--tiny``) in a child now, so it overlaps the
+    preflight; the function yielded waits for it and returns (target, drafter). The
+    child is stopped on any way out."""
     config = run.config
     if not config.tiny:
         assert config.target and config.drafter
-        return config.target, config.drafter
+        given = (config.target, config.drafter)
+        yield lambda: given
+        return
     out = run.workdir / "models"
     log = run.workdir / "logs" / "tiny.log"
-    run.child(
-        "tooling.smoke.tiny",
-        [str(out), "--seed", str(config.tiny_seed), "--arch", config.tiny_arch],
-        log=log,
-        timeout_s=config.timeouts.tiny,
-    )
-    tiny = load_manifest(out)
-    return str(tiny.target), str(tiny.drafter)
+    module = "tooling.smoke.tiny"
+    args = [str(out), "--seed", str(config.tiny_seed), "--arch", config.tiny_arch]
+    limit = run.deadline.limit(config.timeouts.tiny)
+    started = time.monotonic()
+    proc = start_group([run.python, "-m", module, *args], log=log, env=run.environment())
+
+    def wait() -> tuple[str, str]:
+        try:
+            returncode: int | None = proc.wait(timeout=max(limit - (time.monotonic() - started), 0))
+        except subprocess.TimeoutExpired:
+            returncode = None
+        _raise_unless_done(module, returncode, limit, log)
+        tiny = load_manifest(out)
+        return str(tiny.target), str(tiny.drafter)
+
+    try:
+        yield wait
+    finally:
+        stop_group(proc)
 
 
 def _observe_server(
@@ -462,16 +486,17 @@ def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
 def _run_all(run: _Run, logs: Path) -> SmokeReport:
     config = run.config
     vllm_info: dict[str, Any] = {}
-    with run.step("preflight", logs / "vllm-import.log") as step:
-        vllm_info = _preflight(run)
-        step.extra = vllm_info
-    if not run.steps[-1].ok:
-        raise SmokeError(run.steps[-1].message)
-
     target = drafter = None
-    with run.step("models", logs / "tiny.log" if config.tiny else None) as step:
-        target, drafter = _models(run)
-        step.extra = {"target": target, "drafter": drafter}
+    with _models_started(run) as models:
+        with run.step("preflight", logs / "vllm-import.log") as step:
+            vllm_info = _preflight(run)
+            step.extra = vllm_info
+        if not run.steps[-1].ok:
+            raise SmokeError(run.steps[-1].message)
+        # Only the wait is timed here: the tiny pair was written during the preflight.
+        with run.step("models", logs / "tiny.log" if config.tiny else None) as step:
+            target, drafter = models()
+            step.extra = {"target": target, "drafter": drafter}
     if target is None or drafter is None:
         raise SmokeError(f"no models to serve: {run.steps[-1].message}")
 
@@ -818,7 +843,7 @@ def evaluate(
                 plain.completions,
                 list(LOSSLESS_PROMPTS),
                 margins=(fidelity or {}).get("divergences"),
-                tolerance=config.fidelity_tie_tolerance,
+                tolerance=config.lossless_tie_tolerance,
             )
         )
 

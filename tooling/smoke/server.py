@@ -108,6 +108,8 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
         cmd += ["--gdn-prefill-backend", options.gdn_prefill_backend]
     if engine.enforce_eager:
         cmd.append("--enforce-eager")
+    if engine.disable_custom_all_reduce:
+        cmd.append("--disable-custom-all-reduce")
     if options.drafter is not None:
         spec = speculative_config(options.drafter, engine.num_speculative_tokens)
         cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
