@@ -1,8 +1,9 @@
 """The CPU interpreter the probes run in: a cached virtualenv with torch and vLLM's imports.
 
 The environment is keyed by the digest of ``requirements/probe.txt``, built
-once per machine under the cache, and marked complete only after pip
-succeeded, so an interrupted install is rebuilt rather than trusted.
+once per machine under the cache with uv (given pip's index settings), and
+marked complete only after uv succeeded, so an interrupted install is rebuilt
+rather than trusted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from .errors import EnvironmentProblem, ProbeError
 from .fsutil import locked, sha256_file
 from .paths import REPO_DIR, CacheLayout
+from .pipsettings import read_pip_settings
 
 REQUIREMENTS = REPO_DIR / "requirements" / "probe.txt"
 _MARKER = ".complete"
@@ -45,42 +47,37 @@ def _create_probe_env(env: Path, requirements: Path) -> Path:
         return python_of(env)
     if env.exists():
         shutil.rmtree(env)
-    # Minutes, once per machine: say so, and let pip's own progress show (on stderr).
-    # pip, not uv: pip reads the user's index settings (PIP_INDEX_URL, PIP_FIND_LINKS,
-    # pip.conf), and a CPU build of torch often comes from exactly there (uv reads
-    # none of them and would fetch the CUDA build's gigabytes from PyPI).
+    # Once per machine: say so, and let uv's own progress show (on stderr). uv, given
+    # pip's index settings (a CPU torch often comes from the user's find-links or mirror).
     print(
         f"probe environment: creating {env} from {requirements.name} "
-        "(once per machine; pip's progress follows)",
+        "(once per machine, with uv and pip's index settings)",
         file=sys.stderr,
         flush=True,
     )
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
-    cmd = [
-        str(python_of(env)),
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "on",
-        "-r",
-        str(requirements),
-    ]
-    result = subprocess.run(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=sys.stderr,
-        stderr=sys.stderr,
-        env={**os.environ, "PIP_NO_INPUT": "1"},
-    )
-    if result.returncode != 0:
+    returncode = _uv_install(python_of(env), ["-r", str(requirements)])
+    if returncode != 0:
         shutil.rmtree(env, ignore_errors=True)
         raise EnvironmentProblem(
-            f"cannot build the probe environment from {requirements} (pip exit {result.returncode})"
+            f"cannot build the probe environment from {requirements} (uv exit {returncode})"
         )
     (env / _MARKER).write_text(sha256_file(requirements) + "\n")
     return python_of(env)
+
+
+def _uv_install(python: Path, args: list[str]) -> int:
+    """``uv pip install`` for ``python`` with pip's index settings; uv's exit code."""
+    settings = read_pip_settings()
+    cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python)]
+    result = subprocess.run(
+        [*cmd, *args, *settings.uv_args()],
+        stdin=subprocess.DEVNULL,
+        stdout=sys.stderr,
+        stderr=sys.stderr,
+        env={**os.environ, **settings.uv_env()},
+    )
+    return result.returncode
 
 
 #: The reference DFlash implementation the smoke suite and the trainer compare against.
@@ -107,24 +104,10 @@ def _install_reference_dflash(target: Path, python: Path) -> Path:
         return target
     if target.exists():
         shutil.rmtree(target)
-    cmd = [
-        str(python),
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-deps",
-        "--target",
-        str(target),
-        REFERENCE_DFLASH,
-    ]
-    result = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=sys.stderr)
-    if result.returncode != 0:
+    returncode = _uv_install(python, ["--no-deps", "--target", str(target), REFERENCE_DFLASH])
+    if returncode != 0:
         shutil.rmtree(target, ignore_errors=True)
-        raise EnvironmentProblem(
-            f"cannot install {REFERENCE_DFLASH} (pip exit {result.returncode})"
-        )
+        raise EnvironmentProblem(f"cannot install {REFERENCE_DFLASH} (uv exit {returncode})")
     (target / _MARKER).write_text(REFERENCE_DFLASH + "\n")
     return target
 
