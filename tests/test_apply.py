@@ -21,10 +21,10 @@ from tooling.apply import (
     describe_conflict,
 )
 from tooling.errors import SeriesError
+from tooling.fetching.upstream import Upstream
 from tooling.hunks import parse_diff
 from tooling.probes import ABSENT, PRESENT
 from tooling.series import load_series
-from tooling.upstream import Upstream
 
 from .conftest import PATCHES, apply_options, copy_tree
 
@@ -217,7 +217,7 @@ def test_missing_patch_file_is_refused(tmp_path):
 
 def test_git_source_end_to_end(tmp_path, upstream_0201, series, cache, catalog):
     """A local git repository of the real 0.20.1 tree, tagged, fetched and patched."""
-    from tooling.gitsource import fetch_git
+    from tooling.fetching.gitsource import fetch_git
 
     remote = copy_tree(upstream_0201.source_dir, tmp_path / "remote")
     repo = git.Repo.init(remote, initial_branch="main")

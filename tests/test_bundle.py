@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from tooling.bases import load_bases
 from tooling.bundle import (
     DEFAULT_SKIP,
     BundleConfig,
@@ -39,6 +38,7 @@ from tooling.bundle import (
 )
 from tooling.bundle import download as download_wheels
 from tooling.errors import BundleError
+from tooling.fetching.bases import load_bases
 from tooling.paths import REPO_DIR, default_cache_dir
 
 DATA = Path(__file__).parent / "data"

@@ -15,9 +15,9 @@ from spdx_tools.spdx.validation.document_validator import validate_full_spdx_doc
 from tooling.apply import APPLIED, PatchOutcome, SeriesReport
 from tooling.build import WheelIdentity, make_manifest
 from tooling.errors import BuildError
+from tooling.fetching.upstream import Upstream
 from tooling.manifest import BuildManifest, ChangedFile, PatchEntry
 from tooling.sbom import SBOM_NAME, sbom_bytes
-from tooling.upstream import Upstream
 
 WHEEL = "vllm-0.20.1+dflash.6.0123456789ab-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 

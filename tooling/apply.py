@@ -20,11 +20,11 @@ import git
 
 from . import worktree
 from .errors import BuildError, SeriesError
+from .fetching.upstream import Upstream
 from .fsutil import atomic_write_text
 from .hunks import parse_diff, place_hunk
 from .probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from .series import Patch, Series
-from .upstream import Upstream
 
 
 class PatchStatus(StrEnum):

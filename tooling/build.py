@@ -30,12 +30,12 @@ from packaging.version import Version
 from . import __version__, worktree
 from .apply import SeriesReport
 from .errors import ArchiveError, BuildError
-from .fetch import verify_artifact
+from .fetching.fetch import verify_artifact
+from .fetching.upstream import Upstream
 from .fsutil import atomic_output, sha256_bytes
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
 from .sbom import SBOM_NAME, sbom_bytes
 from .series import Patch, Series, is_compiled_path
-from .upstream import Upstream
 from .wheelfile import (
     CopiedMember,
     Member,

@@ -42,9 +42,9 @@ from typing import Any, BinaryIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from .bases import Base
 from .errors import BundleError, EnvironmentProblem
-from .fetch import DEFAULT_INDEX_URL
+from .fetching.bases import Base
+from .fetching.fetch import DEFAULT_INDEX_URL
 from .fsutil import atomic_write_text, sha256_file, staging_dir
 from .progress import progress_bar, step_bar
 

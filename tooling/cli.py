@@ -23,7 +23,6 @@ import git
 
 from . import __version__
 from .apply import ApplyOptions, SeriesReport, apply_series, reusable_report
-from .bases import Base, BaseCatalog, load_bases
 from .build import BuildOptions, BuildResult, build_precompiled
 from .errors import (
     BuildError,
@@ -36,7 +35,9 @@ from .errors import (
     exit_code_for,
 )
 from .export import check_export, export_patches
-from .fetch import DEFAULT_INDEX_URL, FetchOptions
+from .fetching.bases import Base, BaseCatalog, load_bases
+from .fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
+from .fetching.upstream import GitRequest, Upstream, fetch_upstream
 from .fsutil import locked
 from .paths import CacheLayout, default_cache_dir, default_patches_dir
 from .probe_env import (
@@ -51,7 +52,6 @@ from .probes import ALL_PROBES, ProbeTarget, run_probes
 from .report import human_size, table
 from .series import Series, load_series
 from .status import status_matrix
-from .upstream import GitRequest, Upstream, fetch_upstream
 
 #: A command function the shared option decorators wrap and hand back.
 F = TypeVar("F", bound=Callable[..., Any])

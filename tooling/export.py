@@ -18,9 +18,9 @@ import git
 from . import worktree
 from .apply import ApplyOptions, apply_series
 from .errors import SeriesError
+from .fetching.upstream import Upstream
 from .fsutil import atomic_output, atomic_write_text, sha256_bytes
 from .series import Series
-from .upstream import Upstream
 
 
 @dataclass

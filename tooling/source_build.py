@@ -35,9 +35,9 @@ from .build import (
     version_stamp,
 )
 from .errors import BuildError, EnvironmentProblem
-from .gitsource import export_tree
+from .fetching.gitsource import export_tree
+from .fetching.upstream import Upstream
 from .series import Series
-from .upstream import Upstream
 from .wheelfile import open_wheel
 
 #: Free space a build needs in its output/scratch folder.

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from .apply import ApplyOptions, SeriesReport, apply_series
-from .bases import Base
 from .errors import ToolingError
-from .fetch import FetchOptions
+from .fetching.bases import Base
+from .fetching.fetch import FetchOptions
+from .fetching.upstream import fetch_upstream
 from .series import Series
-from .upstream import fetch_upstream
 
 
 @dataclass

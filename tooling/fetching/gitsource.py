@@ -16,11 +16,11 @@ from pathlib import Path
 
 import git
 
+from ..errors import ArchiveError, CacheMissError, GitSourceError
+from ..fsutil import locked, staging_dir
+from ..paths import CacheLayout
+from ..worktree import git_error_summary
 from .bases import Base
-from .errors import ArchiveError, CacheMissError, GitSourceError
-from .fsutil import locked, staging_dir
-from .paths import CacheLayout
-from .worktree import git_error_summary
 
 _REFSPECS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")

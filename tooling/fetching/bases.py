@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, UnknownBaseError
+from ..errors import ConfigError, UnknownBaseError
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")

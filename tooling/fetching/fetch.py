@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from ..errors import ArchiveError, CacheMissError, CacheWriteError, IntegrityError, NetworkError
+from ..fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
+from ..paths import CacheLayout
+from ..progress import progress_bar
 from .bases import Artifact, Base
-from .errors import ArchiveError, CacheMissError, CacheWriteError, IntegrityError, NetworkError
-from .fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
-from .paths import CacheLayout
-from .progress import progress_bar
 
 #: The one default for every index client: fetch joins project pages onto it,
 #: bundle hands it to uv and pip as --index-url (both take it with or without the slash).
