@@ -17,8 +17,6 @@ import git
 import pytest
 from wheel.wheelfile import WheelFile
 
-from tooling import worktree
-from tooling.apply import apply_series
 from tooling.build import (
     VERSION_FILE,
     VERSION_STAMP,
@@ -31,6 +29,8 @@ from tooling.build import (
 )
 from tooling.errors import BuildError, IntegrityError
 from tooling.manifest import MANIFEST_NAME, BuildManifest
+from tooling.patching import worktree
+from tooling.patching.apply import apply_series
 from tooling.sbom import SBOM_NAME
 
 from .conftest import apply_options, copy_tree

@@ -22,7 +22,6 @@ import click
 import git
 
 from . import __version__
-from .apply import ApplyOptions, SeriesReport, apply_series, reusable_report
 from .build import BuildOptions, BuildResult, build_precompiled
 from .errors import (
     BuildError,
@@ -34,11 +33,14 @@ from .errors import (
     VerifyIntegrityError,
     exit_code_for,
 )
-from .export import check_export, export_patches
 from .fetching.bases import Base, BaseCatalog, load_bases
 from .fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
 from .fetching.upstream import GitRequest, Upstream, fetch_upstream
 from .fsutil import locked
+from .patching.apply import ApplyOptions, SeriesReport, apply_series, reusable_report
+from .patching.export import check_export, export_patches
+from .patching.series import Series, load_series
+from .patching.status import status_matrix
 from .paths import CacheLayout, default_cache_dir, default_patches_dir
 from .probe_env import (
     check_probe_python,
@@ -50,8 +52,6 @@ from .probe_env import (
 )
 from .probes import ALL_PROBES, ProbeTarget, run_probes
 from .report import human_size, table
-from .series import Series, load_series
-from .status import status_matrix
 
 #: A command function the shared option decorators wrap and hand back.
 F = TypeVar("F", bound=Callable[..., Any])

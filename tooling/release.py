@@ -22,7 +22,7 @@ from packaging.version import Version
 from .errors import BuildError
 from .fsutil import atomic_write_text, sha256_bytes, sha256_file
 from .manifest import MANIFEST_NAME, BuildManifest
-from .series import Series
+from .patching.series import Series
 
 UPSTREAM_STATUSES = ("superseded", "already-applied")
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import git
 
-from .apply import SeriesReport
 from .build import (
     VERSION_FILE,
     BuildResult,
@@ -37,7 +36,8 @@ from .build import (
 from .errors import BuildError, EnvironmentProblem
 from .fetching.gitsource import export_tree
 from .fetching.upstream import Upstream
-from .series import Series
+from .patching.apply import SeriesReport
+from .patching.series import Series
 from .wheelfile import open_wheel
 
 #: Free space a build needs in its output/scratch folder.

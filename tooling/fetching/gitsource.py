@@ -18,8 +18,8 @@ import git
 
 from ..errors import ArchiveError, CacheMissError, GitSourceError
 from ..fsutil import locked, staging_dir
+from ..patching.worktree import git_error_summary
 from ..paths import CacheLayout
-from ..worktree import git_error_summary
 from .bases import Base
 
 _REFSPECS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]

@@ -15,9 +15,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import SeriesError
-from .fsutil import sha256_file
-from .probes import ALL_PROBES
+from ..errors import SeriesError
+from ..fsutil import sha256_file
+from ..probes import ALL_PROBES
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 

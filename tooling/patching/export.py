@@ -15,11 +15,11 @@ from pathlib import Path
 
 import git
 
+from ..errors import SeriesError
+from ..fetching.upstream import Upstream
+from ..fsutil import atomic_output, atomic_write_text, sha256_bytes
 from . import worktree
 from .apply import ApplyOptions, apply_series
-from .errors import SeriesError
-from .fetching.upstream import Upstream
-from .fsutil import atomic_output, atomic_write_text, sha256_bytes
 from .series import Series
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import git
 from gitdb import IStream
 
-from .fsutil import staging_dir
+from ..fsutil import staging_dir
 
 BASELINE_TAG = "baseline"
 BRANCH = "dflash"

@@ -18,12 +18,12 @@ from typing import Any
 
 import git
 
+from ..errors import BuildError, SeriesError
+from ..fetching.upstream import Upstream
+from ..fsutil import atomic_write_text
+from ..probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from . import worktree
-from .errors import BuildError, SeriesError
-from .fetching.upstream import Upstream
-from .fsutil import atomic_write_text
 from .hunks import parse_diff, place_hunk
-from .probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from .series import Patch, Series
 
 

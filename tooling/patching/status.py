@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ToolingError
+from ..fetching.bases import Base
+from ..fetching.fetch import FetchOptions
+from ..fetching.upstream import fetch_upstream
 from .apply import ApplyOptions, SeriesReport, apply_series
-from .errors import ToolingError
-from .fetching.bases import Base
-from .fetching.fetch import FetchOptions
-from .fetching.upstream import fetch_upstream
 from .series import Series
 
 
