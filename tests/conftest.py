@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tooling.build import BuildOptions, BuildResult, build_precompiled
+from tooling.building.build import BuildOptions, BuildResult, build_precompiled
 from tooling.fetching.bases import BaseCatalog, load_bases
 from tooling.fetching.fetch import FetchOptions
 from tooling.fetching.upstream import Upstream, fetch_upstream

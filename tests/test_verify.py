@@ -15,7 +15,7 @@ import git
 import pytest
 from click.testing import CliRunner
 
-from tooling.build import BuildOptions, build_precompiled
+from tooling.building.build import BuildOptions, build_precompiled
 from tooling.cli import main
 from tooling.errors import (
     ConfigError,

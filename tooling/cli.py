@@ -22,7 +22,7 @@ import click
 import git
 
 from . import __version__
-from .build import BuildOptions, BuildResult, build_precompiled
+from .building.build import BuildOptions, BuildResult, build_precompiled
 from .errors import (
     BuildError,
     EnvironmentProblem,
@@ -759,7 +759,7 @@ def build(
     )
     epoch = _source_date_epoch()
     if mode == "source":
-        from .source_build import SourceBuildOptions, build_from_source
+        from .building.source_build import SourceBuildOptions, build_from_source
 
         result = build_from_source(
             upstream,

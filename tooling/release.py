@@ -19,9 +19,9 @@ from typing import Any
 
 from packaging.version import Version
 
+from .building.manifest import MANIFEST_NAME, BuildManifest
 from .errors import BuildError
 from .fsutil import atomic_write_text, sha256_bytes, sha256_file
-from .manifest import MANIFEST_NAME, BuildManifest
 from .patching.series import Series
 
 UPSTREAM_STATUSES = ("superseded", "already-applied")

@@ -23,6 +23,11 @@ from pathlib import Path
 
 import git
 
+from ..errors import BuildError, EnvironmentProblem
+from ..fetching.gitsource import export_tree
+from ..fetching.upstream import Upstream
+from ..patching.apply import SeriesReport
+from ..patching.series import Series
 from .build import (
     VERSION_FILE,
     BuildResult,
@@ -33,11 +38,6 @@ from .build import (
     runtime_version,
     version_stamp,
 )
-from .errors import BuildError, EnvironmentProblem
-from .fetching.gitsource import export_tree
-from .fetching.upstream import Upstream
-from .patching.apply import SeriesReport
-from .patching.series import Series
 from .wheelfile import open_wheel
 
 #: Free space a build needs in its output/scratch folder.

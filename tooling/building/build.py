@@ -27,15 +27,15 @@ import git
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from . import __version__
-from .errors import ArchiveError, BuildError
-from .fetching.fetch import verify_artifact
-from .fetching.upstream import Upstream
-from .fsutil import atomic_output, sha256_bytes
+from .. import __version__
+from ..errors import ArchiveError, BuildError
+from ..fetching.fetch import verify_artifact
+from ..fetching.upstream import Upstream
+from ..fsutil import atomic_output, sha256_bytes
+from ..patching import worktree
+from ..patching.apply import SeriesReport
+from ..patching.series import Patch, Series, is_compiled_path
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
-from .patching import worktree
-from .patching.apply import SeriesReport
-from .patching.series import Patch, Series, is_compiled_path
 from .sbom import SBOM_NAME, sbom_bytes
 from .wheelfile import (
     CopiedMember,

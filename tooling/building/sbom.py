@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from .errors import BuildError
+from ..errors import BuildError
 from .manifest import BuildManifest, PatchEntry
 
 SBOM_NAME = "vllm-dflash.spdx.json"
