@@ -270,7 +270,7 @@ def test_verify_with_an_interpreter_that_is_not_python_is_one_line(tmp_path):
 
 
 def test_pip_refusing_a_wheel_shows_pips_error_line(tmp_path):
-    from tooling.install import pip_install
+    from tooling.verifying.install import pip_install
 
     bad = tmp_path / "vllm-0.20.1-cp38-abi3-manylinux_2_35_x86_64.whl"
     bad.write_bytes(b"not a zip archive")

@@ -26,7 +26,7 @@ from tooling.errors import (
 from tooling.patching import worktree
 from tooling.patching.apply import apply_series
 from tooling.probes import ProbeTarget
-from tooling.verify import (
+from tooling.verifying.verify import (
     FIXES,
     VersionIdentity,
     check_files,

@@ -896,7 +896,7 @@ def verify_command(
     """Check an installed vLLM: files against RECORD, and each fix by behaviour."""
     import tempfile
 
-    from .verify import (
+    from .verifying.verify import (
         install_into_fresh_env,
         locate_in_site,
         locate_with_python,
@@ -1033,7 +1033,7 @@ def release_command(
 def _install_wheel_for_smoke(wheel: Path, folder: Path) -> Path:
     """pip-install ``wheel`` into ``folder`` (--target, no deps) for the smoke to import."""
     from .errors import SmokeError
-    from .install import pip_install
+    from .verifying.install import pip_install
 
     failure = pip_install(wheel, target=folder)
     if failure is not None:

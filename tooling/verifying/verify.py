@@ -22,11 +22,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .building.manifest import MANIFEST_NAME, BuildManifest
+from ..building.manifest import MANIFEST_NAME, BuildManifest
+from ..errors import ConfigError, EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
+from ..probes import ABSENT, ALL_PROBES, PRESENT, ProbeResult, ProbeTarget, start_probes
 from .bytecode import BytecodeCheck, check_bytecode
-from .errors import ConfigError, EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
 from .install import pip_install
-from .probes import ABSENT, ALL_PROBES, PRESENT, ProbeResult, ProbeTarget, start_probes
 
 #: The fixes in series order, each with the probe that decides it.
 FIXES = (
