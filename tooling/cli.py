@@ -1012,7 +1012,7 @@ def release_command(
     extra: tuple[Path, ...],
 ) -> None:
     """Write RELEASE_NOTES.md, the manifest and SHA256SUMS beside the wheel."""
-    from .release import write_release
+    from .release.release import write_release
 
     settings = _settings(ctx)
     wheel = wheel or single_wheel(dist_dir)
@@ -1341,7 +1341,7 @@ def bundle_command(
     lock_only: Path | None,
 ) -> None:
     """An offline wheelhouse for an air-gapped GPU host: wheel, dependencies, lock, scripts."""
-    from . import bundle
+    from .release import bundle
 
     settings = _settings(ctx)
     wheel = wheel or single_wheel(Path("dist"))

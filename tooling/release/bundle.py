@@ -42,11 +42,11 @@ from typing import Any, BinaryIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from .errors import BundleError, EnvironmentProblem
-from .fetching.bases import Base
-from .fetching.fetch import DEFAULT_INDEX_URL
-from .fsutil import atomic_write_text, sha256_file, staging_dir
-from .progress import progress_bar, step_bar
+from ..errors import BundleError, EnvironmentProblem
+from ..fetching.bases import Base
+from ..fetching.fetch import DEFAULT_INDEX_URL
+from ..fsutil import atomic_write_text, sha256_file, staging_dir
+from ..progress import progress_bar, step_bar
 
 DEFAULT_PYTHON_VERSION = "3.12"
 DEFAULT_PLATFORM = "manylinux_2_35_x86_64"
@@ -605,9 +605,13 @@ def _match_wheels(entries: Sequence[PlanEntry], folder: Path) -> dict[str, Path]
 
 
 def _bundle_file(name: str) -> str:
-    """A script the bundle carries, from ``tooling/bundle_files`` (package data: the
+    """A script the bundle carries, from ``tooling/release/bundle_files`` (package data: the
     files are linted and tested as themselves, shellcheck included)."""
-    return resources.files("tooling").joinpath("bundle_files", name).read_text(encoding="utf-8")
+    return (
+        resources.files("tooling.release")
+        .joinpath("bundle_files", name)
+        .read_text(encoding="utf-8")
+    )
 
 
 def _sums_text(files: Iterable[BundleFile]) -> str:

@@ -19,10 +19,10 @@ from typing import Any
 
 from packaging.version import Version
 
-from .building.manifest import MANIFEST_NAME, BuildManifest
-from .errors import BuildError
-from .fsutil import atomic_write_text, sha256_bytes, sha256_file
-from .patching.series import Series
+from ..building.manifest import MANIFEST_NAME, BuildManifest
+from ..errors import BuildError
+from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
+from ..patching.series import Series
 
 UPSTREAM_STATUSES = ("superseded", "already-applied")
 
