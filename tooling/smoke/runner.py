@@ -70,7 +70,7 @@ from .server import (
     free_port,
     serve,
 )
-from .tiny import load_manifest
+from .serving.tiny import load_manifest
 
 Notify = Callable[[str], None]
 
@@ -339,7 +339,7 @@ def _models(run: _Run) -> tuple[str, str]:
     out = run.workdir / "models"
     log = run.workdir / "logs" / "tiny.log"
     run.child(
-        "tooling.smoke.tiny",
+        "tooling.smoke.serving.tiny",
         [str(out), "--seed", str(config.tiny_seed), "--arch", config.tiny_arch],
         log=log,
         timeout_s=config.timeouts.tiny,
@@ -682,7 +682,7 @@ def _engine(
         run, target, drafter, run.workdir / f"{name}-features.pt", batch=main and run.config.audit
     )
     engine_step = _ChildStep(
-        module="tooling.smoke.engine_run",
+        module="tooling.smoke.serving.engine_run",
         request=request,
         in_name=f"{name}-in.json",
         out_name=f"{name}.json",
@@ -739,7 +739,7 @@ def _reference(
         return None, why, None, f"needs the in-process run: {why}"
     config = run.config
     reference_step = _ChildStep(
-        module="tooling.smoke.reference",
+        module="tooling.smoke.serving.reference",
         request={
             "target": models[0],
             "drafter": models[1],
@@ -918,7 +918,7 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
                 "argv": [
                     python,
                     "-m",
-                    "tooling.smoke.tiny",
+                    "tooling.smoke.serving.tiny",
                     str(workdir / "models"),
                     "--arch",
                     config.tiny_arch,
@@ -931,11 +931,11 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
 
     def engine(name: str) -> dict[str, Any]:
         files = (f"{name}-in.json", f"{name}.json")
-        return child(f"in-process engine ({name})", "tooling.smoke.engine_run", files)
+        return child(f"in-process engine ({name})", "tooling.smoke.serving.engine_run", files)
 
     def reference(name: str) -> dict[str, Any]:
         files = (f"{name}-reference-in.json", f"{name}-fidelity.json")
-        return child(f"reference comparison ({name})", "tooling.smoke.reference", files)
+        return child(f"reference comparison ({name})", "tooling.smoke.serving.reference", files)
 
     # The order run_smoke starts them in: the warm-cache runs, then the in-process
     # engine and the servers (the servers first when they overlap), the reference last.

@@ -1,6 +1,6 @@
 """In-process vLLM run with the DFlash drafter: every proposal, each drafter layer's window.
 
-Runs on the GPU host as ``python -m tooling.smoke.engine_run IN.json OUT.json``
+Runs on the GPU host as ``python -m tooling.smoke.serving.engine_run IN.json OUT.json``
 with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the model runner lives in this
 process. Before the engine exists, ``DFlashProposer.propose`` is wrapped to
 record, per call and request row, the bonus token (the target's sampled next

@@ -28,7 +28,7 @@ the layer the engine really captured, which catches a wrong aux layer (or a
 compiled graph that baked in another build's layers) whichever context gates
 the drafts. Both agreements are reported; ``context`` says which one gates.
 
-Runs as ``python -m tooling.smoke.reference IN.json OUT.json`` in an
+Runs as ``python -m tooling.smoke.serving.reference IN.json OUT.json`` in an
 interpreter with torch, transformers and the reference ``dflash`` package.
 """
 

@@ -15,7 +15,7 @@ is trained offline on a seeded synthetic corpus and saved beside the target,
 so ``vllm serve`` and the OpenAI API work end to end.
 
 Runs in an interpreter with torch, transformers, tokenizers and ``dflash``:
-``python -m tooling.smoke.tiny OUT_DIR [--seed N]`` writes ``OUT_DIR/target``,
+``python -m tooling.smoke.serving.tiny OUT_DIR [--seed N]`` writes ``OUT_DIR/target``,
 ``OUT_DIR/drafter`` and ``OUT_DIR/tiny.json`` (the manifest). The orchestrator
 reads only the manifest, so it never imports torch.
 """
@@ -134,7 +134,7 @@ def synthetic_corpus(seed: int, sentences: int = 4000) -> list[str]:
     Generated rather than read from disk so the tokenizer does not depend on
     which Python (and which standard-library sources) the host has.
     """
-    from .config import FIDELITY_TEXTS, LOSSLESS_PROMPTS, PREFIX_PROMPT_TEXT
+    from ..config import FIDELITY_TEXTS, LOSSLESS_PROMPTS, PREFIX_PROMPT_TEXT
 
     rng = random.Random(seed)
     onsets = ["", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w", "th"]
@@ -355,7 +355,7 @@ def write_tiny_models(root: Path, spec: TinySpec | None = None) -> TinyModels:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.tiny")
+    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.serving.tiny")
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", choices=(HYBRID, QWEN3), default=HYBRID)
