@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from tooling.release.release.bundle import (
+from tooling.release.bundle import (
     DEFAULT_SKIP,
     BundleConfig,
     Requirement,
@@ -35,7 +35,7 @@ from tooling.release.release.bundle import (
     uv_platform,
     write_bundle,
 )
-from tooling.release.release.bundle import download as download_wheels
+from tooling.release.bundle import download as download_wheels
 
 from tooling.errors import BundleError
 from tooling.fetching.bases import load_bases

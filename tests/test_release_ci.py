@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tooling.release.release.release import (
+from tooling.release.release import (
     read_wheel_manifest,
     release_notes,
     upstream_since,
