@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import os
 import re
 import time
 import zipfile
@@ -496,3 +497,28 @@ def _recorded(record: dict[str, tuple[str, str]], name: str) -> tuple[str, str]:
         return record[name]
     except KeyError:
         raise BuildError(f"official RECORD does not list {name}; the wheel is not valid") from None
+
+
+#: A zip entry's date holds years 1980-2107.
+_ZIP_LAST_EPOCH = 4354819199
+
+
+def source_date_epoch() -> int | None:
+    """``$SOURCE_DATE_EPOCH`` as the seconds a wheel's dates can hold, or None when unset."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if not value:
+        return None
+    if not value.strip().isdigit():
+        raise BuildError(f"SOURCE_DATE_EPOCH {value!r} is not a whole number of seconds")
+    if int(value) > _ZIP_LAST_EPOCH:
+        raise BuildError(f"SOURCE_DATE_EPOCH {value!r} is past 2107, the last year a zip can hold")
+    return int(value)
+
+
+def single_wheel(dist_dir: Path) -> Path:
+    """The one vllm-*.whl in ``dist_dir`` (a build's output), or a clear error."""
+    wheels = sorted(dist_dir.glob("vllm-*.whl"))
+    if len(wheels) != 1:
+        names = ", ".join(w.name for w in wheels) or "none"
+        raise BuildError(f"{dist_dir}: expected one vllm-*.whl, found {len(wheels)} ({names})")
+    return wheels[0]

@@ -62,6 +62,12 @@ class BaseCatalog:
     def select(self, versions: list[str]) -> list[Base]:
         return [self.get(v) for v in versions]
 
+    def selection(self, spec: str) -> list[Base]:
+        """``all`` (every pinned release, in bases.toml's order) or comma-separated versions."""
+        if spec == "all":
+            return list(self.bases.values())
+        return self.select([v.strip() for v in spec.split(",") if v.strip()])
+
 
 def _artifact(table: dict, where: str) -> Artifact:
     try:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bases import Base
+from .bases import Base, BaseCatalog
 from .fetch import FetchOptions, ensure_artifact, fetch_pypi
 from .gitsource import GitSource, fetch_git
 
@@ -66,6 +66,43 @@ class GitRequest:
     url: str
     ref: str | None = None
     allow_moving_ref: bool = False
+
+
+@dataclass(frozen=True)
+class SourceRequest:
+    """Which upstream a command asks for (``--base``, ``--source``, ``--git-url``, ``--ref``,
+    ``--allow-moving-ref``); unset fields mean bases.toml's defaults."""
+
+    base_version: str | None = None
+    source: str = "pypi"
+    git_url: str | None = None
+    ref: str | None = None
+    allow_moving_ref: bool = False
+
+
+def fetch_requested(
+    catalog: BaseCatalog,
+    request: SourceRequest,
+    options: FetchOptions,
+    *,
+    with_wheel: bool = True,
+    verify_wheel: bool = True,
+) -> Upstream:
+    """``request`` resolved against ``catalog`` (the pinned base, the git remote) and fetched."""
+    git_request = None
+    if request.source == "git":
+        git_request = GitRequest(
+            url=request.git_url or catalog.git_url,
+            ref=request.ref,
+            allow_moving_ref=request.allow_moving_ref,
+        )
+    return fetch_upstream(
+        catalog.get(request.base_version),
+        options,
+        git=git_request,
+        with_wheel=with_wheel,
+        verify_wheel=verify_wheel,
+    )
 
 
 def fetch_upstream(

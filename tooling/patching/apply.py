@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -18,8 +19,10 @@ from typing import Any
 
 import git
 
-from ..errors import BuildError, SeriesError
-from ..fetching.upstream import Upstream
+from ..errors import BuildError, PatchConflictError, SeriesError
+from ..fetching.bases import BaseCatalog
+from ..fetching.fetch import FetchOptions
+from ..fetching.upstream import Upstream, fetch_upstream
 from ..fsutil import atomic_write_text
 from ..probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from . import worktree
@@ -111,6 +114,17 @@ class SeriesReport:
 
     def outcome(self, patch_id: str) -> PatchOutcome:
         return next(o for o in self.outcomes if o.patch_id == patch_id)
+
+    def raise_unless_ok(self) -> None:
+        """PatchConflictError naming the first patch that did not go in, and how many more."""
+        bad = [o for o in self.outcomes if not o.ok]
+        if not bad:
+            return
+        first = bad[0]
+        raise PatchConflictError(
+            f"patch {first.patch_id} ({first.patch_file}): {first.problem or first.message}"
+            + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -365,4 +379,54 @@ def reusable_report(work_dir: Path, upstream: Upstream, series: Series) -> Serie
     repo = git.Repo(work_dir)
     if repo.head.commit.hexsha != report.head or repo.is_dirty(untracked_files=False):
         return None
+    return report
+
+
+def default_tree(upstream: Upstream, series: Series) -> Path:
+    """The work tree ``tooling patch`` and ``tooling build`` use for this series on ``upstream``
+    unless told otherwise (``worktree.default_work_dir``), absolute."""
+    commit = upstream.git.commit if upstream.git else None
+    return worktree.default_work_dir(upstream.base.version, commit, series.skipped).resolve()
+
+
+def three_way_preimages(
+    series: Series, catalog: BaseCatalog, options: FetchOptions
+) -> tuple[bytes, ...]:
+    """For ``--3way``: the validated base's copies of every file the series touches (fetched,
+    source only), the blobs a 3-way merge on another base needs."""
+    if not series.validated_base:
+        return ()
+    validated = fetch_upstream(catalog.get(series.validated_base), options, with_wheel=False)
+    return tuple(
+        (validated.source_dir / f).read_bytes()
+        for p in series.patches
+        for f in p.files
+        if (validated.source_dir / f).is_file()
+    )
+
+
+def ensure_patched(
+    upstream: Upstream,
+    series: Series,
+    work_dir: Path,
+    options: ApplyOptions,
+    *,
+    require_probes: bool,
+    on_applied: Callable[[SeriesReport], None] = lambda _report: None,
+) -> SeriesReport:
+    """The applied series for ``upstream`` in ``work_dir`` (locked by the caller): the saved
+    report when the tree is current, else the series applied afresh (``on_applied`` sees that
+    report first) and PatchConflictError unless every patch went in."""
+    if require_probes and options.probe_python is None:
+        raise BuildError(
+            "no probe interpreter: run `tooling probe-env`, set "
+            "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)"
+        )
+    if work_dir.is_dir():
+        report = reusable_report(work_dir, upstream, series)
+        if report is not None and (report.probe_python or not require_probes):
+            return report
+    report = apply_series(upstream, series, work_dir, options)
+    on_applied(report)
+    report.raise_unless_ok()
     return report

@@ -14,6 +14,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,16 @@ def git_error_lines(error: git.GitCommandError) -> list[str]:
     text = str(error.stderr or error).strip()
     text = re.sub(r"^stderr: '", "", text).rstrip("'")
     return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+def default_work_dir(
+    version: str, git_commit: str | None = None, skipped: Sequence[str] = ()
+) -> Path:
+    """``build/work/vllm-<base>[-git-<commit>][-skip-<ids>]``, relative to the working folder:
+    one tree per distinct series, so an ablation never reuses the full series' tree."""
+    suffix = f"-git-{git_commit[:12]}" if git_commit else ""
+    suffix += "".join(f"-skip-{s}" for s in skipped)
+    return Path("build") / "work" / f"vllm-{version}{suffix}"
 
 
 def git_error_summary(error: git.GitCommandError) -> str:
