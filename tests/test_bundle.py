@@ -18,6 +18,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tooling.errors import BundleError
+from tooling.fetching.bases import load_bases
+from tooling.paths import REPO_DIR, default_cache_dir
 from tooling.release.bundle import (
     DEFAULT_SKIP,
     BundleConfig,
@@ -36,10 +40,6 @@ from tooling.release.bundle import (
     write_bundle,
 )
 from tooling.release.bundle import download as download_wheels
-
-from tooling.errors import BundleError
-from tooling.fetching.bases import load_bases
-from tooling.paths import REPO_DIR, default_cache_dir
 
 DATA = Path(__file__).parent / "data"
 LOCK = DATA / "vllm-0.20.1-runtime-lock.txt"

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tooling.patching.status import BaseStatus
+from tooling.paths import REPO_DIR
 from tooling.release.release import (
     read_wheel_manifest,
     release_notes,
     upstream_since,
     write_release,
 )
-
-from tooling.patching.status import BaseStatus
-from tooling.paths import REPO_DIR
 
 WORKFLOWS = sorted((REPO_DIR / ".github" / "workflows").glob("*.yml"))
 #: Jobs that only decide whether another job runs, and say why when it does not.
