@@ -9,23 +9,11 @@ import click
 
 from ..building.build import single_wheel
 from ..report import human_size, table
-from .options import emit, json_option, settings_of
+from .options import emit, json_option, settings_of, wheel_options
 
 
 @click.command("bundle")
-@click.option(
-    "--wheel",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    help="The vLLM wheel to ship (default: the one vllm-*.whl in --dist).",
-)
-@click.option(
-    "--dist",
-    "dist_dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("dist"),
-    show_default=True,
-    help="Where the build put the wheel (read when --wheel is not given).",
-)
+@wheel_options("The vLLM wheel to ship")
 @click.option(
     "--out",
     "out_dir",

@@ -159,6 +159,27 @@ def cache_options(f: F) -> F:
     )(f)
 
 
+def wheel_options(wheel_help: str) -> Callable[[F], F]:
+    """--wheel, else the one vllm-*.whl in --dist (default dist/, where `tooling build` puts it)."""
+
+    def decorate(f: F) -> F:
+        f = click.option(
+            "--dist",
+            "dist_dir",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=Path("dist"),
+            show_default=True,
+            help="Where the build put the wheel.",
+        )(f)
+        return click.option(
+            "--wheel",
+            type=click.Path(path_type=Path, exists=True, dir_okay=False),
+            help=f"{wheel_help} (default: the one vllm-*.whl in --dist).",
+        )(f)
+
+    return decorate
+
+
 def probe_python_option(f: F) -> F:
     return click.option(
         "--probe-python",

@@ -8,22 +8,11 @@ from pathlib import Path
 import click
 
 from ..building.build import single_wheel
-from .options import emit, json_option, settings_of
+from .options import emit, json_option, settings_of, wheel_options
 
 
 @click.command("release")
-@click.option(
-    "--wheel",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    help="The built wheel (default: the one vllm-*.whl in --dist).",
-)
-@click.option(
-    "--dist",
-    "dist_dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("dist"),
-    show_default=True,
-)
+@wheel_options("The built wheel")
 @click.option(
     "--status-json",
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
