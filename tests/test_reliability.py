@@ -316,7 +316,7 @@ def test_patch_status_json_with_a_broken_series_is_json(tmp_path):
     patches = tmp_path / "patches"
     shutil.copytree(REPO_DIR / "patches", patches)
     (patches / "series.toml").write_text("[[patch]\nbroken")
-    args = ("--patches-dir", str(patches), "patch", "--work-dir", "w", "status", "--json")
+    args = ("--patches-dir", str(patches), "patch", "status", "--json")
     code, out, err = finish(tooling(*args, cwd=tmp_path))
     assert code == 10 and err.count("\n") == 1, err
     assert json.loads(out)["exit_code"] == 10
