@@ -41,7 +41,7 @@ lint: $(STAMP) ## ruff, mypy, shellcheck, and the CI workflows (schema, zizmor o
 	$(BIN)/ruff check tooling tests bench
 	$(BIN)/ruff format --check tooling tests bench
 	$(BIN)/mypy tooling
-	$(BIN)/shellcheck --severity=warning tooling/bundle_files/install.sh ci/gpu/*.sh
+	$(BIN)/shellcheck --severity=warning tooling/release/bundle_files/install.sh ci/gpu/*.sh
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(BIN)/zizmor --offline --min-severity low .github/workflows/*.yml
 

@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from tooling.bases import load_bases
+from tooling.fetching.bases import load_bases
+from tooling.patching.series import load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
 from tooling.probe_env import ensure_probe_env
 from tooling.probes import ProbeTarget, run_probes
-from tooling.series import load_series
 
 
 def main() -> int:

@@ -22,7 +22,12 @@ from pathlib import Path
 
 from tooling.paths import CacheLayout, default_cache_dir
 from tooling.probe_env import ensure_probe_env
-from tooling.verify import check_files, install_into_fresh_env, locate_with_python, read_record
+from tooling.verifying.verify import (
+    check_files,
+    install_into_fresh_env,
+    locate_with_python,
+    read_record,
+)
 
 IMPORTS = (
     "import vllm.v1.worker.gpu_model_runner, vllm.model_executor.models.qwen3_dflash, "

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tooling.apply import ApplyOptions, SeriesReport, apply_series
-from tooling.bases import BaseCatalog, load_bases
-from tooling.build import BuildOptions, BuildResult, build_precompiled
-from tooling.fetch import FetchOptions
+from tooling.building.build import BuildOptions, BuildResult, build_precompiled
+from tooling.fetching.bases import BaseCatalog, load_bases
+from tooling.fetching.fetch import FetchOptions
+from tooling.fetching.upstream import Upstream, fetch_upstream
+from tooling.patching.apply import ApplyOptions, SeriesReport, apply_series
+from tooling.patching.series import Series, load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
 from tooling.probe_env import ensure_probe_env
-from tooling.series import Series, load_series
-from tooling.upstream import Upstream, fetch_upstream
 
 PATCHES = REPO_DIR / "patches"
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import git
 import pytest
 
-from tooling import worktree
-from tooling.apply import (
+from tooling.errors import SeriesError
+from tooling.fetching.upstream import Upstream
+from tooling.patching import worktree
+from tooling.patching.apply import (
     ALREADY_APPLIED,
     APPLIED,
     CONFLICT,
@@ -20,11 +22,9 @@ from tooling.apply import (
     decide,
     describe_conflict,
 )
-from tooling.errors import SeriesError
-from tooling.hunks import parse_diff
+from tooling.patching.hunks import parse_diff
+from tooling.patching.series import load_series
 from tooling.probes import ABSENT, PRESENT
-from tooling.series import load_series
-from tooling.upstream import Upstream
 
 from .conftest import PATCHES, apply_options, copy_tree
 
@@ -195,8 +195,8 @@ def test_corrupt_patch_file_is_refused_by_name(tmp_path, upstream_0201, cache):
     folder = ledger_copy(tmp_path)
     patch = folder / "0001-dflash-layer-id-offset.patch"
     patch.write_bytes(patch.read_bytes().replace(b"@@ -4958,11 +4958,20 @@", b"@@ garbage @@"))
-    from tooling.export import update_ledger
     from tooling.fsutil import sha256_file
+    from tooling.patching.export import update_ledger
 
     update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
     series = load_series(folder / "series.toml")
@@ -217,7 +217,7 @@ def test_missing_patch_file_is_refused(tmp_path):
 
 def test_git_source_end_to_end(tmp_path, upstream_0201, series, cache, catalog):
     """A local git repository of the real 0.20.1 tree, tagged, fetched and patched."""
-    from tooling.gitsource import fetch_git
+    from tooling.fetching.gitsource import fetch_git
 
     remote = copy_tree(upstream_0201.source_dir, tmp_path / "remote")
     repo = git.Repo.init(remote, initial_branch="main")

@@ -17,9 +17,7 @@ import git
 import pytest
 from wheel.wheelfile import WheelFile
 
-from tooling import worktree
-from tooling.apply import apply_series
-from tooling.build import (
+from tooling.building.build import (
     VERSION_FILE,
     VERSION_STAMP,
     BuildOptions,
@@ -29,9 +27,11 @@ from tooling.build import (
     runtime_version,
     stamp_version,
 )
+from tooling.building.manifest import MANIFEST_NAME, BuildManifest
+from tooling.building.sbom import SBOM_NAME
 from tooling.errors import BuildError, IntegrityError
-from tooling.manifest import MANIFEST_NAME, BuildManifest
-from tooling.sbom import SBOM_NAME
+from tooling.patching import worktree
+from tooling.patching.apply import apply_series
 
 from .conftest import apply_options, copy_tree
 

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tooling.bases import load_bases
-from tooling.bundle import (
+from tooling.errors import BundleError
+from tooling.fetching.bases import load_bases
+from tooling.paths import REPO_DIR, default_cache_dir
+from tooling.release.bundle import (
     DEFAULT_SKIP,
     BundleConfig,
     Requirement,
@@ -37,9 +39,7 @@ from tooling.bundle import (
     uv_platform,
     write_bundle,
 )
-from tooling.bundle import download as download_wheels
-from tooling.errors import BundleError
-from tooling.paths import REPO_DIR, default_cache_dir
+from tooling.release.bundle import download as download_wheels
 
 DATA = Path(__file__).parent / "data"
 LOCK = DATA / "vllm-0.20.1-runtime-lock.txt"
@@ -425,7 +425,7 @@ def test_resolve_download_and_write_a_small_bundle(tmp_path: Path) -> None:
 
 
 def test_the_carried_scripts_are_files_that_pass_their_linters(tmp_path) -> None:
-    files = REPO_DIR / "tooling" / "bundle_files"
+    files = REPO_DIR / "tooling" / "release" / "bundle_files"
     shellcheck = Path(sys.executable).parent / "shellcheck"
     result = subprocess.run(
         [str(shellcheck), str(files / "install.sh")], capture_output=True, text=True

@@ -8,13 +8,13 @@ import git
 import pytest
 from click.testing import CliRunner
 
-from tooling import worktree
-from tooling.apply import apply_series
 from tooling.cli import main
 from tooling.errors import SeriesError
-from tooling.export import check_export, export_patches, render_patches
 from tooling.fsutil import sha256_file
-from tooling.series import load_series
+from tooling.patching import worktree
+from tooling.patching.apply import apply_series
+from tooling.patching.export import check_export, export_patches, render_patches
+from tooling.patching.series import load_series
 
 from .conftest import PATCHES, apply_options
 
@@ -42,7 +42,7 @@ def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201):
     start = int(header.split(b" ")[1].split(b",")[0][1:])
     edited = header.replace(f"-{start},".encode(), f"-{start - 3},".encode(), 1)
     patch.write_bytes(text.replace(header, edited, 1))
-    from tooling.export import update_ledger
+    from tooling.patching.export import update_ledger
 
     update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
     result = check_export(upstream_0201, load_series(folder / "series.toml"))
@@ -76,7 +76,7 @@ def test_cli_export_check_exit_code_on_drift(tmp_path, cache):
     shutil.copytree(PATCHES, folder)
     patch = folder / "0001-dflash-layer-id-offset.patch"
     patch.write_bytes(patch.read_bytes() + b"\n")
-    from tooling.export import update_ledger
+    from tooling.patching.export import update_ledger
 
     update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
     result = CliRunner().invoke(
@@ -90,6 +90,6 @@ def test_update_ledger_refuses_an_unknown_file(tmp_path):
     folder = tmp_path / "patches"
     shutil.copytree(PATCHES, folder)
     with pytest.raises(SeriesError, match='expected `file = "nope.patch"`'):
-        from tooling.export import update_ledger
+        from tooling.patching.export import update_ledger
 
         update_ledger(folder / "series.toml", "nope.patch", "0" * 64)

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tooling.bases import Artifact, load_bases
 from tooling.cli import main
 from tooling.errors import (
     ArchiveError,
@@ -29,7 +28,8 @@ from tooling.errors import (
     NetworkError,
     UnknownBaseError,
 )
-from tooling.fetch import (
+from tooling.fetching.bases import Artifact, load_bases
+from tooling.fetching.fetch import (
     FetchOptions,
     ensure_artifact,
     extract_sdist,
@@ -397,7 +397,7 @@ class RawIndex:
 def test_a_broken_index_page_is_a_network_error(
     tmp_path, monkeypatch, sdist_bytes, body, kw, message
 ):
-    monkeypatch.setattr("tooling.fetch._TIMEOUT_S", 1)
+    monkeypatch.setattr("tooling.fetching.fetch._TIMEOUT_S", 1)
     idx = RawIndex(body, **kw)
     try:
         with pytest.raises(NetworkError, match=message):

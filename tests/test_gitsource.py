@@ -7,9 +7,9 @@ from pathlib import Path
 import git
 import pytest
 
-from tooling.bases import Artifact, Base, GitPin
 from tooling.errors import CacheMissError, GitSourceError
-from tooling.gitsource import fetch_git
+from tooling.fetching.bases import Artifact, Base, GitPin
+from tooling.fetching.gitsource import fetch_git
 from tooling.paths import CacheLayout
 
 

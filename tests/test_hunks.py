@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tooling.hunks import parse_diff, place_hunk
+from tooling.patching.hunks import parse_diff, place_hunk
 
 DIFF = """\
 diff --git a/pkg/mod.py b/pkg/mod.py

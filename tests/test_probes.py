@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tooling.fetching.upstream import fetch_upstream
 from tooling.probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, run_probes
-from tooling.upstream import fetch_upstream
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tooling.patching.status import BaseStatus
 from tooling.paths import REPO_DIR
-from tooling.release import read_wheel_manifest, release_notes, upstream_since, write_release
-from tooling.status import BaseStatus
+from tooling.release.release import (
+    read_wheel_manifest,
+    release_notes,
+    upstream_since,
+    write_release,
+)
 
 WORKFLOWS = sorted((REPO_DIR / ".github" / "workflows").glob("*.yml"))
 #: Jobs that only decide whether another job runs, and say why when it does not.

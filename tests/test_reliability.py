@@ -270,7 +270,7 @@ def test_verify_with_an_interpreter_that_is_not_python_is_one_line(tmp_path):
 
 
 def test_pip_refusing_a_wheel_shows_pips_error_line(tmp_path):
-    from tooling.install import pip_install
+    from tooling.verifying.install import pip_install
 
     bad = tmp_path / "vllm-0.20.1-cp38-abi3-manylinux_2_35_x86_64.whl"
     bad.write_bytes(b"not a zip archive")
@@ -316,7 +316,7 @@ def test_patch_status_json_with_a_broken_series_is_json(tmp_path):
     patches = tmp_path / "patches"
     shutil.copytree(REPO_DIR / "patches", patches)
     (patches / "series.toml").write_text("[[patch]\nbroken")
-    args = ("--patches-dir", str(patches), "patch", "--work-dir", "w", "status", "--json")
+    args = ("--patches-dir", str(patches), "patch", "status", "--json")
     code, out, err = finish(tooling(*args, cwd=tmp_path))
     assert code == 10 and err.count("\n") == 1, err
     assert json.loads(out)["exit_code"] == 10

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from tooling.errors import SeriesError
-from tooling.series import load_series
+from tooling.patching.series import load_series
 
 from .conftest import PATCHES
 

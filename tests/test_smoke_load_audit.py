@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tooling.smoke import checks, load
-from tooling.smoke.slotaudit import SlotAudit, audit_first_pass
+from tooling.smoke.serving.slotaudit import SlotAudit, audit_first_pass
 
 BLOCK = 16
 

@@ -2,9 +2,9 @@
 
 The torch part runs in ``$TOOLING_PROBE_PYTHON`` (skipped when unset) with
 the reference ``dflash==0.1.0`` installed once into the user cache. The models
-are generated through the same ``python -m tooling.smoke.tiny`` the smoke
+are generated through the same ``python -m tooling.smoke.serving.tiny`` the smoke
 runs, loaded back with transformers and with the reference package, and the
-reference comparison (``tooling.smoke.reference``) is checked against the
+reference comparison (``tooling.smoke.serving.reference``) is checked against the
 reference's own speculative loop (``DFlashDraftModel.spec_generate``): drafts
 recorded from that loop must be reproduced exactly, and drafts from the same
 loop with the drafter miswired as stock vLLM 0.20.1 wires it (every layer full
@@ -29,7 +29,13 @@ from tooling.fsutil import sha256_file
 from tooling.paths import REPO_DIR, default_cache_dir
 from tooling.smoke import checks
 from tooling.smoke.config import drafter_info_from_config, target_info_from_config
-from tooling.smoke.tiny import MANIFEST, TinySpec, _qwen3_common, hybrid_config, load_manifest
+from tooling.smoke.serving.tiny import (
+    MANIFEST,
+    TinySpec,
+    _qwen3_common,
+    hybrid_config,
+    load_manifest,
+)
 
 DFLASH_REQ = "dflash==0.1.0"
 
@@ -39,7 +45,7 @@ CHECK_SCRIPT = textwrap.dedent(
     import torch
     import dflash.model as dm
     from transformers import AutoTokenizer, Qwen3ForCausalLM
-    from tooling.smoke.reference import FidelityInput, compare, load_pair
+    from tooling.smoke.serving.reference import FidelityInput, compare, load_pair
 
     root, out_path = sys.argv[1], sys.argv[2]
     out = {}
@@ -184,7 +190,15 @@ def tiny(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
         _run(
             probe_py,
             dflash_path,
-            *("-m", "tooling.smoke.tiny", str(root / name), "--seed", "0", "--arch", "qwen3"),
+            *(
+                "-m",
+                "tooling.smoke.serving.tiny",
+                str(root / name),
+                "--seed",
+                "0",
+                "--arch",
+                "qwen3",
+            ),
         )
     script = root / "check.py"
     script.write_text(CHECK_SCRIPT)
@@ -297,7 +311,7 @@ def test_reference_child_entry_point(tiny, probe_py: Path, dflash_path: Path) ->
     request = root / "reference-in.json"
     request.write_text(json.dumps(tiny["check"]["same_request"]))
     out = root / "fidelity.json"
-    _run(probe_py, dflash_path, "-m", "tooling.smoke.reference", str(request), str(out))
+    _run(probe_py, dflash_path, "-m", "tooling.smoke.serving.reference", str(request), str(out))
     result = json.loads(out.read_text())
     assert result["ok"] is True
     assert result["agreement"] == 1.0
@@ -311,7 +325,7 @@ HYBRID_SCRIPT = textwrap.dedent(
     import torch
     import transformers
     from dflash.model import extract_context_feature
-    from tooling.smoke.reference import (
+    from tooling.smoke.serving.reference import (
         FidelityInput, compare, load_pair, reference_logits, target_hidden_states)
 
     root, out_path = sys.argv[1], sys.argv[2]
@@ -350,7 +364,7 @@ HYBRID_SCRIPT = textwrap.dedent(
 def hybrid(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
     """The default tiny pair (no --arch), compared as the GPU smoke compares it."""
     root = tmp_path_factory.mktemp("hybrid")
-    _run(probe_py, dflash_path, "-m", "tooling.smoke.tiny", str(root / "pair"))
+    _run(probe_py, dflash_path, "-m", "tooling.smoke.serving.tiny", str(root / "pair"))
     script = root / "check.py"
     script.write_text(HYBRID_SCRIPT)
     _run(probe_py, dflash_path, str(script), str(root / "pair"), str(root / "check.json"))

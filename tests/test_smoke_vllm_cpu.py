@@ -100,7 +100,9 @@ SCRIPT = textwrap.dedent(
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from tooling.smoke.engine_run import ProposalRecorder, attention_windows, install_recorder
+    from tooling.smoke.serving.engine_run import (
+        ProposalRecorder, attention_windows, install_recorder,
+    )
     spec_config = _harness.vllm_config(pair).speculative_config
     _harness.ensure_single_process_group(config)
     torch.set_default_dtype(torch.bfloat16)
@@ -137,7 +139,7 @@ SCRIPT = textwrap.dedent(
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
     from vllm.v1.worker.block_table import MultiGroupBlockTable
-    from tooling.smoke.engine_run import SlotAuditor
+    from tooling.smoke.serving.engine_run import SlotAuditor
 
     block = 16
     config = _harness.vllm_config(pair, prefix_caching=True)

@@ -15,9 +15,7 @@ import git
 import pytest
 from click.testing import CliRunner
 
-from tooling import worktree
-from tooling.apply import apply_series
-from tooling.build import BuildOptions, build_precompiled
+from tooling.building.build import BuildOptions, build_precompiled
 from tooling.cli import main
 from tooling.errors import (
     ConfigError,
@@ -25,8 +23,10 @@ from tooling.errors import (
     VerifyIntegrityError,
     VllmNotFoundError,
 )
+from tooling.patching import worktree
+from tooling.patching.apply import apply_series
 from tooling.probes import ProbeTarget
-from tooling.verify import (
+from tooling.verifying.verify import (
     FIXES,
     VersionIdentity,
     check_files,

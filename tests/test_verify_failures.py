@@ -14,7 +14,12 @@ import pytest
 
 from tooling.errors import EnvironmentProblem, ProbeError, VllmNotFoundError
 from tooling.probes import UNKNOWN, ProbeTarget, start_probes
-from tooling.verify import InstalledDist, install_into_fresh_env, locate_with_python, verify
+from tooling.verifying.verify import (
+    InstalledDist,
+    install_into_fresh_env,
+    locate_with_python,
+    verify,
+)
 
 
 def _failing_python(tmp_path: Path) -> Path:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tooling import wheelfile
+from tooling.building import wheelfile
+from tooling.building.wheelfile import CopiedMember, NewMember, dos_datetime, write_wheel
 from tooling.errors import ArchiveError, BuildError
-from tooling.wheelfile import CopiedMember, NewMember, dos_datetime, write_wheel
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 STAMP = (2026, 11, 30, 12, 0, 0)

@@ -1,15 +1,16 @@
 """Build-and-patch toolchain for a fixed vLLM distribution for DFlash speculative decoding.
 
-The pipeline, one module per stage: ``fetch`` (and ``gitsource``) -> ``apply``
-(patch series on a git work tree, checked by ``probes``) -> ``build`` (the
-patched CUDA wheel) -> ``verify`` (an installed environment) -> ``smoke``
-(a real server on a GPU). ``cli`` is the only Click module.
+The pipeline, one sub-package per stage: ``fetching`` (the pinned upstream) ->
+``patching`` (the series on a git work tree, checked by ``probes``) -> ``building``
+(the patched CUDA wheel) -> ``verifying`` (an installed environment) -> ``smoke``
+(a real server on a GPU) -> ``release`` (release files, offline bundle). ``cli`` holds
+the Click commands, one module each; the shared helpers stay at this level.
 """
 
 import os
 
 # GitPython refuses to import without a git executable; most commands need none
-# (verify, release, --help), and those that do say so in one line (cli.py).
+# (verify, release, --help), and those that do say so in one line (cli/group.py).
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 __version__ = "0.1.0"

@@ -8,12 +8,13 @@ The public API (the Click command is a thin layer over it):
 - :func:`describe_plan`: the commands a run would start (a dry run).
 - :func:`build_serve_command`, :class:`ServeOptions`: the ``vllm serve`` argv.
 
-Modules: ``config`` (settings, prompts, drafter expectations), ``tiny`` (seeded
-tiny models; runs in a torch interpreter), ``procs`` (process groups that always
-stop), ``server`` and ``client`` (``vllm serve`` and its HTTP API), ``metrics``
-(``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``engine_run``
-(in-process vLLM, GPU), ``reference`` (the reference ``dflash`` recomputation),
-``checks`` (pure verdicts), ``report`` (table, JSON, plot), ``runner`` (the order).
+Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectations), ``procs``
+(process groups that always stop), ``server`` and ``client`` (``vllm serve`` and its HTTP API),
+``metrics`` (``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``checks`` (pure
+verdicts), ``report`` (table, JSON, plot), ``load`` (the concurrent bursts), ``acceptance`` (the
+trained pair's table; its ``run`` runs in the serving interpreter), ``runner`` (the order).
+``serving/`` runs inside the serving interpreter: ``engine_run`` (in-process vLLM, GPU),
+``reference`` (the reference ``dflash`` recomputation), ``tiny`` (seeded tiny models).
 """
 
 from __future__ import annotations

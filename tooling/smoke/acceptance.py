@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .child import exit_now, serve
+from .serving.child import exit_now, serve
 
 SPEC = "vllm:spec_decode_"
 

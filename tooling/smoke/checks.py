@@ -383,7 +383,7 @@ def check_warm_cache(
 
 def check_slot_audit(audit: dict[str, Any]) -> CheckResult:
     """No first-pass query slot outside its request's blocks."""
-    from .slotaudit import SlotAudit, verdict_counts
+    from .serving.slotaudit import SlotAudit, verdict_counts
 
     counts = SlotAudit.from_json(audit)
     if counts.slots == 0:

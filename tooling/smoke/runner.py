@@ -72,7 +72,7 @@ from .server import (
     free_port,
     serve,
 )
-from .tiny import load_manifest
+from .serving.tiny import load_manifest
 
 Notify = Callable[[str], None]
 
@@ -351,7 +351,7 @@ def _models_started(run: _Run) -> Iterator[Callable[[], tuple[str, str]]]:
         return
     out = run.workdir / "models"
     log = run.workdir / "logs" / "tiny.log"
-    module = "tooling.smoke.tiny"
+    module = "tooling.smoke.serving.tiny"
     args = [str(out), "--seed", str(config.tiny_seed), "--arch", config.tiny_arch]
     limit = run.deadline.limit(config.timeouts.tiny)
     started = time.monotonic()
@@ -707,7 +707,7 @@ def _engine(
         run, target, drafter, run.workdir / f"{name}-features.pt", batch=main and run.config.audit
     )
     engine_step = _ChildStep(
-        module="tooling.smoke.engine_run",
+        module="tooling.smoke.serving.engine_run",
         request=request,
         in_name=f"{name}-in.json",
         out_name=f"{name}.json",
@@ -764,7 +764,7 @@ def _reference(
         return None, why, None, f"needs the in-process run: {why}"
     config = run.config
     reference_step = _ChildStep(
-        module="tooling.smoke.reference",
+        module="tooling.smoke.serving.reference",
         request={
             "target": models[0],
             "drafter": models[1],
@@ -945,7 +945,7 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
                 "argv": [
                     python,
                     "-m",
-                    "tooling.smoke.tiny",
+                    "tooling.smoke.serving.tiny",
                     str(workdir / "models"),
                     "--arch",
                     config.tiny_arch,
@@ -958,11 +958,11 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
 
     def engine(name: str) -> dict[str, Any]:
         files = (f"{name}-in.json", f"{name}.json")
-        return child(f"in-process engine ({name})", "tooling.smoke.engine_run", files)
+        return child(f"in-process engine ({name})", "tooling.smoke.serving.engine_run", files)
 
     def reference(name: str) -> dict[str, Any]:
         files = (f"{name}-reference-in.json", f"{name}-fidelity.json")
-        return child(f"reference comparison ({name})", "tooling.smoke.reference", files)
+        return child(f"reference comparison ({name})", "tooling.smoke.serving.reference", files)
 
     # The order run_smoke starts them in: the warm-cache runs, then the in-process
     # engine and the servers (the servers first when they overlap), the reference last.

@@ -1,0 +1,56 @@
+"""Every option a command accepts is honoured: the ``patch`` group's own options are refused
+by the subcommands that do not use them, and ``bundle --dist`` is where the wheel is read."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from tooling.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["--no-progress", *args])
+
+
+@pytest.mark.parametrize("subcommand", ["status", "export"])
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        (("--skip", "eagle-cache-drop"), "--skip"),
+        (("--keep-going",), "--keep-going"),
+    ],
+)
+def test_patch_subcommands_refuse_group_options_they_do_not_honour(subcommand, given, flag):
+    result = run("patch", *given, subcommand, "--check" if subcommand == "export" else "--json")
+    assert result.exit_code == 2, result.output
+    assert f"{flag} is an option of `tooling patch` itself" in result.output
+    assert f"`tooling patch {subcommand}` does not honour it" in result.output
+
+
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [(("--git-url", "https://example.invalid/vllm.git"), "--git-url"), (("--ref", "v0"), "--ref")],
+)
+def test_patch_status_refuses_the_git_source_options(given, flag):
+    result = run("patch", *given, "status")
+    assert result.exit_code == 2, result.output
+    assert f"{flag} is an option of `tooling patch` itself" in result.output
+
+
+def test_patch_export_honours_the_group_work_dir(tmp_path):
+    work = tmp_path / "no-such-tree"
+    result = run("patch", "--work-dir", str(work), "export")
+    assert result.exit_code == 10, result.output
+    assert f"{work}: no work tree to export" in result.output
+
+
+def test_bundle_reads_the_wheel_from_dist(tmp_path):
+    dist = tmp_path / "elsewhere"
+    dist.mkdir()
+    (dist / "vllm-0.20.1-py3-none-any.whl").write_bytes(b"")
+    (dist / "vllm-0.20.2-py3-none-any.whl").write_bytes(b"")
+    result = run("bundle", "--dist", str(dist), "--lock-only", str(tmp_path / "lock.txt"))
+    assert result.exit_code == 13, result.output
+    assert f"{dist}: expected one vllm-*.whl, found 2" in result.output
+    assert not (tmp_path / "lock.txt").exists()

@@ -1,0 +1,224 @@
+"""What every command shares: the settings the group options decide, the option decorators
+that replace per-command copies, and how a result is printed (text, or one JSON document)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import click
+
+from ..fetching.bases import BaseCatalog, load_bases
+from ..fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
+from ..fetching.upstream import SourceRequest, Upstream, fetch_requested
+from ..patching.apply import ApplyOptions, three_way_preimages
+from ..patching.series import Series, load_series
+from ..paths import CacheLayout, default_cache_dir, default_patches_dir
+from ..probe_env import check_probe_python, env_dir, probe_python_from_env, python_of
+
+#: A command function the shared option decorators wrap and hand back.
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Settings:
+    """What the group options decided, shared by every command through the Click context."""
+
+    cache: CacheLayout = field(default_factory=lambda: CacheLayout(default_cache_dir()))
+    patches_dir_option: Path | None = None
+    index_url: str = DEFAULT_INDEX_URL
+    offline: bool = False
+    progress: bool = True
+    json: bool = False
+    debug: bool = False
+    emitted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Options of a command group, read by its subcommands (and echoed in a JSON error)."""
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.patches_dir_option or default_patches_dir()
+
+    def catalog(self) -> BaseCatalog:
+        return load_bases(self.patches_dir / "bases.toml")
+
+    def series(self, skip: tuple[str, ...] = ()) -> Series:
+        series = load_series(self.patches_dir / "series.toml")
+        return series.without(list(skip)) if skip else series
+
+    def fetch_options(self) -> FetchOptions:
+        return FetchOptions(
+            cache=self.cache, index_url=self.index_url, offline=self.offline, progress=self.progress
+        )
+
+    def fetch(
+        self, request: SourceRequest, *, with_wheel: bool = True, verify_wheel: bool = True
+    ) -> Upstream:
+        return fetch_requested(
+            self.catalog(),
+            request,
+            self.fetch_options(),
+            with_wheel=with_wheel,
+            verify_wheel=verify_wheel,
+        )
+
+    def probe_python(self, explicit: Path | None) -> Path | None:
+        """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env.
+
+        One that cannot start is a ProbeError now, not an "unknown" probe later.
+        """
+        if explicit:
+            return check_probe_python(explicit)
+        from_env = probe_python_from_env()
+        if from_env:
+            return check_probe_python(from_env)
+        env = env_dir(self.cache)
+        return python_of(env) if (env / ".complete").is_file() else None
+
+    def apply_options(
+        self,
+        probe_python: Path | None,
+        three_way: bool,
+        keep_going: bool,
+        series: Series,
+        *,
+        probes: bool = True,
+    ) -> ApplyOptions:
+        preimages: tuple[bytes, ...] = ()
+        if three_way:
+            preimages = three_way_preimages(series, self.catalog(), self.fetch_options())
+        return ApplyOptions(
+            probe_python=self.probe_python(probe_python) if probes else None,
+            three_way=three_way,
+            keep_going=keep_going,
+            preimages=preimages,
+            pycache=self.cache.root / "pycache",
+        )
+
+
+def settings_of(ctx: click.Context) -> Settings:
+    # main() made it; ensure_object finds that one.
+    return ctx.ensure_object(Settings)
+
+
+def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
+    """Print a command's result; a failure raised afterwards adds only its stderr line."""
+    settings.emitted = True
+    if settings.json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        click.echo(human)
+
+
+def json_option(f: F) -> F:
+    def callback(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+        ctx.ensure_object(Settings).json = value
+        return value
+
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        expose_value=False,
+        callback=callback,
+        help="Print one JSON document on stdout.",
+    )(f)
+
+
+def cache_options(f: F) -> F:
+    """--offline and --cache-dir after the command name too (`tooling fetch --offline`)."""
+
+    def offline(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+        if value:
+            ctx.ensure_object(Settings).offline = True
+        return value
+
+    def cache_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+        if value is not None:
+            ctx.ensure_object(Settings).cache = CacheLayout(value)
+
+    f = click.option(
+        "--offline",
+        "offline_here",
+        is_flag=True,
+        expose_value=False,
+        callback=offline,
+        help="Use only the cache; never touch the network.",
+    )(f)
+    return click.option(
+        "--cache-dir",
+        "cache_dir_here",
+        type=click.Path(path_type=Path),
+        expose_value=False,
+        callback=cache_dir,
+        help="Artifact cache (as the group option).",
+    )(f)
+
+
+def wheel_options(wheel_help: str) -> Callable[[F], F]:
+    """--wheel, else the one vllm-*.whl in --dist (default dist/, where `tooling build` puts it)."""
+
+    def decorate(f: F) -> F:
+        f = click.option(
+            "--dist",
+            "dist_dir",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=Path("dist"),
+            show_default=True,
+            help="Where the build put the wheel.",
+        )(f)
+        return click.option(
+            "--wheel",
+            type=click.Path(path_type=Path, exists=True, dir_okay=False),
+            help=f"{wheel_help} (default: the one vllm-*.whl in --dist).",
+        )(f)
+
+    return decorate
+
+
+def probe_python_option(f: F) -> F:
+    return click.option(
+        "--probe-python",
+        type=click.Path(path_type=Path, exists=True),
+        help="Interpreter that runs the probes: it must import torch and vLLM's dependencies "
+        "(default: $TOOLING_PROBE_PYTHON, else the cached probe environment).",
+    )(f)
+
+
+#: The parameters base_options declares, folded into the command's ``request``.
+BASE_PARAMS = ("base_version", "source", "git_url", "ref", "allow_moving_ref")
+
+
+def base_options(f: F) -> F:
+    """--base, --source, --git-url, --ref, --allow-moving-ref (and the cache options), handed
+    to the command as one ``request: SourceRequest``."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        request = SourceRequest(*(kwargs.pop(name) for name in BASE_PARAMS))
+        return f(*args, request=request, **kwargs)
+
+    g = cache_options(command)
+    g = click.option(
+        "--base",
+        "base_version",
+        metavar="VERSION",
+        help="Pinned upstream vLLM release (default: bases.toml's default).",
+    )(g)
+    g = click.option(
+        "--source",
+        type=click.Choice(["pypi", "git"]),
+        default="pypi",
+        show_default=True,
+        help="Where the upstream source comes from.",
+    )(g)
+    g = click.option("--git-url", metavar="URL", help="git remote (default: bases.toml's).")(g)
+    g = click.option("--ref", metavar="REF", help="git tag or commit (default: the base's tag).")(g)
+    g = click.option(
+        "--allow-moving-ref", is_flag=True, help="Accept a branch name as --ref (not reproducible)."
+    )(g)
+    return cast(F, g)

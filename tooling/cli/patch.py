@@ -1,0 +1,221 @@
+"""``tooling patch`` (apply the series), ``patch status`` (the canary) and ``patch export``
+(stage: ``tooling.patching``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from ..errors import PatchConflictError, SeriesError
+from ..fetching.upstream import SourceRequest
+from ..fsutil import locked
+from ..patching.apply import SeriesReport, apply_series
+from ..patching.export import check_export, export_patches
+from ..patching.series import load_series
+from ..patching.status import status_matrix
+from ..patching.worktree import default_work_dir
+from ..report import table
+from .group import ToolingGroup
+from .options import base_options, emit, json_option, probe_python_option, settings_of
+
+#: The group's own options each subcommand honours; any other given with a subcommand is
+#: refused, never silently ignored.
+HONOURED = {
+    "status": {"probe_python", "three_way"},
+    "export": {"base_version", "source", "git_url", "ref", "allow_moving_ref", "work_dir"},
+}
+#: --offline and --cache-dir set the cache every subcommand uses.
+_ALWAYS = {"offline_here", "cache_dir_here"}
+
+
+def _outcome_rows(report: SeriesReport) -> list[list[str]]:
+    rows = []
+    for o in report.outcomes:
+        before = (o.probe_before or {}).get("status", "-")
+        after = (o.probe_after or {}).get("status", "-")
+        detail = o.problem or o.message
+        rows.append([o.patch_id, o.status, f"{before} -> {after}", detail[:110]])
+    return rows
+
+
+def _report_text(report: SeriesReport) -> str:
+    text = table(["patch", "status", "probe", "detail"], _outcome_rows(report))
+    lines = [f"vLLM {report.base} ({report.source}) work tree {report.work_dir}", text]
+    for o in report.outcomes:
+        lines += [f"  {o.patch_id}: {c}" for c in o.conflicts]
+    if report.probe_python is None:
+        lines.append("probes: not run (no probe interpreter; run `tooling probe-env`)")
+    return "\n".join(lines)
+
+
+def tell_saved(report: SeriesReport) -> None:
+    if report.saved_work:
+        click.echo(
+            f"note: the earlier work tree held work of yours; it was moved to "
+            f"{report.saved_work} (`tooling patch --work-dir {report.saved_work} export` "
+            "exports it)",
+            err=True,
+        )
+
+
+def _refuse_unhonoured(ctx: click.Context, subcommand: str) -> None:
+    given = [
+        p
+        for p in ctx.command.params
+        if p.name and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
+    ]
+    for param in given:
+        if param.name not in HONOURED[subcommand] | _ALWAYS:
+            flag = max(param.opts, key=len)
+            raise click.UsageError(
+                f"{flag} is an option of `tooling patch` itself; "
+                f"`tooling patch {subcommand}` does not honour it"
+            )
+
+
+@click.group("patch", cls=ToolingGroup, invoke_without_command=True)
+@base_options
+@click.option(
+    "--work-dir",
+    type=click.Path(path_type=Path),
+    help="Work tree (default: build/work/vllm-<base>).",
+)
+@click.option(
+    "--3way",
+    "three_way",
+    is_flag=True,
+    help="Fall back to a 3-way merge; kept only if the patch's probe then passes.",
+)
+@click.option("--keep-going", is_flag=True, help="Report every later patch after a conflict.")
+@click.option("--skip", multiple=True, metavar="PATCH_ID", help="Leave a patch out.")
+@probe_python_option
+@json_option
+@click.pass_context
+def patch_group(
+    ctx: click.Context,
+    request: SourceRequest,
+    work_dir: Path | None,
+    three_way: bool,
+    keep_going: bool,
+    skip: tuple[str, ...],
+    probe_python: Path | None,
+) -> None:
+    """Apply the patch series to a pinned base in a git work tree (one commit per patch)."""
+    settings = settings_of(ctx)
+    if ctx.invoked_subcommand is not None:
+        _refuse_unhonoured(ctx, ctx.invoked_subcommand)
+        settings.extra = {
+            "base": request.base_version,
+            "source": request.source,
+            "work_dir": work_dir,
+            "probe_python": probe_python,
+            "three_way": three_way,
+        }
+        ctx.meta["patch.request"] = request
+        return
+    series = settings.series(skip)
+    upstream = settings.fetch(request, with_wheel=False)
+    options = settings.apply_options(probe_python, three_way, keep_going, series)
+    git_commit = upstream.git.commit if upstream.git else None
+    work = (
+        work_dir or default_work_dir(upstream.base.version, git_commit, series.skipped)
+    ).resolve()
+    ctx.with_resource(locked(work))
+    report = apply_series(upstream, series, work, options)
+    tell_saved(report)
+    emit(settings, report.to_json(), _report_text(report))
+    report.raise_unless_ok()
+
+
+@patch_group.command("status")
+@click.option(
+    "--bases",
+    "bases_spec",
+    default="all",
+    show_default=True,
+    help="Comma-separated releases, or all pinned ones.",
+)
+@click.option("--workers", type=int, default=os.cpu_count() or 2, show_default=True)
+@json_option
+@click.pass_context
+def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
+    """The status of every patch on every release: the forward canary."""
+    settings = settings_of(ctx)
+    series = settings.series()
+    bases = settings.catalog().selection(bases_spec)
+    extra = settings.extra
+    options = settings.apply_options(
+        extra.get("probe_python"), extra.get("three_way", False), True, series
+    )
+    started = time.perf_counter()
+    results = status_matrix(
+        bases,
+        series,
+        settings.fetch_options(),
+        options,
+        workers=workers,
+        on_done=lambda r: click.echo(f"  {r.base}: done", err=True) if not settings.json else None,
+    )
+    seconds = time.perf_counter() - started
+    ids = [p.id for p in series.patches]
+    rows = [[r.base, *(r.cell(i) for i in ids)] for r in results]
+    notes = [f"{r.base}: {r.error}" for r in results if r.error]
+    human = table(["base", *ids], rows) + "".join(f"\n{n}" for n in notes)
+    human += f"\n{len(bases)} releases in {seconds:.1f}s (! = applied but its probe is not present)"
+    validated = next((r for r in results if r.base == series.validated_base), None)
+    ok = validated is None or (validated.report is not None and validated.report.ok)
+    emit(
+        settings,
+        {"ok": ok, "seconds": seconds, "patches": ids, "bases": [r.to_json() for r in results]},
+        human,
+    )
+    if not ok:
+        # Newer releases only report (the canary); the validated base must stay clean.
+        raise PatchConflictError(
+            f"the series does not apply cleanly on its validated base {series.validated_base}"
+        )
+
+
+@patch_group.command("export")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Apply the series to a scratch tree and fail if patches/ would change.",
+)
+@json_option
+@click.pass_context
+def patch_export(ctx: click.Context, check: bool) -> None:
+    """Regenerate patches/ from the work tree's commits (or check it is current)."""
+    settings = settings_of(ctx)
+    request: SourceRequest = ctx.meta["patch.request"]
+    work_dir = settings.extra.get("work_dir")
+    if check:
+        series = settings.series()
+        base = request.base_version or series.validated_base
+        upstream = settings.fetch(replace(request, base_version=base), with_wheel=False)
+        result = check_export(upstream, series)
+    else:
+        series = load_series(settings.patches_dir / "series.toml", check_digests=False)
+        work = work_dir or default_work_dir(f"{request.base_version or series.validated_base}")
+        ctx.with_resource(locked(Path(work).resolve()))
+        if not Path(work).is_dir():
+            raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
+        result = export_patches(Path(work), series)
+    rows = [[p.file, p.state, p.sha256[:16]] for p in result.patches]
+    emit(
+        settings,
+        {
+            "ok": not (check and result.drifted),
+            "check": check,
+            "patches": [vars(p) for p in result.patches],
+        },
+        table(["patch file", "state", "sha256"], rows),
+    )
+    if check and result.drifted:
+        names = ", ".join(f"{p.file} ({p.state})" for p in result.drifted)
+        raise SeriesError(f"patches/ is out of date: {names}; run `tooling patch export`")

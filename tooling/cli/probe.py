@@ -1,0 +1,65 @@
+"""``tooling probe`` (the behavioural probes on a tree or an environment) and ``tooling
+probe-env`` (the CPU interpreter they run in); the probes are ``tooling.probes``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..probe_env import ensure_probe_env, ensure_reference_dflash
+from ..probes import ALL_PROBES, ProbeTarget, run_probes
+from ..report import table
+from .options import emit, json_option, settings_of
+
+
+@click.command("probe")
+@click.option(
+    "--root",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="A folder holding vllm/ (default: the interpreter's installed vLLM).",
+)
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(path_type=Path, exists=True),
+    help="Interpreter to probe with (default: the probe environment).",
+)
+@click.option("--probe", "names", multiple=True, type=click.Choice(ALL_PROBES))
+@json_option
+@click.pass_context
+def probe_command(
+    ctx: click.Context, root: Path | None, python: Path | None, names: tuple[str, ...]
+) -> None:
+    """Run the behavioural probes against a vLLM tree or environment."""
+    settings = settings_of(ctx)
+    interpreter = python or settings.probe_python(None) or Path(sys.executable)
+    results = run_probes(
+        ProbeTarget(python=interpreter, root=root, pycache=settings.cache.root / "pycache"),
+        names or ALL_PROBES,
+    )
+    rows = [[r.probe, r.status, r.evidence] for r in results.values()]
+    emit(
+        settings,
+        {"ok": True, "results": [r.to_json() for r in results.values()]},
+        table(["probe", "status", "evidence"], rows),
+    )
+
+
+@click.command("probe-env")
+@click.option(
+    "--dflash-path", is_flag=True, help="Print the folder of the reference dflash package instead."
+)
+@json_option
+@click.pass_context
+def probe_env_command(ctx: click.Context, dflash_path: bool) -> None:
+    """Create (once) the cached CPU interpreter for the probes and print its path."""
+    settings = settings_of(ctx)
+    python = ensure_probe_env(settings.cache)
+    reference = ensure_reference_dflash(settings.cache, python)
+    emit(
+        settings,
+        {"ok": True, "python": str(python), "dflash_path": str(reference)},
+        str(reference if dflash_path else python),
+    )

@@ -1,0 +1,202 @@
+"""``tooling smoke``: serve a target with a DFlash drafter on a GPU host and check every fix at
+run time (stage: ``tooling.smoke``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from ..errors import SmokeError
+from .options import emit, json_option, settings_of
+
+
+@click.command("smoke")
+@click.option("--tiny", is_flag=True, help="Generate a seeded tiny target, tokenizer and drafter.")
+@click.option("--target", help="Target model: a local folder or a hub id.")
+@click.option("--drafter", help="DFlash drafter: a local folder or a hub id.")
+@click.option(
+    "--wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="pip-install this vLLM wheel (no deps) and smoke-test it.",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where models, logs and the report go (default: build/smoke/<time>).",
+)
+@click.option(
+    "--expect",
+    type=click.Choice(["fixed", "stock"]),
+    default="fixed",
+    show_default=True,
+    help="stock: a negative control (checks 2-5 must fail).",
+)
+@click.option("--min-acceptance-length", type=float)
+@click.option("--fidelity-gate", type=float, default=0.99, show_default=True)
+@click.option("--no-fidelity", is_flag=True, help="Skip the in-process reference comparison.")
+@click.option("--num-speculative-tokens", type=int, default=3, show_default=True)
+@click.option("--gpu-memory-utilization", type=float, default=0.3, show_default=True)
+@click.option(
+    "--kv-cache-memory-bytes",
+    type=int,
+    help="Fixed KV-cache size per engine, no memory profiling (for runs sharing a GPU).",
+)
+@click.option(
+    "--time-limit",
+    type=float,
+    default=540,
+    show_default=True,
+    help="Seconds for the whole run; every step is bounded.",
+)
+@click.option(
+    "--tiny-arch",
+    type=click.Choice(["hybrid", "qwen3"]),
+    default="hybrid",
+    show_default=True,
+    help="--tiny target: Qwen3.5/3.6-family hybrid, or attention-only Qwen3.",
+)
+@click.option("--enforce-eager", is_flag=True, help="Eager mode (default: compiled + CUDA graphs).")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="e.g. fp8.")
+@click.option("--tensor-parallel-size", type=int, default=1, show_default=True)
+@click.option(
+    "--disable-custom-all-reduce",
+    is_flag=True,
+    help="The servers use NCCL's all-reduce (0.20.1's custom one faults at TP=2 on a hybrid "
+    "target with DFlash, stock and patched alike).",
+)
+@click.option("--no-load", is_flag=True, help="Skip the concurrent bursts against the servers.")
+@click.option("--no-audit", is_flag=True, help="Skip the concurrent audited in-process batch.")
+@click.option(
+    "--warm-cache",
+    is_flag=True,
+    help="Check 7: another build compiles into the cache first (--stock-site/--stock-wheel).",
+)
+@click.option(
+    "--stock-site",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="A folder where another vLLM build is installed (pip --target), for --warm-cache.",
+)
+@click.option(
+    "--stock-wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Another vLLM wheel to install (no deps) for --warm-cache.",
+)
+@click.option(
+    "--sequential",
+    is_flag=True,
+    help="Start the two servers and the in-process engine one after another "
+    "(default with --tiny: at once, on one GPU, each with a fixed KV cache; "
+    "always so without --tiny).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the commands a run would start.")
+@click.option(
+    "--trained",
+    is_flag=True,
+    help="Acceptance table on the trained pair (trains it when not cached).",
+)
+@click.option(
+    "--engine",
+    "engines",
+    multiple=True,
+    metavar="NAME=DIR",
+    help="With --trained: a vLLM install to measure (repeatable).",
+)
+@json_option
+@click.pass_context
+def smoke_command(
+    ctx: click.Context,
+    tiny: bool,
+    target: str | None,
+    drafter: str | None,
+    wheel: Path | None,
+    workdir: Path | None,
+    expect: str,
+    min_acceptance_length: float | None,
+    fidelity_gate: float,
+    no_fidelity: bool,
+    num_speculative_tokens: int,
+    gpu_memory_utilization: float,
+    kv_cache_memory_bytes: int | None,
+    time_limit: float,
+    tiny_arch: str,
+    enforce_eager: bool,
+    kv_cache_dtype: str,
+    tensor_parallel_size: int,
+    disable_custom_all_reduce: bool,
+    no_load: bool,
+    no_audit: bool,
+    warm_cache: bool,
+    stock_site: Path | None,
+    stock_wheel: Path | None,
+    sequential: bool,
+    dry_run: bool,
+    trained: bool,
+    engines: tuple[str, ...],
+) -> None:
+    """Serve a target with a DFlash drafter on a GPU and check every fix at run time."""
+    from ..smoke import (
+        EngineSettings,
+        SmokeConfig,
+        Timeouts,
+        describe_plan,
+        format_table,
+        run_smoke,
+    )
+    from ..smoke.site import install_for_smoke, parse_engines, put_first
+
+    settings = settings_of(ctx)
+    workdir = (workdir or Path("build") / "smoke" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if wheel is not None:
+        put_first(install_for_smoke(wheel.resolve(), workdir / "site"))
+    if trained:
+        from ..smoke.trained import measure_trained
+
+        measured = measure_trained(workdir, parse_engines(engines))
+        emit(settings, measured.data, measured.table)
+        if measured.failed:
+            failed = ", ".join(measured.failed)
+            raise SmokeError(f"engines failed to run: {failed} (logs in {workdir})")
+        return
+    if stock_wheel is not None and stock_site is not None:
+        raise SmokeError("give --stock-site or --stock-wheel, not both")
+    if stock_wheel is not None and not dry_run:
+        stock_site = install_for_smoke(stock_wheel.resolve(), workdir / "stock-site")
+    config = SmokeConfig(
+        workdir=workdir,
+        target=target,
+        drafter=drafter,
+        tiny=tiny,
+        engine=EngineSettings(
+            num_speculative_tokens=num_speculative_tokens,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enforce_eager=enforce_eager,
+            kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            disable_custom_all_reduce=disable_custom_all_reduce,
+        ),
+        timeouts=Timeouts(total=time_limit),
+        fidelity_gate=fidelity_gate,
+        min_acceptance_length=min_acceptance_length,
+        run_fidelity=not no_fidelity,
+        expect=expect,
+        tiny_arch=tiny_arch,
+        load=not no_load,
+        audit=not no_audit,
+        warm_cache=warm_cache,
+        other_site=str(stock_site.resolve()) if stock_site else None,
+        overlap_engines=False if sequential else None,
+    )
+    if dry_run:
+        plan = describe_plan(config)
+        emit(settings, {"ok": True, "plan": plan}, json.dumps(plan, indent=2, default=str))
+        return
+    report = run_smoke(config, notify=None if settings.json else lambda m: click.echo(m, err=True))
+    emit(settings, report.to_json(), format_table(report))
+    if not report.passed:
+        raise SmokeError(report.summary_line())

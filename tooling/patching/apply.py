@@ -1,0 +1,432 @@
+"""Apply the patch series to an upstream tree, one commit per patch, and say what happened.
+
+For each patch one status is decided, from three observations made before
+anything is written: does the patch apply forward, does it apply in reverse,
+and does the base already behave as fixed (its probe). ``decide`` is the pure
+rule; ``apply_series`` gathers the observations and carries the decision out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import git
+
+from ..errors import BuildError, PatchConflictError, SeriesError
+from ..fetching.bases import BaseCatalog
+from ..fetching.fetch import FetchOptions
+from ..fetching.upstream import Upstream, fetch_upstream
+from ..fsutil import atomic_write_text
+from ..probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
+from . import worktree
+from .hunks import parse_diff, place_hunk
+from .series import Patch, Series
+
+
+class PatchStatus(StrEnum):
+    """What applying a patch came to. Strings underneath: reports and JSON carry the values."""
+
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already-applied"
+    SUPERSEDED = "superseded"
+    CONFLICT = "conflict"
+    SKIPPED = "skipped"
+    NOT_ATTEMPTED = "not-attempted"
+
+
+# The names the rest of the toolchain imports.
+APPLIED = PatchStatus.APPLIED
+ALREADY_APPLIED = PatchStatus.ALREADY_APPLIED
+SUPERSEDED = PatchStatus.SUPERSEDED
+CONFLICT = PatchStatus.CONFLICT
+SKIPPED = PatchStatus.SKIPPED
+NOT_ATTEMPTED = PatchStatus.NOT_ATTEMPTED
+
+REPORT_FILE = "dflash-series.json"
+#: git apply's words for a patch file it cannot parse (a ledger problem, not a conflict).
+_MALFORMED = re.compile(
+    r"(corrupt patch at line \d+|patch with only garbage at line \d+|"
+    r"patch fragment without header at line \d+|No valid patches in input)"
+)
+
+
+def decide(forward_ok: bool, reverse_ok: bool, probe_status: str | None) -> PatchStatus:
+    """The status of one patch from what was observed about the tree (pure).
+
+    Behaviour outranks text: a base that already behaves as fixed is never
+    patched again even if our hunks would still apply, since applying them
+    would fix the fix (a second +1 on the layer ids).
+    """
+    if reverse_ok and not forward_ok:
+        return ALREADY_APPLIED
+    if probe_status == PRESENT:
+        return SUPERSEDED
+    if forward_ok:
+        return APPLIED
+    return CONFLICT
+
+
+@dataclass
+class PatchOutcome:
+    patch_id: str
+    patch_file: str
+    sha256: str
+    status: PatchStatus
+    message: str
+    method: str | None = None
+    """"strict" or "3way" for applied patches."""
+    commit: str | None = None
+    conflicts: list[str] = field(default_factory=list)
+    probe_before: dict[str, Any] | None = None
+    probe_after: dict[str, Any] | None = None
+    problem: str | None = None
+    """Set when a patch went in but its probe does not read present afterwards."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in (CONFLICT, NOT_ATTEMPTED) and self.problem is None
+
+
+@dataclass
+class SeriesReport:
+    base: str
+    source: str
+    upstream_identity: str
+    series_digest: str
+    work_dir: str
+    baseline: str
+    head: str
+    outcomes: list[PatchOutcome]
+    probe_python: str | None
+    saved_work: str | None = None
+    """Where a person's earlier tree at ``work_dir`` was moved, when there was one."""
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    def outcome(self, patch_id: str) -> PatchOutcome:
+        return next(o for o in self.outcomes if o.patch_id == patch_id)
+
+    def raise_unless_ok(self) -> None:
+        """PatchConflictError naming the first patch that did not go in, and how many more."""
+        bad = [o for o in self.outcomes if not o.ok]
+        if not bad:
+            return
+        first = bad[0]
+        raise PatchConflictError(
+            f"patch {first.patch_id} ({first.patch_file}): {first.problem or first.message}"
+            + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SeriesReport:
+        data = {k: v for k, v in data.items() if k != "ok"}
+        data["outcomes"] = [PatchOutcome(**o) for o in data["outcomes"]]
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ApplyOptions:
+    probe_python: Path | None
+    three_way: bool = False
+    keep_going: bool = False
+    preimages: tuple[bytes, ...] = ()
+    """Blobs of the validated base's files, seeded for ``--3way`` on other bases."""
+    log_dir: Path | None = None
+    pycache: Path | None = None
+
+    def probe_target(self, root: Path) -> ProbeTarget | None:
+        if self.probe_python is None:
+            return None
+        return ProbeTarget(python=self.probe_python, root=root, pycache=self.pycache)
+
+
+def describe_conflict(repo_dir: Path, patch: Patch) -> list[str]:
+    """One line per hunk that does not stand where the patch expects it."""
+    text = patch.file.read_text(encoding="utf-8", errors="replace")
+    lines: list[str] = []
+    for file_diff in parse_diff(text):
+        target = repo_dir / (file_diff.old_path or file_diff.path)
+        if not target.is_file():
+            lines.append(f"{file_diff.path}: file is missing from the base")
+            continue
+        content = target.read_text(encoding="utf-8", errors="replace").splitlines()
+        for hunk in file_diff.hunks:
+            placement = place_hunk(content, hunk)
+            if placement.found_at is None or placement.moved_by:
+                lines.append(placement.describe())
+    return lines
+
+
+def _probe(results: dict[str, ProbeResult] | None, patch: Patch) -> ProbeResult | None:
+    return results.get(patch.probe) if results else None
+
+
+def _as_json(result: ProbeResult | None) -> dict[str, Any] | None:
+    return result.to_json() if result else None
+
+
+def create_work_tree(upstream: Upstream, work_dir: Path) -> git.Repo:
+    """A fresh tree at ``work_dir``; callers sharing it hold ``locked(work_dir)``.
+
+    A write that fails (a full disk) is a BuildError naming the tree; the
+    staging folder is already gone by then.
+    """
+    try:
+        if upstream.git is not None:
+            return worktree.create_from_clone(upstream.git.clone, upstream.git.commit, work_dir)
+        message = (
+            f"upstream vLLM {upstream.base.version} ({upstream.base.sdist.filename})\n\n"
+            f"sdist sha256 {upstream.base.sdist.sha256}\n"
+        )
+        return worktree.create_from_tree(upstream.source_dir, work_dir, message)
+    except shutil.Error as e:
+        # copytree gathers one (source, target, why) per file; the first says it.
+        why = re.search(r"\[Errno \d+\] ([^:']+)", str(e.args[0][0][2]))
+        reason = why.group(1) if why else str(e.args[0][0][2])
+    except OSError as e:
+        reason = e.strerror or str(e)
+    except git.GitCommandError as e:
+        reason = worktree.git_error_summary(e)
+    raise BuildError(f"cannot create the work tree {work_dir}: {reason}")
+
+
+def apply_series(
+    upstream: Upstream, series: Series, work_dir: Path, options: ApplyOptions
+) -> SeriesReport:
+    """Create ``work_dir`` from ``upstream`` and apply ``series`` to it."""
+    log_dir = options.log_dir or work_dir.parent / f"{work_dir.name}.logs"
+    probe_target = options.probe_target(upstream.source_dir)
+    before_run = (
+        start_probes(probe_target, log=log_dir / "probes-base.log") if probe_target else None
+    )
+    try:
+        saved = worktree.clear_way(work_dir)
+        repo = create_work_tree(upstream, work_dir)
+        if options.three_way and options.preimages:
+            worktree.seed_preimages(repo, list(options.preimages))
+    except BaseException:
+        # The base probes must not outlive a failed run (nor their temp folder).
+        if before_run is not None:
+            before_run.close()
+        raise
+    before = before_run.wait() if before_run else None
+
+    outcomes: list[PatchOutcome] = []
+    stopped = False
+    for patch in series.patches:
+        outcome = PatchOutcome(
+            patch_id=patch.id,
+            patch_file=patch.file.name,
+            sha256=patch.sha256,
+            status=NOT_ATTEMPTED,
+            message="not attempted: an earlier patch conflicted",
+            probe_before=_as_json(_probe(before, patch)),
+        )
+        outcomes.append(outcome)
+        if stopped:
+            continue
+        _apply_one(repo, work_dir, patch, outcome, _probe(before, patch), options, log_dir)
+        if outcome.status == CONFLICT and not options.keep_going:
+            stopped = True
+    for skipped in series.skipped:
+        outcomes.append(
+            PatchOutcome(
+                patch_id=skipped,
+                patch_file="",
+                sha256="",
+                status=SKIPPED,
+                message="skipped on request (--skip)",
+            )
+        )
+
+    patched_target = options.probe_target(work_dir)
+    if patched_target is not None:
+        after = run_probes(patched_target, log=log_dir / "probes-patched.log")
+        for patch, outcome in zip(series.patches, outcomes, strict=False):
+            result = _probe(after, patch)
+            outcome.probe_after = _as_json(result)
+            if outcome.status in (APPLIED, ALREADY_APPLIED, SUPERSEDED) and (
+                result is None or result.status != PRESENT
+            ):
+                outcome.problem = (
+                    f"probe {patch.probe} reads {result.status if result else 'nothing'} "
+                    f"after the series: {result.evidence if result else ''}"
+                )
+
+    report = SeriesReport(
+        base=upstream.base.version,
+        source=upstream.source,
+        upstream_identity=upstream.identity,
+        series_digest=series.digest,
+        work_dir=str(work_dir),
+        baseline=repo.rev_parse(worktree.BASELINE_TAG).hexsha,
+        head=repo.head.commit.hexsha,
+        outcomes=outcomes,
+        probe_python=str(options.probe_python) if options.probe_python else None,
+        saved_work=str(saved) if saved else None,
+    )
+    save_report(work_dir, report)
+    return report
+
+
+def _apply_one(
+    repo: git.Repo,
+    work_dir: Path,
+    patch: Patch,
+    outcome: PatchOutcome,
+    probe_before: ProbeResult | None,
+    options: ApplyOptions,
+    log_dir: Path,
+) -> None:
+    forward_ok, complaint = worktree.apply_check(repo, patch.file)
+    if not forward_ok and (malformed := _MALFORMED.search(complaint)):
+        raise SeriesError(
+            f"patch {patch.id}: {patch.file.name} is not a valid patch ({malformed.group(0)})"
+        )
+    reverse_ok = False if forward_ok else worktree.apply_check(repo, patch.file, reverse=True)[0]
+    status = decide(forward_ok, reverse_ok, probe_before.status if probe_before else None)
+    trailers = {worktree.TRAILER_FILE: patch.file.name, worktree.TRAILER_SHA: patch.sha256}
+    outcome.status = status
+    if status == APPLIED:
+        outcome.commit = worktree.am(repo, patch.file, trailers)
+        outcome.method = "strict"
+        outcome.message = f"applied as {outcome.commit[:12]}"
+    elif status == ALREADY_APPLIED:
+        outcome.message = "already in the base: the patch reverses cleanly; not applied again"
+    elif status == SUPERSEDED:
+        assert probe_before is not None
+        outcome.message = (
+            f"superseded upstream: the base already behaves as fixed "
+            f"({probe_before.evidence}); not applied"
+        )
+    else:
+        outcome.conflicts = describe_conflict(work_dir, patch) or [complaint.splitlines()[-1]]
+        outcome.message = "does not apply: " + "; ".join(outcome.conflicts)
+        if options.three_way:
+            _try_three_way(repo, work_dir, patch, outcome, trailers, options, log_dir)
+
+
+def _try_three_way(
+    repo: git.Repo,
+    work_dir: Path,
+    patch: Patch,
+    outcome: PatchOutcome,
+    trailers: dict[str, str],
+    options: ApplyOptions,
+    log_dir: Path,
+) -> None:
+    """Fall back to a 3-way merge; keep it only if the patch's probe then reads present."""
+    previous = repo.head.commit.hexsha
+    try:
+        commit = worktree.am(repo, patch.file, trailers, three_way=True)
+    except git.GitCommandError as e:
+        outcome.message += f"; --3way failed too: {worktree.git_error_summary(e)}"
+        return
+    target = options.probe_target(work_dir)
+    if target is None:
+        worktree.reset_to(repo, previous)
+        outcome.message += "; --3way merged, but no probe interpreter can confirm it: dropped"
+        return
+    result = run_probes(target, (patch.probe,), log=log_dir / f"probes-3way-{patch.id}.log")[
+        patch.probe
+    ]
+    if result.status != PRESENT:
+        worktree.reset_to(repo, previous)
+        outcome.message += f"; --3way merged, but its probe reads {result.status}: dropped"
+        return
+    outcome.status = APPLIED
+    outcome.method = "3way"
+    outcome.commit = commit
+    outcome.message = f"applied by 3-way merge as {commit[:12]} (probe: {result.evidence})"
+
+
+def report_path(work_dir: Path) -> Path:
+    return work_dir / ".git" / REPORT_FILE
+
+
+def save_report(work_dir: Path, report: SeriesReport) -> None:
+    atomic_write_text(report_path(work_dir), json.dumps(report.to_json(), indent=2) + "\n")
+
+
+def load_report(work_dir: Path) -> SeriesReport | None:
+    path = report_path(work_dir)
+    if not path.is_file():
+        return None
+    return SeriesReport.from_json(json.loads(path.read_text()))
+
+
+def reusable_report(work_dir: Path, upstream: Upstream, series: Series) -> SeriesReport | None:
+    """The saved report when ``work_dir`` is exactly this series on this upstream, else None."""
+    report = load_report(work_dir)
+    if report is None or not report.ok:
+        return None
+    if (report.upstream_identity, report.series_digest) != (upstream.identity, series.digest):
+        return None
+    repo = git.Repo(work_dir)
+    if repo.head.commit.hexsha != report.head or repo.is_dirty(untracked_files=False):
+        return None
+    return report
+
+
+def default_tree(upstream: Upstream, series: Series) -> Path:
+    """The work tree ``tooling patch`` and ``tooling build`` use for this series on ``upstream``
+    unless told otherwise (``worktree.default_work_dir``), absolute."""
+    commit = upstream.git.commit if upstream.git else None
+    return worktree.default_work_dir(upstream.base.version, commit, series.skipped).resolve()
+
+
+def three_way_preimages(
+    series: Series, catalog: BaseCatalog, options: FetchOptions
+) -> tuple[bytes, ...]:
+    """For ``--3way``: the validated base's copies of every file the series touches (fetched,
+    source only), the blobs a 3-way merge on another base needs."""
+    if not series.validated_base:
+        return ()
+    validated = fetch_upstream(catalog.get(series.validated_base), options, with_wheel=False)
+    return tuple(
+        (validated.source_dir / f).read_bytes()
+        for p in series.patches
+        for f in p.files
+        if (validated.source_dir / f).is_file()
+    )
+
+
+def ensure_patched(
+    upstream: Upstream,
+    series: Series,
+    work_dir: Path,
+    options: ApplyOptions,
+    *,
+    require_probes: bool,
+    on_applied: Callable[[SeriesReport], None] = lambda _report: None,
+) -> SeriesReport:
+    """The applied series for ``upstream`` in ``work_dir`` (locked by the caller): the saved
+    report when the tree is current, else the series applied afresh (``on_applied`` sees that
+    report first) and PatchConflictError unless every patch went in."""
+    if require_probes and options.probe_python is None:
+        raise BuildError(
+            "no probe interpreter: run `tooling probe-env`, set "
+            "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)"
+        )
+    if work_dir.is_dir():
+        report = reusable_report(work_dir, upstream, series)
+        if report is not None and (report.probe_python or not require_probes):
+            return report
+    report = apply_series(upstream, series, work_dir, options)
+    on_applied(report)
+    report.raise_unless_ok()
+    return report

@@ -1,0 +1,114 @@
+"""Regenerate patch files from a work tree's commits, and check that patches/ is current.
+
+The round trip is the contract: ``git am`` of a patch file followed by
+``format-patch`` of the resulting commit gives back the same bytes, so a
+drift check can fail CI the moment someone edits a patch by hand or
+forgets to export a change made in the work tree.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+
+from ..errors import SeriesError
+from ..fetching.upstream import Upstream
+from ..fsutil import atomic_output, atomic_write_text, sha256_bytes
+from . import worktree
+from .apply import ApplyOptions, apply_series
+from .series import Series
+
+
+@dataclass
+class ExportedPatch:
+    file: str
+    sha256: str
+    state: str
+    """"unchanged", "updated", "new" (not in series.toml) or "missing" (no commit made it)."""
+
+
+@dataclass
+class ExportResult:
+    patches: list[ExportedPatch] = field(default_factory=list)
+
+    @property
+    def drifted(self) -> list[ExportedPatch]:
+        return [p for p in self.patches if p.state != "unchanged"]
+
+
+def _slug(subject: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:52] or "patch"
+
+
+def render_patches(repo: git.Repo) -> list[tuple[str, bytes]]:
+    """(file name, bytes) for every commit after the baseline, oldest first."""
+    out = []
+    for index, commit in enumerate(worktree.series_commits(repo), start=1):
+        name = commit.patch_file or f"{index:04d}-{_slug(commit.subject)}.patch"
+        out.append((name, worktree.format_patch(repo, commit.sha)))
+    return out
+
+
+def compare(rendered: list[tuple[str, bytes]], patches_dir: Path, series: Series) -> ExportResult:
+    """How ``rendered`` differs from what ``patches_dir`` and the ledger hold."""
+    listed = {p.file.name for p in series.patches}
+    result = ExportResult()
+    for name, data in rendered:
+        path = patches_dir / name
+        digest = sha256_bytes(data)
+        if name not in listed:
+            state = "new"
+        elif path.is_file() and path.read_bytes() == data:
+            state = "unchanged"
+        else:
+            state = "updated"
+        result.patches.append(ExportedPatch(name, digest, state))
+    rendered_names = {name for name, _ in rendered}
+    for patch in series.patches:
+        if patch.file.name not in rendered_names:
+            result.patches.append(ExportedPatch(patch.file.name, "", "missing"))
+    return result
+
+
+def update_ledger(series_path: Path, file_name: str, digest: str) -> None:
+    """Rewrite the sha256 of ``file_name``'s entry in series.toml, keeping everything else."""
+    text = series_path.read_text(encoding="utf-8")
+    pattern = re.compile(
+        rf'(file = "{re.escape(file_name)}"\s*\nsha256 = ")[0-9a-f]{{64}}(")', re.M
+    )
+    new, count = pattern.subn(rf"\g<1>{digest}\g<2>", text)
+    if count != 1:
+        raise SeriesError(
+            f'{series_path}: expected `file = "{file_name}"` followed by its sha256 line'
+        )
+    atomic_write_text(series_path, new)
+
+
+def export_patches(work_dir: Path, series: Series) -> ExportResult:
+    """Write the work tree's commits over patches/ and update the ledger's digests."""
+    patches_dir = series.path.parent
+    rendered = render_patches(git.Repo(work_dir))
+    result = compare(rendered, patches_dir, series)
+    for (name, data), exported in zip(rendered, result.patches, strict=False):
+        if exported.state == "unchanged":
+            continue
+        with atomic_output(patches_dir / name) as f:
+            f.write(data)
+        if exported.state == "updated":
+            update_ledger(series.path, name, exported.sha256)
+    return result
+
+
+def check_export(upstream: Upstream, series: Series) -> ExportResult:
+    """Apply the series to a scratch tree and compare its export with patches/ (no writes)."""
+    with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
+        work = Path(tmp) / "work"
+        apply_series(
+            upstream, series, work, ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs")
+        )
+        rendered = render_patches(git.Repo(work))
+    return compare(rendered, series.path.parent, series)

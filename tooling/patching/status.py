@@ -1,0 +1,90 @@
+"""The forward canary: the status of every patch on every pinned release.
+
+Each base gets a scratch work tree and the full apply engine (text checks
+and probes before and after), so a cell says what ``tooling patch`` would
+do there: applied, already-applied, superseded or conflict, and flags a
+patch that goes in but does not change behaviour.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ToolingError
+from ..fetching.bases import Base
+from ..fetching.fetch import FetchOptions
+from ..fetching.upstream import fetch_upstream
+from .apply import ApplyOptions, SeriesReport, apply_series
+from .series import Series
+
+
+@dataclass
+class BaseStatus:
+    base: str
+    report: SeriesReport | None
+    error: str | None = None
+
+    def cell(self, patch_id: str) -> str:
+        if self.report is None:
+            return "error"
+        outcome = self.report.outcome(patch_id)
+        return outcome.status + ("!" if outcome.problem else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "base": self.base,
+            "error": self.error,
+            "report": self.report.to_json() if self.report else None,
+        }
+
+
+def base_status(
+    base: Base, series: Series, fetch: FetchOptions, options: ApplyOptions, scratch: Path
+) -> BaseStatus:
+    try:
+        upstream = fetch_upstream(base, fetch, with_wheel=False)
+        work = scratch / f"vllm-{base.version}"
+        report = apply_series(
+            upstream,
+            series,
+            work,
+            ApplyOptions(
+                probe_python=options.probe_python,
+                three_way=options.three_way,
+                keep_going=True,
+                preimages=options.preimages,
+                log_dir=scratch / f"logs-{base.version}",
+                pycache=options.pycache,
+            ),
+        )
+        return BaseStatus(base.version, report)
+    except ToolingError as e:
+        return BaseStatus(base.version, None, error=str(e))
+
+
+def status_matrix(
+    bases: list[Base],
+    series: Series,
+    fetch: FetchOptions,
+    options: ApplyOptions,
+    *,
+    workers: int = 2,
+    on_done: Callable[[BaseStatus], object] | None = None,
+) -> list[BaseStatus]:
+    """Status of every patch on every base, in the order of ``bases``."""
+    with tempfile.TemporaryDirectory(prefix="dflash-status-") as tmp:
+        scratch = Path(tmp)
+
+        def one(base: Base) -> BaseStatus:
+            result = base_status(base, series, fetch, options, scratch)
+            if on_done:
+                on_done(result)
+            return result
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            return list(pool.map(one, bases))

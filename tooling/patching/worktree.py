@@ -1,0 +1,273 @@
+"""The patch lifecycle as plain git operations on a work tree.
+
+A work tree is a git repository whose first commit (tag ``baseline``) is the
+upstream tree and whose later commits are the patches, one each, carrying
+trailers that name the patch file and its digest. Identities and dates are
+fixed so the same inputs give the same commit ids on every machine.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+from gitdb import IStream
+
+from ..fsutil import staging_dir
+
+BASELINE_TAG = "baseline"
+BRANCH = "dflash"
+IDENTITY = ("vLLM DFlash distribution", "dflash@vllm-dflash.invalid")
+#: 1980-01-01, the earliest date a zip (and so a wheel) can hold.
+FIXED_DATE = "315532800 +0000"
+TRAILER_FILE = "Patch-File"
+TRAILER_SHA = "Patch-Sha256"
+_TRAILERS = re.compile(rf"\n\n{TRAILER_FILE}: [^\n]+\n{TRAILER_SHA}: [0-9a-f]{{64}}\n$")
+
+#: format-patch flags that make the output depend on the commit alone.
+FORMAT_PATCH_FLAGS = (
+    "--stdout",
+    "--keep-subject",  # no "[PATCH]" prefix: the subject round-trips through am -k
+    "--no-stat",  # a diffstat repeats the diff and churns on unrelated edits
+    "--no-signature",  # no git version at the end of the file
+    "--zero-commit",  # the From line would otherwise carry a machine-dependent commit id
+    "--full-index",  # full blob ids, so --3way can find the preimage
+    "--no-numbered",
+    "--no-renames",
+    "--abbrev=40",
+    "--no-color",
+)
+
+
+def _text(value: str | bytes) -> str:
+    """A commit's message or summary as text.
+
+    GitPython types them ``str | bytes``: bytes where the commit's encoding fails.
+    """
+    return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
+
+
+def git_error_lines(error: git.GitCommandError) -> list[str]:
+    """git's own complaint, without GitPython's quoting around it."""
+    text = str(error.stderr or error).strip()
+    text = re.sub(r"^stderr: '", "", text).rstrip("'")
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+def default_work_dir(
+    version: str, git_commit: str | None = None, skipped: Sequence[str] = ()
+) -> Path:
+    """``build/work/vllm-<base>[-git-<commit>][-skip-<ids>]``, relative to the working folder:
+    one tree per distinct series, so an ablation never reuses the full series' tree."""
+    suffix = f"-git-{git_commit[:12]}" if git_commit else ""
+    suffix += "".join(f"-skip-{s}" for s in skipped)
+    return Path("build") / "work" / f"vllm-{version}{suffix}"
+
+
+def git_error_summary(error: git.GitCommandError) -> str:
+    """The line of git's complaint that names the problem (not its hints)."""
+    lines = git_error_lines(error)
+    for prefix in ("CONFLICT", "fatal:", "error:"):
+        hits = [ln for ln in lines if ln.startswith(prefix)]
+        if hits:
+            return hits[0]
+    return lines[-1] if lines else "git failed"
+
+
+def git_env(author_date: str | None = None) -> dict[str, str]:
+    name, email = IDENTITY
+    env = {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+        "GIT_COMMITTER_DATE": author_date or FIXED_DATE,
+        "GIT_AUTHOR_DATE": author_date or FIXED_DATE,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "HOME": os.environ.get("HOME", "/"),
+    }
+    return env
+
+
+@dataclass(frozen=True)
+class SeriesCommit:
+    sha: str
+    subject: str
+    patch_file: str | None
+    patch_sha256: str | None
+
+
+def _configure(repo: git.Repo) -> None:
+    with repo.config_writer() as cw:
+        cw.set_value("core", "autocrlf", "false")
+        cw.set_value("core", "filemode", "true")
+        cw.set_value("commit", "gpgsign", "false")
+        cw.set_value("am", "threeWay", "false")
+    # Probes import the tree, which writes bytecode; it is not part of any patch.
+    exclude = Path(repo.git_dir) / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    exclude.write_text("__pycache__/\n*.pyc\n")
+
+
+def person_work(work_dir: Path) -> list[str]:
+    """What in an existing work tree this toolchain did not make (empty: safe to replace).
+
+    Our commits carry our committer identity; a person's commit, amend or
+    rebase carries theirs. Edited or new files count too (bytecode does not:
+    probes write it).
+    """
+    try:
+        repo = git.Repo(work_dir)
+        repo.rev_parse(BASELINE_TAG)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.BadName, ValueError):
+        return [f"{work_dir} is not a work tree made by `tooling patch`"]
+    found = [
+        f"commit {c.hexsha[:12]} {_text(c.summary)}"
+        for c in repo.iter_commits(f"{BASELINE_TAG}..HEAD")
+        if (c.committer.name, c.committer.email) != IDENTITY
+    ]
+    changed = repo.git.status("--porcelain", "--untracked-files=all").splitlines()
+    found += [f"uncommitted {line[3:]}" for line in changed if line.strip()]
+    return found
+
+
+def clear_way(work_dir: Path) -> Path | None:
+    """Make room for a new tree at ``work_dir``: a person's work is moved aside, ours removed.
+
+    Returns where a person's tree went (``<name>.saved-<time>``), or None.
+    The caller holds ``locked(work_dir)``, so no other tooling process reads
+    the old tree while it goes.
+    """
+    if not work_dir.exists():
+        return None
+    if person_work(work_dir):
+        saved = work_dir.with_name(f"{work_dir.name}.saved-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(work_dir, saved)
+        return saved
+    # Renamed first, so an interrupted removal never leaves a half tree under the real name.
+    trash = Path(tempfile.mkdtemp(prefix=f".{work_dir.name}.", suffix=".old", dir=work_dir.parent))
+    os.rename(work_dir, trash / work_dir.name)
+    shutil.rmtree(trash)
+    return None
+
+
+def create_from_tree(source_dir: Path, work_dir: Path, message: str) -> git.Repo:
+    """A new work tree whose baseline commit holds exactly ``source_dir``'s files."""
+    with staging_dir(work_dir) as tmp:
+        shutil.copytree(source_dir, tmp, symlinks=True, dirs_exist_ok=True)
+        repo = git.Repo.init(tmp, initial_branch=BRANCH)
+        _configure(repo)
+        # --force: the sdist ships files its own .gitignore names (e.g. _version.py).
+        repo.git.add("--all", "--force")
+        repo.git.commit("--quiet", "--no-verify", "-m", message, env=git_env())
+        repo.git.tag(BASELINE_TAG)
+    return git.Repo(work_dir)
+
+
+def create_from_clone(clone: Path, commit: str, work_dir: Path) -> git.Repo:
+    """A new work tree from a cached clone; the baseline is the upstream commit itself."""
+    with staging_dir(work_dir) as tmp:
+        repo = git.Repo.clone_from(str(clone), tmp, shared=True, no_checkout=True)
+        _configure(repo)
+        repo.git.checkout("--quiet", "-B", BRANCH, commit)
+        repo.git.tag(BASELINE_TAG, commit)
+    return git.Repo(work_dir)
+
+
+def apply_check(repo: git.Repo, patch: Path, *, reverse: bool = False) -> tuple[bool, str]:
+    """Would ``patch`` apply (or, reversed, un-apply) exactly? (ok, git's complaint)."""
+    args = ["--check", "--verbose"]
+    if reverse:
+        args.append("--reverse")
+    try:
+        repo.git.apply(*args, str(patch))
+        return True, ""
+    except git.GitCommandError as e:
+        return False, "\n".join(git_error_lines(e))
+
+
+def seed_preimages(repo: git.Repo, contents: list[bytes]) -> None:
+    """Store the blobs a patch was made against, so ``am --3way`` can build its ancestor."""
+    for data in contents:
+        repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data)))
+
+
+def am(repo: git.Repo, patch: Path, trailers: dict[str, str], *, three_way: bool = False) -> str:
+    """Commit ``patch`` with ``git am`` (strict unless ``three_way``) and add our trailers.
+
+    Raises git.GitCommandError after restoring the tree when the patch fails.
+    """
+    args = ["--quiet", "--keep", "--keep-cr", "--committer-date-is-author-date"]
+    args.append("--3way" if three_way else "--no-3way")
+    try:
+        repo.git.am(*args, str(patch), env=git_env())
+    except git.GitCommandError:
+        repo.git.am("--abort")
+        raise
+    message = _text(repo.head.commit.message).rstrip("\n")
+    lines = "".join(f"{k}: {v}\n" for k, v in trailers.items())
+    date = repo.head.commit.authored_datetime
+    stamp = f"{int(date.timestamp())} {date.strftime('%z')}"
+    repo.git.commit(
+        "--amend",
+        "--quiet",
+        "--no-verify",
+        "-m",
+        f"{message}\n\n{lines}",
+        env={
+            **git_env(stamp),
+            "GIT_AUTHOR_NAME": repo.head.commit.author.name,
+            "GIT_AUTHOR_EMAIL": repo.head.commit.author.email,
+        },
+    )
+    return repo.head.commit.hexsha
+
+
+def reset_to(repo: git.Repo, rev: str) -> None:
+    repo.git.reset("--quiet", "--hard", rev)
+
+
+def series_commits(repo: git.Repo) -> list[SeriesCommit]:
+    """The commits after the baseline, oldest first, with their patch trailers."""
+    out = []
+    for commit in reversed(list(repo.iter_commits(f"{BASELINE_TAG}..HEAD"))):
+        message = _text(commit.message)
+        file_m = re.search(rf"^{TRAILER_FILE}: (.+)$", message, re.M)
+        sha_m = re.search(rf"^{TRAILER_SHA}: ([0-9a-f]{{64}})$", message, re.M)
+        out.append(
+            SeriesCommit(
+                sha=commit.hexsha,
+                subject=message.splitlines()[0] if message else "",
+                patch_file=file_m.group(1).strip() if file_m else None,
+                patch_sha256=sha_m.group(1) if sha_m else None,
+            )
+        )
+    return out
+
+
+def format_patch(repo: git.Repo, commit: str) -> bytes:
+    """The patch file for ``commit``, byte-stable, without our bookkeeping trailers."""
+    raw = repo.git.format_patch(
+        *FORMAT_PATCH_FLAGS, "-1", commit, stdout_as_string=False, strip_newline_in_stdout=False
+    )
+    # With --no-stat there is no "---" line: the message ends where the diff starts.
+    head, sep, diff = raw.partition(b"\ndiff --git ")
+    head = _TRAILERS.sub("\n", head.decode("utf-8")).encode("utf-8")
+    return head + sep + diff
+
+
+def changed_files(repo: git.Repo, rev_from: str = BASELINE_TAG, rev_to: str = "HEAD") -> list[str]:
+    out = repo.git.diff("--name-only", "--no-renames", rev_from, rev_to)
+    return [line for line in out.splitlines() if line]
+
+
+def read_blob(repo: git.Repo, rev: str, path: str) -> bytes:
+    return repo.git.show(f"{rev}:{path}", stdout_as_string=False, strip_newline_in_stdout=False)

@@ -1,0 +1,176 @@
+"""Release artifacts: checksums, the manifest beside the wheel, and release notes.
+
+The notes are generated from data, never written by hand: the series ledger
+says what each patch is for, the wheel's manifest says what this build
+carries, and the status matrix (``tooling patch status --json``) says where
+upstream caught up, so a patch is listed as carried, as dropped (now
+upstream) or as superseded on later releases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from ..building.manifest import MANIFEST_NAME, BuildManifest
+from ..errors import BuildError
+from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
+from ..patching.series import Series
+
+UPSTREAM_STATUSES = ("superseded", "already-applied")
+
+
+def read_wheel_manifest(wheel: Path) -> BuildManifest:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}")]
+            if not names:
+                raise BuildError(
+                    f"{wheel.name} has no {MANIFEST_NAME}: not a wheel this toolchain built"
+                )
+            return BuildManifest.from_json(json.loads(zf.read(names[0])))
+    except (zipfile.BadZipFile, OSError) as e:
+        raise BuildError(f"{wheel}: cannot read the wheel ({e})") from None
+
+
+def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
+    """The first release in the matrix where ``patch_id`` is no longer needed (pure)."""
+    hits = []
+    for entry in status.get("bases", []):
+        report = entry.get("report")
+        if not report:
+            continue
+        for outcome in report["outcomes"]:
+            if outcome["patch_id"] == patch_id and outcome["status"] in UPSTREAM_STATUSES:
+                hits.append(entry["base"])
+    return min(hits, key=Version) if hits else None
+
+
+def release_notes(
+    series: Series,
+    manifest: BuildManifest,
+    wheel_name: str,
+    wheel_sha256: str,
+    status: dict[str, Any] | None,
+) -> str:
+    """Markdown release notes (pure)."""
+    carried = [p for p in manifest.patches if p.status == "applied"]
+    upstream_here = [p for p in manifest.patches if p.status in UPSTREAM_STATUSES]
+    lines = [
+        f"# vLLM {manifest.version}",
+        "",
+        f"vLLM {manifest.base_version} with the DFlash fixes ({manifest.mode} build, "
+        f"series {manifest.series_digest[:12]}).",
+        "",
+        f"- wheel: `{wheel_name}`",
+        f"- sha256: `{wheel_sha256}`",
+    ]
+    if manifest.runtime_version:
+        # What vLLM keys its compiled-graph caches by: never stock's version.
+        lines.append(f"- `vllm.__version__`: `{manifest.runtime_version}`")
+    lines += [
+        f"- upstream {a['kind']}: `{a.get('file') or a.get('commit')}` (sha256 `{a['sha256']}`)"
+        for a in manifest.upstream
+        if "sha256" in a
+    ]
+    lines += ["", "## Patches carried", ""]
+    for entry in carried:
+        patch = series.get(entry.id)
+        since = upstream_since(status, entry.id) if status else None
+        drop = f" Upstream from {since}: drop when upgrading." if since else ""
+        lines.append(
+            f"- **{patch.title}** (`{patch.file.name}`, probe `{patch.probe}` "
+            f"{entry.probe_before} -> {entry.probe_after}). "
+            f"{' '.join(patch.why.split())}{drop}"
+        )
+    lines += ["", "## Dropped: already upstream in this base", ""]
+    lines += [f"- `{p.id}`: {p.status} on {manifest.base_version}" for p in upstream_here] or [
+        "- none"
+    ]
+    if manifest.skipped:
+        lines += ["", "## Left out on request", ""]
+        lines += [f"- `{s}` (--skip): this build does not carry it" for s in manifest.skipped]
+    if status:
+        ids = [p.id for p in series.patches]
+        lines += [
+            "",
+            "## Status on other releases",
+            "",
+            "| release | " + " | ".join(ids) + " |",
+            "|---|" + "---|" * len(ids),
+        ]
+        for entry in status["bases"]:
+            report = entry.get("report")
+            cells = (
+                [
+                    o["status"] + (" (!)" if o.get("problem") else "")
+                    for o in report["outcomes"]
+                    if o["patch_id"] in ids
+                ]
+                if report
+                else ["error"] * len(ids)
+            )
+            lines.append(f"| {entry['base']} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "superseded: the release behaves as fixed (probe); already-applied: the "
+            "patch text is in it; conflict: needs porting; (!): applied but its probe "
+            "did not read present.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class ReleaseFiles:
+    notes: Path
+    checksums: Path
+    manifest: Path
+
+
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
+def write_release(
+    dist: Path,
+    wheel: Path,
+    series: Series,
+    status: dict[str, Any] | None,
+    extra_files: Sequence[Path] = (),
+) -> ReleaseFiles:
+    """RELEASE_NOTES.md, the manifest as JSON, and SHA256SUMS over everything released.
+
+    Everything is checked and computed before the first file is written, so a
+    refusal leaves --dist as it was.
+    """
+    # Lexical absolute paths: a file in --dist may be a link to the build's output.
+    dist, wheel = _absolute(dist), _absolute(wheel)
+    extra_files = [_absolute(f) for f in extra_files]
+    for f in (wheel, *extra_files):
+        if not f.is_relative_to(dist):
+            raise BuildError(f"{f} is not inside --dist {dist}: SHA256SUMS lists --dist only")
+    manifest = read_wheel_manifest(wheel)
+    digest = sha256_file(wheel)
+    notes = dist / "RELEASE_NOTES.md"
+    notes_text = release_notes(series, manifest, wheel.name, digest, status)
+    manifest_path = dist / f"{wheel.name}.manifest.json"
+    manifest_text = manifest.to_bytes().decode()
+    digests = {
+        wheel: digest,
+        manifest_path: sha256_bytes(manifest_text.encode()),
+        notes: sha256_bytes(notes_text.encode()),
+        **{f: sha256_file(f) for f in extra_files},
+    }
+    sums = "".join(f"{digests[f]}  {f.relative_to(dist)}\n" for f in sorted(digests))
+    checksums = dist / "SHA256SUMS"
+    atomic_write_text(notes, notes_text)
+    atomic_write_text(manifest_path, manifest_text)
+    atomic_write_text(checksums, sums)
+    return ReleaseFiles(notes=notes, checksums=checksums, manifest=manifest_path)

@@ -1,0 +1,369 @@
+"""Seeded tiny models for the smoke: a random target, byte-level BPE tokenizer, DFlash drafter.
+
+Two targets (``--arch``):
+- ``hybrid`` (default): ``Qwen3_5ForConditionalGeneration``, the architecture
+  Qwen3.6-27B ships as: Gated DeltaNet (linear attention) layers with a gated
+  full-attention layer every fourth, interleaved M-RoPE over a quarter of the
+  head, and a (tiny) vision tower that the smoke never feeds: vLLM serves it
+  with ``--language-model-only``. Its drafter has four sliding-window layers and
+  one full layer, as the seed's does.
+- ``qwen3``: the attention-only ``Qwen3ForCausalLM``; drafter (sliding, sliding, full).
+
+The drafter is the reference package's ``dflash.model.DFlashDraftModel``, so
+what vLLM loads is exactly what the reference computes with. The tokenizer
+is trained offline on a seeded synthetic corpus and saved beside the target,
+so ``vllm serve`` and the OpenAI API work end to end.
+
+Runs in an interpreter with torch, transformers, tokenizers and ``dflash``:
+``python -m tooling.smoke.serving.tiny OUT_DIR [--seed N]`` writes ``OUT_DIR/target``,
+``OUT_DIR/drafter`` and ``OUT_DIR/tiny.json`` (the manifest). The orchestrator
+reads only the manifest, so it never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "tiny.json"
+HYBRID = "hybrid"
+QWEN3 = "qwen3"
+EOS_TOKEN = "<|endoftext|>"
+MASK_TOKEN = "<|dflash_mask|>"
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shapes of the tiny pair (the ones that loaded in vLLM 0.20.1 on an H200)."""
+
+    seed: int = 0
+    arch: str = QWEN3
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    target_layers: int = 8
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    max_position_embeddings: int = 4096
+    draft_layer_types: tuple[str, ...] = (
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+    )
+    sliding_window: int = 16
+    target_layer_ids: tuple[int, ...] = (1, 3, 5)
+    block_size: int = 4
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.vocab_size - 1
+
+    @classmethod
+    def for_arch(cls, arch: str, seed: int = 0) -> TinySpec:
+        """The spec of ``arch``: the hybrid drafter gets the seed's four sliding + one full.
+
+        The hybrid's attention shape (heads, KV heads, head size) is shared by the
+        target's gated-attention layers and the drafter's: vLLM 0.20.1 groups a
+        hybrid model's KV cache by layer spec into groups as large as the smallest
+        spec type (here the target's two attention layers), so drafter layers of
+        another shape would be split over several groups and the DFlash proposer
+        refuses to start ("All drafting layers should belong to the same kv cache
+        group"). With one shape the drafter's layers join the target's attention
+        type and stay in one group.
+        """
+        if arch == QWEN3:
+            return cls(seed=seed, arch=QWEN3)
+        if arch == HYBRID:
+            return cls(
+                seed=seed,
+                arch=HYBRID,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=HYBRID_ATTENTION_HEAD_DIM,
+                draft_layer_types=("sliding_attention",) * 4 + ("full_attention",),
+            )
+        raise ValueError(f"unknown tiny architecture {arch!r}")
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """Where the generated pair lives (the tokenizer is in ``target``)."""
+
+    target: Path
+    drafter: Path
+    spec: TinySpec
+    files: dict[str, str]
+    """Relative path -> sha256 of every file written."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": str(self.target),
+            "drafter": str(self.drafter),
+            "spec": asdict(self.spec),
+            "files": self.files,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TinyModels:
+        spec = dict(data["spec"])
+        spec["draft_layer_types"] = tuple(spec["draft_layer_types"])
+        spec["target_layer_ids"] = tuple(spec["target_layer_ids"])
+        return cls(
+            target=Path(data["target"]),
+            drafter=Path(data["drafter"]),
+            spec=TinySpec(**spec),
+            files=dict(data["files"]),
+        )
+
+
+def load_manifest(root: Path) -> TinyModels:
+    """The pair a previous generation wrote under ``root``."""
+    return TinyModels.from_json(json.loads((root / MANIFEST).read_text(encoding="utf-8")))
+
+
+def synthetic_corpus(seed: int, sentences: int = 4000) -> list[str]:
+    """Deterministic training text: seeded pseudo-words plus English, code and digits.
+
+    Generated rather than read from disk so the tokenizer does not depend on
+    which Python (and which standard-library sources) the host has.
+    """
+    from ..config import FIDELITY_TEXTS, LOSSLESS_PROMPTS, PREFIX_PROMPT_TEXT
+
+    rng = random.Random(seed)
+    onsets = ["", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w", "th"]
+    vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ou"]
+    codas = ["", "", "n", "s", "t", "r", "l", "nd", "st", "ng"]
+    words = [
+        "".join(
+            rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
+            for _ in range(rng.randint(1, 3))
+        )
+        for _ in range(3000)
+    ]
+    lines = [*LOSSLESS_PROMPTS, PREFIX_PROMPT_TEXT, *FIDELITY_TEXTS]
+    for _ in range(sentences):
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(4, 16)))
+        lines.append(sentence.capitalize() + rng.choice([".", ",", "?", "!", ":", ";"]))
+        lines.append(f"x_{rng.randint(0, 999)} = {rng.randint(0, 99999)}  # {rng.choice(words)}")
+    return lines
+
+
+def train_tokenizer(spec: TinySpec):
+    """A byte-level BPE with exactly ``spec.vocab_size`` ids, the last one the DFlash mask.
+
+    Byte-level, so any text round-trips; id 0 is end-of-text; reserved special
+    tokens fill any gap so every id the model can emit decodes.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size - 1,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(synthetic_corpus(spec.seed), trainer=trainer)
+    filler = [f"<|reserved_{i}|>" for i in range(spec.vocab_size - 1 - tokenizer.get_vocab_size())]
+    tokenizer.add_special_tokens([*filler, MASK_TOKEN])
+    if tokenizer.token_to_id(MASK_TOKEN) != spec.mask_token_id:
+        raise RuntimeError(
+            f"tokenizer put {MASK_TOKEN} at {tokenizer.token_to_id(MASK_TOKEN)}, "
+            f"not {spec.mask_token_id}"
+        )
+    return tokenizer
+
+
+def _qwen3_common(spec: TinySpec) -> dict[str, Any]:
+    return dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+
+
+def write_target(out: Path, spec: TinySpec) -> None:
+    """A seeded random target of ``spec.arch`` in bf16 safetensors, with its tokenizer."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    if spec.arch == HYBRID:
+        write_hybrid_target(out, spec)
+    else:
+        config = Qwen3Config(
+            num_hidden_layers=spec.target_layers,
+            architectures=["Qwen3ForCausalLM"],
+            **_qwen3_common(spec),
+        )
+        torch.manual_seed(spec.seed)
+        Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(spec),
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        model_max_length=spec.max_position_embeddings,
+    )
+    wrapped.save_pretrained(out)
+
+
+HYBRID_ATTENTION_HEAD_DIM = 256
+"""Qwen3.6's own: a quarter of it (64) rotates, as three interleaved M-RoPE sections."""
+HYBRID_MROPE_SECTION = (11, 11, 10)
+
+
+def hybrid_config(spec: TinySpec) -> dict[str, Any]:
+    """config.json contents of the tiny ``Qwen3_5ForConditionalGeneration`` (plain data).
+
+    Every fourth layer is full (gated) attention, the others Gated DeltaNet, as in
+    Qwen3.6. Head counts are even so TP=2 splits them. The multimodal token ids
+    are reserved ids inside the vocabulary; the smoke sends no images.
+    """
+    text = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.target_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        full_attention_interval=4,
+        layer_types=[
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+            for i in range(spec.target_layers)
+        ],
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": list(HYBRID_MROPE_SECTION),
+            "mrope_interleaved": True,
+        },
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=2,
+        out_hidden_size=spec.hidden_size,
+        num_position_embeddings=64,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+    )
+    reserved = spec.vocab_size - 5
+    return dict(
+        architectures=["Qwen3_5ForConditionalGeneration"],
+        model_type="qwen3_5",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=reserved,
+        video_token_id=reserved + 1,
+        vision_start_token_id=reserved + 2,
+        vision_end_token_id=reserved + 3,
+        tie_word_embeddings=False,
+    )
+
+
+def write_hybrid_target(out: Path, spec: TinySpec) -> None:
+    """A seeded random Qwen3_5ForConditionalGeneration in bf16 safetensors."""
+    import torch
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    config = Qwen3_5Config(**hybrid_config(spec))
+    torch.manual_seed(spec.seed)
+    model = Qwen3_5ForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+
+
+def write_drafter(out: Path, spec: TinySpec) -> None:
+    """A seeded random reference ``DFlashDraftModel`` with hybrid sliding/full layers, in bf16."""
+    import torch
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    layer_types = list(spec.draft_layer_types)
+    config = Qwen3Config(
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        sliding_window=spec.sliding_window,
+        # Without it transformers sets sliding_window to None (Qwen3Config).
+        use_sliding_window=True,
+        max_window_layers=len(layer_types),
+        architectures=["DFlashDraftModel"],
+        **_qwen3_common(spec),
+    )
+    config.num_target_layers = spec.target_layers
+    config.block_size = spec.block_size
+    config.dflash_config = {
+        "target_layer_ids": list(spec.target_layer_ids),
+        "mask_token_id": spec.mask_token_id,
+        "block_size": spec.block_size,
+    }
+    torch.manual_seed(spec.seed + 1)
+    model = DFlashDraftModel(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def write_tiny_models(root: Path, spec: TinySpec | None = None) -> TinyModels:
+    """Generate the pair under ``root`` (``target/``, ``drafter/``, ``tiny.json``) and return it."""
+    spec = spec or TinySpec()
+    root.mkdir(parents=True, exist_ok=True)
+    write_target(root / "target", spec)
+    write_drafter(root / "drafter", spec)
+    models = TinyModels(
+        target=(root / "target").resolve(),
+        drafter=(root / "drafter").resolve(),
+        spec=spec,
+        files=_digests(root),
+    )
+    # The manifest goes last: its presence means the pair is complete.
+    (root / MANIFEST).write_text(json.dumps(models.to_json(), indent=2) + "\n", encoding="utf-8")
+    return models
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.serving.tiny")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arch", choices=(HYBRID, QWEN3), default=HYBRID)
+    args = parser.parse_args(argv)
+    models = write_tiny_models(args.out, TinySpec.for_arch(args.arch, args.seed))
+    print(json.dumps(models.to_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
