@@ -47,7 +47,9 @@ from .probe_env import (
     probe_python_from_env,
     python_of,
 )
-from .probes import ALL_PROBES, ProbeTarget, run_probes
+from .probes import ProbeTarget, run_probes
+from .registry import registry
+from .registry_options import probe_option, require_option
 from .report import human_size, table
 from .series import Series, load_series
 from .status import status_matrix
@@ -818,7 +820,7 @@ def build(
     type=click.Path(path_type=Path, exists=True),
     help="Interpreter to probe with (default: the probe environment).",
 )
-@click.option("--probe", "names", multiple=True, type=click.Choice(ALL_PROBES))
+@probe_option
 @json_option
 @click.pass_context
 def probe(
@@ -829,7 +831,7 @@ def probe(
     interpreter = python or settings.probe_python(None) or Path(sys.executable)
     results = run_probes(
         ProbeTarget(python=interpreter, root=root, pycache=settings.cache.root / "pycache"),
-        names or ALL_PROBES,
+        names or registry().probes,
     )
     rows = [[r.probe, r.status, r.evidence] for r in results.values()]
     emit(
@@ -875,13 +877,7 @@ def probe_env(ctx: click.Context, dflash_path: bool) -> None:
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="pip-install this wheel into a fresh virtualenv and verify that.",
 )
-@click.option(
-    "--require",
-    "require_spec",
-    default="all",
-    show_default=True,
-    help="Fixes that must be present: all, or e.g. 1,3 (numbers, patch ids, probes).",
-)
+@require_option
 @probe_python_option
 @json_option
 @click.pass_context
@@ -900,12 +896,11 @@ def verify_command(
         install_into_fresh_env,
         locate_in_site,
         locate_with_python,
-        parse_require,
         verify,
     )
 
     settings = _settings(ctx)
-    required = parse_require(require_spec)
+    required = registry().select(require_spec)
     pycache = settings.cache.root / "pycache"
     scratch = tempfile.TemporaryDirectory(prefix="dflash-verify-")
     ctx.call_on_close(scratch.cleanup)
