@@ -1227,50 +1227,23 @@ def smoke_command(
         raise SmokeError(report.summary_line())
 
 
-def run_trainer(*args: str, capture: bool = True) -> str:
-    """``python -m tooling.trainer ARGS``: what it printed (``capture``), else its output
-    goes to this terminal. SmokeError naming the step, its exit code and, when captured,
-    its last error line, when it failed."""
-    import subprocess
-
-    from .errors import SmokeError
-
-    done = subprocess.run(
-        [sys.executable, "-m", "tooling.trainer", *args], capture_output=capture, text=True
-    )
-    if done.returncode != 0:
-        lines = (done.stderr or "").strip().splitlines()
-        why = lines[-1] if lines else "its output is above"
-        raise SmokeError(f"training recipe `{args[0]}` failed (exit {done.returncode}): {why}")
-    return done.stdout or ""
-
-
 def _smoke_trained(settings: Settings, workdir: Path, engines: dict[str, Path]) -> None:
     """Train (or reuse) the recipe's pair, then measure each engine against the reference."""
     from .errors import SmokeError
     from .smoke.acceptance import measure_engines, table_markdown
+    from .trainer.api import TrainRequest, train_in
 
-    def trained_dir() -> Path:
-        # `tooling.trainer path` prints {"output_dir": ..., "complete": ...}.
-        out = run_trainer("path")
-        try:
-            return Path(json.loads(out)["output_dir"])
-        except (ValueError, KeyError, TypeError):
-            printed = out[:200]
-            raise SmokeError(f"training recipe `path` printed no run folder: {printed!r}") from None
-
-    trained = trained_dir()
-    if not (trained / "summary.json").is_file():
-        # About 5 minutes on an H200: its progress goes to this terminal.
-        run_trainer("train", "--export", str(workdir), capture=False)
-        trained = trained_dir()
+    # In a child of this interpreter: its GPU memory is free again when the engines start.
+    # Training takes about 5 minutes on an H200; its progress goes to this terminal.
+    request = TrainRequest(cache_dir=settings.cache.root, export=workdir)
+    pair = train_in(Path(sys.executable), request)
     if not engines:
         import vllm  # the interpreter's own vLLM
 
         engines = {"this": Path(vllm.__file__).parent.parent}
     # One engine at a time: vLLM profiles free GPU memory at start-up and fails
     # when another engine grows or shrinks beside it.
-    reference, rows = measure_engines(trained, engines, workdir, workers=1)
+    reference, rows = measure_engines(pair.output_dir, engines, workdir, workers=1)
     emit(
         settings,
         json.loads((workdir / "acceptance.json").read_text()),
@@ -1370,3 +1343,65 @@ def bundle_command(
         {"ok": True, "plan": plan.to_json(), "result": result.to_json()},
         table(["file", "size"], rows) + f"\n{result.bundle_dir} ({human_size(result.total_bytes)})",
     )
+
+
+@main.command("train")
+@click.option(
+    "--preset",
+    default="full",
+    show_default=True,
+    help="Settings: full (the GPU recipe, about 5 minutes on an H200) or smoke (tiny, CPU).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a setting of the preset (repeatable; tuples as comma lists).",
+)
+@click.option(
+    "--python",
+    "python",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Interpreter to train in: it must import torch, transformers, tokenizers and "
+    "dflash (default: this one).",
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="This exact run folder (default: <cache>/trained/<recipe digest>).",
+)
+@click.option("--device", help="Torch device (default: cuda:0, else the CPU).")
+@click.option(
+    "--export",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Also copy summary, prompts, reference and log here.",
+)
+@click.option("--force", is_flag=True, help="Retrain even when a finished run folder exists.")
+@json_option
+@click.pass_context
+def train_command(
+    ctx: click.Context,
+    preset: str,
+    overrides: tuple[str, ...],
+    python: Path | None,
+    out_dir: Path | None,
+    device: str | None,
+    export: Path | None,
+    force: bool,
+) -> None:
+    """Train the small target and DFlash drafter the acceptance smoke measures (offline, seeded)."""
+    from .trainer.api import TrainRequest, train_in
+
+    settings = _settings(ctx)
+    request = TrainRequest(
+        preset=preset,
+        overrides=overrides,
+        cache_dir=settings.cache.root,
+        out_dir=out_dir,
+        device=device,
+        export=export,
+        force=force,
+    )
+    pair = train_in(python or Path(sys.executable), request)
+    emit(settings, {"ok": True, **pair.to_json()}, pair.describe())
