@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -166,7 +165,8 @@ def train_in(python: Path, request: TrainRequest) -> TrainedPair:
             done = subprocess.run(
                 [*command, "--outcome", str(outcome_file)],
                 stdin=subprocess.DEVNULL,
-                stdout=sys.stderr,  # this process's stdout is its own result
+                # To this process's stderr (fd 2), as the child's log: stdout is our result.
+                stdout=2,
                 env=env,
             )
         except OSError as e:
