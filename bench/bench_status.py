@@ -24,6 +24,7 @@ from tooling.patching.series import load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
 from tooling.probe_env import ensure_probe_env
 from tooling.probes import ProbeTarget, run_probes
+from tooling.registry import registry
 
 
 def main() -> int:
@@ -48,7 +49,8 @@ def main() -> int:
         )["source_dir"]
     )
     start = time.perf_counter()
-    run_probes(ProbeTarget(python=python, root=root, pycache=cache.root / "pycache"))
+    target = ProbeTarget(python=python, root=root, pycache=cache.root / "pycache")
+    run_probes(target, registry().probes)
     one_probe = time.perf_counter() - start
     start = time.perf_counter()
     result = subprocess.run(

@@ -23,9 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from tooling.cli import main
+from tooling.errors import (
+    EnvironmentProblem,
+    ToolingError,
+    TrainingError,
+    TrainSettingsError,
+    error_for_exit_code,
+)
 from tooling.trainer import config as trainer_config
 from tooling.trainer import corpus
+from tooling.trainer.api import TrainedPair, TrainRequest, train_in
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -160,32 +170,20 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     python, env = _probe_env()
     cache = tmp_path_factory.mktemp("trainer-cache")
     export = cache / "export"
-    result = _run(
-        python,
-        env,
-        [
-            "-m",
-            "tooling.trainer",
-            "train",
-            "--preset",
-            "smoke",
-            "--cache-dir",
-            str(cache),
-            "--export",
-            str(export),
-        ],
-        timeout=240,
-    )
-    brief = json.loads(result.stdout)
-    summary = json.loads(Path(brief["summary"]).read_text())
+    request = TrainRequest(preset="smoke", cache_dir=cache, export=export)
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("PYTHONPATH", "TOKENIZERS_PARALLELISM"):
+            mp.setenv(key, env[key])
+        pair = train_in(Path(python), request)
+        again = train_in(Path(python), request)
     return {
         "python": python,
         "env": env,
         "cache": cache,
         "export": export,
-        "brief": brief,
-        "summary": summary,
-        "stderr": result.stderr,
+        "pair": pair,
+        "again": again,
+        "summary": json.loads(pair.summary.read_text()),
     }
 
 
@@ -197,6 +195,10 @@ def _decreasing(curve: list[list[float]]) -> bool:
 def test_smoke_recipe_trains_and_measures(smoke_run: dict[str, Any]) -> None:
     s = smoke_run["summary"]
     cfg = trainer_config.PRESETS["smoke"]
+    pair = smoke_run["pair"]
+    assert pair == TrainedPair.from_summary(s, cached=False)
+    assert pair.output_dir == smoke_run["cache"] / "trained" / pair.recipe_digest
+    assert smoke_run["again"] == TrainedPair.from_summary(s, cached=True)  # reused, not retrained
     assert s["preflight"]["equivalence_max_abs_diff"] < 1e-4
     assert _decreasing(s["target"]["loss_curve"])
     assert _decreasing(s["drafter"]["loss_curve"])
@@ -287,7 +289,12 @@ print(json.dumps({{"target": type(target).__name__, "keys": keys, "dtypes": dtyp
 @pytest.mark.slow  # the recipe in the probe environment
 def test_split_and_tokenizer_are_deterministic() -> None:
     python, env = _probe_env()
-    args = ["-m", "tooling.trainer", "digest", "--preset", "smoke"]
+    args = [
+        "-c",
+        "import json; from tooling.trainer.config import PRESETS; "
+        "from tooling.trainer.recipe import digest_info; "
+        "print(json.dumps(digest_info(PRESETS['smoke'], True)))",
+    ]
     first = json.loads(_run(python, env, args).stdout)
     second = json.loads(_run(python, env, args).stdout)
     assert first == second
@@ -349,17 +356,94 @@ def test_multi_block_training_forward_matches_reference() -> None:
     assert out["a"] == out["b"]  # steps rebuilt from dflash's stats equal the exact counts
 
 
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(level, module) of every import in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(0, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or ""))
+    return found
+
+
 def test_trainer_imports_nothing_else_from_tooling() -> None:
-    """The trainer runs on a GPU host with only its own few dependencies."""
+    """The trainer runs on a GPU host with only its own few dependencies: of tooling it
+    imports errors and paths, which need the standard library alone."""
     allowed = {"torch", "transformers", "tokenizers", "safetensors", "numpy", "dflash"}
     allowed |= set(sys.stdlib_module_names)
+    shared = {"errors", "paths"}
     for path in (REPO / "tooling" / "trainer").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
+        for level, name in _imports(path):
+            if level == 0:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+            elif level == 2:
+                assert name in shared, f"{path.name} imports tooling.{name}"
+    for name in shared:
+        for level, module in _imports(REPO / "tooling" / f"{name}.py"):
+            assert (level, module) in {(1, "errors")} or (
+                level == 0 and module.split(".")[0] in sys.stdlib_module_names
+            ), f"tooling/{name}.py imports {module}"
+
+
+# --- tooling train: bad input is one line with tooling's exit code -----------------------
+
+
+def _train(*args: str) -> Any:
+    return CliRunner().invoke(main, ["train", *args])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--set", "no_such_setting=1"],
+            "error: recipe settings: --set 'no_such_setting=1': expected KEY=VALUE with KEY one "
+            "of the settings\n",
+        ),
+        (
+            ["--preset", "smoke", "--set", "sliding_window=2"],
+            "error: recipe settings: sliding_window must be at least block_size\n",
+        ),
+        (["--preset", "huge"], "error: --preset 'huge': not one of full, smoke\n"),
+    ],
+)
+def test_train_refuses_bad_settings_before_starting_anything(args: list[str], message: str) -> None:
+    result = _train("--python", "/bin/false", *args)
+    # Refused here: /bin/false, which would answer nothing, is never started.
+    assert result.exit_code == TrainSettingsError.exit_code == 21
+    assert result.stderr == message
+
+
+def test_train_in_an_interpreter_without_torch_is_one_environment_line() -> None:
+    """The toolchain's own interpreter has no torch: the child says so through its outcome."""
+    result = _train("--python", sys.executable, "--preset", "smoke", "--json")
+    assert result.exit_code == EnvironmentProblem.exit_code == 18
+    assert result.stderr.startswith("error: missing Python packages: torch, ")
+    assert result.stderr.count("\n") == 1
+    assert json.loads(result.stdout) == {
+        "ok": False,
+        "error": result.stderr.removeprefix("error: ").strip(),
+        "exit_code": 18,
+    }
+
+
+def test_train_in_an_interpreter_that_reports_nothing_is_a_training_error() -> None:
+    result = _train("--python", "/bin/true", "--preset", "smoke")
+    assert result.exit_code == TrainingError.exit_code == 22
+    assert result.stderr == (
+        "error: the training recipe in /bin/true exited 0 without a result (its output is above)\n"
+    )
+
+
+def test_a_childs_exit_code_is_raised_again_as_its_error() -> None:
+    classes = [ToolingError, *_subclasses(ToolingError)]
+    codes = [c.exit_code for c in classes]
+    assert len(set(codes)) == len(codes), "exit codes must be distinct"
+    for cls in classes:
+        error = error_for_exit_code(cls.exit_code, "m")
+        assert type(error) is cls and str(error) == "m"
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [s for c in cls.__subclasses__() for s in (c, *_subclasses(c))]

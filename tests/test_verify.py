@@ -26,20 +26,19 @@ from tooling.errors import (
 from tooling.patching import worktree
 from tooling.patching.apply import apply_series
 from tooling.probes import ProbeTarget
+from tooling.registry import registry
 from tooling.verifying.verify import (
-    FIXES,
     VersionIdentity,
     check_files,
     install_into_fresh_env,
     locate_in_site,
     locate_with_python,
-    parse_require,
     verify,
 )
 
 from .conftest import apply_options
 
-ALL = [number for number, _, _ in FIXES]
+ALL = [fix.number for fix in registry().fixes]
 
 
 def states(report) -> list[str]:
@@ -268,10 +267,10 @@ def test_no_vllm_is_its_own_exit_code(tmp_path):
 
 
 def test_parse_require():
-    assert parse_require("all") == ALL
-    assert parse_require("3,dflash-layer-id-offset,swa_windows") == [1, 2, 3]
+    assert registry().select("all") == ALL == [1, 2, 3, 4, 5, 6]
+    assert registry().select("3,dflash-layer-id-offset,swa_windows") == [1, 2, 3]
     with pytest.raises(ConfigError, match="--require 'nine'"):
-        parse_require("nine")
+        registry().select("nine")
     result = CliRunner().invoke(main, ["verify", "--require", "x"])
     assert result.exit_code == ConfigError.exit_code
 

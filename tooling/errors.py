@@ -129,6 +129,30 @@ class CacheWriteError(ToolingError):
     exit_code = 20
 
 
+class TrainSettingsError(ToolingError):
+    """The training recipe's settings are invalid (an unknown --set key, a bad value)."""
+
+    exit_code = 21
+
+
+class TrainingError(ToolingError):
+    """The training recipe failed one of its own checks, or gave no result."""
+
+    exit_code = 22
+
+
+def error_for_exit_code(code: int, message: str) -> ToolingError:
+    """The error a child process of ours reported by its exit code (the trainer's, which
+    runs in another interpreter), to raise again in this one."""
+    pending: list[type[ToolingError]] = [ToolingError]
+    while pending:
+        cls = pending.pop()
+        if cls.exit_code == code:
+            return cls(message)
+        pending += cls.__subclasses__()
+    return ToolingError(message)
+
+
 def exit_code_for(error: BaseException) -> int:
     """The process exit status for ``error``; 1 for anything unexpected."""
     if isinstance(error, ToolingError):

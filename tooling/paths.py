@@ -51,3 +51,8 @@ class CacheLayout:
     @property
     def envs(self) -> Path:
         return self.root / "envs"
+
+    @property
+    def trained(self) -> Path:
+        """The training recipe's run folders, one per recipe digest."""
+        return self.root / "trained"

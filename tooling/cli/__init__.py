@@ -25,6 +25,7 @@ from .patch import patch_group
 from .probe import probe_command, probe_env_command
 from .release import release_command
 from .smoke import smoke_command
+from .train import train_command
 from .verify import verify_command
 
 
@@ -82,6 +83,7 @@ for command in (
     probe_command,
     probe_env_command,
     smoke_command,
+    train_command,
     bundle_command,
     release_command,
 ):

@@ -9,9 +9,11 @@ from pathlib import Path
 import click
 
 from ..probe_env import ensure_probe_env, ensure_reference_dflash
-from ..probes import ALL_PROBES, ProbeTarget, run_probes
+from ..probes import ProbeTarget, run_probes
+from ..registry import registry
 from ..report import table
 from .options import emit, json_option, settings_of
+from .registry_options import probe_option
 
 
 @click.command("probe")
@@ -26,7 +28,7 @@ from .options import emit, json_option, settings_of
     type=click.Path(path_type=Path, exists=True),
     help="Interpreter to probe with (default: the probe environment).",
 )
-@click.option("--probe", "names", multiple=True, type=click.Choice(ALL_PROBES))
+@probe_option
 @json_option
 @click.pass_context
 def probe_command(
@@ -37,7 +39,7 @@ def probe_command(
     interpreter = python or settings.probe_python(None) or Path(sys.executable)
     results = run_probes(
         ProbeTarget(python=interpreter, root=root, pycache=settings.cache.root / "pycache"),
-        names or ALL_PROBES,
+        names or registry().probes,
     )
     rows = [[r.probe, r.status, r.evidence] for r in results.values()]
     emit(

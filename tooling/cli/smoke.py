@@ -156,7 +156,7 @@ def smoke_command(
     if trained:
         from ..smoke.trained import measure_trained
 
-        measured = measure_trained(workdir, parse_engines(engines))
+        measured = measure_trained(workdir, parse_engines(engines), settings.cache.root)
         emit(settings, measured.data, measured.table)
         if measured.failed:
             failed = ", ".join(measured.failed)

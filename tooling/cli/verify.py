@@ -10,8 +10,10 @@ import click
 
 from ..errors import BuildError, VerifyFixMissingError, VerifyIntegrityError
 from ..probes import ProbeTarget
+from ..registry import registry
 from ..report import table
 from .options import emit, json_option, probe_python_option, settings_of
+from .registry_options import require_option
 
 
 @click.command("verify")
@@ -32,13 +34,7 @@ from .options import emit, json_option, probe_python_option, settings_of
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="pip-install this wheel into a fresh virtualenv and verify that.",
 )
-@click.option(
-    "--require",
-    "require_spec",
-    default="all",
-    show_default=True,
-    help="Fixes that must be present: all, or e.g. 1,3 (numbers, patch ids, probes).",
-)
+@require_option
 @probe_python_option
 @json_option
 @click.pass_context
@@ -57,12 +53,11 @@ def verify_command(
         install_into_fresh_env,
         locate_in_site,
         locate_with_python,
-        parse_require,
         verify,
     )
 
     settings = settings_of(ctx)
-    required = parse_require(require_spec)
+    required = registry().select(require_spec)
     pycache = settings.cache.root / "pycache"
     scratch = tempfile.TemporaryDirectory(prefix="dflash-verify-")
     ctx.call_on_close(scratch.cleanup)

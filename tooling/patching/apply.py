@@ -211,7 +211,9 @@ def apply_series(
     log_dir = options.log_dir or work_dir.parent / f"{work_dir.name}.logs"
     probe_target = options.probe_target(upstream.source_dir)
     before_run = (
-        start_probes(probe_target, log=log_dir / "probes-base.log") if probe_target else None
+        start_probes(probe_target, series.probes, log=log_dir / "probes-base.log")
+        if probe_target
+        else None
     )
     try:
         saved = worktree.clear_way(work_dir)
@@ -255,7 +257,7 @@ def apply_series(
 
     patched_target = options.probe_target(work_dir)
     if patched_target is not None:
-        after = run_probes(patched_target, log=log_dir / "probes-patched.log")
+        after = run_probes(patched_target, series.probes, log=log_dir / "probes-patched.log")
         for patch, outcome in zip(series.patches, outcomes, strict=False):
             result = _probe(after, patch)
             outcome.probe_after = _as_json(result)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import SeriesError
 from ..fsutil import sha256_file
-from ..probes import ALL_PROBES
+from ..probes import probe_modules
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -73,6 +73,11 @@ class Series:
         lines += [f"skip {s}\n" for s in self.skipped]
         return hashlib.sha256("".join(lines).encode()).hexdigest()
 
+    @property
+    def probes(self) -> tuple[str, ...]:
+        """The probes of this series' patches, in series order, each once."""
+        return tuple(dict.fromkeys(p.probe for p in self.patches))
+
     def get(self, patch_id: str) -> Patch:
         for p in self.patches:
             if p.id == patch_id:
@@ -122,8 +127,11 @@ def _patch(entry: dict, index: int, folder: Path, where: str) -> Patch:
         raise SeriesError(f"{where}: missing key {missing}") from None
     if not _ID.match(patch_id):
         raise SeriesError(f"{where}: id {patch_id!r} is not lower-case-with-dashes")
-    if probe not in ALL_PROBES:
-        raise SeriesError(f"{where}: probe {probe!r} is not one of {', '.join(ALL_PROBES)}")
+    known = probe_modules()
+    if probe not in known:
+        raise SeriesError(
+            f"{where}: probe {probe!r} is no module of tooling/probes (have {', '.join(known)})"
+        )
     return patch
 
 

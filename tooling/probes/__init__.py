@@ -7,13 +7,16 @@ so a fix that lives in another file or under another name is still found, and
 a textual patch that did not change behaviour is still caught.
 
 The same probes serve ``tooling patch`` (on a source tree), ``tooling build``
-and ``tooling verify`` (on an installed environment).
+and ``tooling verify`` (on an installed environment). Which probe proves which
+fix is the ledger's word (``patches/series.toml``, read by ``tooling.registry``):
+this package only says which probes exist, one module each.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pkgutil
 import shutil
 import subprocess
 import tempfile
@@ -24,27 +27,30 @@ from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 __all__ = [
     "ABSENT",
-    "ALL_PROBES",
     "PRESENT",
     "UNKNOWN",
     "ProbeResult",
     "ProbeRun",
     "ProbeTarget",
+    "probe_modules",
     "run_probes",
     "start_probes",
 ]
 
-ALL_PROBES = (
-    "layer_offset",
-    "swa_windows",
-    "eagle_cache_drop",
-    "lookahead_slots",
-    "fp8_kv",
-    "compile_key",
-)
 _PACKAGE_DIR = Path(__file__).resolve().parent
+#: This package's modules that run the probes rather than being one.
+_MACHINERY = frozenset({"child", "result"})
 _CHILD_PACKAGE = "dflash_probes"
 DEFAULT_TIMEOUT_S = 900
+
+
+def probe_modules() -> tuple[str, ...]:
+    """The probes that exist: every public module of this package but the machinery, sorted.
+
+    Found by listing, not importing: a probe is for the probed interpreter to import.
+    """
+    names = (m.name for m in pkgutil.iter_modules([str(_PACKAGE_DIR)]))
+    return tuple(sorted(n for n in names if not n.startswith("_") and n not in _MACHINERY))
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,7 @@ def _child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
 
 def start_probes(
     target: ProbeTarget,
-    names: tuple[str, ...] = ALL_PROBES,
+    names: tuple[str, ...],
     *,
     log: Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -195,7 +201,7 @@ def start_probes(
 
 def run_probes(
     target: ProbeTarget,
-    names: tuple[str, ...] = ALL_PROBES,
+    names: tuple[str, ...],
     *,
     log: Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,

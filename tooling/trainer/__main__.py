@@ -1,10 +1,68 @@
-"""``python -m tooling.trainer``: the recipe's command line."""
+"""``python -m tooling.trainer train [options]``: the recipe in this interpreter.
+
+A thin entry over ``recipe.train``, kept because the recipe runs where the
+toolchain's own dependencies (Click, GitPython) may be missing: the child that
+``api.train_in`` (``tooling train``, ``tooling smoke --trained``) starts, and
+the GPU host's ``ci/gpu/train-background.sh``, whose interpreter trains with
+the host's own transformers. Errors are tooling's: one line, its exit code.
+With ``--outcome FILE`` the result (or the error) goes to that file for
+``train_in``; without, the pair is printed as JSON.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+from pathlib import Path
 
-from .recipe import main
+from ..errors import ToolingError
+from .api import TrainRequest, write_outcome
+from .common import Log
+from .recipe import train
+
+
+def _request(argv: list[str]) -> tuple[TrainRequest, Path | None]:
+    parser = argparse.ArgumentParser(prog="python -m tooling.trainer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="run the recipe (reuses a finished run)")
+    p.add_argument("--preset", default="full")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--cache-dir", type=Path)
+    p.add_argument("--out-dir", type=Path)
+    p.add_argument("--device")
+    p.add_argument("--export", type=Path)
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--outcome", type=Path, help="write the result or the error here (JSON)")
+    args = parser.parse_args(argv)
+    request = TrainRequest(
+        preset=args.preset,
+        overrides=tuple(args.overrides),
+        cache_dir=args.cache_dir,
+        out_dir=args.out_dir,
+        device=args.device,
+        export=args.export,
+        force=args.force,
+    )
+    return request, args.outcome
+
+
+def main(argv: list[str]) -> int:
+    request, outcome = _request(argv)
+    try:
+        pair = train(request, Log())
+    except ToolingError as e:
+        if outcome is not None:
+            write_outcome(outcome, e)  # train_in reports it, as its own error
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    if outcome is not None:
+        write_outcome(outcome, pair)
+    else:
+        print(json.dumps(pair.to_json(), indent=2))
+    return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..errors import TrainingError
 from .common import Log
 
 
@@ -55,5 +56,5 @@ def check_saved(
     }
     log(f"saved: {info}")
     if not info["tokenizer_roundtrip"]:
-        raise RuntimeError(f"the saved tokenizer does not encode like the trained one: {info}")
+        raise TrainingError(f"the saved tokenizer does not encode like the trained one: {info}")
     return info

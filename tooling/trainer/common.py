@@ -92,16 +92,3 @@ def sha256_file(path: Path) -> str:
     """sha256 of a file's bytes."""
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def default_cache_root() -> Path:
-    """``$VLLM_DFLASH_CACHE``, else ``$XDG_CACHE_HOME/vllm-dflash``, else ``~/.cache/vllm-dflash``.
-
-    The same rule as the toolchain's cache, restated here because the trainer
-    must not import the rest of ``tooling``.
-    """
-    env = os.environ.get("VLLM_DFLASH_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "vllm-dflash"

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import Qwen3Config
 
+from ..errors import TrainingError
 from .common import Budget, Log, lr_factor
 from .config import RecipeConfig
 from .target import TrainResult
@@ -312,7 +313,7 @@ def train_drafter(
                 + f" ({budget.elapsed():.1f}s)"
             )
             if not math.isfinite(value):
-                raise RuntimeError(f"drafter loss is {value} at step {step}")
+                raise TrainingError(f"drafter loss is {value} at step {step}")
     return TrainResult(
         steps=step,
         max_steps=cfg.drafter_steps,

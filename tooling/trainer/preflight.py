@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..errors import TrainingError
 from .common import Log
 from .config import RecipeConfig
 from .drafter import build_drafter, check_equivalence, drafter_config
@@ -53,14 +54,14 @@ def preflight(cfg: RecipeConfig, device: torch.device, log: Log) -> dict[str, An
     ).to(device)
     diff = check_equivalence(drafter, ctx, noise, anchors)
     if not diff < 1e-3:
-        raise RuntimeError(f"preflight: multi-block forward differs from the reference by {diff}")
+        raise TrainingError(f"preflight: multi-block forward differs from the reference by {diff}")
     # The same in bf16, where the masked and unmasked paths may pick other attention kernels:
     # only rounding may differ (a broken kernel would be off by O(1)).
     cast_parameters(drafter, torch.bfloat16)
     diff_bf16 = check_equivalence(drafter, ctx.bfloat16(), noise.bfloat16(), anchors)
     cast_parameters(drafter, torch.float32)
     if not diff_bf16 < 1.0:
-        raise RuntimeError(f"preflight: in bf16 the multi-block forward differs by {diff_bf16}")
+        raise TrainingError(f"preflight: in bf16 the multi-block forward differs by {diff_bf16}")
     prompt = torch.randint(2, 256, (24,), generator=gen).tolist()
     supported = dflash_loop_supported()
     minimal = minimal_run(target, drafter, prompt, 12)

@@ -7,37 +7,29 @@ folder under its digest is always complete. The digest covers the settings,
 the corpus and this package's code; a complete folder is reused unless forced.
 
 Heavy imports (torch, transformers, dflash) happen inside the stages, so
-``path`` and ``digest`` work with the standard library and ``tokenizers`` alone.
+``digest_info`` works with the standard library and ``tokenizers`` alone.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import platform
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .common import Log, default_cache_root, sha256_file, write_json
-from .config import PRESETS, RECIPE_VERSION, RecipeConfig, apply_overrides, recipe_digest
+from ..errors import EnvironmentProblem, TrainingError
+from ..paths import CacheLayout, default_cache_dir
+from .api import TrainedPair, TrainRequest
+from .common import Log, sha256_file, write_json
+from .config import RECIPE_VERSION, RecipeConfig, recipe_digest
 from .corpus import DRAFT, HELDOUT, SPLITS, TRAIN, Corpus, load_corpus
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_ENVIRONMENT = 3
-
 PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-class EnvironmentProblem(RuntimeError):
-    """A needed package is missing or too old; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +81,8 @@ def code_digest() -> str:
 
 
 def trained_root(cache_dir: Path | None) -> Path:
-    """Where run folders live: ``<cache>/trained``."""
-    return (cache_dir if cache_dir is not None else default_cache_root()) / "trained"
+    """Where run folders live: the cache's ``trained/`` (tooling's cache, ``tooling.paths``)."""
+    return CacheLayout(cache_dir if cache_dir is not None else default_cache_dir()).trained
 
 
 def _load_corpus(cfg: RecipeConfig) -> Corpus:
@@ -152,35 +144,28 @@ def _decode(tok: Any, ids: list[int]) -> str:
     return str(tok.decode(ids, skip_special_tokens=False))
 
 
-def train(
-    cfg: RecipeConfig,
-    *,
-    cache_dir: Path | None,
-    out_dir: Path | None,
-    device_name: str | None,
-    export: Path | None,
-    force: bool,
-    log: Log,
-) -> dict[str, Any]:
-    """Run the whole recipe (or reuse a complete run folder). Returns the summary."""
+def train(request: TrainRequest, log: Log) -> TrainedPair:
+    """Run the whole recipe in this interpreter (or reuse a complete run folder)."""
     t_start = time.perf_counter()
+    cfg = request.config()
     deadline = t_start + cfg.wall_budget_s
-    cfg.validate()
     _require_packages()
     corpus = _load_corpus(cfg)
     digest = recipe_digest(cfg, corpus.digest, code_digest())
-    final = RunPaths(out_dir if out_dir is not None else trained_root(cache_dir) / digest)
-    if final.complete() and not force:
+    final = RunPaths(
+        request.out_dir if request.out_dir is not None else trained_root(request.cache_dir) / digest
+    )
+    export = request.export
+    if final.complete() and not request.force:
         log(f"cached: {final.root} (pass --force to retrain)")
-        summary: dict[str, Any] = json.loads(final.summary.read_text())
         _export(final, export)
-        return summary
+        return TrainedPair.from_summary(json.loads(final.summary.read_text()), cached=True)
     work = RunPaths(final.root.parent / f".{final.root.name}.tmp-{os.getpid()}")
     shutil.rmtree(work.root, ignore_errors=True)
     work.root.mkdir(parents=True)
     log.open(work.log)
     try:
-        summary = _train_into(cfg, corpus, digest, work, final, device_name, deadline, log)
+        summary = _train_into(cfg, corpus, digest, work, final, request.device, deadline, log)
     except BaseException:
         log.close()
         if export is not None and work.log.is_file():
@@ -196,7 +181,7 @@ def train(
         shutil.rmtree(final.root)
     os.replace(work.root, final.root)
     _export(final, export)
-    return summary
+    return TrainedPair.from_summary(summary, cached=False)
 
 
 def _export(paths: RunPaths, export: Path | None) -> None:
@@ -269,7 +254,7 @@ def _train_into(
     train_files = corpus.of_split(TRAIN)
     tok = train_tokenizer((f.text for f in train_files), cfg.vocab_size)
     if tok.get_vocab_size() > cfg.vocab_size:
-        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens > {cfg.vocab_size}")
+        raise TrainingError(f"tokenizer has {tok.get_vocab_size()} tokens > {cfg.vocab_size}")
     docs = encode_texts(tok, [f.text for f in corpus.files])
     split_docs = {
         s: [d for f, d in zip(corpus.files, docs, strict=True) if f.split == s] for s in SPLITS
@@ -408,7 +393,7 @@ def _train_into(
     reload_info = check_saved(work.target, work.drafter, drafter, tok, log)
     reload_info.update({"target_equal": target_equal, "drafter_equal": drafter_equal})
     if not (target_equal and drafter_equal):
-        raise RuntimeError(f"saved models do not reload identically: {reload_info}")
+        raise TrainingError(f"saved models do not reload identically: {reload_info}")
     rt, rd = target, drafter
     reference = reference_summary(cfg, rt, rd, prompts, device, log)
     write_json(work.reference, reference.pop("document"))
@@ -482,35 +467,6 @@ def _train_into(
     }
 
 
-def accept(
-    run_dir: Path, loop: str, device_name: str | None, export: Path | None, log: Log
-) -> dict[str, Any]:
-    """Measure reference acceptance again on a finished run folder; writes nothing there.
-
-    Returns the acceptance summary (and writes ``reference-accept.json`` to ``export``).
-    """
-    from .checkpoints import load_drafter, load_target
-    from .reference_accept import measure
-    from .torchutil import pick_device
-
-    _quiet_transformers()
-    paths = RunPaths(run_dir)
-    if not paths.complete():
-        raise FileNotFoundError(f"{run_dir}: not a finished run folder")
-    device = pick_device(device_name)
-    target = load_target(paths.target, device)
-    drafter = load_drafter(paths.drafter, device)
-    doc = json.loads(paths.prompts.read_text())
-    ids = [p["token_ids"] for p in doc["prompts"]]
-    report = measure(target, drafter, ids, int(doc["max_new_tokens"]), loop=loop)
-    summary = report.summary()
-    summary["outputs"] = [r.output_ids for r in report.runs]
-    log(f"reference ({report.loop}): mean acceptance length {report.mean_acceptance_length:.3f}")
-    if export is not None:
-        write_json(export / "reference-accept.json", summary)
-    return summary
-
-
 def digest_info(cfg: RecipeConfig, with_tokenizer: bool) -> dict[str, Any]:
     """Digests of the corpus split (and the tokenizer), for determinism checks."""
     corpus = _load_corpus(cfg)
@@ -528,120 +484,3 @@ def digest_info(cfg: RecipeConfig, with_tokenizer: bool) -> dict[str, Any]:
         out["tokenizer_digest"] = tokenizer_digest(tok)
         out["tokenizer_vocab_size"] = tok.get_vocab_size()
     return out
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m tooling.trainer",
-        description="Train a small Qwen3 target and a DFlash drafter offline; measure "
-        "reference acceptance.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--preset", choices=sorted(PRESETS), default="full")
-        p.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a setting (tuples: comma lists)",
-        )
-        p.add_argument(
-            "--cache-dir",
-            type=Path,
-            default=None,
-            help="cache root (default: $VLLM_DFLASH_CACHE or ~/.cache/vllm-dflash)",
-        )
-
-    p_train = sub.add_parser("train", help="run the recipe (reuses a finished run)")
-    common(p_train)
-    p_train.add_argument(
-        "--out-dir",
-        type=Path,
-        default=None,
-        help="exact run folder (default: <cache>/trained/<digest>)",
-    )
-    p_train.add_argument("--device", default=None, help="torch device (default: cuda:0 or cpu)")
-    p_train.add_argument(
-        "--export",
-        type=Path,
-        default=None,
-        help="also copy summary, prompts, reference and log here",
-    )
-    p_train.add_argument("--force", action="store_true", help="retrain even if cached")
-
-    p_path = sub.add_parser("path", help="print the run folder for these settings")
-    common(p_path)
-
-    p_digest = sub.add_parser("digest", help="print corpus-split and tokenizer digests")
-    common(p_digest)
-    p_digest.add_argument("--no-tokenizer", action="store_true")
-
-    p_accept = sub.add_parser("accept", help="measure reference acceptance on a finished run")
-    p_accept.add_argument("--dir", type=Path, required=True)
-    p_accept.add_argument("--loop", choices=("auto", "dflash", "minimal"), default="auto")
-    p_accept.add_argument("--device", default=None)
-    p_accept.add_argument("--export", type=Path, default=None)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point. Returns the exit code (tracebacks for unexpected failures)."""
-    args = _parser().parse_args(argv)
-    log = Log()
-    try:
-        if args.command == "accept":
-            result = accept(args.dir, args.loop, args.device, args.export, log)
-            print(json.dumps({k: v for k, v in result.items() if k != "outputs"}, indent=2))
-            return EXIT_OK
-        try:
-            cfg = apply_overrides(PRESETS[args.preset], args.overrides)
-            cfg.validate()
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        if args.command == "path":
-            corpus = _load_corpus(cfg)
-            digest = recipe_digest(cfg, corpus.digest, code_digest())
-            root = RunPaths(trained_root(args.cache_dir) / digest)
-            print(
-                json.dumps(
-                    {
-                        "recipe_digest": digest,
-                        "output_dir": str(root.root),
-                        "complete": root.complete(),
-                    },
-                    indent=2,
-                )
-            )
-            return EXIT_OK
-        if args.command == "digest":
-            print(json.dumps(digest_info(cfg, not args.no_tokenizer), indent=2))
-            return EXIT_OK
-        summary = train(
-            cfg,
-            cache_dir=args.cache_dir,
-            out_dir=args.out_dir,
-            device_name=args.device,
-            export=args.export,
-            force=args.force,
-            log=log,
-        )
-    except EnvironmentProblem as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    brief = {
-        "output_dir": summary["output_dir"],
-        "summary": str(Path(summary["output_dir"]) / "summary.json"),
-        "heldout_loss": summary["target"]["heldout_loss"],
-        "mean_acceptance_length": summary["reference"]["mean_acceptance_length"],
-        "acceptance_per_position": summary["reference"]["acceptance_per_position"],
-        "wall_s": summary.get("wall_s"),
-    }
-    print(json.dumps(brief, indent=2))
-    return EXIT_OK

@@ -14,6 +14,7 @@ from dflash.model import extract_context_feature
 from torch.nn import functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from ..errors import TrainingError
 from .common import Budget, Log, lr_factor
 from .config import RecipeConfig
 from .tokenizer import EOT_ID
@@ -143,7 +144,7 @@ def train_target(
             count = 0
             log(f"target step {step}/{max_steps} loss {value:.4f} ({budget.elapsed():.1f}s)")
             if not math.isfinite(value):
-                raise RuntimeError(f"target loss is {value} at step {step}")
+                raise TrainingError(f"target loss is {value} at step {step}")
     return TrainResult(
         steps=step,
         max_steps=max_steps,

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..errors import TrainingError
+
 EOT = "<|endoftext|>"
 MASK = "<|mask|>"
 # Special tokens come first, so their ids are fixed whatever the corpus.
@@ -38,7 +40,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     )
     tok.train_from_iterator(texts, trainer)
     if tok.token_to_id(EOT) != EOT_ID or tok.token_to_id(MASK) != MASK_ID:
-        raise RuntimeError("tokenizer: special tokens did not get ids 0 and 1")
+        raise TrainingError("tokenizer: special tokens did not get ids 0 and 1")
     return tok
 
 

@@ -23,20 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ..building.manifest import MANIFEST_NAME, BuildManifest
-from ..errors import ConfigError, EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
-from ..probes import ABSENT, ALL_PROBES, PRESENT, ProbeResult, ProbeTarget, start_probes
+from ..errors import EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
+from ..probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, start_probes
+from ..registry import registry
 from .bytecode import BytecodeCheck, check_bytecode
 from .install import pip_install
-
-#: The fixes in series order, each with the probe that decides it.
-FIXES = (
-    (1, "dflash-layer-id-offset", "layer_offset"),
-    (2, "dflash-swa-config", "swa_windows"),
-    (3, "eagle-cache-drop", "eagle_cache_drop"),
-    (4, "dflash-lookahead-slots", "lookahead_slots"),
-    (5, "dflash-fp8-kv-cache", "fp8_kv"),
-    (6, "dflash-compile-key", "compile_key"),
-)
 
 _LOCATE = r"""
 import json, importlib.metadata as md
@@ -305,20 +296,6 @@ def fix_state(result: ProbeResult, patch_id: str, manifest: BuildManifest | None
     return FixState.UNKNOWN
 
 
-def parse_require(spec: str) -> list[int]:
-    """``all`` or a comma list of fix numbers / patch ids / probe names -> fix numbers."""
-    if spec.strip() == "all":
-        return [n for n, _, _ in FIXES]
-    wanted = []
-    for token in (t.strip() for t in spec.split(",") if t.strip()):
-        match = [n for n, pid, probe in FIXES if token in (str(n), pid, probe)]
-        if not match:
-            numbers = ", ".join(str(n) for n, _, _ in FIXES)
-            raise ConfigError(f"--require {token!r}: not a fix ({numbers}, a patch id or a probe)")
-        wanted += match
-    return sorted(set(wanted))
-
-
 def verify(
     dist: InstalledDist,
     probe_target: ProbeTarget,
@@ -332,7 +309,8 @@ def verify(
     ``runtime_python``: the interpreter that runs the install, whose bytecode is
     checked (default: the probes' interpreter).
     """
-    with start_probes(probe_target, ALL_PROBES, log=log) as run:
+    known = registry()
+    with start_probes(probe_target, known.probes, log=log) as run:
         files_checked, problems = check_files(dist)
         bytecode = check_bytecode(
             runtime_python or probe_target.python,
@@ -354,14 +332,14 @@ def verify(
             problem.patches = manifest.owners(owned) if manifest else []
         results = run.wait()
     fixes = []
-    for number, patch_id, probe in FIXES:
-        result = results[probe]
+    for fix in known.fixes:
+        result = results[fix.probe]
         fixes.append(
             FixStatus(
-                number,
-                patch_id,
-                probe,
-                fix_state(result, patch_id, manifest),
+                fix.number,
+                fix.patch_id,
+                fix.probe,
+                fix_state(result, fix.patch_id, manifest),
                 result.evidence,
                 result.form,
             )

@@ -1,0 +1,182 @@
+"""The recipe as one call: a request in, the trained pair out, the work in another interpreter.
+
+The recipe needs torch, transformers and the reference ``dflash`` package, and
+holds the GPU while it trains: the toolchain's own interpreter has none of
+them, and the smoke suite starts vLLM engines on that GPU afterwards, which
+profile its free memory. So ``train_in`` runs the recipe in a child
+interpreter (``python -m tooling.trainer``, the thin entry over
+``recipe.train``) and reads its outcome back from a file the child writes:
+these dataclasses on both sides, and a failure there is the same
+``ToolingError`` here. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import (
+    EnvironmentProblem,
+    ToolingError,
+    TrainingError,
+    TrainSettingsError,
+    error_for_exit_code,
+)
+from .config import PRESETS, RecipeConfig, apply_overrides
+
+#: The ``tooling`` package, which the child imports the trainer from.
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What to train and where: the settings, the cache, and where to copy the small results."""
+
+    preset: str = "full"
+    overrides: tuple[str, ...] = ()
+    """``KEY=VALUE`` settings over the preset (tuples as comma lists)."""
+    cache_dir: Path | None = None
+    """The cache root (run folders go to ``<cache>/trained/<digest>``); None: the default."""
+    out_dir: Path | None = None
+    """This exact run folder instead."""
+    device: str | None = None
+    """A torch device (None: cuda:0, else the CPU)."""
+    export: Path | None = None
+    """Also copy summary, prompts, reference and log here."""
+    force: bool = False
+    """Retrain even when a finished run folder exists."""
+
+    def config(self) -> RecipeConfig:
+        """The checked settings; a bad preset or override is one TrainSettingsError line."""
+        if self.preset not in PRESETS:
+            raise TrainSettingsError(
+                f"--preset {self.preset!r}: not one of {', '.join(sorted(PRESETS))}"
+            )
+        try:
+            cfg = apply_overrides(PRESETS[self.preset], list(self.overrides))
+            cfg.validate()
+        except ValueError as e:
+            raise TrainSettingsError(f"recipe settings: {e}") from None
+        return cfg
+
+    def argv(self) -> list[str]:
+        """The child's command line for this request (``python -m tooling.trainer ARGV``)."""
+        args = ["train", "--preset", self.preset]
+        for pair in self.overrides:
+            args += ["--set", pair]
+        for flag, value in (
+            ("--cache-dir", self.cache_dir),
+            ("--out-dir", self.out_dir),
+            ("--device", self.device),
+            ("--export", self.export),
+        ):
+            if value is not None:
+                args += [flag, str(value)]
+        return [*args, "--force"] if self.force else args
+
+
+@dataclass(frozen=True)
+class TrainedPair:
+    """A finished run folder: the target and drafter vLLM loads, and the reference figures."""
+
+    output_dir: Path
+    recipe_digest: str
+    cached: bool
+    """Reused a finished run folder rather than training."""
+    heldout_loss: float
+    mean_acceptance_length: float
+    """The reference ``dflash`` package's, on the held-out prompts."""
+    acceptance_per_position: tuple[float, ...]
+    wall_s: float | None
+    """Seconds the training took (None: not recorded)."""
+
+    @property
+    def summary(self) -> Path:
+        return self.output_dir / "summary.json"
+
+    @classmethod
+    def from_summary(cls, summary: dict[str, Any], *, cached: bool) -> TrainedPair:
+        reference = summary["reference"]
+        return cls(
+            output_dir=Path(summary["output_dir"]),
+            recipe_digest=summary["recipe_digest"],
+            cached=cached,
+            heldout_loss=summary["target"]["heldout_loss"],
+            mean_acceptance_length=reference["mean_acceptance_length"],
+            acceptance_per_position=tuple(reference["acceptance_per_position"]),
+            wall_s=summary.get("wall_s"),
+        )
+
+    def describe(self) -> str:
+        """Two lines for a person: where, how, and the reference figures."""
+        how = "reused" if self.cached else f"trained in {self.wall_s or 0:.1f} s"
+        per_position = ", ".join(f"{a:.3f}" for a in self.acceptance_per_position)
+        return (
+            f"{self.output_dir} ({how}; recipe {self.recipe_digest})\n"
+            f"held-out loss {self.heldout_loss:.4f}; reference mean acceptance length "
+            f"{self.mean_acceptance_length:.3f} (per position {per_position})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(output_dir=str(self.output_dir), summary=str(self.summary))
+        data["acceptance_per_position"] = list(self.acceptance_per_position)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainedPair:
+        values = {k: v for k, v in data.items() if k != "summary"}
+        values["output_dir"] = Path(values["output_dir"])
+        values["acceptance_per_position"] = tuple(values["acceptance_per_position"])
+        return cls(**values)
+
+
+def write_outcome(path: Path, outcome: TrainedPair | ToolingError) -> None:
+    """The child's answer for ``train_in``: the pair, or the error (one line, its exit code)."""
+    data = (
+        {"pair": outcome.to_json()}
+        if isinstance(outcome, TrainedPair)
+        else {"error": str(outcome), "exit_code": outcome.exit_code}
+    )
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def train_in(python: Path, request: TrainRequest) -> TrainedPair:
+    """Run the recipe in ``python`` (which must import torch, transformers, tokenizers and
+    dflash) and return the pair; it reuses a finished run folder unless ``force``.
+
+    The child's log goes to this process's stderr as it runs (minutes on a GPU).
+    """
+    request.config()  # bad settings are this process's error, before a child starts
+    with tempfile.TemporaryDirectory(prefix="dflash-train-") as tmp:
+        # The child imports this very package through a link, and nothing else of this
+        # interpreter's: ``python`` may be any interpreter with torch.
+        (Path(tmp) / "tooling").symlink_to(_PACKAGE, target_is_directory=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH", "")) if p)
+        outcome_file = Path(tmp) / "outcome.json"
+        command = [str(python), "-m", "tooling.trainer", *request.argv()]
+        try:
+            done = subprocess.run(
+                [*command, "--outcome", str(outcome_file)],
+                stdin=subprocess.DEVNULL,
+                # To this process's stderr (fd 2), as the child's log: stdout is our result.
+                stdout=2,
+                env=env,
+            )
+        except OSError as e:
+            raise EnvironmentProblem(f"cannot start {python}: {e.strerror or e}") from None
+        if not outcome_file.is_file():
+            raise TrainingError(
+                f"the training recipe in {python} exited {done.returncode} without a result "
+                "(its output is above)"
+            )
+        outcome = json.loads(outcome_file.read_text(encoding="utf-8"))
+    if "pair" not in outcome:
+        raise error_for_exit_code(outcome["exit_code"], outcome["error"])
+    return TrainedPair.from_json(outcome["pair"])
