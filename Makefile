@@ -19,7 +19,9 @@ help: ## List the targets
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	@# uv, given pip's index settings (stdlib only, so it runs before the install)
+	$(BIN)/python -m tooling.pipsettings --quiet -e '.[dev]'
 	$(BIN)/python -m compileall -q tooling
 	touch $@
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tooling.patching.series import load_series
 
 from tooling import registry as registry_module
 from tooling.cli import main
 from tooling.errors import SeriesError, VerifyFixMissingError
+from tooling.patching.series import load_series
 from tooling.paths import PACKAGE_DIR
 from tooling.probes import probe_modules
 from tooling.registry import LEDGER, load_registry, registry

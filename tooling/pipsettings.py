@@ -5,14 +5,21 @@ A user behind a mirror, or with local wheels such as a CPU build of torch, has
 told pip, not uv: ``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``pip.conf``.
 ``pip config list`` reports every one of them (the files and the environment),
 and :meth:`IndexSettings.uv_args` turns them into uv's flags.
+
+Standard library only: ``python -m tooling.pipsettings ARGS`` is how the Makefile
+installs the toolchain itself (``uv pip install ARGS`` for that interpreter) before
+anything else is installed.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 #: Sections that apply to ``pip install``, lowest precedence first (the environment wins).
 _SECTIONS = ("global", "install", ":env:")
@@ -101,3 +108,21 @@ def read_pip_settings() -> IndexSettings:
     except (OSError, subprocess.TimeoutExpired):
         return IndexSettings()
     return parse_pip_config(result.stdout) if result.returncode == 0 else IndexSettings()
+
+
+def uv_pip_install(python: Path | str, args: list[str], **run: Any) -> int:
+    """``uv pip install ARGS`` into ``python``'s environment with pip's index settings;
+    uv's exit code. ``run``: more ``subprocess.run`` arguments (where output goes)."""
+    settings = read_pip_settings()
+    cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python), *args]
+    result = subprocess.run(
+        [*cmd, *settings.uv_args()],
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **settings.uv_env()},
+        **run,
+    )
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(uv_pip_install(sys.executable, sys.argv[1:]))

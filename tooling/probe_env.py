@@ -18,7 +18,7 @@ from pathlib import Path
 from .errors import EnvironmentProblem, ProbeError
 from .fsutil import locked, sha256_file
 from .paths import REPO_DIR, CacheLayout
-from .pipsettings import read_pip_settings
+from .pipsettings import uv_pip_install
 
 REQUIREMENTS = REPO_DIR / "requirements" / "probe.txt"
 _MARKER = ".complete"
@@ -67,17 +67,8 @@ def _create_probe_env(env: Path, requirements: Path) -> Path:
 
 
 def _uv_install(python: Path, args: list[str]) -> int:
-    """``uv pip install`` for ``python`` with pip's index settings; uv's exit code."""
-    settings = read_pip_settings()
-    cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python)]
-    result = subprocess.run(
-        [*cmd, *args, *settings.uv_args()],
-        stdin=subprocess.DEVNULL,
-        stdout=sys.stderr,
-        stderr=sys.stderr,
-        env={**os.environ, **settings.uv_env()},
-    )
-    return result.returncode
+    # Its output on stderr, as this command's progress; stdout stays the command's answer.
+    return uv_pip_install(python, args, stdout=sys.stderr, stderr=sys.stderr)
 
 
 #: The reference DFlash implementation the smoke suite and the trainer compare against.
