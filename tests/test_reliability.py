@@ -374,8 +374,12 @@ def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
 
 
 @needs_artifacts
-def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path):
+def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path, catalog):
     cache = fresh_cache(tmp_path, SDIST)
+    # The unpacked source as well: unpacking it again is not what this test is about.
+    name = f"sdist-{catalog.get('0.20.1').sdist.sha256[:16]}"
+    (cache / "sources").mkdir()
+    (cache / "sources" / name).symlink_to(CACHE / "sources" / name)
     with open(CACHE / "pypi" / WHEEL, "rb") as f:
         (cache / "pypi" / WHEEL).write_bytes(f.read(1_000_000))
     env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(cache)}
