@@ -1,31 +1,116 @@
-"""Shared fixtures: the real pinned artifacts (cached per user), the probe interpreter, and
-the patched 0.20.1 work tree and wheel, each made once per session."""
+"""Shared fixtures: a per-session cache linked to the real pinned artifacts, the probe
+interpreter and the reference ``dflash``, and the patched 0.20.1 work tree and wheel, each
+made once per session.
+
+Tests never write into the user's cache (``$VLLM_DFLASH_CACHE``, else
+``~/.cache/vllm-dflash``). At start-up the session makes a cache of its own in
+the temp folder, links the user's artifacts, unpacked sources and compiled
+modules into it, and points ``$VLLM_DFLASH_CACHE`` at it, so that every
+``tooling`` the tests start, in-process or as a child, reads the real files
+and writes only there. An artifact the user's cache lacks is fetched into it
+once by the tool itself (what ``tooling fetch`` would do), then linked.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tooling.building.build import BuildOptions, BuildResult, build_precompiled
-from tooling.fetching.bases import BaseCatalog, load_bases
-from tooling.fetching.fetch import FetchOptions
+from tooling.errors import CacheMissError
+from tooling.fetching.bases import Base, BaseCatalog, load_bases
+from tooling.fetching.fetch import FetchOptions, fetch_pypi
 from tooling.fetching.upstream import Upstream, fetch_upstream
 from tooling.patching.apply import ApplyOptions, SeriesReport, apply_series
 from tooling.patching.series import Series, load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
-from tooling.probe_env import ensure_probe_env
+from tooling.probe_env import ensure_probe_env, ensure_reference_dflash, probe_python_from_env
 
 PATCHES = REPO_DIR / "patches"
 
+#: Names the user's cache for the session's processes (xdist workers included), whose
+#: ``$VLLM_DFLASH_CACHE`` names the session's own.
+USER_CACHE_VAR = "TOOLING_TESTS_USER_CACHE"
+
+
+def link_artifacts(user: CacheLayout, session: CacheLayout) -> None:
+    """Symlink the user's artifacts and unpacked sources into ``session`` (once each).
+
+    The tool never writes into either: it replaces a bad artifact by
+    unlinking it, and unpacks a source tree only where none is.
+    """
+    for folder in (user.artifacts, user.sources):
+        for entry in sorted(folder.glob("[!.]*")) if folder.is_dir() else ():
+            link = session.root / folder.name / entry.name
+            if not link.is_symlink():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(entry)
+
+
+def seed_bytecode(user: CacheLayout, session: CacheLayout) -> None:
+    """Hard-link the user's compiled modules (torch's, vLLM's) into the session's cache.
+
+    Importing torch and vLLM from source takes a probe run 20 s longer. Python
+    replaces a stale ``.pyc`` by renaming a new file over it, so the user's copy
+    is never written. Modules of temp folders (work trees of runs gone) stay out.
+    """
+    pycache = user.root / "pycache"
+    if not pycache.is_dir():
+        return
+    temp = pycache / Path(tempfile.gettempdir()).resolve().relative_to("/")
+    shutil.copytree(
+        pycache,
+        session.root / "pycache",
+        ignore=lambda folder, names: [n for n in names if Path(folder, n) == temp],
+        copy_function=_hardlink,
+    )
+
+
+def _hardlink(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system: a copy
+        shutil.copy2(src, dst)
+
+
+def bytecode_env() -> dict[str, str]:
+    """Environment for a child interpreter a test starts on vLLM, dflash or the repo: its
+    bytecode goes to the session's cache (as the probe harness sends it), never beside the
+    sources, some of which are the user's cache."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPYCACHEPREFIX": str(default_cache_dir() / "pycache")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller made the session cache; its environment came along
+    user = CacheLayout(default_cache_dir())
+    session = CacheLayout(Path(tempfile.mkdtemp(prefix="vllm-dflash-test-cache-")))
+    config.add_cleanup(lambda: shutil.rmtree(session.root, ignore_errors=True))
+    link_artifacts(user, session)
+    os.environ[USER_CACHE_VAR] = str(user.root)
+    os.environ["VLLM_DFLASH_CACHE"] = str(session.root)
+
 
 @pytest.fixture(scope="session")
-def cache() -> CacheLayout:
-    """The real per-user cache: vLLM artifacts are downloaded once per machine."""
-    return CacheLayout(default_cache_dir())
+def user_cache() -> CacheLayout:
+    """The user's cache: read through the session's links, filled only by the tool itself."""
+    return CacheLayout(Path(os.environ[USER_CACHE_VAR]))
+
+
+@pytest.fixture(scope="session")
+def cache(user_cache: CacheLayout) -> CacheLayout:
+    """This session's cache (``$VLLM_DFLASH_CACHE``, set for every process a test starts)."""
+    session = CacheLayout(default_cache_dir())
+    assert session.root != user_cache.root
+    seed_bytecode(user_cache, session)
+    return session
 
 
 @pytest.fixture(scope="session")
@@ -40,24 +125,52 @@ def series() -> Series:
 
 @pytest.fixture(scope="session")
 def fetch_options(cache: CacheLayout) -> FetchOptions:
-    return FetchOptions(cache=cache, progress=False)
+    """Offline: the session's cache only links, ``fetch_release`` fills the user's."""
+    return FetchOptions(cache=cache, offline=True, progress=False)
 
 
 @pytest.fixture(scope="session")
-def probe_python(cache: CacheLayout) -> Path:
-    """The CPU interpreter with torch and vLLM's imports ($TOOLING_PROBE_PYTHON, else built)."""
-    value = os.environ.get("TOOLING_PROBE_PYTHON")
-    return Path(value) if value else ensure_probe_env(cache)
+def fetch_release(
+    user_cache: CacheLayout, cache: CacheLayout, fetch_options: FetchOptions
+) -> Callable[..., Upstream]:
+    """``fetch(base, with_wheel=True)``: a pinned release, read from the session's cache."""
+
+    def fetch(base: Base, *, with_wheel: bool = True) -> Upstream:
+        try:
+            return fetch_upstream(base, fetch_options, with_wheel=with_wheel)
+        except CacheMissError:
+            # Once per machine, as `tooling fetch` does it: into the user's cache.
+            fetch_pypi(base, FetchOptions(cache=user_cache), with_wheel=with_wheel)
+            link_artifacts(user_cache, cache)
+            return fetch_upstream(base, fetch_options, with_wheel=with_wheel)
+
+    return fetch
 
 
 @pytest.fixture(scope="session")
-def upstream_0201(catalog: BaseCatalog, fetch_options: FetchOptions) -> Upstream:
-    return fetch_upstream(catalog.get("0.20.1"), fetch_options)
+def probe_python(user_cache: CacheLayout) -> Path:
+    """The CPU interpreter with torch, transformers and vLLM's imports: $TOOLING_PROBE_PYTHON
+    (``make test`` sets it), else the one ``tooling probe-env`` makes once in the user's cache."""
+    return probe_python_from_env() or ensure_probe_env(user_cache)
 
 
 @pytest.fixture(scope="session")
-def upstream_0220(catalog: BaseCatalog, fetch_options: FetchOptions) -> Upstream:
-    return fetch_upstream(catalog.get("0.22.0"), fetch_options)
+def dflash_path(user_cache: CacheLayout, probe_python: Path) -> Path:
+    """The folder holding the reference ``dflash`` 0.1.0 (for PYTHONPATH):
+    $TOOLING_DFLASH_PATH (``make test`` sets it), else the one ``tooling probe-env``
+    installs once in the user's cache."""
+    value = os.environ.get("TOOLING_DFLASH_PATH")
+    return Path(value) if value else ensure_reference_dflash(user_cache, probe_python)
+
+
+@pytest.fixture(scope="session")
+def upstream_0201(catalog: BaseCatalog, fetch_release: Callable[..., Upstream]) -> Upstream:
+    return fetch_release(catalog.get("0.20.1"))
+
+
+@pytest.fixture(scope="session")
+def upstream_0220(catalog: BaseCatalog, fetch_release: Callable[..., Upstream]) -> Upstream:
+    return fetch_release(catalog.get("0.22.0"))
 
 
 def apply_options(probe_python: Path | None, cache: CacheLayout, **kw) -> ApplyOptions:
@@ -116,16 +229,6 @@ def copy_tree(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.fixture(scope="session")
-def probe_py() -> Path:
-    """The probe interpreter from $TOOLING_PROBE_PYTHON; tests that run vLLM on a CPU
-    skip without it (they never build it themselves)."""
-    value = os.environ.get("TOOLING_PROBE_PYTHON")
-    if not value:
-        pytest.skip("TOOLING_PROBE_PYTHON is unset: it names the CPU interpreter with torch")
-    return Path(value)
-
-
 def run_on_tree(
     python: Path,
     tree: Path,
@@ -147,7 +250,7 @@ def run_on_tree(
     script_path, out = tmp / "script.py", tmp / "out.json"
     script_path.write_text(script)
     env = {
-        **os.environ,
+        **bytecode_env(),
         "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
         "CUDA_VISIBLE_DEVICES": "",
         "VLLM_LOGGING_LEVEL": "WARNING",
@@ -174,8 +277,8 @@ HEAVY_FIXTURES = frozenset(
     {
         "cache",
         "fetch_options",
+        "fetch_release",
         "probe_python",
-        "probe_py",
         "dflash_path",
         "upstream_0201",
         "upstream_0220",

@@ -21,7 +21,7 @@ import pytest
 
 from tooling.errors import BundleError
 from tooling.fetching.bases import load_bases
-from tooling.paths import REPO_DIR, default_cache_dir
+from tooling.paths import REPO_DIR
 from tooling.release.bundle import (
     DEFAULT_SKIP,
     BundleConfig,
@@ -44,7 +44,6 @@ from tooling.release.bundle import download as download_wheels
 DATA = Path(__file__).parent / "data"
 LOCK = DATA / "vllm-0.20.1-runtime-lock.txt"
 CARRIED = DATA / "carried-to-gpu-host-2026-11-29.txt"
-OFFICIAL_WHEEL = default_cache_dir() / "pypi" / "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 PATCHED_NAME = "vllm-0.20.1+dflash-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 
 
@@ -181,17 +180,15 @@ def test_missing_wheel_is_one_clear_error(tmp_path: Path) -> None:
         read_present(tmp_path / "absent.txt")
 
 
-@pytest.mark.slow
-def test_resolution_matches_the_release_lock(tmp_path: Path) -> None:
+def test_resolution_matches_the_release_lock(tmp_path: Path, upstream_0201) -> None:
     """uv on the official 0.20.1 wheel + torch==2.11.0 gives the recorded closure (network)."""
-    if not OFFICIAL_WHEEL.is_file():
-        pytest.skip(f"{OFFICIAL_WHEEL} is not cached (run tooling fetch)")
-    config = BundleConfig(wheel=OFFICIAL_WHEEL, out_dir=tmp_path, exclude_newer="2026-05-06")
+    official = upstream_0201.wheel
+    config = BundleConfig(wheel=official, out_dir=tmp_path, exclude_newer="2026-05-06")
     resolution = resolve(config)
     assert _pins(resolution.lock_text) == _pins(LOCK.read_text())
     torch = next(r for r in resolution.requirements if r.name == "torch")
     assert torch.hashes and all(len(h) == 64 for h in torch.hashes)
-    assert f"./wheels/{OFFICIAL_WHEEL.name}" in resolution.lock_text
+    assert f"./wheels/{official.name}" in resolution.lock_text
     assert (
         str(tmp_path) not in resolution.lock_text
         and "/tmp/bundle-resolve" not in resolution.lock_text

@@ -1,6 +1,6 @@
 """Patch 2 refuses what it does not compute, through vLLM 0.20.1's own model construction (slow).
 
-In ``$TOOLING_PROBE_PYTHON`` with the patched (and the pristine) 0.20.1 tree
+In the probe interpreter with the patched (and the pristine) 0.20.1 tree
 first on the path, the DFlash drafter is built the way the loader builds it,
 from a drafter config.json carrying each key later releases honour. A key that
 asks for other attention than patch 2 computes (the reference dflash 0.1.0:
@@ -114,19 +114,21 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _build_all(probe_py: Path, tree: Path, tmp: Path) -> dict:
-    return run_on_tree(probe_py, tree, tmp, SCRIPT, json.dumps(CASES), timeout=600, unset=(OPT_IN,))
+def _build_all(probe_python: Path, tree: Path, tmp: Path) -> dict:
+    return run_on_tree(
+        probe_python, tree, tmp, SCRIPT, json.dumps(CASES), timeout=600, unset=(OPT_IN,)
+    )
 
 
 @pytest.fixture(scope="session")
-def patched(probe_py: Path, patched_0201, tmp_path_factory) -> dict:
+def patched(probe_python: Path, patched_0201, tmp_path_factory) -> dict:
     assert patched_0201.ok
-    return _build_all(probe_py, Path(patched_0201.work_dir), tmp_path_factory.mktemp("patched"))
+    return _build_all(probe_python, Path(patched_0201.work_dir), tmp_path_factory.mktemp("patched"))
 
 
 @pytest.fixture(scope="session")
-def stock(probe_py: Path, upstream_0201, tmp_path_factory) -> dict:
-    return _build_all(probe_py, upstream_0201.source_dir, tmp_path_factory.mktemp("stock"))
+def stock(probe_python: Path, upstream_0201, tmp_path_factory) -> dict:
+    return _build_all(probe_python, upstream_0201.source_dir, tmp_path_factory.mktemp("stock"))
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED_KEY))

@@ -33,7 +33,6 @@ from tooling.fetching.fetch import (
     FetchOptions,
     ensure_artifact,
     extract_sdist,
-    fetch_pypi,
     parse_simple_index,
 )
 from tooling.paths import CacheLayout
@@ -173,10 +172,8 @@ def test_downloaded_bytes_not_matching_the_pin_leave_nothing(tmp_path, sdist_byt
     assert list((tmp_path / "cache" / "pypi").iterdir()) == []
 
 
-def test_corrupted_cached_copy_of_the_real_sdist_is_removed(tmp_path, catalog, fetch_options):
-    real = fetch_options.cache.artifacts / catalog.get("0.20.1").sdist.filename
-    if not real.exists():
-        fetch_pypi(catalog.get("0.20.1"), fetch_options, with_wheel=False)
+def test_corrupted_cached_copy_of_the_real_sdist_is_removed(tmp_path, catalog, fetch_release):
+    real = fetch_release(catalog.get("0.20.1"), with_wheel=False).sdist
     opts = options(tmp_path, "http://127.0.0.1:9/simple/", offline=True)
     copy = opts.cache.artifacts / real.name
     copy.parent.mkdir(parents=True)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tooling.fetching.upstream import fetch_upstream
 from tooling.probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, run_probes
 
 
 @pytest.fixture(scope="module")
-def probe_release(catalog, fetch_options, probe_python, cache):
+def probe_release(catalog, fetch_release, probe_python, cache):
     def run(version: str, *names: str) -> dict[str, ProbeResult]:
-        upstream = fetch_upstream(catalog.get(version), fetch_options, with_wheel=False)
+        upstream = fetch_release(catalog.get(version), with_wheel=False)
         target = ProbeTarget(
             python=probe_python, root=upstream.source_dir, pycache=cache.root / "pycache"
         )

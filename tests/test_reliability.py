@@ -21,12 +21,14 @@ from tooling.paths import REPO_DIR, default_cache_dir
 
 from .conftest import git
 
+#: The session's cache (conftest points $VLLM_DFLASH_CACHE at it before tests are collected).
 CACHE = default_cache_dir()
 SDIST = "vllm-0.20.1.tar.gz"
 WHEEL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 EPOCH = "1795910400"
-#: Tests that run on the real pinned artifacts in the per-user cache (``make check`` skips them).
-needs_artifacts = pytest.mark.slow
+#: Tests that run on the real pinned 0.20.1 artifacts (fetched and linked into CACHE by
+#: the fixture; ``make check`` skips them).
+needs_artifacts = pytest.mark.usefixtures("upstream_0201")
 
 
 def tooling(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -114,7 +116,8 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
     code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
     assert code == 0, err
     assert json.loads(out)["saved_work"] is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["w", "w.logs"]
+    # Nothing beside the tree: no saved copy (and no probe logs: no probe interpreter here).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
     work = tmp_path / "w"
     (work / "vllm" / "NOTES.txt").write_text("a new patch in the making\n")
     git(work, "add", "vllm/NOTES.txt")
@@ -131,8 +134,9 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
-    """A folder whose work tree `w` is patched (no probes), and the env that built it.
+def prepared(tmp_path_factory, upstream_0201) -> tuple[Path, dict[str, str], Path]:
+    """A folder whose work tree `w` is patched (no probes), and the env that built it
+    (``upstream_0201``: the pinned artifacts it builds from are in CACHE).
 
     The environment configures a probe interpreter that only leaves a mark, so
     the build shows whether --no-probes started it.
@@ -370,8 +374,12 @@ def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
 
 
 @needs_artifacts
-def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path):
+def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path, catalog):
     cache = fresh_cache(tmp_path, SDIST)
+    # The unpacked source as well: unpacking it again is not what this test is about.
+    name = f"sdist-{catalog.get('0.20.1').sdist.sha256[:16]}"
+    (cache / "sources").mkdir()
+    (cache / "sources" / name).symlink_to(CACHE / "sources" / name)
     with open(CACHE / "pypi" / WHEEL, "rb") as f:
         (cache / "pypi" / WHEEL).write_bytes(f.read(1_000_000))
     env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(cache)}

@@ -1,7 +1,7 @@
 """The tiny models and the reference comparison, in the CPU interpreter with torch.
 
-The torch part runs in ``$TOOLING_PROBE_PYTHON`` (skipped when unset) with
-the reference ``dflash==0.1.0`` installed once into the user cache. The models
+The torch part runs in the probe interpreter with the reference
+``dflash==0.1.0`` on its path (conftest's ``probe_python`` and ``dflash_path``). The models
 are generated through the same ``python -m tooling.smoke.serving.tiny`` the smoke
 runs, loaded back with transformers and with the reference package, and the
 reference comparison (``tooling.smoke.serving.reference``) is checked against the
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tooling.fsutil import sha256_file
-from tooling.paths import REPO_DIR, default_cache_dir
+from tooling.paths import REPO_DIR
 from tooling.smoke import checks
 from tooling.smoke.config import drafter_info_from_config, target_info_from_config
 from tooling.smoke.serving.tiny import (
@@ -37,7 +37,7 @@ from tooling.smoke.serving.tiny import (
     load_manifest,
 )
 
-DFLASH_REQ = "dflash==0.1.0"
+from .conftest import bytecode_env
 
 CHECK_SCRIPT = textwrap.dedent(
     """
@@ -137,58 +137,25 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def probe_py() -> Path:
-    value = os.environ.get("TOOLING_PROBE_PYTHON")
-    if not value:
-        pytest.skip("TOOLING_PROBE_PYTHON is unset: it names the CPU interpreter with torch")
-    return Path(value)
-
-
-@pytest.fixture(scope="module")
-def dflash_path(probe_py: Path) -> Path:
-    """The reference package, installed once per machine under the user cache."""
-    target = default_cache_dir() / "test-deps" / "dflash-0.1.0"
-    if not (target / "dflash" / "model.py").is_file():
-        result = subprocess.run(
-            [
-                str(probe_py),
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--target",
-                str(target),
-                DFLASH_REQ,
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot install {DFLASH_REQ}: {result.stderr.strip()[-300:]}")
-    return target
-
-
-def _run(probe_py: Path, dflash_path: Path, *args: str, timeout: int = 240) -> None:
+def _run(probe_python: Path, dflash_path: Path, *args: str, timeout: int = 240) -> None:
     env = {
-        **os.environ,
+        **bytecode_env(),
         "PYTHONPATH": os.pathsep.join([str(dflash_path), str(REPO_DIR)]),
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
     }
     result = subprocess.run(
-        [str(probe_py), *args], env=env, capture_output=True, text=True, timeout=timeout
+        [str(probe_python), *args], env=env, capture_output=True, text=True, timeout=timeout
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
+def tiny(tmp_path_factory, probe_python: Path, dflash_path: Path) -> dict:
     root = tmp_path_factory.mktemp("tiny")
     for name in ("a", "b"):
         _run(
-            probe_py,
+            probe_python,
             dflash_path,
             *(
                 "-m",
@@ -202,7 +169,7 @@ def tiny(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
         )
     script = root / "check.py"
     script.write_text(CHECK_SCRIPT)
-    _run(probe_py, dflash_path, str(script), str(root / "a"), str(root / "check.json"))
+    _run(probe_python, dflash_path, str(script), str(root / "a"), str(root / "check.json"))
     return {"root": root, "check": json.loads((root / "check.json").read_text())}
 
 
@@ -306,12 +273,12 @@ def test_tie_tolerance_counts_close_logits_as_agreement(tiny) -> None:
     assert any_tie["agreement"] == 1.0  # an unbounded tolerance accepts every token
 
 
-def test_reference_child_entry_point(tiny, probe_py: Path, dflash_path: Path) -> None:
+def test_reference_child_entry_point(tiny, probe_python: Path, dflash_path: Path) -> None:
     root = tiny["root"]
     request = root / "reference-in.json"
     request.write_text(json.dumps(tiny["check"]["same_request"]))
     out = root / "fidelity.json"
-    _run(probe_py, dflash_path, "-m", "tooling.smoke.serving.reference", str(request), str(out))
+    _run(probe_python, dflash_path, "-m", "tooling.smoke.serving.reference", str(request), str(out))
     result = json.loads(out.read_text())
     assert result["ok"] is True
     assert result["agreement"] == 1.0
@@ -361,13 +328,13 @@ HYBRID_SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def hybrid(tmp_path_factory, probe_py: Path, dflash_path: Path) -> dict:
+def hybrid(tmp_path_factory, probe_python: Path, dflash_path: Path) -> dict:
     """The default tiny pair (no --arch), compared as the GPU smoke compares it."""
     root = tmp_path_factory.mktemp("hybrid")
-    _run(probe_py, dflash_path, "-m", "tooling.smoke.serving.tiny", str(root / "pair"))
+    _run(probe_python, dflash_path, "-m", "tooling.smoke.serving.tiny", str(root / "pair"))
     script = root / "check.py"
     script.write_text(HYBRID_SCRIPT)
-    _run(probe_py, dflash_path, str(script), str(root / "pair"), str(root / "check.json"))
+    _run(probe_python, dflash_path, str(script), str(root / "pair"), str(root / "check.json"))
     return {"root": root, "check": json.loads((root / "check.json").read_text())}
 
 

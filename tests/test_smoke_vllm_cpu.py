@@ -1,6 +1,6 @@
 """The smoke's contact points with vLLM 0.20.1's own code, on a CPU (slow).
 
-In ``$TOOLING_PROBE_PYTHON`` with the pristine 0.20.1 tree, and with the
+In the probe interpreter with the pristine 0.20.1 tree, and with the
 patched tree, first on the path:
 - vLLM's PrometheusStatLogger writes /metrics text, which our parser reads;
 - vLLM's ``serve`` argument parser accepts the argv ``build_serve_command`` makes;
@@ -238,21 +238,21 @@ SERVE_ARGVS = [
 ]
 
 
-def _observe(probe_py: Path, tree: Path, tmp: Path) -> dict:
+def _observe(probe_python: Path, tree: Path, tmp: Path) -> dict:
     # argv after "python -m vllm.entrypoints.cli.main": what vLLM's CLI parses.
     argvs = json.dumps([argv[3:] for argv in SERVE_ARGVS])
-    return run_on_tree(probe_py, tree, tmp, SCRIPT, argvs, timeout=300)
+    return run_on_tree(probe_python, tree, tmp, SCRIPT, argvs, timeout=300)
 
 
 @pytest.fixture(scope="session")
-def stock(probe_py: Path, upstream_0201, tmp_path_factory) -> dict:
-    return _observe(probe_py, upstream_0201.source_dir, tmp_path_factory.mktemp("stock"))
+def stock(probe_python: Path, upstream_0201, tmp_path_factory) -> dict:
+    return _observe(probe_python, upstream_0201.source_dir, tmp_path_factory.mktemp("stock"))
 
 
 @pytest.fixture(scope="session")
-def patched(probe_py: Path, patched_0201, tmp_path_factory) -> dict:
+def patched(probe_python: Path, patched_0201, tmp_path_factory) -> dict:
     assert patched_0201.ok
-    return _observe(probe_py, Path(patched_0201.work_dir), tmp_path_factory.mktemp("patched"))
+    return _observe(probe_python, Path(patched_0201.work_dir), tmp_path_factory.mktemp("patched"))
 
 
 def test_metrics_written_by_vllm_parse(stock) -> None:

@@ -1,18 +1,15 @@
 """Tests of tooling.trainer: corpus split and settings here, the whole recipe in the probe env.
 
 The recipe needs torch, transformers, tokenizers and the reference ``dflash``
-package, which the project's own environment lacks: those tests run in
-``$TOOLING_PROBE_PYTHON`` (skipped when it is unset) with ``dflash`` from
-``$TOOLING_DFLASH_PATH`` or ``~/.cache/vllm-dflash/dflash-ref`` (made by
-``$TOOLING_PROBE_PYTHON -m pip install --no-deps --target ~/.cache/vllm-dflash/dflash-ref
-dflash==0.1.0``). The smoke preset trains a tiny target and drafter on the CPU
+package, which the project's own environment lacks: those tests run in the
+probe interpreter with ``dflash`` on its path (conftest's ``probe_python`` and
+``dflash_path``). The smoke preset trains a tiny target and drafter on the CPU
 (about 35 s).
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import itertools
 import json
 import math
@@ -36,6 +33,8 @@ from tooling.errors import (
 from tooling.trainer import config as trainer_config
 from tooling.trainer import corpus
 from tooling.trainer.api import TrainedPair, TrainRequest, train_in
+
+from .conftest import bytecode_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,44 +114,15 @@ def test_overrides_and_digest() -> None:
 # --- the recipe in the probe interpreter ------------------------------------------------
 
 
-@functools.cache
-def _probe_env_or_reason() -> tuple[str, dict[str, str]] | str:
-    """The probe interpreter and an environment with dflash importable, or why not."""
-    python = os.environ.get("TOOLING_PROBE_PYTHON")
-    if not python:
-        return (
-            "TOOLING_PROBE_PYTHON is unset: the trainer needs torch, transformers, "
-            "tokenizers and dflash, which only the probe interpreter has"
-        )
-    dflash_dir = os.environ.get("TOOLING_DFLASH_PATH") or str(
-        Path.home() / ".cache" / "vllm-dflash" / "dflash-ref"
-    )
-    env = dict(os.environ)
+@pytest.fixture(scope="module")
+def probe_env(probe_python: Path, dflash_path: Path) -> tuple[str, dict[str, str]]:
+    """The probe interpreter, and an environment where it imports tooling and dflash."""
+    env = bytecode_env()
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), dflash_dir, env.get("PYTHONPATH", "")) if p
+        p for p in (str(REPO), str(dflash_path), env.get("PYTHONPATH", "")) if p
     )
     env["TOKENIZERS_PARALLELISM"] = "true"
-    check = subprocess.run(
-        [python, "-c", "import dflash.model, torch, transformers, tokenizers"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if check.returncode != 0:
-        return (
-            f"the probe interpreter cannot import dflash/torch/transformers/tokenizers "
-            f"(install dflash with: {python} -m pip install --no-deps --target "
-            f"{dflash_dir} dflash==0.1.0): {check.stderr.strip().splitlines()[-1:]}"
-        )
-    return python, env
-
-
-def _probe_env() -> tuple[str, dict[str, str]]:
-    """The probe interpreter and its environment; skips the test when unavailable."""
-    found = _probe_env_or_reason()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
+    return str(probe_python), env
 
 
 def _run(
@@ -166,8 +136,10 @@ def _run(
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    python, env = _probe_env()
+def smoke_run(
+    tmp_path_factory: pytest.TempPathFactory, probe_env: tuple[str, dict[str, str]]
+) -> dict[str, Any]:
+    python, env = probe_env
     cache = tmp_path_factory.mktemp("trainer-cache")
     export = cache / "export"
     request = TrainRequest(preset="smoke", cache_dir=cache, export=export)
@@ -287,8 +259,8 @@ print(json.dumps({{"target": type(target).__name__, "keys": keys, "dtypes": dtyp
 
 
 @pytest.mark.slow  # the recipe in the probe environment
-def test_split_and_tokenizer_are_deterministic() -> None:
-    python, env = _probe_env()
+def test_split_and_tokenizer_are_deterministic(probe_env: tuple[str, dict[str, str]]) -> None:
+    python, env = probe_env
     args = [
         "-c",
         "import json; from tooling.trainer.config import PRESETS; "
@@ -343,8 +315,10 @@ print(json.dumps({"good": good, "bad": bad, "labels": labels.tolist(), "valid": 
 
 
 @pytest.mark.slow  # the recipe in the probe environment
-def test_multi_block_training_forward_matches_reference() -> None:
-    python, env = _probe_env()
+def test_multi_block_training_forward_matches_reference(
+    probe_env: tuple[str, dict[str, str]],
+) -> None:
+    python, env = probe_env
     out = json.loads(_run(python, env, ["-c", _UNIT_SCRIPT]).stdout)
     assert out["good"] < 1e-5
     assert out["bad"] > 1e-2  # the check would see a wrong sliding-window mask
