@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,9 @@ def install_cpu_platform() -> None:
         device_name = "cpu"
 
         @classmethod
-        def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+        def get_attn_backend_cls(
+            cls, selected_backend: Any, attn_selector_config: Any, num_heads: Any = None
+        ) -> str:
             from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
             return AttentionBackendEnum.FLASH_ATTN.get_path()
@@ -127,7 +130,7 @@ def vllm_config(
     cache_dtype: str = "auto",
     num_speculative_tokens: int = 3,
     mamba_cache_mode: str = "none",
-):
+) -> Any:
     """A real VllmConfig for ``pair``, built the way the engine builds it."""
     from vllm.config import (
         CacheConfig,
@@ -175,7 +178,7 @@ def vllm_config(
 _distributed = False
 
 
-def ensure_single_process_group(config) -> None:
+def ensure_single_process_group(config: Any) -> None:
     """A world of one over gloo, which model layers need to ask their TP size."""
     global _distributed
     if _distributed:
@@ -208,15 +211,15 @@ class _KernelRecorder:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __getitem__(self, grid) -> _KernelRecorder:
+    def __getitem__(self, grid: Any) -> _KernelRecorder:
         return self
 
-    def __call__(self, *args, **kwargs) -> None:
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
         self.calls.append(dict(kwargs, _args=args))
 
 
 @contextmanager
-def recording(module, *names: str):
+def recording(module: Any, *names: str) -> Iterator[_KernelRecorder]:
     """Replace whichever of ``names`` ``module`` has by one recorder, for the ``with`` body.
 
     The names that exist are the CUDA entry points a vLLM release calls; the
@@ -236,7 +239,7 @@ def recording(module, *names: str):
                 delattr(module, name)
 
 
-def dflash_proposer_metadata(config):
+def dflash_proposer_metadata(config: Any) -> Any:
     """The attention metadata V1's DFlashProposer builds for its drafter's queries.
 
     Runs the real proposer's ``set_inputs_first_pass`` on a crafted target

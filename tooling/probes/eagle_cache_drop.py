@@ -14,7 +14,7 @@ API name that answers (ours or upstream's) is reported as the form.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
@@ -54,7 +54,7 @@ def _kv_cache_groups(hybrid: bool) -> list:
     return groups
 
 
-def cached_tokens_on_repeat(config, *, hybrid: bool = False) -> int:
+def cached_tokens_on_repeat(config: Any, *, hybrid: bool = False) -> int:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -109,7 +109,7 @@ class Layout:
         return f"{self.name}: {self.dflash} with DFlash, {self.no_spec} without speculation"
 
 
-def _layout(pair, name: str, *, hybrid: bool) -> tuple[Layout, VllmConfig]:
+def _layout(pair: Any, name: str, *, hybrid: bool) -> tuple[Layout, VllmConfig]:
     mode = "align" if hybrid else "none"
     configs = {
         method: _harness.vllm_config(

@@ -15,7 +15,9 @@ offsets are int64.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, ProbeResult
@@ -25,7 +27,7 @@ CACHE_DTYPE = "fp8"
 
 
 @contextmanager
-def _fa3_fp8_support():
+def _fa3_fp8_support() -> Iterator[None]:
     """FlashAttention as on an H100/H200 (FA3), which stores fp8 KV caches.
 
     On a CPU no FlashAttention version is detected and FlashAttentionImpl
@@ -46,7 +48,7 @@ def _fa3_fp8_support():
             setattr(flash_attn, name, original)
 
 
-def _layer(attn, config) -> dict:
+def _layer(attn: Any, config: Any) -> dict[str, Any]:
     spec = attn.get_kv_cache_spec(config)
     return {
         "name": attn.layer_name,

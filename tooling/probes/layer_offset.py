@@ -9,8 +9,9 @@ they are already in vLLM's convention and must come back unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
+from typing import Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
@@ -20,16 +21,16 @@ TARGET_LAYER_IDS = [1, 16, 31, 46, 61]
 EAGLE3_IDS = [2, 17, 32]
 
 
-def _resolvers():
+def _resolvers() -> list[tuple[str, Callable[[Any], Sequence[int]]]]:
     """(label, function of a SpeculativeConfig) for every aux-layer resolver in the tree."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    def v1(spec):
+    def v1(spec: Any) -> Sequence[int]:
         runner = object.__new__(GPUModelRunner)
         runner.speculative_config = spec
         return GPUModelRunner._get_eagle3_aux_layers_from_config(runner)
 
-    found = [("v1 runner", v1)]
+    found: list[tuple[str, Callable[[Any], Sequence[int]]]] = [("v1 runner", v1)]
     try:
         from vllm.v1.worker.gpu.spec_decode.eagle import eagle3_utils
     except ImportError:

@@ -20,6 +20,7 @@ Fixed means none falls outside in any case.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
@@ -45,7 +46,7 @@ class NotScheduled(Exception):
     """The scheduler did not run the step the case needs (a release that schedules otherwise)."""
 
 
-def _scheduler(config):
+def _scheduler(config: Any) -> Any:
     import torch
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -73,13 +74,13 @@ def _scheduler(config):
     )
 
 
-def _model_output(rid: str, sampled: list[int]):
+def _model_output(rid: str, sampled: list[int]) -> Any:
     from vllm.v1.outputs import ModelRunnerOutput
 
     return ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0}, sampled_token_ids=[sampled])
 
 
-def slots_outside(config, case: Case) -> int:
+def slots_outside(config: Any, case: Case) -> int:
     """How many of the K+1 first-pass positions after the case's step have no block."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.outputs import DraftTokenIds

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, ProbeResult
@@ -45,7 +46,7 @@ def effective_mask(window: list[int] | tuple[int, int] | None, causal: bool) -> 
     return (left, 0 if causal else right)
 
 
-def _layer_causal(config, model) -> list[bool] | None:
+def _layer_causal(config: Any, model: Any) -> list[bool] | None:
     """Per-layer causal flags the runner gives the drafter where they are not the proposer's.
 
     V2's DFlash speculator (0.26+) builds one metadata per KV-cache group with
@@ -59,7 +60,7 @@ def _layer_causal(config, model) -> list[bool] | None:
     return list(DFlashQwen3ForCausalLM.get_draft_attn_causal(SimpleNamespace(model=model)))
 
 
-def _kv_cache(backend, spec, impl):
+def _kv_cache(backend: Any, spec: Any, impl: Any) -> Any:
     """A zeroed four-block KV cache in the layout this release's backend reads."""
     import torch
 
@@ -73,7 +74,7 @@ def _kv_cache(backend, spec, impl):
     return torch.zeros(shape, dtype=torch.uint8).view(spec.dtype)
 
 
-def _record_forward(config, attn, metadata) -> dict:
+def _record_forward(config: Any, attn: Any, metadata: Any) -> dict[str, Any]:
     """Run ``attn``'s backend forward once on ``metadata``; what FlashAttention was asked."""
     import torch
     from vllm.config import set_current_vllm_config

@@ -651,7 +651,9 @@ def _run_json_child(run: _Run, step: _ChildStep) -> dict[str, Any]:
 AUDIT_REQUESTS = 48
 
 
-def _engine_request(run: _Run, target: str, drafter: str, features: Path, *, batch: bool):
+def _engine_request(
+    run: _Run, target: str, drafter: str, features: Path, *, batch: bool
+) -> dict[str, Any]:
     """The in-process run's request; ``batch`` adds the concurrent audited batch."""
     config, engine = run.config, run.engine
     concurrent = None

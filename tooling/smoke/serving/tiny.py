@@ -155,7 +155,7 @@ def synthetic_corpus(seed: int, sentences: int = 4000) -> list[str]:
     return lines
 
 
-def train_tokenizer(spec: TinySpec):
+def train_tokenizer(spec: TinySpec) -> Any:
     """A byte-level BPE with exactly ``spec.vocab_size`` ids, the last one the DFlash mask.
 
     Byte-level, so any text round-trips; id 0 is end-of-text; reserved special
