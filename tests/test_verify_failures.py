@@ -163,3 +163,17 @@ def test_asking_a_failing_python_for_its_vllm_is_one_line(tmp_path):
     assert str(e.value) == (
         f"cannot ask {broken} for its vLLM: exit status 3: Fatal Python error: init_fs_encoding"
     )
+
+
+def test_a_probe_runs_bytecode_goes_with_its_copy(tmp_path):
+    """The probes' copy is new every run; the bytecode the child wrote for it under the
+    pycache prefix is removed with it, not left to pile up in the cache."""
+    pycache = tmp_path / "pycache"
+    # The toolchain's interpreter has no vLLM: the child imports the copied probes
+    # (writing their bytecode), then reports every probe unknown.
+    run = start_probes(ProbeTarget(python=Path(sys.executable), pycache=pycache), ("fp8_kv",))
+    copy = run.workdir
+    assert run.wait()["fp8_kv"].status == UNKNOWN
+    assert not copy.exists()
+    assert pycache.is_dir(), "the child wrote no bytecode under the prefix at all"
+    assert not (pycache / copy.relative_to(copy.anchor)).exists()

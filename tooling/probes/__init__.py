@@ -98,6 +98,12 @@ class ProbeRun:
             self.process.kill()
             self.process.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.target.pycache is not None:
+            # The copy's bytecode under the prefix: a new folder every run, never read again.
+            shutil.rmtree(
+                self.target.pycache / self.workdir.relative_to(self.workdir.anchor),
+                ignore_errors=True,
+            )
 
     def __enter__(self) -> ProbeRun:
         return self
