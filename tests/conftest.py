@@ -27,6 +27,7 @@ from tooling.errors import CacheMissError
 from tooling.fetching.bases import Base, BaseCatalog, load_bases
 from tooling.fetching.fetch import FetchOptions, fetch_pypi
 from tooling.fetching.upstream import Upstream, fetch_upstream
+from tooling.fsutil import locked
 from tooling.patching.apply import ApplyOptions, SeriesReport, apply_series
 from tooling.patching.series import Series, load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
@@ -61,15 +62,20 @@ def seed_bytecode(user: CacheLayout, session: CacheLayout) -> None:
     is never written. Modules of temp folders (work trees of runs gone) stay out.
     """
     pycache = user.root / "pycache"
+    seeded = session.root / "pycache"
     if not pycache.is_dir():
         return
     temp = pycache / Path(tempfile.gettempdir()).resolve().relative_to("/")
-    shutil.copytree(
-        pycache,
-        session.root / "pycache",
-        ignore=lambda folder, names: [n for n in names if Path(folder, n) == temp],
-        copy_function=_hardlink,
-    )
+    # Once per session: pytest-xdist's workers share the controller's session cache.
+    with locked(seeded):
+        if seeded.exists():
+            return
+        shutil.copytree(
+            pycache,
+            seeded,
+            ignore=lambda folder, names: [n for n in names if Path(folder, n) == temp],
+            copy_function=_hardlink,
+        )
 
 
 def _hardlink(src: str, dst: str) -> None:
