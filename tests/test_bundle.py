@@ -8,13 +8,11 @@ its own ``install.sh``.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +38,8 @@ from tooling.release.bundle import (
     write_bundle,
 )
 from tooling.release.bundle import download as download_wheels
+
+from .wheels import build_wheel
 
 DATA = Path(__file__).parent / "data"
 LOCK = DATA / "vllm-0.20.1-runtime-lock.txt"
@@ -201,40 +201,11 @@ def test_resolution_matches_the_release_lock(tmp_path: Path, upstream_0201) -> N
 # downloaded by pip (network, slow).
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def _build_wheel(
-    folder: Path, name: str, version: str, requires: str = "", payload: int = 0
-) -> Path:
-    """A minimal valid pure-Python wheel; ``payload`` bytes of incompressible data inside."""
-    dist = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
-        f"{name}/blob.bin": os.urandom(payload),
-        f"{dist}/METADATA": (
-            f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
-            + (f"Requires-Dist: {requires}\n" if requires else "")
-        ).encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n",
-    }
-    record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in files.items())
-    record += f"{dist}/RECORD,,\n"
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for member, data in files.items():
-            zf.writestr(member, data)
-        zf.writestr(f"{dist}/RECORD", record)
-    return path
-
-
 @pytest.fixture(scope="module")
 def local_bundle(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("local-bundle")
-    patched = _build_wheel(root, "vllm_standin", "0.20.1+dflash", "helper-dep", payload=60_000)
-    helper = _build_wheel(root, "helper_dep", "1.2.3", payload=30_000)
+    patched = build_wheel(root, "vllm_standin", "0.20.1+dflash", "helper-dep", payload=60_000)
+    helper = build_wheel(root, "helper_dep", "1.2.3", payload=30_000)
     plan = plan_bundle(
         [
             Requirement(
@@ -281,8 +252,8 @@ def test_bundle_contents_and_sums(local_bundle) -> None:
 
 
 def test_a_wheel_that_differs_from_the_lock_is_refused(tmp_path: Path) -> None:
-    patched = _build_wheel(tmp_path, "vllm_standin", "0.1")
-    helper = _build_wheel(tmp_path, "helper_dep", "1.0")
+    patched = build_wheel(tmp_path, "vllm_standin", "0.1")
+    helper = build_wheel(tmp_path, "helper_dep", "1.0")
     plan = plan_bundle(
         [Requirement("helper-dep", "1.0", hashes=("0" * 64,), via=("-r",))],
         wheel=patched,
@@ -386,7 +357,7 @@ def test_join_names_a_corrupt_or_missing_part(local_bundle, tmp_path: Path) -> N
 @pytest.mark.slow
 def test_resolve_download_and_write_a_small_bundle(tmp_path: Path) -> None:
     """uv resolves a wheel's dependencies, pip downloads them hash-checked (network)."""
-    wheel = _build_wheel(tmp_path, "vllm_standin", "0.20.1+dflash", "sniffio")
+    wheel = build_wheel(tmp_path, "vllm_standin", "0.20.1+dflash", "sniffio")
     config = BundleConfig(
         wheel=wheel,
         out_dir=tmp_path / "out",

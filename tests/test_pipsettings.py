@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,8 @@ import pytest
 from tooling.paths import CacheLayout
 from tooling.pipsettings import IndexSettings, parse_pip_config, read_pip_settings
 from tooling.probe_env import REFERENCE_DFLASH, ensure_reference_dflash
+
+from .wheels import build_wheel
 
 
 @pytest.fixture
@@ -74,39 +73,13 @@ def test_read_asks_this_interpreters_pip(pip_conf: Path, monkeypatch) -> None:
     assert settings.index_url == "https://mirror.example/simple"
 
 
-def _wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal valid wheel of one module, ``name.model``."""
-    tag = f"{name}-{version}"
-    files = {
-        f"{name}/__init__.py": b"",
-        f"{name}/model.py": b"ORIGIN = 'find-links'\n",
-        f"{tag}.dist-info/METADATA": (
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-        ),
-        f"{tag}.dist-info/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{tag}.dist-info/RECORD,,")
-    files[f"{tag}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = folder / f"{tag}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    return wheel
-
-
 def test_uv_installs_from_pips_find_links_alone(pip_conf: Path, tmp_path: Path) -> None:
     """With pip told `no-index` and a find-links folder, the reference package comes
     from that folder through uv, and nothing else is consulted."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     name, version = REFERENCE_DFLASH.split("==")
-    _wheel(wheels, name, version)
+    build_wheel(wheels, name, version, modules={"model.py": b"ORIGIN = 'find-links'\n"})
     pip_conf.write_text(f"[global]\nfind-links = {wheels}\nno-index = true\n")
     cache = CacheLayout(tmp_path / "cache")
     target = ensure_reference_dflash(cache, Path(sys.executable))
