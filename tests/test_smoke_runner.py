@@ -398,3 +398,16 @@ def test_warm_cache_plan_and_its_one_line_errors(tmp_path) -> None:
         "reference comparison (warm-B)",
     ]
     assert steps[-2:] == ["in-process engine (engine)", "reference comparison (engine)"]
+
+
+def test_a_child_past_its_limit_is_named_as_timed_out_not_as_an_exit(tmp_path) -> None:
+    """The limit's message, not the exit status the stop gave the killed child."""
+    from tooling.smoke.runner import _Run
+
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    run = _Run(SmokeConfig(workdir=tmp_path / "w", tiny=True), notify=lambda _: None)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    log = tmp_path / "sleeper.log"
+    with pytest.raises(SmokeError) as e:
+        run.child("sleeper", [], log=log, timeout_s=1, env=env)
+    assert str(e.value) == f"sleeper did not finish within 1s (log: {log})"

@@ -251,7 +251,7 @@ class _Run:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         limit = self.deadline.limit(timeout_s)
         result = run_child([self.python, "-m", module, *args], log=log, env=env, timeout_s=limit)
-        _raise_unless_done(module, result.returncode, limit, log)
+        _raise_unless_done(module, None if result.timed_out else result.returncode, limit, log)
 
 
 def _raise_unless_done(module: str, returncode: int | None, limit: float, log: Path) -> None:
