@@ -355,20 +355,26 @@ def test_no_vllm_is_one_clear_error(tmp_path, monkeypatch) -> None:
 def test_dry_run_plan_lists_every_process(tmp_path) -> None:
     plan = describe_plan(SmokeConfig(workdir=tmp_path, tiny=True, python="/usr/bin/python3"))
     steps = [s["step"] for s in plan["steps"]]
-    # --tiny: both servers start first, to compile while the in-process engine runs.
+    # --tiny: both servers start first, to compile while the in-process engine runs,
+    # and the reference's four children load meanwhile, then wait for its proposals.
     assert steps == [
         "models",
         "serve with DFlash",
         "serve without speculation",
-        "in-process engine (engine)",
         "reference comparison (engine)",
+        "in-process engine (engine)",
     ]
+    assert plan["steps"][3]["processes"] == 4 and plan["steps"][3]["loads_before_the_engine"]
     config = SmokeConfig(workdir=tmp_path, tiny=True, overlap_engines=False)
-    assert [s["step"] for s in describe_plan(config)["steps"]][1:4] == [
+    serial = describe_plan(config)["steps"]
+    assert [s["step"] for s in serial][1:] == [
         "in-process engine (engine)",
         "serve with DFlash",
         "serve without speculation",
+        "reference comparison (engine)",
     ]
+    # One reference process, once the servers are gone: it loads a second target.
+    assert serial[-1]["processes"] == 1 and not serial[-1]["loads_before_the_engine"]
     assert all(s["argv"][0] == "/usr/bin/python3" for s in plan["steps"])
     assert plan["steps"][0]["argv"][-2:] == ["--arch", "hybrid"]
     assert "--speculative-config" in plan["steps"][1]["argv"]
@@ -392,12 +398,12 @@ def test_warm_cache_plan_and_its_one_line_errors(tmp_path) -> None:
     # The warm-cache runs come first: that check is what such a run is for.
     assert steps[:5] == [
         "models",
-        "in-process engine (warm-A)",
         "reference comparison (warm-A)",
-        "in-process engine (warm-B)",
+        "in-process engine (warm-A)",
         "reference comparison (warm-B)",
+        "in-process engine (warm-B)",
     ]
-    assert steps[-2:] == ["in-process engine (engine)", "reference comparison (engine)"]
+    assert steps[-2:] == ["reference comparison (engine)", "in-process engine (engine)"]
 
 
 def test_a_child_past_its_limit_is_named_as_timed_out_not_as_an_exit(tmp_path) -> None:

@@ -25,10 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from tooling.errors import SmokeError
 from tooling.fsutil import sha256_file
 from tooling.paths import REPO_DIR
 from tooling.smoke import checks
 from tooling.smoke.config import drafter_info_from_config, target_info_from_config
+from tooling.smoke.procs import group_members
+from tooling.smoke.reference_pool import reference_pool
 from tooling.smoke.serving.tiny import (
     MANIFEST,
     TinySpec,
@@ -45,7 +48,7 @@ CHECK_SCRIPT = textwrap.dedent(
     import torch
     import dflash.model as dm
     from transformers import AutoTokenizer, Qwen3ForCausalLM
-    from tooling.smoke.serving.reference import FidelityInput, compare, load_pair
+    from tooling.smoke.serving.reference import FidelityInput, ModelSetup, compare, load_pair
 
     root, out_path = sys.argv[1], sys.argv[2]
     out = {}
@@ -113,8 +116,10 @@ CHECK_SCRIPT = textwrap.dedent(
                 proposals.append({"prompt": index, "position": r["position"],
                                   "bonus": seq[r["position"]], "drafts": r["drafts"]})
         dm.extract_context_feature = original
-        return {"target": f"{root}/target", "drafter": f"{root}/drafter", "prompts": prompts,
-                "outputs": outputs, "proposals": proposals, "device": "cpu", "dtype": "float32"}
+        return {"prompts": prompts, "outputs": outputs, "proposals": proposals}
+
+    setup = ModelSetup(f"{root}/target", f"{root}/drafter", "cpu", "float32")
+    out["setup"] = vars(setup)
 
     out["comparisons"] = {}
     for mode in ("same", "all_full", "no_offset"):
@@ -128,10 +133,10 @@ CHECK_SCRIPT = textwrap.dedent(
                 "tokens": [chosen, 10 + (chosen + 1) % 1990],
             }]
             out["same_request"] = request
-        out["comparisons"][mode] = compare(FidelityInput.from_json(request))
+        out["comparisons"][mode] = compare(setup, FidelityInput(**request))
         if mode == "all_full":
             tolerant = {**request, "tie_tolerance": 1e9}
-            out["comparisons"]["all_full_any_tie"] = compare(FidelityInput.from_json(tolerant))
+            out["comparisons"]["all_full_any_tie"] = compare(setup, FidelityInput(**tolerant))
     json.dump(out, open(out_path, "w"))
     """
 )
@@ -273,17 +278,59 @@ def test_tie_tolerance_counts_close_logits_as_agreement(tiny) -> None:
     assert any_tie["agreement"] == 1.0  # an unbounded tolerance accepts every token
 
 
-def test_reference_child_entry_point(tiny, probe_python: Path, dflash_path: Path) -> None:
-    root = tiny["root"]
-    request = root / "reference-in.json"
-    request.write_text(json.dumps(tiny["check"]["same_request"]))
-    out = root / "fidelity.json"
-    _run(probe_python, dflash_path, "-m", "tooling.smoke.serving.reference", str(request), str(out))
-    result = json.loads(out.read_text())
-    assert result["ok"] is True
-    assert result["agreement"] == 1.0
-    assert result["dtype"] == "float32"
-    assert result["engine_acceptance_length"] == result["reference_acceptance_length"]
+def _pool(tmp_path: Path, setup: dict, probe_python: Path, dflash_path: Path, shards: int):
+    env = {
+        **os.environ,
+        **bytecode_env(),
+        "PYTHONPATH": os.pathsep.join([str(dflash_path), str(REPO_DIR)]),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    return reference_pool(
+        str(probe_python),
+        tmp_path,
+        tmp_path / "logs",
+        "t",
+        setup,
+        shards=shards,
+        env=env,
+        early=True,
+    )
+
+
+def test_shards_give_what_one_process_gives(tiny, tmp_path, probe_python, dflash_path) -> None:
+    """The smoke's path: children that load first, then take their share of the prompts
+    from stdin; their summed counts are the one-process result, divergences included."""
+    request = tiny["check"]["same_request"]
+    with _pool(tmp_path, tiny["check"]["setup"], probe_python, dflash_path, 2) as pool:
+        sharded = pool.compare(request, timeout_s=240)
+    whole = tiny["check"]["comparisons"]["same"]
+    assert sharded["shards"] == 2
+    # Both shards had work: the request holds two prompts.
+    assert all(
+        json.loads((tmp_path / f"t-reference-in-{i}.json").read_text())["prompt_indices"]
+        for i in range(2)
+    )
+    timing = {"seconds", "shards", "mismatch_examples"}
+    assert {k: v for k, v in sharded.items() if k not in timing} == {
+        k: v for k, v in whole.items() if k not in timing
+    }
+    assert sharded["compared_tokens"] == whole["compared_tokens"] > 150
+    assert len(sharded["divergences"]) == 1
+
+
+def test_a_shard_that_cannot_load_is_one_line_naming_its_log(
+    tiny, tmp_path, probe_python, dflash_path
+) -> None:
+    setup = {**tiny["check"]["setup"], "drafter": str(tmp_path / "no-such-drafter")}
+    with _pool(tmp_path, setup, probe_python, dflash_path, 1) as pool:
+        with pytest.raises(SmokeError) as raised:
+            pool.compare(tiny["check"]["same_request"], timeout_s=240)
+        procs = list(pool.procs)
+    message = str(raised.value)
+    assert "\n" not in message and "t-reference-0.log" in message
+    assert "no-such-drafter" in message
+    assert all(group_members(p.pid) == [] for p in procs)
 
 
 HYBRID_SCRIPT = textwrap.dedent(
@@ -293,7 +340,7 @@ HYBRID_SCRIPT = textwrap.dedent(
     import transformers
     from dflash.model import extract_context_feature
     from tooling.smoke.serving.reference import (
-        FidelityInput, compare, load_pair, reference_logits, target_hidden_states)
+        FidelityInput, ModelSetup, compare, load_pair, reference_logits, target_hidden_states)
 
     root, out_path = sys.argv[1], sys.argv[2]
     config = transformers.AutoConfig.from_pretrained(f"{root}/target")
@@ -318,9 +365,9 @@ HYBRID_SCRIPT = textwrap.dedent(
     for name, features in (("right", right), ("stock", stock)):
         path = f"{root}/{name}-features.pt"
         torch.save({0: (list(range(len(sequence))), features[0])}, path)
-        out["comparisons"][name] = compare(FidelityInput(
-            target=f"{root}/target", drafter=f"{root}/drafter", prompts=[sequence[:24]],
-            outputs=[sequence[24:]], proposals=proposals, device="cpu", dtype="float32",
+        setup = ModelSetup(f"{root}/target", f"{root}/drafter", "cpu", "float32")
+        out["comparisons"][name] = compare(setup, FidelityInput(
+            prompts=[sequence[:24]], outputs=[sequence[24:]], proposals=proposals,
             context="engine", features_path=path, expected_layers=[i + 1 for i in ids]))
     json.dump(out, open(out_path, "w"))
     """

@@ -68,6 +68,10 @@ TINY_ARCHS = ("hybrid", "qwen3")
 OVERLAP_KV_CACHE_BYTES = 4 << 30
 """Each engine's fixed KV cache when the three start at once without ``kv_cache_memory_bytes``."""
 
+REFERENCE_SHARDS = 4
+"""Reference children when the models are small: its drafter passes are bound by one
+Python thread each, and an H200 host has 16 cores or more."""
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -185,6 +189,14 @@ class SmokeConfig:
     def overlaps(self) -> bool:
         """Whether the servers start before the in-process engine (``overlap_engines``)."""
         return self.tiny if self.overlap_engines is None else self.overlap_engines
+
+    @property
+    def reference_shards(self) -> int:
+        """How many reference children split the comparison. With ``overlaps`` (the
+        models are small enough for three engines on one GPU) four, started beside the
+        in-process engine; else one, started once the servers have stopped, since it
+        loads a second copy of the target."""
+        return REFERENCE_SHARDS if self.overlaps else 1
 
     def engine_settings(self, hybrid: bool) -> EngineSettings:
         """The flags every engine of the run gets: vLLM picks a hybrid target's block

@@ -48,9 +48,15 @@ class ChildResult:
 
 
 def start_group(
-    cmd: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path | None = None
+    cmd: Sequence[str],
+    *,
+    log: Path,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+    stdin: int = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` as the leader of a new session, stdout and stderr appended to ``log``."""
+    """Start ``cmd`` as the leader of a new session, stdout and stderr appended to ``log``;
+    ``stdin=subprocess.PIPE`` to talk to it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         # A new session: its own process group (stopped as one) and no
@@ -59,7 +65,7 @@ def start_group(
             list(cmd),
             stdout=out,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             env=dict(env),
             cwd=cwd,
             start_new_session=True,

@@ -62,6 +62,8 @@ from .config import (
 )
 from .logscan import aux_layers_from_log_file
 from .procs import log_tail, run_child, sigterm_as_interrupt, start_group, stop_group
+from .reference_pool import MODULE as REFERENCE_MODULE
+from .reference_pool import ReferencePool, reference_pool
 from .report import SmokeReport, StepRecord, plot_acceptance
 from .server import (
     SERVED_MODEL_NAME,
@@ -514,10 +516,11 @@ def _run_all(run: _Run, logs: Path) -> SmokeReport:
 
     expected = info.expected_aux_layers() if info else None
     warm = _warm_cache(run, logs, target, drafter, expected) if config.warm_cache else None
-    spec, plain, engine = _servers_and_engine(run, logs, target, drafter)
-    engine_result, engine_error, fidelity, fidelity_error = _reference(
-        run, logs, "engine", engine, (target, drafter), expected, lossless_divergences(spec, plain)
-    )
+    with _reference_pool(run, logs, "engine", (target, drafter)) as pool:
+        spec, plain, engine = _servers_and_engine(run, logs, target, drafter)
+        engine_result, engine_error, fidelity, fidelity_error = _reference(
+            run, pool, engine, expected, lossless_divergences(spec, plain)
+        )
     if warm is not None:
         warm["C"] = fidelity
 
@@ -747,17 +750,43 @@ def lossless_divergences(
     return found
 
 
-def _reference(
+def _reference_pool(
     run: _Run,
     logs: Path,
     name: str,
-    engine: tuple[dict[str, Any] | None, str],
     models: tuple[str, str],
+    env: dict[str, str] | None = None,
+) -> contextlib.AbstractContextManager[ReferencePool]:
+    """The reference children for one engine run of ``models`` (target, drafter): started
+    now when the engines share the GPU anyway (they load while the engine runs), else at
+    the comparison. None of them runs without the fidelity check."""
+    config = run.config
+    setup = {
+        "target": models[0],
+        "drafter": models[1],
+        "dtype": config.reference_dtype,
+    }
+    return reference_pool(
+        run.python,
+        run.workdir,
+        logs,
+        name,
+        setup,
+        shards=config.reference_shards,
+        env=env or run.environment(),
+        early=config.overlaps and config.run_fidelity,
+    )
+
+
+def _reference(
+    run: _Run,
+    pool: ReferencePool,
+    engine: tuple[dict[str, Any] | None, str],
     expected: tuple[int, ...] | None,
     divergences: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None, str]:
-    """The reference comparison of one engine run of ``models`` (target, drafter), and
-    the target's margins at ``divergences`` (the servers' first differences).
+    """The reference comparison of one engine run, and the target's margins at
+    ``divergences`` (the servers' first differences).
     Returns (engine result, why it is missing, fidelity result, why it is missing)."""
     engine_result, why = engine
     if engine_result is None:
@@ -765,29 +794,20 @@ def _reference(
             return None, why, None, why
         return None, why, None, f"needs the in-process run: {why}"
     config = run.config
-    reference_step = _ChildStep(
-        module="tooling.smoke.serving.reference",
-        request={
-            "target": models[0],
-            "drafter": models[1],
-            "prompts": engine_result["prompts"],
-            "outputs": engine_result["outputs"],
-            "proposals": engine_result["proposals"],
-            "dtype": config.reference_dtype,
-            "tie_tolerance": config.fidelity_tie_tolerance,
-            "context": config.context_source(run.target_info.hybrid),
-            "features_path": engine_result.get("features_path"),
-            "expected_layers": list(expected) if expected else None,
-            "divergences": divergences or [],
-        },
-        in_name=f"{name}-reference-in.json",
-        out_name=f"{name}-fidelity.json",
-        log=logs / f"{name}-reference.log",
-        timeout_s=config.timeouts.reference,
-    )
-    with run.step(f"reference comparison ({name})", reference_step.log) as step:
-        fidelity = _run_json_child(run, reference_step)
-        step.extra = {"seconds": fidelity.get("seconds")}
+    request = {
+        "prompts": engine_result["prompts"],
+        "outputs": engine_result["outputs"],
+        "proposals": engine_result["proposals"],
+        "tie_tolerance": config.fidelity_tie_tolerance,
+        "context": config.context_source(run.target_info.hybrid),
+        "features_path": engine_result.get("features_path"),
+        "expected_layers": list(expected) if expected else None,
+        "divergences": divergences or [],
+    }
+    log = pool.logs / f"{pool.name}-reference-0.log"
+    with run.step(f"reference comparison ({pool.name})", log) as step:
+        fidelity = pool.compare(request, run.deadline.limit(config.timeouts.reference))
+        step.extra = {"seconds": fidelity.get("seconds"), "shards": fidelity.get("shards")}
         return engine_result, "", fidelity, ""
     why = run.steps[-1].message or "the reference comparison did not finish"
     return engine_result, "", None, why
@@ -802,8 +822,9 @@ def _warm_cache(
     runs: dict[str, dict[str, Any] | None] = {}
     for name, site in (("A", run.config.other_site), ("B", None)):
         env = run.environment(cache=cache, site=site)
-        engine = _engine(run, logs, target, drafter, f"warm-{name}", env)
-        runs[name] = _reference(run, logs, f"warm-{name}", engine, (target, drafter), expected)[2]
+        with _reference_pool(run, logs, f"warm-{name}", (target, drafter)) as pool:
+            engine = _engine(run, logs, target, drafter, f"warm-{name}", env)
+            runs[name] = _reference(run, pool, engine, expected)[2]
     return runs
 
 
@@ -962,14 +983,23 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
         files = (f"{name}-in.json", f"{name}.json")
         return child(f"in-process engine ({name})", "tooling.smoke.serving.engine_run", files)
 
+    early = config.overlaps
+
     def reference(name: str) -> dict[str, Any]:
-        files = (f"{name}-reference-in.json", f"{name}-fidelity.json")
-        return child(f"reference comparison ({name})", "tooling.smoke.serving.reference", files)
+        # One entry for its processes: the same argv but the shard's result file.
+        files = (f"{name}-reference-setup.json", f"{name}-fidelity-0.json")
+        step = child(f"reference comparison ({name})", REFERENCE_MODULE, files)
+        return {**step, "processes": config.reference_shards, "loads_before_the_engine": early}
+
+    def engine_and_reference(name: str) -> list[dict[str, Any]]:
+        pair = [engine(name), reference(name)]
+        return pair[::-1] if early else pair
 
     # The order run_smoke starts them in: the warm-cache runs, then the in-process
-    # engine and the servers (the servers first when they overlap), the reference last.
+    # engine and the servers (the servers first when they overlap), the reference last
+    # (with the engine when they overlap: it loads, then waits for the proposals).
     for name in ("warm-A", "warm-B") if config.warm_cache else ():
-        steps += [engine(name), reference(name)]
+        steps += engine_and_reference(name)
     servers = [
         {
             "step": name,
@@ -979,7 +1009,10 @@ def describe_plan(config: SmokeConfig) -> dict[str, Any]:
         }
         for name, draft in (("serve with DFlash", drafter), ("serve without speculation", None))
     ]
-    main = [engine("engine")] if config.run_fidelity else []
-    steps += servers + main if config.overlaps else main + servers
-    steps += [reference("engine")] if config.run_fidelity else []
+    if not config.run_fidelity:
+        steps += servers
+    elif early:
+        steps += servers + engine_and_reference("engine")
+    else:
+        steps += [engine("engine"), *servers, reference("engine")]
     return {"workdir": str(workdir), "time_limit_s": config.timeouts.total, "steps": steps}

@@ -28,12 +28,17 @@ the layer the engine really captured, which catches a wrong aux layer (or a
 compiled graph that baked in another build's layers) whichever context gates
 the drafts. Both agreements are reported; ``context`` says which one gates.
 
-Runs as ``python -m tooling.smoke.serving.reference IN.json OUT.json`` in an
-interpreter with torch, transformers and the reference ``dflash`` package.
+Runs as ``python -m tooling.smoke.serving.reference SETUP.json OUT.json`` in an
+interpreter with torch, transformers and the reference ``dflash`` package: it
+loads the models SETUP names, then reads one line from stdin, the path of its
+work (a FidelityInput, perhaps one shard's prompts), and writes that work's
+counts (``agreement.Tally``) to OUT. Loading first lets the runner start its
+shards while the engine still runs (``tooling.smoke.reference_pool``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -42,28 +47,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .agreement import MAX_EXAMPLES, Tally
 from .child import serve
 
-NEAR_TIE = 0.05
-"""Logit margin under which a mismatch is reported as a near tie (bf16 noise scale)."""
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """What a reference child loads before its work arrives."""
+
+    target: str
+    drafter: str
+    device: str = "auto"
+    """``cuda`` when available, else ``cpu``; or a torch device name."""
+    dtype: str = "auto"
+    """``auto``: the checkpoint's own dtype (bf16 for the tiny pair, as vLLM runs it);
+    or a torch dtype name such as ``float32``."""
 
 
 @dataclass
 class FidelityInput:
-    """The engine run's record plus where the models are and how to run the reference."""
+    """The engine run's record and how to compare it (the models are the ModelSetup's)."""
 
-    target: str
-    drafter: str
     prompts: list[list[int]]
     outputs: list[list[int]]
     proposals: list[dict[str, Any]]
-    device: str = "auto"
-    """``cuda`` when available, else ``cpu``; or a torch device name."""
     tie_tolerance: float = 0.0
     """Count an engine draft as agreeing when its reference logit is this close to the best."""
-    dtype: str = "auto"
-    """``auto``: the checkpoint's own dtype (bf16 for the tiny pair, as vLLM runs it);
-    or a torch dtype name such as ``float32``."""
     context: str = "target"
     """Where the gated agreement takes its context features: ``target`` or ``engine``."""
     features_path: str | None = None
@@ -74,41 +83,15 @@ class FidelityInput:
     """Where the servers' greedy completions first differ: ``context`` (token ids up to
     there) and ``tokens`` (with the drafter, without). The target's own margins there
     tell a near tie, which rounding in other kernels flips, from a lost token."""
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FidelityInput:
-        return cls(**data)
-
-
-@dataclass
-class Agreement:
-    """Matches between vLLM's and the reference's drafts, per draft position."""
-
-    matches: list[int] = field(default_factory=list)
-    totals: list[int] = field(default_factory=list)
-
-    def add(self, engine: list[int], reference: list[int]) -> None:
-        while len(self.totals) < len(engine):
-            self.matches.append(0)
-            self.totals.append(0)
-        for i, (a, b) in enumerate(zip(engine, reference, strict=True)):
-            self.totals[i] += 1
-            self.matches[i] += int(a == b)
-
-    @property
-    def rate(self) -> float | None:
-        total = sum(self.totals)
-        return sum(self.matches) / total if total else None
-
-    def per_position(self) -> list[float]:
-        return [m / t if t else 0.0 for m, t in zip(self.matches, self.totals, strict=True)]
+    prompt_indices: list[int] | None = None
+    """This shard's prompts (None: all); the runner splits the proposals by prompt."""
 
 
 @dataclass
 class PhaseTimes:
     """Wall seconds spent per phase of the comparison, reported so a slow step says why."""
 
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float]
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -239,42 +222,6 @@ class EngineFeatures:
         return torch.stack(rows)[None]
 
 
-@dataclass
-class LayerDistances:
-    """Squared distance of each captured feature slice to each HF hidden state, summed."""
-
-    squared: list[list[float]] = field(default_factory=list)
-    norms: list[float] = field(default_factory=list)
-
-    def add(self, features: Any, hidden: list[Any]) -> None:
-        """``features`` [n, S*H] of known positions, ``hidden`` HF states [1, >=n, H] each."""
-        width = hidden[0].shape[-1]
-        slices = features.shape[-1] // width
-        if not self.squared:
-            self.squared = [[0.0] * len(hidden) for _ in range(slices)]
-            self.norms = [0.0] * len(hidden)
-        n = features.shape[0]
-        for layer, state in enumerate(hidden):
-            ref = state[0, :n].float().cpu()
-            self.norms[layer] += float((ref * ref).sum())
-            for s in range(slices):
-                diff = features[:, s * width : (s + 1) * width].float() - ref
-                self.squared[s][layer] += float((diff * diff).sum())
-
-    def relative(self) -> list[list[float]]:
-        return [
-            [
-                (d / n) ** 0.5 if n > 0 else float("inf")
-                for d, n in zip(row, self.norms, strict=True)
-            ]
-            for row in self.squared
-        ]
-
-    def nearest(self) -> list[int]:
-        """The HF hidden-state index each slice is closest to."""
-        return [min(range(len(row)), key=row.__getitem__) for row in self.relative()]
-
-
 def reference_logits(
     target_model: Any, draft_model: Any, features: Any, position: int, bonus: int, k: int
 ) -> Any:
@@ -338,42 +285,68 @@ def tie_margins(logits: Any, tokens: list[int]) -> list[float]:
     return [float(m) for m in (best - chosen).tolist()]
 
 
-def compare(request: FidelityInput) -> dict[str, Any]:
-    """Agreement of every usable proposal, plus what each side's drafts would have had accepted."""
-    import torch
+def layer_sums(features: Any, hidden: list[Any]) -> tuple[list[list[float]], list[float]]:
+    """Squared distance of each slice of ``features`` [n, S*H] (known positions) to each
+    HF state of ``hidden`` ([1, >=n, H] each), and each state's squared norm there."""
+    width = hidden[0].shape[-1]
+    slices = features.shape[-1] // width
+    n = features.shape[0]
+    squared = [[0.0] * len(hidden) for _ in range(slices)]
+    norms = []
+    for layer, state in enumerate(hidden):
+        ref = state[0, :n].float().cpu()
+        norms.append(float((ref * ref).sum()))
+        for s in range(slices):
+            diff = features[:, s * width : (s + 1) * width].float() - ref
+            squared[s][layer] = float((diff * diff).sum())
+    return squared, norms
 
-    device = _pick_device(request.device)
-    times = PhaseTimes()
-    with times.phase("load"):
-        target_model, draft_model = load_pair(
-            request.target, request.drafter, device, request.dtype
-        )
+
+@dataclass
+class LoadedPair:
+    """The models a reference child loaded (ModelSetup), and how long that took."""
+
+    target: Any
+    drafter: Any
+    device: str
+    seconds: float
+
+    @classmethod
+    def load(cls, setup: ModelSetup) -> LoadedPair:
+        start = time.monotonic()
+        device = _pick_device(setup.device)
+        target, drafter = load_pair(setup.target, setup.drafter, device, setup.dtype)
+        return cls(target, drafter, device, time.monotonic() - start)
+
+
+def tally(pair: LoadedPair, request: FidelityInput) -> Tally:
+    """Agreement of every usable proposal of the request's prompts (all, or its shard's),
+    plus what each side's drafts would have had accepted, as counts that add up."""
+    target_model, draft_model, device = pair.target, pair.drafter, pair.device
+    counts = Tally(
+        context=request.context,
+        tie_tolerance=request.tie_tolerance,
+        expected_layers=request.expected_layers,
+        device=device,
+        dtype=str(next(target_model.parameters()).dtype).removeprefix("torch."),
+    )
+    times = PhaseTimes(counts.seconds)
+    with times.phase("features"):
         engine_features = (
             EngineFeatures.load(request.features_path) if request.features_path else None
         )
     if request.context == "engine" and engine_features is None:
         raise ValueError("context 'engine' needs the engine's recorded features")
     sequences = [p + o for p, o in zip(request.prompts, request.outputs, strict=True)]
-    distances = LayerDistances()
-    other = Agreement()
-    """The agreement with the context the gate does not use (reported only, and only
-    for the sequential prompts: a second drafter pass per proposal doubled the
-    comparison's time on the hybrid pair, 117 s on an H200)."""
-    groups: dict[str, tuple[Agreement, Agreement]] = {}
-    """Per engine group (sequential, concurrent): exact and gated agreement."""
-    agreement = Agreement()
-    tolerant = Agreement()
-    margins: list[float] = []
-    skipped: dict[str, int] = {"no_context": 0, "bonus_mismatch": 0}
-    engine_accepted: list[int] = []
-    reference_accepted: list[int] = []
-    examples: list[dict[str, Any]] = []
+    wanted = None if request.prompt_indices is None else set(request.prompt_indices)
     by_prompt: dict[int, list[dict[str, Any]]] = {}
     for proposal in request.proposals:
-        by_prompt.setdefault(int(proposal["prompt"]), []).append(proposal)
+        index = int(proposal["prompt"])
+        if wanted is None or index in wanted:
+            by_prompt.setdefault(index, []).append(proposal)
     for index, proposals in sorted(by_prompt.items()):
         if not 0 <= index < len(request.prompts):
-            skipped["no_context"] += len(proposals)
+            counts.skipped["no_context"] += len(proposals)
             continue
         sequence = sequences[index]
         sequential = all(p.get("group", "sequential") == "sequential" for p in proposals)
@@ -393,23 +366,26 @@ def compare(request: FidelityInput) -> dict[str, Any]:
             )
             if recorded is not None:
                 if hidden is not None:
-                    distances.add(recorded[0], hidden)
+                    counts.distances.absorb(*layer_sums(recorded[0], hidden))
                 recorded = recorded.to(device=device, dtype=target_model.dtype)
         gated_features = recorded if request.context == "engine" else hf_features
+        # The agreement with the context the gate does not use is reported only, and
+        # only for the sequential prompts: a second drafter pass per proposal doubled
+        # the comparison's time on the hybrid pair (117 s on an H200).
         other_features = hf_features if request.context == "engine" else recorded
         for proposal in proposals:
             position, bonus = int(proposal["position"]), int(proposal["bonus"])
             drafts = [int(t) for t in proposal["drafts"]]
             if position < 1 or position > len(sequence):
                 # Drafted after the output was cut at max_tokens: context unknown.
-                skipped["no_context"] += 1
+                counts.skipped["no_context"] += 1
                 continue
             if position < len(sequence) and sequence[position] != bonus:
-                skipped["bonus_mismatch"] += 1
+                counts.skipped["bonus_mismatch"] += 1
                 continue
             k = len(drafts)
             if gated_features is None or gated_features.shape[1] < position:
-                skipped["no_context"] += 1
+                counts.skipped["no_context"] += 1
                 continue
             with times.phase("drafter"):
                 logits = reference_logits(
@@ -423,25 +399,15 @@ def compare(request: FidelityInput) -> dict[str, Any]:
                     alt = reference_logits(
                         target_model, draft_model, other_features, position, bonus, k
                     )
-                    other.add(drafts, [int(t) for t in alt.argmax(dim=-1).tolist()])
+                    counts.other.add(drafts, [int(t) for t in alt.argmax(dim=-1).tolist()])
             gaps = tie_margins(logits, drafts)
-            # Where the margin is within tolerance the engine's token stands in for ours.
-            tolerated = [
-                d if g <= request.tie_tolerance else o
-                for d, o, g in zip(drafts, ours, gaps, strict=True)
-            ]
-            exact_in_group, gated_in_group = groups.setdefault(group, (Agreement(), Agreement()))
-            agreement.add(drafts, ours)
-            exact_in_group.add(drafts, ours)
-            tolerant.add(drafts, tolerated)
-            gated_in_group.add(drafts, tolerated)
-            # Every mismatch, exact ties (margin 0: bf16 logits equal, argmax picked
-            # the other) included.
-            margins += [g for d, o, g in zip(drafts, ours, gaps, strict=True) if d != o]
-            engine_accepted.append(accepted_length(drafts, sequence, position))
-            reference_accepted.append(accepted_length(ours, sequence, position))
-            if drafts != ours and len(examples) < 5:
-                examples.append(
+            accepted = (
+                accepted_length(drafts, sequence, position),
+                accepted_length(ours, sequence, position),
+            )
+            differs = counts.record(group, drafts, ours, gaps, accepted)
+            if differs and len(counts.examples) < MAX_EXAMPLES:
+                counts.examples.append(
                     {
                         "prompt": index,
                         "position": position,
@@ -450,57 +416,37 @@ def compare(request: FidelityInput) -> dict[str, Any]:
                         "margins": gaps,
                     }
                 )
-    steps = len(engine_accepted)
-    gated = tolerant if request.tie_tolerance > 0 else agreement
     with times.phase("divergences"):
-        divergences = divergence_margins(target_model, request.divergences)
-    del torch
-    return {
-        "context": request.context,
-        "other_context_agreement": other.rate,
-        "group_agreement": {
-            name: (gated_in if request.tie_tolerance > 0 else exact_in).rate
-            for name, (exact_in, gated_in) in groups.items()
-        },
-        "group_exact_agreement": {name: exact_in.rate for name, (exact_in, _) in groups.items()},
-        "group_tokens": {name: sum(g.totals) for name, (g, _) in groups.items()},
-        "feature_layers": (
-            {
-                "nearest": distances.nearest(),
-                "expected": request.expected_layers,
-                "relative_distance": distances.relative(),
-            }
-            if distances.squared
-            else None
-        ),
-        "device": device,
-        "dtype": str(next(target_model.parameters()).dtype).removeprefix("torch."),
-        "compared_proposals": steps,
-        "compared_tokens": sum(agreement.totals),
-        "matches": agreement.matches,
-        "totals": agreement.totals,
-        "agreement": gated.rate,
-        "per_position": gated.per_position(),
-        "exact_agreement": agreement.rate,
-        "exact_per_position": agreement.per_position(),
-        "tie_tolerance": request.tie_tolerance,
-        "mismatches": len(margins),
-        "near_ties": sum(1 for m in margins if m <= NEAR_TIE),
-        "mismatch_margins": sorted(margins)[:50],
-        "skipped": skipped,
-        "engine_acceptance_length": 1 + sum(engine_accepted) / steps if steps else None,
-        "reference_acceptance_length": 1 + sum(reference_accepted) / steps if steps else None,
-        "mismatch_examples": examples,
-        "divergences": divergences,
-        "seconds": times.seconds,
-    }
+        counts.divergences = divergence_margins(target_model, request.divergences)
+    return counts
+
+
+def compare(setup: ModelSetup, request: FidelityInput) -> dict[str, Any]:
+    """Load the pair and compare every proposal in one process: the fidelity result."""
+    pair = LoadedPair.load(setup)
+    counts = tally(pair, request)
+    counts.seconds["load"] = pair.seconds
+    return counts.result()
+
+
+def _load_then_tally(setup: dict[str, Any]) -> dict[str, Any]:
+    # The work arrives on stdin once the models are loaded: the runner starts its
+    # shards while the engine still runs, so loading is off the critical path.
+    pair = LoadedPair.load(ModelSetup(**setup))
+    print(f"loaded in {pair.seconds:.1f}s; waiting for the proposals", file=sys.stderr, flush=True)
+    work = sys.stdin.readline().strip()
+    if not work:
+        raise ValueError("no work arrived on stdin (the run stopped before the comparison)")
+    request = json.loads(Path(work).read_text(encoding="utf-8"))
+    counts = tally(pair, FidelityInput(**request))
+    counts.seconds["load"] = pair.seconds
+    return {"tally": counts.to_json()}
 
 
 def main(argv: list[str]) -> int:
-    """Compare the proposals in ``argv[0]``; write the verdict to ``argv[1]``; 0 when it ran."""
-    return serve(
-        Path(argv[0]), Path(argv[1]), lambda request: compare(FidelityInput.from_json(request))
-    )
+    """Load the models named in ``argv[0]`` (a ModelSetup), then read from stdin the path
+    of a FidelityInput, and write its Tally to ``argv[1]``; 0 when it ran."""
+    return serve(Path(argv[0]), Path(argv[1]), _load_then_tally)
 
 
 if __name__ == "__main__":

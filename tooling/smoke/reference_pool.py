@@ -1,0 +1,144 @@
+"""The reference comparison from the toolchain's side: shards started early, work handed over late.
+
+The comparison (``serving.reference``) spends most of its time in one drafter pass
+per proposal, a few hundred small kernel launches each: it is bound by one Python
+thread, not by the GPU (1743 passes took 38 s on an H200, 2026-11-30). So the
+runner splits the prompts over several children on the same GPU, and, when the
+engines share a GPU anyway (``SmokeConfig.overlaps``), starts them beside the
+in-process engine: each loads the pair (about 14 s with its imports), then waits
+on stdin for the path of its share of the work. Each child writes counts
+(``serving.agreement.Tally``); their sum is the result one process would give.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SmokeError
+from .procs import log_tail, start_group, stop_group
+from .serving.agreement import Tally, shard_prompts
+
+MODULE = "tooling.smoke.serving.reference"
+
+
+@dataclass
+class ReferencePool:
+    """``shards`` reference children of one comparison, named ``name`` in files and logs."""
+
+    python: str
+    workdir: Path
+    logs: Path
+    name: str
+    setup: dict[str, Any]
+    """serving.reference.ModelSetup's fields: the models each child loads."""
+    shards: int
+    env: Mapping[str, str]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def _log(self, i: int) -> Path:
+        return self.logs / f"{self.name}-reference-{i}.log"
+
+    def _out(self, i: int) -> Path:
+        return self.workdir / f"{self.name}-fidelity-{i}.json"
+
+    def start(self) -> None:
+        """Start the children (once): each loads the models, then waits for work."""
+        if self.procs:
+            return
+        setup = self.workdir / f"{self.name}-reference-setup.json"
+        setup.write_text(json.dumps(self.setup, indent=1), encoding="utf-8")
+        for i in range(self.shards):
+            self._out(i).unlink(missing_ok=True)
+            self._log(i).unlink(missing_ok=True)
+            self.procs.append(
+                start_group(
+                    [self.python, "-m", MODULE, str(setup), str(self._out(i))],
+                    log=self._log(i),
+                    env=self.env,
+                    stdin=subprocess.PIPE,
+                )
+            )
+
+    def stop(self) -> None:
+        """Stop every child; one still waiting for work sees its stdin close first."""
+        for proc in self.procs:
+            if proc.stdin:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        for proc in self.procs:
+            stop_group(proc, grace_s=5.0)
+
+    def compare(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """The fidelity result of ``request`` (a FidelityInput's fields) over all shards;
+        SmokeError naming the shard's log when one fails or runs out of time."""
+        self.start()
+        counts: dict[int, int] = {}
+        for proposal in request["proposals"]:
+            counts[int(proposal["prompt"])] = counts.get(int(proposal["prompt"]), 0) + 1
+        plan = shard_prompts(counts, self.shards)
+        for i, proc in enumerate(self.procs):
+            # The servers' divergences need one target pass each: the first shard takes them.
+            work = {
+                **request,
+                "prompt_indices": plan[i] if i < len(plan) else [],
+                "divergences": request.get("divergences", []) if i == 0 else [],
+            }
+            path = self.workdir / f"{self.name}-reference-in-{i}.json"
+            path.write_text(json.dumps(work), encoding="utf-8")
+            assert proc.stdin is not None
+            # A child that already failed has closed its end; its result file says why.
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(f"{path}\n".encode())
+                proc.stdin.close()
+        deadline = time.monotonic() + timeout_s
+        tallies = []
+        for i, proc in enumerate(self.procs):
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                raise SmokeError(
+                    f"{MODULE} did not finish within {timeout_s:.0f}s (log: {self._log(i)})"
+                ) from None
+            tallies.append(Tally.from_json(self._result(i)["tally"]))
+        result = Tally.merged(tallies).result()
+        result["shards"] = len(tallies)
+        return result
+
+    def _result(self, i: int) -> dict[str, Any]:
+        out, log = self._out(i), self._log(i)
+        try:
+            data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise SmokeError(f"{MODULE} wrote no result: {log_tail(log)} (log: {log})") from None
+        if not data.get("ok"):
+            raise SmokeError(f"{data.get('error')} (log: {log})")
+        return data
+
+
+@contextlib.contextmanager
+def reference_pool(
+    python: str,
+    workdir: Path,
+    logs: Path,
+    name: str,
+    setup: dict[str, Any],
+    *,
+    shards: int,
+    env: Mapping[str, str],
+    early: bool,
+) -> Iterator[ReferencePool]:
+    """A pool started now (``early``) or at its first comparison; stopped on any way out."""
+    pool = ReferencePool(python, workdir, logs, name, setup, shards, env)
+    try:
+        if early:
+            pool.start()
+        yield pool
+    finally:
+        pool.stop()
