@@ -11,6 +11,8 @@
 #   qwen3    the attention-only pair, compiled
 #   warm     check 7: stock compiles into the cache first (A), then the wheel (B); C cold
 #   stock    negative control on STOCK_SITE (--expect stock): checks 2-5 and 8 must fail
+#   stock-warm  the same for check 7: the wheel under test compiles into the cache
+#            first (A), then stock (B), which must fail it
 #   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
 #   tp2      --tensor-parallel-size 2 --disable-custom-all-reduce (a 2-GPU host)
 # Optional: TIME_LIMIT (seconds, default 540), KV_CACHE_MEMORY_BYTES (a fixed KV cache
@@ -19,7 +21,7 @@
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|fp8|tp2}
+variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2}
 : "${PATCHED_SITE:?}" "${OUT:?}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 cd "$here/../.." || exit 1
@@ -35,6 +37,8 @@ case $variant in
   qwen3) args+=(--tiny-arch qwen3) ;;
   warm) args+=(--warm-cache --stock-site "${STOCK_SITE:?}" --no-load --no-audit) ;;
   stock) site=${STOCK_SITE:?}:$PATCHED_SITE; args+=(--expect stock --no-load) ;;
+  stock-warm) site=${STOCK_SITE:?}:$PATCHED_SITE
+    args+=(--expect stock --warm-cache --stock-site "${PATCHED_SITE%%:*}" --no-load --no-audit) ;;
   fp8) args+=(--kv-cache-dtype fp8) ;;
   # 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
   # (stock too): the servers use NCCL's (README, "Smoke on the production path").

@@ -755,17 +755,12 @@ def _reference_pool(
     logs: Path,
     name: str,
     models: tuple[str, str],
-    env: dict[str, str] | None = None,
 ) -> contextlib.AbstractContextManager[ReferencePool]:
     """The reference children for one engine run of ``models`` (target, drafter): started
     now when the engines share the GPU anyway (they load while the engine runs), else at
     the comparison. None of them runs without the fidelity check."""
     config = run.config
-    setup = {
-        "target": models[0],
-        "drafter": models[1],
-        "dtype": config.reference_dtype,
-    }
+    setup = {"target": models[0], "drafter": models[1], "dtype": config.reference_dtype}
     return reference_pool(
         run.python,
         run.workdir,
@@ -773,7 +768,7 @@ def _reference_pool(
         name,
         setup,
         shards=config.reference_shards,
-        env=env or run.environment(),
+        env=run.environment(),
         early=config.overlaps and config.run_fidelity,
     )
 
