@@ -18,6 +18,7 @@ import re
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -417,3 +418,20 @@ def test_a_child_past_its_limit_is_named_as_timed_out_not_as_an_exit(tmp_path) -
     with pytest.raises(SmokeError) as e:
         run.child("sleeper", [], log=log, timeout_s=1, env=env)
     assert str(e.value) == f"sleeper did not finish within 1s (log: {log})"
+
+
+def test_model_architectures_are_the_pairs_classes(tmp_path) -> None:
+    from tooling.smoke.runner import model_architectures
+
+    tiny = SmokeConfig(workdir=tmp_path, tiny=True)
+    assert model_architectures(tiny) == ["Qwen3_5ForConditionalGeneration", "DFlashDraftModel"]
+    assert model_architectures(replace(tiny, tiny_arch="qwen3"))[0] == "Qwen3ForCausalLM"
+    target, drafter = tmp_path / "t", tmp_path / "d"
+    for folder, arch in ((target, "Qwen3_5ForCausalLM"), (drafter, "DFlashDraftModel")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    given = SmokeConfig(workdir=tmp_path, target=str(target), drafter=str(drafter))
+    assert model_architectures(given) == ["Qwen3_5ForCausalLM", "DFlashDraftModel"]
+    # A hub id (no local config): vLLM inspects it itself.
+    hub = SmokeConfig(workdir=tmp_path, target="Qwen/Qwen3.6-27B", drafter=str(drafter))
+    assert model_architectures(hub) == ["DFlashDraftModel"]

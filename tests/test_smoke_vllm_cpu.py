@@ -208,6 +208,28 @@ SCRIPT = textwrap.dedent(
         "scheduled": {r.req_id: r.block_ids for r in scheduled.scheduled_new_reqs},
         "counts": auditor.audit.to_json(),
     }
+
+    # 5. The preflight fills vLLM's model-info cache with what vLLM itself reads back.
+    import tempfile
+    from tooling.smoke.runner import _PREFLIGHT
+    from vllm.model_executor.models import registry
+    cache = tempfile.mkdtemp()
+    os.environ["VLLM_CACHE_ROOT"] = cache
+    archs = ["Qwen3ForCausalLM", "DFlashDraftModel"]
+    argv, sys.argv = sys.argv, ["-c", os.path.join(cache, "preflight.json"), json.dumps(archs)]
+    exec(_PREFLIGHT, {})
+    sys.argv = argv
+
+    def no_subprocess(fn):
+        raise AssertionError("vLLM inspected a model class in a subprocess")
+
+    registry._run_in_subprocess = no_subprocess
+    out["modelinfo"] = {
+        "preflight": json.load(open(os.path.join(cache, "preflight.json"))),
+        "files": sorted(os.listdir(os.path.join(cache, "modelinfos"))),
+        "read_back": [registry.ModelRegistry.models[a].inspect_model_cls().architecture
+                      for a in archs],
+    }
     json.dump(out, open(out_path, "w"))
     """
 )
@@ -357,3 +379,16 @@ def test_patched_tree_passes_checks_2_and_3(patched) -> None:
     assert aux.status == checks.PASS, aux.evidence
     windows = checks.check_windows(patched["windows"], info.expected_windows())
     assert windows.status == checks.PASS, windows.evidence
+
+
+def test_preflight_answers_vllms_model_class_inspection_ahead(stock) -> None:
+    """The run's engines then read vLLM's model-info cache instead of each inspecting
+    both classes in a subprocess of its own (41 s of every engine start on an H200)."""
+    info = stock["modelinfo"]
+    assert info["preflight"]["modelinfo_error"] is None
+    assert info["files"] == [
+        "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json",
+        "vllm-model_executor-models-qwen3_dflash-DFlashQwen3ForCausalLM.json",
+    ]
+    # Read back by vLLM's own lookup, with its subprocess path made to fail.
+    assert info["read_back"] == ["Qwen3ForCausalLM", "DFlashQwen3ForCausalLM"]

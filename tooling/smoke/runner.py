@@ -74,7 +74,7 @@ from .server import (
     free_port,
     serve,
 )
-from .serving.tiny import load_manifest
+from .serving.tiny import TinySpec, load_manifest
 
 Notify = Callable[[str], None]
 
@@ -292,17 +292,35 @@ try:
     ]
 except Exception as e:
     out["gpus"], out["gpu_error"] = None, f"{type(e).__name__}: {e}"
+# vLLM inspects each model class in a subprocess of its own (an import of vLLM and
+# torch: 19 s and 22 s for the hybrid pair on an H200 host, in each of the run's
+# engines at once) unless VLLM_CACHE_ROOT/modelinfos holds the answer, keyed by the
+# hash of the model's module. The run's cache starts empty; answered here, where vLLM
+# is imported already, every engine reads it. Best effort: vLLM asks itself otherwise.
+try:
+    from vllm.model_executor.models import registry
+    registry._run_in_subprocess = lambda fn: fn()
+    for arch in json.loads(sys.argv[2]):
+        registry.ModelRegistry.models[arch].inspect_model_cls()
+    out["modelinfo_error"] = None
+except Exception as e:
+    out["modelinfo_error"] = f"{type(e).__name__}: {e}"
 json.dump(out, open(sys.argv[1], "w"))
 """
 
 
 def _preflight(run: _Run) -> dict[str, Any]:
-    """Which vLLM the children import, and what would stop the run minutes later."""
+    """Which vLLM the children import, and what would stop the run minutes later; it
+    also fills the run's cache with vLLM's view of the model classes (see _PREFLIGHT)."""
     log = run.workdir / "logs" / "vllm-import.log"
     out = run.workdir / "vllm-import.json"
     limit = run.deadline.limit(120.0)
+    archs = json.dumps(model_architectures(run.config))
     result = run_child(
-        [run.python, "-c", _PREFLIGHT, str(out)], log=log, env=child_environment(), timeout_s=limit
+        [run.python, "-c", _PREFLIGHT, str(out), archs],
+        log=log,
+        env=run.environment(),
+        timeout_s=limit,
     )
     if result.returncode != 0 or not out.is_file():
         raise SmokeError(f"{run.python} cannot import vllm: {log_tail(log)} (log: {log})")
@@ -311,6 +329,21 @@ def _preflight(run: _Run) -> dict[str, Any]:
     if problem:
         raise SmokeError(f"{problem} (log: {log})")
     return info
+
+
+def model_architectures(config: SmokeConfig) -> list[str]:
+    """The model classes the run's engines resolve: the tiny pair's, or those the
+    given folders' config.json name (none for a hub id: vLLM then asks itself)."""
+    if config.tiny:
+        return list(TinySpec.for_arch(config.tiny_arch).architectures)
+    names: list[str] = []
+    for folder in (config.target, config.drafter):
+        try:
+            data = json.loads(Path(str(folder), "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        names += [n for n in data.get("architectures") or [] if isinstance(n, str)]
+    return names
 
 
 def preflight_problem(info: dict[str, Any], config: SmokeConfig, python: str) -> str | None:

@@ -34,6 +34,9 @@ from typing import Any
 MANIFEST = "tiny.json"
 HYBRID = "hybrid"
 QWEN3 = "qwen3"
+#: The architecture each target's config.json names; the drafter's is DRAFTER_ARCHITECTURE.
+TARGET_ARCHITECTURES = {QWEN3: "Qwen3ForCausalLM", HYBRID: "Qwen3_5ForConditionalGeneration"}
+DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|dflash_mask|>"
 
@@ -64,6 +67,11 @@ class TinySpec:
     @property
     def mask_token_id(self) -> int:
         return self.vocab_size - 1
+
+    @property
+    def architectures(self) -> tuple[str, str]:
+        """(target, drafter): the model classes vLLM resolves for this pair."""
+        return TARGET_ARCHITECTURES[self.arch], DRAFTER_ARCHITECTURE
 
     @classmethod
     def for_arch(cls, arch: str, seed: int = 0) -> TinySpec:
@@ -209,7 +217,7 @@ def write_target(out: Path, spec: TinySpec) -> None:
     else:
         config = Qwen3Config(
             num_hidden_layers=spec.target_layers,
-            architectures=["Qwen3ForCausalLM"],
+            architectures=[TARGET_ARCHITECTURES[QWEN3]],
             **_qwen3_common(spec),
         )
         torch.manual_seed(spec.seed)
@@ -278,7 +286,7 @@ def hybrid_config(spec: TinySpec) -> dict[str, Any]:
     )
     reserved = spec.vocab_size - 5
     return dict(
-        architectures=["Qwen3_5ForConditionalGeneration"],
+        architectures=[TARGET_ARCHITECTURES[HYBRID]],
         model_type="qwen3_5",
         text_config=text,
         vision_config=vision,
@@ -315,7 +323,7 @@ def write_drafter(out: Path, spec: TinySpec) -> None:
         # Without it transformers sets sliding_window to None (Qwen3Config).
         use_sliding_window=True,
         max_window_layers=len(layer_types),
-        architectures=["DFlashDraftModel"],
+        architectures=[DRAFTER_ARCHITECTURE],
         **_qwen3_common(spec),
     )
     config.num_target_layers = spec.target_layers
