@@ -14,10 +14,10 @@ from ..fetching.bases import BaseCatalog
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import SourceRequest, fetch_requested
 from ..fsutil import locked
-from ..patching.apply import ApplyOptions, SeriesReport, ensure_patched
+from ..patching.apply import SeriesReport, ensure_patched
+from ..patching.request import apply_options
 from ..patching.series import Series
 from ..patching.worktree import default_work_dir
-from ..probe_env import resolve_probe_python
 from .build import BuildOptions, BuildResult, build_precompiled, source_date_epoch
 
 
@@ -92,13 +92,8 @@ def build_requested(
     ).resolve()
     # Held until the wheel is written: the build reads the tree's commits after it is patched.
     with locked(work):
-        options = ApplyOptions(
-            probe_python=(
-                resolve_probe_python(request.probe_python, request.fetch.cache)
-                if request.probes
-                else None
-            ),
-            pycache=request.fetch.cache.root / "pycache",
+        options = apply_options(
+            series, request.catalog, request.fetch, request.probe_python, probes=request.probes
         )
         report = ensure_patched(
             upstream, series, work, options, require_probes=request.probes, on_applied=on_applied

@@ -15,7 +15,8 @@ import click
 from ..fetching.bases import BaseCatalog, load_bases
 from ..fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
 from ..fetching.upstream import SourceRequest, Upstream, fetch_requested
-from ..patching.apply import ApplyOptions, three_way_preimages
+from ..patching.apply import ApplyOptions
+from ..patching.request import apply_options
 from ..patching.series import Series, load_series
 from ..paths import CacheLayout, default_cache_dir, default_patches_dir
 from ..probe_env import resolve_probe_python
@@ -79,15 +80,14 @@ class Settings:
         *,
         probes: bool = True,
     ) -> ApplyOptions:
-        preimages: tuple[bytes, ...] = ()
-        if three_way:
-            preimages = three_way_preimages(series, self.catalog(), self.fetch_options())
-        return ApplyOptions(
-            probe_python=self.probe_python(probe_python) if probes else None,
+        return apply_options(
+            series,
+            self.catalog(),
+            self.fetch_options(),
+            probe_python,
             three_way=three_way,
             keep_going=keep_going,
-            preimages=preimages,
-            pycache=self.cache.root / "pycache",
+            probes=probes,
         )
 
 
