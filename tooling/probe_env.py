@@ -128,3 +128,17 @@ def probe_python_from_env() -> Path | None:
     """``$TOOLING_PROBE_PYTHON`` when set (the Makefile and CI set it)."""
     value = os.environ.get("TOOLING_PROBE_PYTHON")
     return Path(value) if value else None
+
+
+def resolve_probe_python(explicit: Path | None, cache: CacheLayout) -> Path | None:
+    """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env.
+
+    One that cannot start is a ProbeError now, not an "unknown" probe later.
+    """
+    if explicit:
+        return check_probe_python(explicit)
+    from_env = probe_python_from_env()
+    if from_env:
+        return check_probe_python(from_env)
+    env = env_dir(cache)
+    return python_of(env) if (env / ".complete").is_file() else None

@@ -2,6 +2,7 @@
 bytes with the patched files swapped in, plus the build manifest and SBOM; or vLLM's own build of
 the patched tree (``source_build``). Runs in the toolchain (source mode drives ``--build-python``).
 
-``build.build_precompiled`` and ``source_build.build_from_source`` are the stage's entries;
+``request.build_requested`` is the stage's entry (fetch, patch in the locked work tree, build);
+``build.build_precompiled`` and ``source_build.build_from_source`` build the two modes;
 ``wheelfile`` writes the zip, ``manifest`` and ``sbom`` the records inside ``.dist-info``.
 """

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import click
 
-from ..building.build import BuildOptions, BuildResult, build_precompiled, source_date_epoch
-from ..errors import BuildError
+from ..building.build import BuildResult
+from ..building.request import WheelRequest, build_requested
 from ..fetching.upstream import SourceRequest
-from ..fsutil import locked
-from ..patching.apply import SeriesReport, ensure_patched
-from ..patching.worktree import default_work_dir
+from ..patching.apply import SeriesReport
 from ..report import human_size, table
 from .options import base_options, emit, json_option, probe_python_option, settings_of
 from .patch import tell_saved
@@ -94,66 +92,24 @@ def build_command(
     cuda_arch_list: str,
 ) -> None:
     """Build the patched CUDA wheel into dist/."""
-    if dist_dir.exists() and not dist_dir.is_dir():
-        raise BuildError(f"--dist {dist_dir.resolve()} is a file, not a folder")
-    source_date_epoch()  # refused before any work, not after the tree is made
     settings = settings_of(ctx)
-    series = settings.series(skip)
-    # Precompiled mode re-verifies the official wheel while it copies (build.py).
-    upstream = settings.fetch(request, verify_wheel=mode == "source")
-    git_commit = upstream.git.commit if upstream.git else None
-    work = (
-        work_dir or default_work_dir(upstream.base.version, git_commit, series.skipped)
-    ).resolve()
-    # Held until the command ends: the build reads the tree's commits after it is patched.
-    ctx.with_resource(locked(work))
-    # --no-probes means none: not even the interpreter the environment configures.
-    options = settings.apply_options(
-        None if no_probes else probe_python, False, False, series, probes=not no_probes
+    built = build_requested(
+        WheelRequest(
+            source=request,
+            series=settings.series(skip),
+            catalog=settings.catalog(),
+            fetch=settings.fetch_options(),
+            dist_dir=dist_dir,
+            mode=mode,
+            work_dir=work_dir,
+            build_tag=build_tag,
+            probe_python=probe_python,
+            probes=not no_probes,
+            use_precompiled_kernels=use_precompiled_kernels,
+            build_python=build_python,
+            max_jobs=max_jobs,
+            cuda_arch_list=cuda_arch_list,
+        ),
+        on_applied=tell_saved,
     )
-    report = ensure_patched(
-        upstream, series, work, options, require_probes=not no_probes, on_applied=tell_saved
-    )
-    epoch = source_date_epoch()
-    if mode == "source":
-        from ..building.source_build import SourceBuildOptions, build_from_source
-
-        result = build_from_source(
-            upstream,
-            series,
-            report,
-            SourceBuildOptions(
-                dist_dir=dist_dir,
-                use_precompiled_kernels=use_precompiled_kernels,
-                build_tag=build_tag,
-                source_date_epoch=epoch,
-                build_python=build_python,
-                max_jobs=max_jobs,
-                cuda_arch_list=cuda_arch_list,
-            ),
-        )
-    else:
-        if use_precompiled_kernels:
-            raise BuildError("--use-precompiled-kernels goes with --mode source")
-        result = build_precompiled(
-            upstream,
-            series,
-            report,
-            BuildOptions(dist_dir=dist_dir, build_tag=build_tag, source_date_epoch=epoch),
-        )
-    data = {
-        "ok": True,
-        "wheel": str(result.path),
-        "filename": result.filename,
-        "version": result.version,
-        "sha256": result.sha256,
-        "size": result.size,
-        "mode": result.mode,
-        "seconds": result.seconds,
-        "patches": [
-            {"id": o.patch_id, "status": o.status, "probe": (o.probe_after or {}).get("status")}
-            for o in report.outcomes
-        ],
-        "notes": result.notes,
-    }
-    emit(settings, data, _build_text(result, report))
+    emit(settings, built.to_json(), _build_text(built.result, built.report))

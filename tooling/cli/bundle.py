@@ -83,8 +83,7 @@ def bundle_command(
         progress=settings.progress,
     )
     if lock_only is not None:
-        resolution, plan = bundle.resolve_and_plan(config)
-        bundle.write_lock(resolution, lock_only)
+        plan = bundle.lock_bundle(config, lock_only)
         emit(
             settings,
             {"ok": True, "lock": str(lock_only), "plan": plan.to_json()},

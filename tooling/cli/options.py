@@ -15,10 +15,11 @@ import click
 from ..fetching.bases import BaseCatalog, load_bases
 from ..fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
 from ..fetching.upstream import SourceRequest, Upstream, fetch_requested
-from ..patching.apply import ApplyOptions, three_way_preimages
+from ..patching.apply import ApplyOptions
+from ..patching.request import apply_options
 from ..patching.series import Series, load_series
 from ..paths import CacheLayout, default_cache_dir, default_patches_dir
-from ..probe_env import check_probe_python, env_dir, probe_python_from_env, python_of
+from ..probe_env import resolve_probe_python
 
 #: A command function the shared option decorators wrap and hand back.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,17 +68,8 @@ class Settings:
         )
 
     def probe_python(self, explicit: Path | None) -> Path | None:
-        """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env.
-
-        One that cannot start is a ProbeError now, not an "unknown" probe later.
-        """
-        if explicit:
-            return check_probe_python(explicit)
-        from_env = probe_python_from_env()
-        if from_env:
-            return check_probe_python(from_env)
-        env = env_dir(self.cache)
-        return python_of(env) if (env / ".complete").is_file() else None
+        """The probes' interpreter (``probe_env.resolve_probe_python``)."""
+        return resolve_probe_python(explicit, self.cache)
 
     def apply_options(
         self,
@@ -88,15 +80,14 @@ class Settings:
         *,
         probes: bool = True,
     ) -> ApplyOptions:
-        preimages: tuple[bytes, ...] = ()
-        if three_way:
-            preimages = three_way_preimages(series, self.catalog(), self.fetch_options())
-        return ApplyOptions(
-            probe_python=self.probe_python(probe_python) if probes else None,
+        return apply_options(
+            series,
+            self.catalog(),
+            self.fetch_options(),
+            probe_python,
             three_way=three_way,
             keep_going=keep_going,
-            preimages=preimages,
-            pycache=self.cache.root / "pycache",
+            probes=probes,
         )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -13,12 +12,9 @@ from click.core import ParameterSource
 
 from ..errors import PatchConflictError, SeriesError
 from ..fetching.upstream import SourceRequest
-from ..fsutil import locked
-from ..patching.apply import SeriesReport, apply_series
-from ..patching.export import check_export, export_patches
-from ..patching.series import load_series
+from ..patching.apply import SeriesReport
+from ..patching.request import PatchRequest, export_requested, patch_requested
 from ..patching.status import status_matrix
-from ..patching.worktree import default_work_dir
 from ..report import table
 from .group import ToolingGroup
 from .options import base_options, emit, json_option, probe_python_option, settings_of
@@ -118,15 +114,18 @@ def patch_group(
         }
         ctx.meta["patch.request"] = request
         return
-    series = settings.series(skip)
-    upstream = settings.fetch(request, with_wheel=False)
-    options = settings.apply_options(probe_python, three_way, keep_going, series)
-    git_commit = upstream.git.commit if upstream.git else None
-    work = (
-        work_dir or default_work_dir(upstream.base.version, git_commit, series.skipped)
-    ).resolve()
-    ctx.with_resource(locked(work))
-    report = apply_series(upstream, series, work, options)
+    report = patch_requested(
+        PatchRequest(
+            source=request,
+            series=settings.series(skip),
+            catalog=settings.catalog(),
+            fetch=settings.fetch_options(),
+            work_dir=work_dir,
+            probe_python=probe_python,
+            three_way=three_way,
+            keep_going=keep_going,
+        )
+    )
     tell_saved(report)
     emit(settings, report.to_json(), _report_text(report))
     report.raise_unless_ok()
@@ -192,20 +191,13 @@ def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
 def patch_export(ctx: click.Context, check: bool) -> None:
     """Regenerate patches/ from the work tree's commits (or check it is current)."""
     settings = settings_of(ctx)
-    request: SourceRequest = ctx.meta["patch.request"]
-    work_dir = settings.extra.get("work_dir")
-    if check:
-        series = settings.series()
-        base = request.base_version or series.validated_base
-        upstream = settings.fetch(replace(request, base_version=base), with_wheel=False)
-        result = check_export(upstream, series)
-    else:
-        series = load_series(settings.patches_dir / "series.toml", check_digests=False)
-        work = work_dir or default_work_dir(f"{request.base_version or series.validated_base}")
-        ctx.with_resource(locked(Path(work).resolve()))
-        if not Path(work).is_dir():
-            raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
-        result = export_patches(Path(work), series)
+    result = export_requested(
+        ctx.meta["patch.request"],
+        settings.fetch_options(),
+        settings.patches_dir,
+        settings.extra.get("work_dir"),
+        check=check,
+    )
     rows = [[p.file, p.state, p.sha256[:16]] for p in result.patches]
     emit(
         settings,

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from ..building.build import single_wheel
 from .options import emit, json_option, settings_of, wheel_options
 
 
@@ -35,12 +33,10 @@ def release_command(
     extra: tuple[Path, ...],
 ) -> None:
     """Write RELEASE_NOTES.md, the manifest and SHA256SUMS beside the wheel."""
-    from ..release.release import write_release
+    from ..release.release import release_in
 
     settings = settings_of(ctx)
-    wheel = wheel or single_wheel(dist_dir)
-    status = json.loads(status_json.read_text()) if status_json else None
-    files = write_release(dist_dir, wheel, settings.series(), status, list(extra))
+    files = release_in(dist_dir, wheel, settings.series(), status_json, list(extra))
     emit(
         settings,
         {

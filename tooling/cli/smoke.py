@@ -3,7 +3,6 @@ run time (stage: ``tooling.smoke``)."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -138,34 +137,11 @@ def smoke_command(
     engines: tuple[str, ...],
 ) -> None:
     """Serve a target with a DFlash drafter on a GPU and check every fix at run time."""
-    from ..smoke import (
-        EngineSettings,
-        SmokeConfig,
-        Timeouts,
-        describe_plan,
-        format_table,
-        run_smoke,
-    )
-    from ..smoke.site import install_for_smoke, parse_engines, put_first
+    from ..smoke import EngineSettings, SmokeConfig, Timeouts
+    from ..smoke.request import SmokeRequest, smoke_requested
 
     settings = settings_of(ctx)
     workdir = (workdir or Path("build") / "smoke" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    if wheel is not None:
-        put_first(install_for_smoke(wheel.resolve(), workdir / "site"))
-    if trained:
-        from ..smoke.trained import measure_trained
-
-        measured = measure_trained(workdir, parse_engines(engines), settings.cache.root)
-        emit(settings, measured.data, measured.table)
-        if measured.failed:
-            failed = ", ".join(measured.failed)
-            raise SmokeError(f"engines failed to run: {failed} (logs in {workdir})")
-        return
-    if stock_wheel is not None and stock_site is not None:
-        raise SmokeError("give --stock-site or --stock-wheel, not both")
-    if stock_wheel is not None and not dry_run:
-        stock_site = install_for_smoke(stock_wheel.resolve(), workdir / "stock-site")
     config = SmokeConfig(
         workdir=workdir,
         target=target,
@@ -192,11 +168,18 @@ def smoke_command(
         other_site=str(stock_site.resolve()) if stock_site else None,
         overlap_engines=False if sequential else None,
     )
-    if dry_run:
-        plan = describe_plan(config)
-        emit(settings, {"ok": True, "plan": plan}, json.dumps(plan, indent=2, default=str))
-        return
-    report = run_smoke(config, notify=None if settings.json else lambda m: click.echo(m, err=True))
-    emit(settings, report.to_json(), format_table(report))
-    if not report.passed:
-        raise SmokeError(report.summary_line())
+    outcome = smoke_requested(
+        SmokeRequest(
+            config=config,
+            cache_dir=settings.cache.root,
+            wheel=wheel,
+            stock_wheel=stock_wheel,
+            trained=trained,
+            engines=engines,
+            dry_run=dry_run,
+        ),
+        notify=None if settings.json else lambda m: click.echo(m, err=True),
+    )
+    emit(settings, outcome.data, outcome.text)
+    if outcome.failure is not None:
+        raise SmokeError(outcome.failure)

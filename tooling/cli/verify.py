@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from ..errors import BuildError, VerifyFixMissingError, VerifyIntegrityError
-from ..probes import ProbeTarget
 from ..registry import registry
 from ..report import table
 from .options import emit, json_option, probe_python_option, settings_of
@@ -47,42 +44,20 @@ def verify_command(
     probe_python: Path | None,
 ) -> None:
     """Check an installed vLLM: files against RECORD, and each fix by behaviour."""
-    import tempfile
-
-    from ..verifying.verify import (
-        install_into_fresh_env,
-        locate_in_site,
-        locate_with_python,
-        verify,
-    )
+    from ..verifying.request import VerifyRequest, verify_requested
 
     settings = settings_of(ctx)
-    required = registry().select(require_spec)
-    pycache = settings.cache.root / "pycache"
-    scratch = tempfile.TemporaryDirectory(prefix="dflash-verify-")
-    ctx.call_on_close(scratch.cleanup)
-    if wheel is not None:
-        interpreter = settings.probe_python(probe_python)
-        if interpreter is None:
-            raise BuildError("--wheel needs the probe environment: run `tooling probe-env`")
-        python = install_into_fresh_env(wheel.resolve(), interpreter, Path(scratch.name) / "venv")
-    if site is not None:
-        dist = locate_in_site(site.resolve())
-        interpreter = settings.probe_python(probe_python) or Path(sys.executable)
-        target = ProbeTarget(python=interpreter, root=site.resolve(), pycache=pycache)
-        runtime = None  # which interpreter runs that folder is not known: the probes' one checks
-    else:
-        interpreter = python or Path(sys.executable)
-        dist = locate_with_python(interpreter)
-        target = ProbeTarget(python=interpreter, pycache=pycache)
-        runtime = interpreter
-        if python is not None and wheel is None and probe_python is not None:
-            # --python names the vLLM, --probe-python what questions it: a --no-deps
-            # install has no torch of its own, so every probe would read unknown.
-            questioner = settings.probe_python(probe_python)
-            assert questioner is not None  # given explicitly: checked, or an error
-            target = ProbeTarget(python=questioner, root=dist.site, pycache=pycache)
-    report = verify(dist, target, required, runtime_python=runtime)
+    report = verify_requested(
+        VerifyRequest(
+            cache=settings.cache,
+            required=registry().select(require_spec),
+            python=python,
+            site=site,
+            wheel=wheel,
+            probe_python=probe_python,
+        )
+    )
+    dist = report.dist
     built = (
         f"built by this toolchain ({report.manifest.mode}, series "
         f"{report.manifest.series_digest[:12]})"
@@ -107,14 +82,4 @@ def verify_command(
         )
     )
     emit(settings, report.to_json(), "\n".join(lines))
-    if report.identity.problem:
-        raise VerifyIntegrityError(report.identity.problem)
-    if not report.integrity_ok:
-        first = report.problems[0]
-        raise VerifyIntegrityError(
-            f"{len(report.problems)} file(s) differ from RECORD, first: {first.kind} {first.path}"
-            + (f" (patch {', '.join(first.patches)})" if first.patches else "")
-        )
-    if report.missing_fixes:
-        names = ", ".join(f"{f.number} {f.patch_id} ({f.state})" for f in report.missing_fixes)
-        raise VerifyFixMissingError(f"required fix not present: {names}")
+    report.raise_unless_ok()

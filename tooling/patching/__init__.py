@@ -2,7 +2,8 @@
 tree, one commit per patch, each with one status; runs in the toolchain (the probes it asks run in
 the probe interpreter, see ``tooling.probes``).
 
-``apply.apply_series`` is the stage's entry; ``series`` reads the ledger, ``hunks`` and
+``request.patch_requested`` and ``request.export_requested`` are the commands' entries,
+``apply.apply_series`` the engine; ``series`` reads the ledger, ``hunks`` and
 ``worktree`` do the text and git work, ``export`` writes ``patches/`` back, ``status`` is the
 canary (every patch on every pinned release).
 """

@@ -814,6 +814,13 @@ def write_lock(resolution: Resolution, path: Path) -> None:
     atomic_write_text(path, resolution.lock_text)
 
 
+def lock_bundle(config: BundleConfig, path: Path, runner: Runner = subprocess.run) -> BundlePlan:
+    """resolve -> plan, and the lock written to ``path``; nothing downloaded (``--lock-only``)."""
+    resolution, plan = resolve_and_plan(config, runner)
+    write_lock(resolution, path)
+    return plan
+
+
 __all__ = [
     "DEFAULT_EXTRAS",
     "DEFAULT_KEEP",
@@ -827,6 +834,7 @@ __all__ = [
     "Resolution",
     "download",
     "exclude_newer_for",
+    "lock_bundle",
     "make_bundle",
     "parse_lock",
     "parse_present",

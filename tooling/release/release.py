@@ -19,6 +19,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..building.build import single_wheel
 from ..building.manifest import MANIFEST_NAME, BuildManifest
 from ..errors import BuildError
 from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
@@ -174,3 +175,17 @@ def write_release(
     atomic_write_text(manifest_path, manifest_text)
     atomic_write_text(checksums, sums)
     return ReleaseFiles(notes=notes, checksums=checksums, manifest=manifest_path)
+
+
+def release_in(
+    dist: Path,
+    wheel: Path | None,
+    series: Series,
+    status_json: Path | None,
+    extra_files: Sequence[Path] = (),
+) -> ReleaseFiles:
+    """``tooling release``: :func:`write_release` for ``wheel``, else the one vllm-*.whl in
+    ``dist``, with the upstream columns from ``status_json`` (``patch status --json``)."""
+    wheel = wheel or single_wheel(dist)
+    status = json.loads(status_json.read_text()) if status_json else None
+    return write_release(dist, wheel, series, status, extra_files)

@@ -6,15 +6,18 @@ The public API (the Click command is a thin layer over it):
 - :func:`run_smoke` -> :class:`SmokeReport`: run it; ``report.passed``,
   ``report.to_json()``, ``report.summary_line()``; :func:`format_table` for people.
 - :func:`describe_plan`: the commands a run would start (a dry run).
+- ``request.smoke_requested``: what the command runs (the wheel under test installed first, then
+  the trained pair's table, a dry run, or the run).
 - :func:`build_serve_command`, :class:`ServeOptions`: the ``vllm serve`` argv.
 
 Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectations), ``procs``
 (process groups that always stop), ``server`` and ``client`` (``vllm serve`` and its HTTP API),
 ``metrics`` (``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``checks`` (pure
 verdicts), ``report`` (table, JSON, plot), ``load`` (the concurrent bursts), ``acceptance`` (the
-trained pair's table; its ``run`` runs in the serving interpreter), ``runner`` (the order).
+trained pair's table), ``runner`` (the order), ``site`` (the wheel under test installed).
 ``serving/`` runs inside the serving interpreter: ``engine_run`` (in-process vLLM, GPU),
-``reference`` (the reference ``dflash`` recomputation), ``tiny`` (seeded tiny models).
+``reference`` (the reference ``dflash`` recomputation), ``tiny`` (seeded tiny models),
+``acceptance`` (one engine's acceptance on the trained pair).
 """
 
 from __future__ import annotations

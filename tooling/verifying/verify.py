@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from ..building.manifest import MANIFEST_NAME, BuildManifest
-from ..errors import EnvironmentProblem, ProbeError, ToolingError, VllmNotFoundError
+from ..errors import (
+    EnvironmentProblem,
+    ProbeError,
+    ToolingError,
+    VerifyFixMissingError,
+    VerifyIntegrityError,
+    VllmNotFoundError,
+)
 from ..probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, start_probes
 from ..registry import registry
 from .bytecode import BytecodeCheck, check_bytecode
@@ -132,6 +139,20 @@ class VerifyReport:
     @property
     def missing_fixes(self) -> list[FixStatus]:
         return [f for f in self.fixes if f.number in self.required and not f.state.present]
+
+    def raise_unless_ok(self) -> None:
+        """The verdict as the command's failure: integrity first, then a required fix."""
+        if self.identity.problem:
+            raise VerifyIntegrityError(self.identity.problem)
+        if not self.integrity_ok:
+            first = self.problems[0]
+            raise VerifyIntegrityError(
+                f"{len(self.problems)} file(s) differ from RECORD, first: {first.kind} {first.path}"
+                + (f" (patch {', '.join(first.patches)})" if first.patches else "")
+            )
+        if self.missing_fixes:
+            names = ", ".join(f"{f.number} {f.patch_id} ({f.state})" for f in self.missing_fixes)
+            raise VerifyFixMissingError(f"required fix not present: {names}")
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,6 +1,7 @@
 """Code that runs inside the SERVING interpreter (the GPU host's, with the vLLM under test, torch
 and the reference ``dflash``), started by the runner as ``python -m tooling.smoke.serving.X``:
 ``engine_run`` (in-process vLLM: drafts, windows, the slot audit), ``reference`` (the reference
-``dflash`` recomputation), ``tiny`` (seeded tiny models), ``child`` (their JSON in/out protocol)
+``dflash`` recomputation), ``tiny`` (seeded tiny models), ``acceptance``
+(one engine's acceptance on the trained pair), ``child`` (their JSON in/out protocol)
 and ``slotaudit`` (the audit's pure verdicts, shared with the toolchain's checks).
 """

@@ -1,0 +1,42 @@
+"""``smoke_requested``: the branches the command takes, without a GPU (a dry run, and what is
+refused before anything is installed or trained)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tooling.errors import SmokeError
+from tooling.smoke import SmokeConfig
+from tooling.smoke.request import SmokeRequest, smoke_requested
+
+
+def test_a_dry_run_makes_the_workdir_and_returns_the_plan(tmp_path: Path) -> None:
+    workdir = tmp_path / "w"
+    outcome = smoke_requested(
+        SmokeRequest(SmokeConfig(workdir=workdir, tiny=True), tmp_path, dry_run=True)
+    )
+    assert workdir.is_dir()
+    assert outcome.failure is None
+    assert outcome.data["ok"] is True
+    plan = outcome.data["plan"]
+    assert plan["workdir"] == str(workdir)
+    assert plan["steps"][0]["step"] == "models"
+    assert f'"workdir": "{workdir}"' in outcome.text
+
+
+def test_a_stock_site_and_a_stock_wheel_together_are_refused(tmp_path: Path) -> None:
+    config = SmokeConfig(workdir=tmp_path / "w", tiny=True, other_site=str(tmp_path))
+    request = SmokeRequest(config, tmp_path, stock_wheel=tmp_path / "x.whl", dry_run=True)
+    with pytest.raises(SmokeError, match=r"^give --stock-site or --stock-wheel, not both$"):
+        smoke_requested(request)
+
+
+def test_a_bad_engine_is_refused_before_training(tmp_path: Path) -> None:
+    request = SmokeRequest(
+        SmokeConfig(workdir=tmp_path / "w"), tmp_path / "cache", trained=True, engines=("bad",)
+    )
+    with pytest.raises(SmokeError, match=r"^--engine 'bad': expected NAME=DIR"):
+        smoke_requested(request)
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,128 @@
+"""What ``tooling build`` was asked for, carried out: the upstream fetched, the series applied
+in its work tree (locked), and the wheel built in the mode asked; the stage's one entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError
+from ..fetching.bases import BaseCatalog
+from ..fetching.fetch import FetchOptions
+from ..fetching.upstream import SourceRequest, fetch_requested
+from ..fsutil import locked
+from ..patching.apply import SeriesReport, ensure_patched
+from ..patching.request import apply_options
+from ..patching.series import Series
+from ..patching.worktree import default_work_dir
+from .build import BuildOptions, BuildResult, build_precompiled, source_date_epoch
+
+
+@dataclass(frozen=True)
+class WheelRequest:
+    source: SourceRequest
+    catalog: BaseCatalog
+    fetch: FetchOptions
+    series: Series
+    """The series to apply, without the patches skipped for an ablation."""
+    dist_dir: Path
+    mode: str = "precompiled"
+    """"precompiled" (the official kernels reused) or "source" (vLLM's own build)."""
+    work_dir: Path | None = None
+    """The work tree (default: build/work/vllm-<base>...)."""
+    build_tag: str | None = None
+    probe_python: Path | None = None
+    """--probe-python as given (default: $TOOLING_PROBE_PYTHON, else the cached probe env)."""
+    probes: bool = True
+    """False: build without behavioural checks, not even the configured interpreter's."""
+    use_precompiled_kernels: bool = False
+    """Source mode: vLLM's Python-only build against the cached official wheel."""
+    build_python: Path | None = None
+    max_jobs: int | None = None
+    cuda_arch_list: str = "9.0"
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    result: BuildResult
+    report: SeriesReport
+    """The series as applied to the tree the wheel was built from."""
+
+    def to_json(self) -> dict[str, Any]:
+        result = self.result
+        return {
+            "ok": True,
+            "wheel": str(result.path),
+            "filename": result.filename,
+            "version": result.version,
+            "sha256": result.sha256,
+            "size": result.size,
+            "mode": result.mode,
+            "seconds": result.seconds,
+            "patches": [
+                {"id": o.patch_id, "status": o.status, "probe": (o.probe_after or {}).get("status")}
+                for o in self.report.outcomes
+            ],
+            "notes": result.notes,
+        }
+
+
+def build_requested(
+    request: WheelRequest,
+    *,
+    on_applied: Callable[[SeriesReport], None] = lambda _report: None,
+) -> BuiltWheel:
+    """Fetch, patch (``on_applied`` sees a fresh series report) and build ``request``'s wheel."""
+    if request.dist_dir.exists() and not request.dist_dir.is_dir():
+        raise BuildError(f"--dist {request.dist_dir.resolve()} is a file, not a folder")
+    source_date_epoch()  # refused before any work, not after the tree is made
+    if request.use_precompiled_kernels and request.mode != "source":
+        raise BuildError("--use-precompiled-kernels goes with --mode source")
+    series = request.series
+    # Precompiled mode re-verifies the official wheel while it copies (build.py).
+    upstream = fetch_requested(
+        request.catalog, request.source, request.fetch, verify_wheel=request.mode == "source"
+    )
+    git_commit = upstream.git.commit if upstream.git else None
+    work = (
+        request.work_dir or default_work_dir(upstream.base.version, git_commit, series.skipped)
+    ).resolve()
+    # Held until the wheel is written: the build reads the tree's commits after it is patched.
+    with locked(work):
+        options = apply_options(
+            series, request.catalog, request.fetch, request.probe_python, probes=request.probes
+        )
+        report = ensure_patched(
+            upstream, series, work, options, require_probes=request.probes, on_applied=on_applied
+        )
+        epoch = source_date_epoch()
+        if request.mode == "source":
+            from .source_build import SourceBuildOptions, build_from_source
+
+            result = build_from_source(
+                upstream,
+                series,
+                report,
+                SourceBuildOptions(
+                    dist_dir=request.dist_dir,
+                    use_precompiled_kernels=request.use_precompiled_kernels,
+                    build_tag=request.build_tag,
+                    source_date_epoch=epoch,
+                    build_python=request.build_python,
+                    max_jobs=request.max_jobs,
+                    cuda_arch_list=request.cuda_arch_list,
+                ),
+            )
+        else:
+            result = build_precompiled(
+                upstream,
+                series,
+                report,
+                BuildOptions(
+                    dist_dir=request.dist_dir, build_tag=request.build_tag, source_date_epoch=epoch
+                ),
+            )
+    return BuiltWheel(result, report)

@@ -1,0 +1,109 @@
+"""What ``tooling patch`` and ``tooling patch export`` were asked for, carried out: the upstream
+fetched, the series applied in its locked work tree, or the work tree's commits exported (or the
+export checked); the stage's entries for the commands, and the apply options every command that
+applies the series builds the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import SeriesError
+from ..fetching.bases import BaseCatalog, load_bases
+from ..fetching.fetch import FetchOptions
+from ..fetching.upstream import SourceRequest, fetch_requested
+from ..fsutil import locked
+from ..probe_env import resolve_probe_python
+from .apply import ApplyOptions, SeriesReport, apply_series, three_way_preimages
+from .export import ExportResult, check_export, export_patches
+from .series import Series, load_series
+from .worktree import default_work_dir
+
+
+def apply_options(
+    series: Series,
+    catalog: BaseCatalog,
+    fetch: FetchOptions,
+    probe_python: Path | None,
+    *,
+    three_way: bool = False,
+    keep_going: bool = False,
+    probes: bool = True,
+) -> ApplyOptions:
+    """How to apply ``series``: the probe interpreter (``probe_python`` as given, else the
+    configured one; none when not ``probes``) and, for ``three_way``, the preimages fetched."""
+    preimages: tuple[bytes, ...] = ()
+    if three_way:
+        preimages = three_way_preimages(series, catalog, fetch)
+    return ApplyOptions(
+        probe_python=resolve_probe_python(probe_python, fetch.cache) if probes else None,
+        three_way=three_way,
+        keep_going=keep_going,
+        preimages=preimages,
+        pycache=fetch.cache.root / "pycache",
+    )
+
+
+@dataclass(frozen=True)
+class PatchRequest:
+    source: SourceRequest
+    catalog: BaseCatalog
+    fetch: FetchOptions
+    series: Series
+    """The series to apply, without the patches left out."""
+    work_dir: Path | None = None
+    """The work tree (default: build/work/vllm-<base>...)."""
+    probe_python: Path | None = None
+    """--probe-python as given (default: $TOOLING_PROBE_PYTHON, else the cached probe env)."""
+    three_way: bool = False
+    keep_going: bool = False
+
+
+def patch_requested(request: PatchRequest) -> SeriesReport:
+    """The series applied to the requested upstream in its work tree (locked meanwhile)."""
+    series = request.series
+    upstream = fetch_requested(request.catalog, request.source, request.fetch, with_wheel=False)
+    options = apply_options(
+        series,
+        request.catalog,
+        request.fetch,
+        request.probe_python,
+        three_way=request.three_way,
+        keep_going=request.keep_going,
+    )
+    git_commit = upstream.git.commit if upstream.git else None
+    work = (
+        request.work_dir or default_work_dir(upstream.base.version, git_commit, series.skipped)
+    ).resolve()
+    with locked(work):
+        return apply_series(upstream, series, work, options)
+
+
+def export_requested(
+    source: SourceRequest,
+    fetch: FetchOptions,
+    patches_dir: Path,
+    work_dir: Path | None,
+    *,
+    check: bool = False,
+) -> ExportResult:
+    """The work tree's commits written over ``patches_dir``; with ``check``, the series applied
+    to a scratch tree of ``source`` (default: the validated base) and compared instead."""
+    if check:
+        series = load_series(patches_dir / "series.toml")
+        base = source.base_version or series.validated_base
+        upstream = fetch_requested(
+            load_bases(patches_dir / "bases.toml"),
+            replace(source, base_version=base),
+            fetch,
+            with_wheel=False,
+        )
+        return check_export(upstream, series)
+    # The work tree's commits are the truth here: the ledger's digests are about to change.
+    series = load_series(patches_dir / "series.toml", check_digests=False)
+    work = Path(work_dir or default_work_dir(f"{source.base_version or series.validated_base}"))
+    with locked(work.resolve()):
+        if not work.is_dir():
+            raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
+        return export_patches(work, series)
