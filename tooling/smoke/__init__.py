@@ -14,7 +14,8 @@ Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectati
 (process groups that always stop), ``server`` and ``client`` (``vllm serve`` and its HTTP API),
 ``metrics`` (``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``checks`` (pure
 verdicts), ``report`` (table, JSON, plot), ``load`` (the concurrent bursts), ``acceptance`` (the
-trained pair's table), ``runner`` (the order), ``site`` (the wheel under test installed).
+trained pair's table), ``runner`` (the order), ``site`` (the wheel under test installed),
+``reference_pool`` (the reference comparison's children: started early, work handed out late).
 ``serving/`` runs inside the serving interpreter: ``engine_run`` (in-process vLLM, GPU),
 ``reference`` (the reference ``dflash`` recomputation), ``tiny`` (seeded tiny models),
 ``acceptance`` (one engine's acceptance on the trained pair).

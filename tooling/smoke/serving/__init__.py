@@ -2,6 +2,7 @@
 and the reference ``dflash``), started by the runner as ``python -m tooling.smoke.serving.X``:
 ``engine_run`` (in-process vLLM: drafts, windows, the slot audit), ``reference`` (the reference
 ``dflash`` recomputation), ``tiny`` (seeded tiny models), ``acceptance``
-(one engine's acceptance on the trained pair), ``child`` (their JSON in/out protocol)
-and ``slotaudit`` (the audit's pure verdicts, shared with the toolchain's checks).
+(one engine's acceptance on the trained pair), ``child`` (their JSON in/out protocol),
+and two pure modules shared with the toolchain: ``slotaudit`` (the audit's verdicts) and
+``agreement`` (the reference comparison's counts, which the runner sums over its shards).
 """
