@@ -78,6 +78,32 @@ def test_cutoff_of_0201_is_the_one_the_release_lock_used() -> None:
     assert exclude_newer_for(base) == "2026-05-06"
 
 
+def test_a_request_fills_the_bundles_defaults_from_dist_and_base(tmp_path) -> None:
+    from tooling.release.bundle import DEFAULT_EXTRAS
+    from tooling.release.request import BundleRequest
+
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    wheel = build_wheel(dist, "vllm", "0.20.1+dflash.6.abc")
+    base = load_bases(REPO_DIR / "patches" / "bases.toml").get("0.20.1")
+    request = BundleRequest(
+        wheel=None,
+        dist_dir=dist,
+        out_dir=tmp_path / "out",
+        base=base,
+        index_url="https://example.invalid/simple",
+        download_dir=tmp_path / "wheels",
+        split="60M",
+    )
+    config = request.config()
+    assert config.wheel == wheel.resolve()  # the one wheel in --dist
+    assert config.exclude_newer == "2026-05-06"  # the base's release date
+    assert config.extras == DEFAULT_EXTRAS
+    assert config.split_bytes == 60 * 2**20
+    given = BundleRequest(**{**vars(request), "exclude_newer": "2026-06-01", "extras": ("x",)})
+    assert (given.config().exclude_newer, given.config().extras) == ("2026-06-01", ("x",))
+
+
 def test_present_lists_in_every_shape() -> None:
     present = parse_present(
         "# pip freeze\n"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from ..building.build import single_wheel
 from ..report import human_size, table
 from .options import emit, json_option, settings_of, wheel_options
 
@@ -64,36 +63,37 @@ def bundle_command(
     lock_only: Path | None,
 ) -> None:
     """An offline wheelhouse for an air-gapped GPU host: wheel, dependencies, lock, scripts."""
-    from ..release import bundle
+    from ..release.request import BundleRequest, bundle_requested
 
     settings = settings_of(ctx)
-    wheel = wheel or single_wheel(dist_dir)
-    base = settings.catalog().get(base_version)
-    config = bundle.BundleConfig(
-        wheel=wheel.resolve(),
-        out_dir=out_dir.resolve(),
-        exclude_newer=exclude_newer or bundle.exclude_newer_for(base),
-        python_version=python_version,
-        platform=platform,
-        extras=extras or bundle.DEFAULT_EXTRAS,
-        exclude_present=exclude_present,
-        split_bytes=bundle.parse_size(split) if split else None,
-        index_url=settings.index_url,
-        download_dir=settings.cache.root / "wheels",
-        progress=settings.progress,
-    )
-    if lock_only is not None:
-        plan = bundle.lock_bundle(config, lock_only)
-        emit(
-            settings,
-            {"ok": True, "lock": str(lock_only), "plan": plan.to_json()},
-            f"{lock_only}: {len(plan.include)} packages resolved as of {config.exclude_newer}",
+    outcome = bundle_requested(
+        BundleRequest(
+            wheel=wheel,
+            dist_dir=dist_dir,
+            out_dir=out_dir,
+            base=settings.catalog().get(base_version),
+            index_url=settings.index_url,
+            download_dir=settings.cache.root / "wheels",
+            exclude_newer=exclude_newer,
+            python_version=python_version,
+            platform=platform,
+            extras=extras,
+            exclude_present=exclude_present,
+            split=split,
+            lock_only=lock_only,
+            progress=settings.progress,
         )
-        return
-    plan, result = bundle.make_bundle(config)
-    rows = [[f.path, human_size(f.size)] for f in (result.parts or result.files)[:60]]
-    emit(
-        settings,
-        {"ok": True, "plan": plan.to_json(), "result": result.to_json()},
-        table(["file", "size"], rows) + f"\n{result.bundle_dir} ({human_size(result.total_bytes)})",
     )
+    if outcome.result is None:
+        text = (
+            f"{outcome.lock}: {len(outcome.plan.include)} packages resolved as of "
+            f"{outcome.config.exclude_newer}"
+        )
+    else:
+        result = outcome.result
+        rows = [[f.path, human_size(f.size)] for f in (result.parts or result.files)[:60]]
+        text = (
+            table(["file", "size"], rows)
+            + f"\n{result.bundle_dir} ({human_size(result.total_bytes)})"
+        )
+    emit(settings, outcome.to_json(), text)

@@ -781,7 +781,7 @@ def read_present(path: Path) -> dict[str, str | None]:
 def resolve_and_plan(
     config: BundleConfig, runner: Runner = subprocess.run
 ) -> tuple[Resolution, BundlePlan]:
-    """resolve -> plan, without downloading anything (``--plan-only``)."""
+    """resolve -> plan, without downloading anything (``--lock-only`` stops here)."""
     resolution = resolve(config, runner)
     present = read_present(config.exclude_present) if config.exclude_present else {}
     plan = plan_bundle(
