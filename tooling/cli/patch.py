@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from ..errors import PatchConflictError, SeriesError
+from ..errors import SeriesError
 from ..fetching.upstream import SourceRequest
 from ..patching.apply import SeriesReport
 from ..patching.request import PatchRequest, export_requested, patch_requested
-from ..patching.status import status_matrix
+from ..patching.status import canary
 from ..report import table
 from .group import ToolingGroup
 from .options import base_options, emit, json_option, probe_python_option, settings_of
@@ -151,8 +150,7 @@ def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
     options = settings.apply_options(
         extra.get("probe_python"), extra.get("three_way", False), True, series
     )
-    started = time.perf_counter()
-    results = status_matrix(
+    result = canary(
         bases,
         series,
         settings.fetch_options(),
@@ -160,24 +158,16 @@ def patch_status(ctx: click.Context, bases_spec: str, workers: int) -> None:
         workers=workers,
         on_done=lambda r: click.echo(f"  {r.base}: done", err=True) if not settings.json else None,
     )
-    seconds = time.perf_counter() - started
     ids = [p.id for p in series.patches]
-    rows = [[r.base, *(r.cell(i) for i in ids)] for r in results]
-    notes = [f"{r.base}: {r.error}" for r in results if r.error]
+    rows = [[r.base, *(r.cell(i) for i in ids)] for r in result.results]
+    notes = [f"{r.base}: {r.error}" for r in result.results if r.error]
     human = table(["base", *ids], rows) + "".join(f"\n{n}" for n in notes)
-    human += f"\n{len(bases)} releases in {seconds:.1f}s (! = applied but its probe is not present)"
-    validated = next((r for r in results if r.base == series.validated_base), None)
-    ok = validated is None or (validated.report is not None and validated.report.ok)
-    emit(
-        settings,
-        {"ok": ok, "seconds": seconds, "patches": ids, "bases": [r.to_json() for r in results]},
-        human,
+    human += (
+        f"\n{len(bases)} releases in {result.seconds:.1f}s"
+        " (! = applied but its probe is not present)"
     )
-    if not ok:
-        # Newer releases only report (the canary); the validated base must stay clean.
-        raise PatchConflictError(
-            f"the series does not apply cleanly on its validated base {series.validated_base}"
-        )
+    emit(settings, result.to_json(), human)
+    result.raise_unless_ok()
 
 
 @patch_group.command("export")

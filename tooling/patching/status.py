@@ -9,13 +9,14 @@ patch that goes in but does not change behaviour.
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ToolingError
+from ..errors import PatchConflictError, ToolingError
 from ..fetching.bases import Base
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import fetch_upstream
@@ -88,3 +89,48 @@ def status_matrix(
 
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             return list(pool.map(one, bases))
+
+
+@dataclass
+class Canary:
+    """``patch status``: the matrix, how long it took, and the verdict on it."""
+
+    series: Series
+    results: list[BaseStatus]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Newer releases only report; the series' validated base must apply cleanly."""
+        validated = next((r for r in self.results if r.base == self.series.validated_base), None)
+        return validated is None or (validated.report is not None and validated.report.ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "seconds": self.seconds,
+            "patches": [p.id for p in self.series.patches],
+            "bases": [r.to_json() for r in self.results],
+        }
+
+    def raise_unless_ok(self) -> None:
+        if not self.ok:
+            raise PatchConflictError(
+                "the series does not apply cleanly on its validated base "
+                f"{self.series.validated_base}"
+            )
+
+
+def canary(
+    bases: list[Base],
+    series: Series,
+    fetch: FetchOptions,
+    options: ApplyOptions,
+    *,
+    workers: int = 2,
+    on_done: Callable[[BaseStatus], object] | None = None,
+) -> Canary:
+    """:func:`status_matrix`, timed, with its verdict."""
+    started = time.perf_counter()
+    results = status_matrix(bases, series, fetch, options, workers=workers, on_done=on_done)
+    return Canary(series, results, time.perf_counter() - started)
