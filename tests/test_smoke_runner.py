@@ -44,6 +44,19 @@ STANDIN_MAIN = textwrap.dedent(
                  "--language-model-only"):
         parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
+
+    def starting_servers():
+        # Live stand-in servers of this test (its STANDIN_PIDS in their environment).
+        mark = b"\\0STANDIN_PIDS=" + os.environ["STANDIN_PIDS"].encode() + b"\\0"
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read()
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if mark in b"\\0" + env and b"vllm.entrypoints" in cmd:
+                yield pid
+
     if os.environ.get("STANDIN_PIDS"):
         with open(os.environ["STANDIN_PIDS"], "a") as f:
             f.write(f"{os.getpid()}\\n")
@@ -116,9 +129,11 @@ STANDIN_MAIN = textwrap.dedent(
             prompt = body["prompt"]
             ids = prompt if isinstance(prompt, list) else tokenize(prompt)
             if os.environ.get("STANDIN_PIDS") and not state.get("noted"):
-                # How many servers had started by this server's first request.
+                # How many servers had started by this server's first request: those
+                # that wrote their pid, and those still starting (alive, not yet there).
                 state["noted"] = True
-                started = len(open(os.environ["STANDIN_PIDS"]).read().split())
+                started = len(set(open(os.environ["STANDIN_PIDS"]).read().split())
+                              | set(starting_servers()))
                 with open(os.environ["STANDIN_PIDS"] + ".seen", "a") as f:
                     f.write(f"{os.getpid()} {started}\\n")
             hits = 0
