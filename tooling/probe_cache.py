@@ -84,6 +84,8 @@ _ENV_PREFIXES = (
 #: Where bytecode is written, not what runs.
 _ENV_IGNORED = frozenset({"PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"})
 _MISSING = "missing"
+#: The line text output adds when verdicts came from the cache.
+CACHED_NOTE = f"probes: answered from the probe cache ({BYPASS_VAR}=1 runs them again)"
 
 
 def enabled() -> bool:

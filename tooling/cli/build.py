@@ -12,6 +12,7 @@ from ..fetching.upstream import SourceRequest
 from ..fsutil import locked
 from ..patching.apply import SeriesReport, ensure_patched
 from ..patching.worktree import default_work_dir
+from ..probe_cache import CACHED_NOTE
 from ..report import human_size, table
 from .options import base_options, emit, json_option, probe_python_option, settings_of
 from .patch import tell_saved
@@ -37,6 +38,7 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
                 ],
             ),
         ]
+        + ([f"{CACHED_NOTE}: {', '.join(cached)}"] if (cached := report.cached_probes()) else [])
     )
 
 

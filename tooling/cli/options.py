@@ -97,6 +97,7 @@ class Settings:
             keep_going=keep_going,
             preimages=preimages,
             pycache=self.cache.root / "pycache",
+            probe_cache=self.cache.probes,
         )
 
 

@@ -19,6 +19,7 @@ from ..patching.export import check_export, export_patches
 from ..patching.series import load_series
 from ..patching.status import status_matrix
 from ..patching.worktree import default_work_dir
+from ..probe_cache import CACHED_NOTE
 from ..report import table
 from .group import ToolingGroup
 from .options import base_options, emit, json_option, probe_python_option, settings_of
@@ -50,6 +51,8 @@ def _report_text(report: SeriesReport) -> str:
         lines += [f"  {o.patch_id}: {c}" for c in o.conflicts]
     if report.probe_python is None:
         lines.append("probes: not run (no probe interpreter; run `tooling probe-env`)")
+    elif cached := report.cached_probes():
+        lines.append(f"{CACHED_NOTE}: {', '.join(cached)}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import BuildError, VerifyFixMissingError, VerifyIntegrityError
+from ..probe_cache import CACHED_NOTE
 from ..probes import ProbeTarget
 from ..registry import registry
 from ..report import table
@@ -58,7 +59,7 @@ def verify_command(
 
     settings = settings_of(ctx)
     required = registry().select(require_spec)
-    pycache = settings.cache.root / "pycache"
+    pycache, kept = settings.cache.root / "pycache", settings.cache.probes
     scratch = tempfile.TemporaryDirectory(prefix="dflash-verify-")
     ctx.call_on_close(scratch.cleanup)
     if wheel is not None:
@@ -69,19 +70,19 @@ def verify_command(
     if site is not None:
         dist = locate_in_site(site.resolve())
         interpreter = settings.probe_python(probe_python) or Path(sys.executable)
-        target = ProbeTarget(python=interpreter, root=site.resolve(), pycache=pycache)
+        target = ProbeTarget(python=interpreter, root=site.resolve(), pycache=pycache, cache=kept)
         runtime = None  # which interpreter runs that folder is not known: the probes' one checks
     else:
         interpreter = python or Path(sys.executable)
         dist = locate_with_python(interpreter)
-        target = ProbeTarget(python=interpreter, pycache=pycache)
+        target = ProbeTarget(python=interpreter, pycache=pycache, cache=kept)
         runtime = interpreter
         if python is not None and wheel is None and probe_python is not None:
             # --python names the vLLM, --probe-python what questions it: a --no-deps
             # install has no torch of its own, so every probe would read unknown.
             questioner = settings.probe_python(probe_python)
             assert questioner is not None  # given explicitly: checked, or an error
-            target = ProbeTarget(python=questioner, root=dist.site, pycache=pycache)
+            target = ProbeTarget(python=questioner, root=dist.site, pycache=pycache, cache=kept)
     report = verify(dist, target, required, runtime_python=runtime)
     built = (
         f"built by this toolchain ({report.manifest.mode}, series "
@@ -106,6 +107,8 @@ def verify_command(
             [[f.number, f.patch_id, f.state, f.evidence[:100]] for f in report.fixes],
         )
     )
+    if report.probes_cached:
+        lines.append(CACHED_NOTE)
     emit(settings, report.to_json(), "\n".join(lines))
     if report.identity.problem:
         raise VerifyIntegrityError(report.identity.problem)
