@@ -220,6 +220,7 @@ class ProbeCache:
     memo_path: Path
     roots: tuple[str, ...]
     """The probed tree's folders, resolved as the child's search path has them."""
+    names: tuple[str, ...]
 
     @classmethod
     def open(
@@ -251,15 +252,11 @@ class ProbeCache:
             "roots": len(resolved),
         }
         digest = sha256_bytes(json.dumps(key, sort_keys=True).encode())
-        return cls(cache / digest[:32], cache / "stat-memo.json", resolved)
+        return cls(cache / digest[:32], cache / "stat-memo.json", resolved, tuple(names))
 
     def lookup(self) -> Hit | None:
         """The verdicts of an earlier run whose loaded files all read the same now."""
-        lists = sorted(
-            (self.folder / "lists").glob("*.json"),
-            key=lambda p: p.stat().st_mtime_ns if p.exists() else 0,
-            reverse=True,
-        )[:_MAX_LISTS]
+        lists = _newest_first(self.folder / "lists")[:_MAX_LISTS]
         hasher = _Hasher.load(self.memo_path, self.roots)
         try:
             for listed in lists:
@@ -269,7 +266,7 @@ class ProbeCache:
                 hasher.top_level = frozenset(data["top_level"])
                 entry = self.folder / "verdicts" / f"{self._digest(data, hasher)}.json"
                 hit = _read_entry(entry)
-                if hit is not None:
+                if hit is not None and set(hit.results) == set(self.names):
                     _touch(listed)
                     return hit
         finally:
@@ -341,12 +338,7 @@ class ProbeCache:
         return h.hexdigest()
 
     def _prune(self) -> None:
-        lists = sorted(
-            (self.folder / "lists").glob("*.json"),
-            key=lambda p: p.stat().st_mtime_ns if p.exists() else 0,
-            reverse=True,
-        )
-        for old in lists[_MAX_LISTS:]:
+        for old in _newest_first(self.folder / "lists")[_MAX_LISTS:]:
             old.unlink(missing_ok=True)
 
 
@@ -394,6 +386,16 @@ def _changed_since(listed: dict[str, Any], roots: Sequence[str], started_ns: int
         if max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns:
             return True
     return False
+
+
+def _newest_first(folder: Path) -> list[Path]:
+    def mtime(path: Path) -> int:
+        try:
+            return path.stat().st_mtime_ns
+        except OSError:  # pruned by another process meanwhile
+            return 0
+
+    return sorted(folder.glob("*.json"), key=mtime, reverse=True)
 
 
 def _touch(path: Path) -> None:
