@@ -8,6 +8,7 @@ from the cache" is asserted as "no interpreter started", not by time.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -105,6 +106,24 @@ def test_one_byte_of_an_imported_file_makes_it_probe_again(setting, tmp_path):
     # That s.answer is s.kept too, for the changed bytes.
     assert start_probes(s.target(tree), PROBE).cached
     assert started(s.starts) == before + 1
+
+
+def test_a_newer_list_of_other_imports_does_not_hide_the_one_that_matches(setting):
+    """Lists are tried newest first; what one of them hashed must not leak into the next."""
+    s = setting
+    listed = max(s.kept.glob("*/lists/*.json"), key=lambda p: p.stat().st_mtime_ns)
+    other = json.loads(listed.read_text())
+    other["top_level"] = [*other["top_level"], "dflash_other_module"]
+    newer = listed.with_name("0" * 64 + ".json")
+    newer.write_text(json.dumps(other))
+    later = listed.stat().st_mtime_ns + 10**9
+    os.utime(newer, ns=(later, later))
+    before = started(s.starts)
+    try:
+        assert start_probes(s.target(s.trees[1]), PROBE).cached
+        assert started(s.starts) == before
+    finally:
+        newer.unlink()
 
 
 def test_a_module_added_to_an_imported_package_makes_it_probe_again(setting, tmp_path):

@@ -109,7 +109,7 @@ class _Hasher:
     roots: tuple[str, ...]
     top_level: frozenset[str] = frozenset()
     memo: dict[str, list[Any]] = field(default_factory=dict)
-    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    seen: dict[tuple[str, str, frozenset[str]], str] = field(default_factory=dict)
     dirty: bool = False
 
     @classmethod
@@ -123,7 +123,8 @@ class _Hasher:
         return cls(memo_path, roots, memo=memo)
 
     def digest(self, kind: str, path: str) -> str:
-        key = (kind, path)
+        # A search-path entry's digest depends on the top-level names of the list at hand.
+        key = (kind, path, self.top_level if kind == "path" else frozenset())
         if key not in self.seen:
             self.seen[key] = {"file": self._file, "dir": self._dir, "path": self._search}[kind](
                 path
