@@ -180,7 +180,10 @@ def upstream_0220(catalog: BaseCatalog, fetch_release: Callable[..., Upstream]) 
 
 
 def apply_options(probe_python: Path | None, cache: CacheLayout, **kw) -> ApplyOptions:
-    return ApplyOptions(probe_python=probe_python, pycache=cache.root / "pycache", **kw)
+    """The session's options; its probe cache starts empty, so each tree's first probe runs."""
+    return ApplyOptions(
+        probe_python=probe_python, pycache=cache.root / "pycache", probe_cache=cache.probes, **kw
+    )
 
 
 @pytest.fixture(scope="session")

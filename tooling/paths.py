@@ -56,3 +56,8 @@ class CacheLayout:
     def trained(self) -> Path:
         """The training recipe's run folders, one per recipe digest."""
         return self.root / "trained"
+
+    @property
+    def probes(self) -> Path:
+        """Probe verdicts by what the probes imported (``tooling.probe_cache``)."""
+        return self.root / "probes"

@@ -10,6 +10,7 @@ from ..building.build import BuildResult
 from ..building.request import WheelRequest, build_requested
 from ..fetching.upstream import SourceRequest
 from ..patching.apply import SeriesReport
+from ..probe_cache import CACHED_NOTE
 from ..report import human_size, table
 from .options import base_options, emit, json_option, probe_python_option, settings_of
 from .patch import tell_saved
@@ -35,6 +36,7 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
                 ],
             ),
         ]
+        + ([f"{CACHED_NOTE}: {', '.join(cached)}"] if (cached := report.cached_probes()) else [])
     )
 
 

@@ -14,6 +14,7 @@ from ..fetching.upstream import SourceRequest
 from ..patching.apply import SeriesReport
 from ..patching.request import PatchRequest, export_requested, patch_requested
 from ..patching.status import canary
+from ..probe_cache import CACHED_NOTE
 from ..report import table
 from .group import ToolingGroup
 from .options import base_options, emit, json_option, probe_python_option, settings_of
@@ -45,6 +46,8 @@ def _report_text(report: SeriesReport) -> str:
         lines += [f"  {o.patch_id}: {c}" for c in o.conflicts]
     if report.probe_python is None:
         lines.append("probes: not run (no probe interpreter; run `tooling probe-env`)")
+    elif cached := report.cached_probes():
+        lines.append(f"{CACHED_NOTE}: {', '.join(cached)}")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..probe_cache import CACHED_NOTE
 from ..probe_env import ensure_probe_env, ensure_reference_dflash
 from ..probes import ProbeTarget, run_probes
 from ..registry import registry
@@ -37,16 +38,18 @@ def probe_command(
     """Run the behavioural probes against a vLLM tree or environment."""
     settings = settings_of(ctx)
     interpreter = python or settings.probe_python(None) or Path(sys.executable)
-    results = run_probes(
-        ProbeTarget(python=interpreter, root=root, pycache=settings.cache.root / "pycache"),
-        names or registry().probes,
+    target = ProbeTarget(
+        python=interpreter,
+        root=root,
+        pycache=settings.cache.root / "pycache",
+        cache=settings.cache.probes,
     )
+    results = run_probes(target, names or registry().probes)
     rows = [[r.probe, r.status, r.evidence] for r in results.values()]
-    emit(
-        settings,
-        {"ok": True, "results": [r.to_json() for r in results.values()]},
-        table(["probe", "status", "evidence"], rows),
-    )
+    text = table(["probe", "status", "evidence"], rows)
+    if any(r.cached for r in results.values()):
+        text += "\n" + CACHED_NOTE
+    emit(settings, {"ok": True, "results": [r.to_json() for r in results.values()]}, text)
 
 
 @click.command("probe-env")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..probe_cache import CACHED_NOTE
 from ..registry import registry
 from ..report import table
 from .options import emit, json_option, probe_python_option, settings_of
@@ -81,5 +82,7 @@ def verify_command(
             [[f.number, f.patch_id, f.state, f.evidence[:100]] for f in report.fixes],
         )
     )
+    if report.probes_cached:
+        lines.append(CACHED_NOTE)
     emit(settings, report.to_json(), "\n".join(lines))
     report.raise_unless_ok()

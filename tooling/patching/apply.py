@@ -115,6 +115,14 @@ class SeriesReport:
     def outcome(self, patch_id: str) -> PatchOutcome:
         return next(o for o in self.outcomes if o.patch_id == patch_id)
 
+    def cached_probes(self) -> list[str]:
+        """Which probe runs ("base", "patched") were answered from the probe cache."""
+        runs = {
+            "base": [o.probe_before for o in self.outcomes],
+            "patched": [o.probe_after for o in self.outcomes],
+        }
+        return [run for run, found in runs.items() if any(r and r.get("cached") for r in found)]
+
     def raise_unless_ok(self) -> None:
         """PatchConflictError naming the first patch that did not go in, and how many more."""
         bad = [o for o in self.outcomes if not o.ok]
@@ -147,11 +155,15 @@ class ApplyOptions:
     """Blobs of the validated base's files, seeded for ``--3way`` on other bases."""
     log_dir: Path | None = None
     pycache: Path | None = None
+    probe_cache: Path | None = None
+    """Where probe verdicts are kept (``ProbeTarget.cache``); None: every run probes."""
 
     def probe_target(self, root: Path) -> ProbeTarget | None:
         if self.probe_python is None:
             return None
-        return ProbeTarget(python=self.probe_python, root=root, pycache=self.pycache)
+        return ProbeTarget(
+            python=self.probe_python, root=root, pycache=self.pycache, cache=self.probe_cache
+        )
 
 
 def describe_conflict(repo_dir: Path, patch: Patch) -> list[str]:

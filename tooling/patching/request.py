@@ -42,6 +42,7 @@ def apply_options(
         keep_going=keep_going,
         preimages=preimages,
         pycache=fetch.cache.root / "pycache",
+        probe_cache=fetch.cache.probes,
     )
 
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +54,7 @@ def base_status(
             upstream,
             series,
             work,
-            ApplyOptions(
-                probe_python=options.probe_python,
-                three_way=options.three_way,
-                keep_going=True,
-                preimages=options.preimages,
-                log_dir=scratch / f"logs-{base.version}",
-                pycache=options.pycache,
-            ),
+            replace(options, keep_going=True, log_dir=scratch / f"logs-{base.version}"),
         )
         return BaseStatus(base.version, report)
     except ToolingError as e:

@@ -22,8 +22,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+
+if TYPE_CHECKING:  # tooling.probe_cache reads this package's verdict type
+    from ..probe_cache import Hit, ProbeCache
 
 __all__ = [
     "ABSENT",
@@ -63,6 +67,9 @@ class ProbeTarget:
     """Further folders after ``root`` (e.g. an installed site-packages for ``--site-packages``)."""
     pycache: Path | None = None
     """Where the probed interpreter may write bytecode (``PYTHONPYCACHEPREFIX``)."""
+    cache: Path | None = None
+    """Where verdicts are kept by what the probes loaded (``tooling.probe_cache``); None:
+    every run probes."""
 
     def describe(self) -> str:
         return str(self.root) if self.root else f"the vLLM of {self.python}"
@@ -75,11 +82,22 @@ class ProbeRun:
     target: ProbeTarget
     names: tuple[str, ...]
     process: subprocess.Popen | None
-    workdir: Path
+    workdir: Path | None
+    """The run's own folder (the probes' copy, their scratch); None when nothing runs."""
     log: Path
     timeout_s: float
     error: str | None = None
     vllm_version: str | None = field(default=None, init=False)
+    cache: ProbeCache | None = None
+    """Where a finished run's verdicts go."""
+    started_ns: int = 0
+    """The run's start on the file system's clock: what changed since cannot be cached."""
+    hit: Hit | None = None
+    """Verdicts from the cache: no interpreter was started."""
+
+    @property
+    def cached(self) -> bool:
+        return self.hit is not None
 
     def wait(self) -> dict[str, ProbeResult]:
         try:
@@ -97,6 +115,8 @@ class ProbeRun:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.workdir is None:
+            return
         shutil.rmtree(self.workdir, ignore_errors=True)
         if self.target.pycache is not None:
             # The copy's bytecode under the prefix: a new folder every run, never read again.
@@ -112,7 +132,10 @@ class ProbeRun:
         self.close()
 
     def _collect(self) -> dict[str, ProbeResult]:
-        if self.process is None:
+        if self.hit is not None:
+            self.vllm_version = self.hit.vllm_version
+            return dict(self.hit.results)
+        if self.process is None or self.workdir is None:
             return self._unknown(self.error or "probe interpreter did not start")
         try:
             self.process.wait(timeout=self.timeout_s)
@@ -125,7 +148,12 @@ class ProbeRun:
             return self._unknown(f"probe interpreter exited {self.process.returncode}: {tail[0]}")
         data = json.loads(out.read_text())
         self.vllm_version = data.get("vllm_version")
-        return {r["probe"]: ProbeResult.from_json(r) for r in data["results"]}
+        results = {r["probe"]: ProbeResult.from_json(r) for r in data["results"]}
+        if self.cache is not None and self.process.returncode == 0:
+            self.cache.store(
+                data.get("imports"), self.workdir, self.started_ns, results, self.vllm_version
+            )
+        return results
 
     def _unknown(self, why: str) -> dict[str, ProbeResult]:
         return {n: ProbeResult(probe=n, status=UNKNOWN, evidence=why) for n in self.names}
@@ -169,8 +197,36 @@ def start_probes(
     log: Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ProbeRun:
-    """Start the probes in the background (they take seconds: vLLM imports are slow)."""
+    """Start the probes in the background (they take seconds: vLLM imports are slow).
+
+    With ``target.cache`` (and ``$TOOLING_NO_PROBE_CACHE`` unset), verdicts an
+    earlier run gave a tree that loads the same bytes are answered at once,
+    without an interpreter; the run's ``cached`` says so, as its log does.
+    """
+    from .. import probe_cache
+
     workdir = Path(tempfile.mkdtemp(prefix="dflash-probes-"))
+    env = _child_env(target, workdir)
+    cache = None
+    if target.cache is not None and probe_cache.enabled():
+        cache = probe_cache.ProbeCache.open(
+            target.cache,
+            sources=probe_cache.sources_digest(_PACKAGE_DIR),
+            python=target.python,
+            names=names,
+            env=env,
+            roots=[*([target.root] if target.root else []), *target.extra_path],
+            scratch=workdir,
+        )
+        hit = cache.lookup()
+        if hit is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+            if log is not None:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(f"answered from the probe cache: {hit.entry}\n")
+            run = ProbeRun(target, names, None, None, log or hit.entry, timeout_s)
+            run.hit = hit
+            return run
     # The probes travel as a copy under a neutral package name, so the probed
     # interpreter sees neither the toolchain nor its dependencies.
     shutil.copytree(
@@ -178,7 +234,10 @@ def start_probes(
         workdir / _CHILD_PACKAGE,
         ignore=shutil.ignore_patterns("__pycache__", "__init__.py"),
     )
-    (workdir / _CHILD_PACKAGE / "__init__.py").write_text("")
+    marker = workdir / _CHILD_PACKAGE / "__init__.py"
+    marker.write_text("")
+    # The file system's own clock (coarser than time.time_ns()), which stamps the tree.
+    started_ns = marker.stat().st_mtime_ns
     log = log or workdir / "probes.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(target.python), "-m", f"{_CHILD_PACKAGE}.child", str(workdir / "out.json"), *names]
@@ -189,7 +248,7 @@ def start_probes(
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_child_env(target, workdir),
+                env=env,
                 cwd=workdir,
             )
     except OSError as e:
@@ -202,7 +261,9 @@ def start_probes(
             timeout_s,
             error=f"cannot start {target.python}: {e.strerror}",
         )
-    return ProbeRun(target, names, process, workdir, log, timeout_s)
+    return ProbeRun(
+        target, names, process, workdir, log, timeout_s, cache=cache, started_ns=started_ns
+    )
 
 
 def run_probes(

@@ -3,14 +3,18 @@
 Usage: python -m <pkg>.child OUT.json PROBE [PROBE ...]
 
 vLLM logs to stdout, so results go to a file. A probe that raises becomes
-``unknown`` with the exception as evidence; the other probes still run.
+``unknown`` with the exception as evidence; the other probes still run. The
+file also lists what the run loaded (``imports``), which the toolchain keys
+its cache of verdicts by (``tooling.probe_cache``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
+from collections.abc import Iterable
 from importlib import import_module
 
 from .result import UNKNOWN, ProbeResult
@@ -32,6 +36,51 @@ def _run_one(name: str) -> ProbeResult:
         )
 
 
+def _mapped_files() -> list[str]:
+    """Every file mapped into this process: shared libraries loaded without a module
+    (``torch.ops.load_library``, ctypes) as well as extension modules."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            fields = [line.split(maxsplit=5) for line in f]
+    except OSError:  # not Linux: the extension modules' own files still count
+        return []
+    paths = {p[5].strip() for p in fields if len(p) == 6 and p[5].startswith("/")}
+    # Regular files only: not /dev/zero, nor a deleted file's "(deleted)" mapping.
+    return [p for p in paths if not p.startswith(("/dev/", "/proc/")) and os.path.isfile(p)]
+
+
+def _attr(module: object, name: str) -> object:
+    try:
+        return getattr(module, name, None)
+    except Exception:  # a lazy module's __getattr__ may raise anything
+        return None
+
+
+def imports() -> dict[str, list[str]]:
+    """What the run loaded: files, package folders (a module added to one can change
+    what an import finds), the search path and the top-level names imported."""
+    modules = list(sys.modules.items())
+    files = {_attr(m, "__file__") for _, m in modules} | set(_mapped_files())
+    packages: set[object] = set()
+    for _, m in modules:
+        path = _attr(m, "__path__")  # a list, or a namespace package's _NamespacePath
+        if isinstance(path, Iterable) and not isinstance(path, str):
+            packages.update(path)
+    return {
+        "files": sorted(f for f in files if isinstance(f, str) and os.path.isabs(f)),
+        "packages": sorted(p for p in packages if isinstance(p, str) and os.path.isabs(p)),
+        "sys_path": list(sys.path),
+        "top_level": sorted({name.partition(".")[0] for name, _ in modules}),
+    }
+
+
+def _imports_or_none() -> dict[str, list[str]] | None:
+    try:
+        return imports()
+    except Exception:  # the verdicts still count; the toolchain just will not cache them
+        return None
+
+
 def main(argv: list[str]) -> int:
     out, names = argv[0], argv[1:]
     results = []
@@ -51,7 +100,15 @@ def main(argv: list[str]) -> int:
             ).to_json()
         )
     with open(out, "w", encoding="utf-8") as f:
-        json.dump({"vllm_version": version, "vllm_location": location, "results": results}, f)
+        json.dump(
+            {
+                "vllm_version": version,
+                "vllm_location": location,
+                "results": results,
+                "imports": _imports_or_none(),
+            },
+            f,
+        )
     return 0
 
 

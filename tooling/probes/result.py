@@ -30,6 +30,9 @@ class ProbeResult:
     form: str | None = None
     """How the tree implements the fix, where behaviour can tell (an API name, a KV layout)."""
     details: dict[str, Any] = field(default_factory=dict)
+    cached: bool = False
+    """Answered from the toolchain's cache of earlier runs (``tooling.probe_cache``), not by
+    a probe run of its own; never set inside the probed interpreter."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -58,13 +58,18 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
             site = request.site.resolve()
             dist = locate_in_site(site)
             probes = resolve_probe_python(request.probe_python, request.cache)
-            target = ProbeTarget(python=probes or Path(sys.executable), root=site, pycache=pycache)
+            target = ProbeTarget(
+                python=probes or Path(sys.executable),
+                root=site,
+                pycache=pycache,
+                cache=request.cache.probes,
+            )
             # Which interpreter runs that folder is not known: the probes' one checks.
             runtime = None
         else:
             interpreter = python or Path(sys.executable)
             dist = locate_with_python(interpreter)
-            target = ProbeTarget(python=interpreter, pycache=pycache)
+            target = ProbeTarget(python=interpreter, pycache=pycache, cache=request.cache.probes)
             runtime = interpreter
             if (
                 request.python is not None
@@ -75,5 +80,7 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
                 # install has no torch of its own, so every probe would read unknown.
                 questioner = resolve_probe_python(request.probe_python, request.cache)
                 assert questioner is not None  # given explicitly: checked, or an error
-                target = ProbeTarget(python=questioner, root=dist.site, pycache=pycache)
+                target = ProbeTarget(
+                    python=questioner, root=dist.site, pycache=pycache, cache=request.cache.probes
+                )
         return verify(dist, target, request.required, runtime_python=runtime)

@@ -131,6 +131,8 @@ class VerifyReport:
     required: list[int]
     identity: VersionIdentity
     bytecode: BytecodeCheck
+    probes_cached: bool = False
+    """The fixes' verdicts came from the probe cache, not a run of their own."""
 
     @property
     def integrity_ok(self) -> bool:
@@ -170,6 +172,7 @@ class VerifyReport:
                 "bytecode": asdict(self.bytecode),
             },
             "fixes": [asdict(f) for f in self.fixes],
+            "probes_cached": self.probes_cached,
             "required": self.required,
         }
 
@@ -372,7 +375,7 @@ def verify(
         built_by_us=manifest is not None,
     )
     return VerifyReport(
-        dist, files_checked, problems, manifest, fixes, required, identity, bytecode
+        dist, files_checked, problems, manifest, fixes, required, identity, bytecode, run.cached
     )
 
 

@@ -1,0 +1,210 @@
+"""The probe cache: verdicts of real probe runs on the real 0.20.1 tree, answered again only
+while every file the probes loaded reads the same.
+
+The probe interpreter is started through a wrapper that counts its starts, so "answered
+from the cache" is asserted as "no interpreter started", not by time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import tooling.probes
+from tooling import probe_cache
+from tooling.probes import ABSENT, UNKNOWN, ProbeResult, ProbeRun, ProbeTarget, start_probes
+
+PROBE = ("layer_offset",)
+#: A file the layer_offset probe imports: it builds a real SpeculativeConfig.
+IMPORTED = Path("vllm/config/speculative.py")
+
+
+def counting_python(folder: Path, python: Path) -> tuple[Path, Path]:
+    """An interpreter that notes each start in a file, then is ``python``."""
+    starts = folder / "starts"
+    wrapper = folder / "python"
+    wrapper.write_text(f'#!/bin/sh\necho started >> "{starts}"\nexec "{python}" "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper, starts
+
+
+def started(starts: Path) -> int:
+    return len(starts.read_text().splitlines()) if starts.exists() else 0
+
+
+@dataclass(frozen=True)
+class Setting:
+    trees: list[Path]
+    target: Callable[..., ProbeTarget]
+    starts: Path
+    kept: Path
+    answer: ProbeResult
+    version: str | None
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory, upstream_0201, probe_python, cache):
+    """Two copies of the 0.20.1 tree (only ``vllm/``, what the probes import), a cache
+    folder of this module's own, and a counting probe interpreter."""
+    folder = tmp_path_factory.mktemp("probe-cache")
+    trees = []
+    for name in ("a", "b"):
+        shutil.copytree(upstream_0201.source_dir / "vllm", folder / name / "vllm", symlinks=True)
+        trees.append(folder / name)
+    python, starts = counting_python(folder, probe_python)
+    kept = folder / "kept"
+
+    def target(root: Path, interpreter: Path = python) -> ProbeTarget:
+        pycache = cache.root / "pycache"
+        return ProbeTarget(python=interpreter, root=root, pycache=pycache, cache=kept)
+
+    first = start_probes(target(trees[0]), PROBE)
+    assert not first.cached and first.process is not None
+    answer = first.wait()[PROBE[0]]
+    assert answer.status == ABSENT, answer.evidence
+    assert started(starts) == 1
+    return Setting(trees, target, starts, kept, answer, first.vllm_version)
+
+
+def answer_of(run: ProbeRun):
+    return run.wait()[PROBE[0]]
+
+
+def test_an_identical_tree_elsewhere_is_answered_without_an_interpreter(setting):
+    s = setting
+    run = start_probes(s.target(s.trees[1]), PROBE)
+    assert run.cached and run.process is None
+    got = answer_of(run)
+    assert started(s.starts) == 1
+    assert (got.status, got.evidence, got.details) == (
+        s.answer.status,
+        s.answer.evidence,
+        s.answer.details,
+    )
+    assert got.cached and not s.answer.cached
+    assert run.vllm_version == s.version == "0.20.1"
+
+
+def test_one_byte_of_an_imported_file_makes_it_probe_again(setting, tmp_path):
+    s = setting
+    tree = shutil.copytree(s.trees[0], tmp_path / "tree", symlinks=True)
+    path = tree / IMPORTED
+    path.write_bytes(path.read_bytes() + b"#")
+    before = started(s.starts)
+    run = start_probes(s.target(tree), PROBE)
+    assert not run.cached and run.process is not None
+    got = answer_of(run)
+    assert started(s.starts) == before + 1
+    assert got.status == s.answer.status and not got.cached
+    # That s.answer is s.kept too, for the changed bytes.
+    assert start_probes(s.target(tree), PROBE).cached
+    assert started(s.starts) == before + 1
+
+
+def test_a_newer_list_of_other_imports_does_not_hide_the_one_that_matches(setting):
+    """Lists are tried newest first; what one of them hashed must not leak into the next."""
+    s = setting
+    listed = max(s.kept.glob("*/lists/*.json"), key=lambda p: p.stat().st_mtime_ns)
+    other = json.loads(listed.read_text())
+    other["top_level"] = [*other["top_level"], "dflash_other_module"]
+    newer = listed.with_name("0" * 64 + ".json")
+    newer.write_text(json.dumps(other))
+    later = listed.stat().st_mtime_ns + 10**9
+    os.utime(newer, ns=(later, later))
+    before = started(s.starts)
+    try:
+        assert start_probes(s.target(s.trees[1]), PROBE).cached
+        assert started(s.starts) == before
+    finally:
+        newer.unlink()
+
+
+def test_a_module_added_to_an_imported_package_makes_it_probe_again(setting, tmp_path):
+    """A new file could be what an import now finds (or what one that failed finds)."""
+    s = setting
+    tree = shutil.copytree(s.trees[0], tmp_path / "tree", symlinks=True)
+    (tree / IMPORTED).with_name("dflash_extra.py").write_text("")
+    with start_probes(s.target(tree), PROBE) as run:
+        assert not run.cached and run.process is not None
+
+
+def test_a_changed_probe_source_makes_it_probe_again(setting, tmp_path, monkeypatch):
+    s = setting
+    probes = shutil.copytree(
+        tooling.probes._PACKAGE_DIR,
+        tmp_path / "probes",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    source = probes / f"{PROBE[0]}.py"
+    source.write_text(source.read_text() + "# one more line\n")
+    monkeypatch.setattr(tooling.probes, "_PACKAGE_DIR", probes)
+    with start_probes(s.target(s.trees[0]), PROBE) as run:
+        assert not run.cached and run.process is not None
+
+
+def test_the_bypass_variable_probes_again(setting, monkeypatch):
+    s = setting
+    monkeypatch.setenv(probe_cache.BYPASS_VAR, "1")
+    with start_probes(s.target(s.trees[0]), PROBE) as run:
+        assert not run.cached and run.process is not None
+
+
+def test_a_corrupt_cache_is_ignored_and_replaced(setting, tmp_path):
+    s = setting
+    kept = [*s.kept.glob("*/verdicts/*.json"), *s.kept.glob("*/lists/*.json")]
+    assert len(kept) >= 2 and (s.kept / "stat-memo.json").is_file()
+    for path in [*kept, s.kept / "stat-memo.json"]:
+        path.write_text('{"schema": 1, "results": [')  # cut short, as a crash would leave it
+    before = started(s.starts)
+    run = start_probes(s.target(s.trees[0]), PROBE)
+    assert not run.cached
+    assert answer_of(run).status == s.answer.status
+    assert started(s.starts) == before + 1
+    # The run wrote its entry over the broken one: the other copy is answered from it.
+    assert start_probes(s.target(s.trees[1]), PROBE).cached
+    assert started(s.starts) == before + 1
+    json.loads((s.kept / "stat-memo.json").read_text())
+
+
+def test_unknown_verdicts_are_never_kept(setting, tmp_path):
+    """The toolchain's interpreter has no torch: vLLM does not import, the probe reads
+    unknown; a run past its time limit reads unknown too. Neither is kept."""
+    s = setting
+    kept_before = sorted(s.kept.glob("*/verdicts/*.json"))
+    python, starts = counting_python(tmp_path, Path(sys.executable))
+    for _ in range(2):
+        (result,) = start_probes(s.target(s.trees[0], python), PROBE).wait().values()
+        assert result.status == UNKNOWN and not result.cached
+    assert started(starts) == 2
+    tree = shutil.copytree(s.trees[0], tmp_path / "tree", symlinks=True)
+    (tree / IMPORTED).write_bytes((tree / IMPORTED).read_bytes() + b"\n")
+    (result,) = start_probes(s.target(tree), PROBE, timeout_s=0.5).wait().values()
+    assert result.status == UNKNOWN and "timed out" in result.evidence
+    assert sorted(s.kept.glob("*/verdicts/*.json")) == kept_before
+
+
+def test_the_first_level_key_follows_the_environment_vllm_reads(tmp_path):
+    """A VLLM_* variable can switch vLLM's code path; the run's own folder and the probed
+    tree's place cannot change the answer."""
+
+    def folder(env: dict[str, str], root: str, scratch: str) -> Path:
+        return probe_cache.ProbeCache.open(
+            tmp_path,
+            sources="s",
+            python=Path("/p/python"),
+            names=PROBE,
+            env={"PYTHONPATH": f"{root}:{scratch}", "HOME": scratch, **env},
+            roots=[Path(root)],
+            scratch=Path(scratch),
+        ).folder
+
+    plain = folder({}, "/trees/a", "/tmp/run1")
+    assert folder({}, "/trees/b", "/tmp/run2") == plain
+    assert folder({"VLLM_USE_V2_MODEL_RUNNER": "1"}, "/trees/a", "/tmp/run1") != plain
