@@ -1,4 +1,5 @@
-"""verify on real installs: our wheel, stock 0.20.1, stock 0.22.0, a tampered and a partial one."""
+"""verify on real installs of our wheel: the install, site-packages and --python modes, bytecode,
+tampered and stray files (stock installs: tests/test_verify_stock.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import git
 import pytest
 from click.testing import CliRunner
 
-from tooling.building.build import BuildOptions, build_precompiled
 from tooling.cli import main
 from tooling.errors import (
     ConfigError,
@@ -24,35 +24,17 @@ from tooling.errors import (
     VllmNotFoundError,
 )
 from tooling.patching import worktree
-from tooling.patching.apply import apply_series
 from tooling.probes import ProbeTarget
 from tooling.registry import registry
 from tooling.verifying.verify import (
     VersionIdentity,
-    check_files,
     install_into_fresh_env,
     locate_in_site,
     locate_with_python,
     verify,
 )
 
-from .conftest import apply_options
-
-ALL = [fix.number for fix in registry().fixes]
-
-
-def states(report) -> list[str]:
-    return [f.state for f in report.fixes]
-
-
-def by_number(states: list[str]) -> dict[int, str]:
-    return dict(zip(ALL, states, strict=True))
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tooling", "--no-progress", *args], capture_output=True, text=True
-    )
+from .verify_helpers import ALL, run_cli, states
 
 
 @pytest.fixture(scope="module")
@@ -210,56 +192,6 @@ def test_stray_file_is_reported(patched_env, cache):
     ]
 
 
-def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python):
-    python = install_into_fresh_env(upstream_0201.wheel, probe_python, tmp_path / "venv")
-    result = run_cli("verify", "--python", str(python), "--json")
-    assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
-    data = json.loads(result.stdout)
-    assert data["integrity"]["ok"] and not data["built_by_us"]
-    assert [f["state"] for f in data["fixes"]] == ["absent"] * len(ALL)
-    assert data["identity"]["runtime"] == "0.20.1" and data["identity"]["stamped"] is None
-    assert "(1, 16, 31, 46, 61)" in data["fixes"][0]["evidence"]
-    assert "attention only: 176 with DFlash" in data["fixes"][2]["evidence"]
-    assert 'attention + Mamba ("align"): 176 with DFlash' in data["fixes"][2]["evidence"]
-    assert "first prefill K=3 (32-token prompt): 4 of 4 outside" in data["fixes"][3]["evidence"]
-
-
-def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_python, cache):
-    python = install_into_fresh_env(upstream_0220.wheel, probe_python, tmp_path / "venv")
-    report = verify(
-        locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
-    )
-    assert report.integrity_ok
-    expected = {
-        1: "present (upstream form)",
-        2: "absent",
-        3: "absent",
-        4: "absent",
-        5: "present (upstream form)",
-        6: "absent",
-    }
-    assert by_number(states(report)) == expected
-    assert [f.number for f in report.missing_fixes] == [
-        n for n, s in expected.items() if s == "absent"
-    ]
-    assert dataclasses.replace(report, required=[1]).missing_fixes == []
-
-
-def test_a_build_without_a_patch_reports_that_fix_absent(
-    tmp_path, upstream_0201, series, probe_python, cache
-):
-    partial = series.without(["eagle-cache-drop"])
-    report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
-    wheel = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
-    python = install_into_fresh_env(wheel.path, probe_python, tmp_path / "venv")
-    result = verify(
-        locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
-    )
-    expected = {n: "present" for n in ALL} | {3: "absent (skipped in build)"}
-    assert by_number(states(result)) == expected
-    assert [f.number for f in result.missing_fixes] == [3]
-
-
 def test_no_vllm_is_its_own_exit_code(tmp_path):
     import venv
 
@@ -280,32 +212,6 @@ def test_parse_require():
         registry().select("nine")
     result = CliRunner().invoke(main, ["verify", "--require", "x"])
     assert result.exit_code == ConfigError.exit_code
-
-
-def test_pip_target_layout_checks_clean(tmp_path, upstream_0201):
-    """`pip install --target` (how offline GPU hosts install) moves console scripts to
-    <target>/bin while RECORD still says ../../bin; integrity must follow them."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-index",
-            "--target",
-            str(tmp_path / "site"),
-            str(upstream_0201.wheel),
-        ],
-        check=True,
-    )
-    dist = locate_in_site(tmp_path / "site")
-    checked, problems = check_files(dist)
-    assert problems == [] and checked > 3000
-    (tmp_path / "site" / "bin" / "vllm").write_text("#!/bin/sh\necho tampered\n")
-    _, problems = check_files(dist)
-    assert [(p.kind, p.path) for p in problems] == [("modified", "../../bin/vllm")]
 
 
 def test_identity_names_a_version_vllm_does_not_report():

@@ -1,0 +1,103 @@
+"""verify on stock installs (0.20.1, 0.22.0), a partial build, and pip --target's layout.
+
+Apart from tests/test_verify.py (our wheel's install) so the two halves, each minutes
+of real installs and probe runs, can go to different pytest-xdist workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+from tooling.building.build import BuildOptions, build_precompiled
+from tooling.errors import VerifyFixMissingError
+from tooling.patching.apply import apply_series
+from tooling.probes import ProbeTarget
+from tooling.verifying.verify import (
+    check_files,
+    install_into_fresh_env,
+    locate_in_site,
+    locate_with_python,
+    verify,
+)
+
+from .conftest import apply_options
+from .verify_helpers import ALL, by_number, run_cli, states
+
+
+def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python):
+    python = install_into_fresh_env(upstream_0201.wheel, probe_python, tmp_path / "venv")
+    result = run_cli("verify", "--python", str(python), "--json")
+    assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
+    data = json.loads(result.stdout)
+    assert data["integrity"]["ok"] and not data["built_by_us"]
+    assert [f["state"] for f in data["fixes"]] == ["absent"] * len(ALL)
+    assert data["identity"]["runtime"] == "0.20.1" and data["identity"]["stamped"] is None
+    assert "(1, 16, 31, 46, 61)" in data["fixes"][0]["evidence"]
+    assert "attention only: 176 with DFlash" in data["fixes"][2]["evidence"]
+    assert 'attention + Mamba ("align"): 176 with DFlash' in data["fixes"][2]["evidence"]
+    assert "first prefill K=3 (32-token prompt): 4 of 4 outside" in data["fixes"][3]["evidence"]
+
+
+def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_python, cache):
+    python = install_into_fresh_env(upstream_0220.wheel, probe_python, tmp_path / "venv")
+    report = verify(
+        locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
+    )
+    assert report.integrity_ok
+    expected = {
+        1: "present (upstream form)",
+        2: "absent",
+        3: "absent",
+        4: "absent",
+        5: "present (upstream form)",
+        6: "absent",
+    }
+    assert by_number(states(report)) == expected
+    assert [f.number for f in report.missing_fixes] == [
+        n for n, s in expected.items() if s == "absent"
+    ]
+    assert dataclasses.replace(report, required=[1]).missing_fixes == []
+
+
+def test_a_build_without_a_patch_reports_that_fix_absent(
+    tmp_path, upstream_0201, series, probe_python, cache
+):
+    partial = series.without(["eagle-cache-drop"])
+    report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
+    wheel = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
+    python = install_into_fresh_env(wheel.path, probe_python, tmp_path / "venv")
+    result = verify(
+        locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
+    )
+    expected = {n: "present" for n in ALL} | {3: "absent (skipped in build)"}
+    assert by_number(states(result)) == expected
+    assert [f.number for f in result.missing_fixes] == [3]
+
+
+def test_pip_target_layout_checks_clean(tmp_path, upstream_0201):
+    """`pip install --target` (how offline GPU hosts install) moves console scripts to
+    <target>/bin while RECORD still says ../../bin; integrity must follow them."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(tmp_path / "site"),
+            str(upstream_0201.wheel),
+        ],
+        check=True,
+    )
+    dist = locate_in_site(tmp_path / "site")
+    checked, problems = check_files(dist)
+    assert problems == [] and checked > 3000
+    (tmp_path / "site" / "bin" / "vllm").write_text("#!/bin/sh\necho tampered\n")
+    _, problems = check_files(dist)
+    assert [(p.kind, p.path) for p in problems] == [("modified", "../../bin/vllm")]
