@@ -142,3 +142,10 @@ def resolve_probe_python(explicit: Path | None, cache: CacheLayout) -> Path | No
         return check_probe_python(from_env)
     env = env_dir(cache)
     return python_of(env) if (env / ".complete").is_file() else None
+
+
+def ensure_probe_setup(cache: CacheLayout) -> tuple[Path, Path]:
+    """``tooling probe-env``: the probe interpreter and the reference ``dflash`` folder,
+    each made once and cached."""
+    python = ensure_probe_env(cache)
+    return python, ensure_reference_dflash(cache, python)

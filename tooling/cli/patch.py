@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from ..errors import SeriesError
 from ..fetching.upstream import SourceRequest
 from ..patching.apply import SeriesReport
 from ..patching.request import PatchRequest, export_requested, patch_requested
@@ -192,15 +191,5 @@ def patch_export(ctx: click.Context, check: bool) -> None:
         check=check,
     )
     rows = [[p.file, p.state, p.sha256[:16]] for p in result.patches]
-    emit(
-        settings,
-        {
-            "ok": not (check and result.drifted),
-            "check": check,
-            "patches": [vars(p) for p in result.patches],
-        },
-        table(["patch file", "state", "sha256"], rows),
-    )
-    if check and result.drifted:
-        names = ", ".join(f"{p.file} ({p.state})" for p in result.drifted)
-        raise SeriesError(f"patches/ is out of date: {names}; run `tooling patch export`")
+    emit(settings, result.to_json(), table(["patch file", "state", "sha256"], rows))
+    result.raise_unless_ok()

@@ -3,14 +3,13 @@ probe-env`` (the CPU interpreter they run in); the probes are ``tooling.probes``
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from ..probe_cache import CACHED_NOTE
-from ..probe_env import ensure_probe_env, ensure_reference_dflash
-from ..probes import ProbeTarget, run_probes
+from ..probe_env import ensure_probe_setup
+from ..probes import probe_requested
 from ..registry import registry
 from ..report import table
 from .options import emit, json_option, settings_of
@@ -37,14 +36,7 @@ def probe_command(
 ) -> None:
     """Run the behavioural probes against a vLLM tree or environment."""
     settings = settings_of(ctx)
-    interpreter = python or settings.probe_python(None) or Path(sys.executable)
-    target = ProbeTarget(
-        python=interpreter,
-        root=root,
-        pycache=settings.cache.root / "pycache",
-        cache=settings.cache.probes,
-    )
-    results = run_probes(target, names or registry().probes)
+    results = probe_requested(root, python, names or registry().probes, settings.cache)
     rows = [[r.probe, r.status, r.evidence] for r in results.values()]
     text = table(["probe", "status", "evidence"], rows)
     if any(r.cached for r in results.values()):
@@ -61,8 +53,7 @@ def probe_command(
 def probe_env_command(ctx: click.Context, dflash_path: bool) -> None:
     """Create (once) the cached CPU interpreter for the probes and print its path."""
     settings = settings_of(ctx)
-    python = ensure_probe_env(settings.cache)
-    reference = ensure_reference_dflash(settings.cache, python)
+    python, reference = ensure_probe_setup(settings.cache)
     emit(
         settings,
         {"ok": True, "python": str(python), "dflash_path": str(reference)},

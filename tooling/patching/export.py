@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import git
 
@@ -34,10 +35,24 @@ class ExportedPatch:
 @dataclass
 class ExportResult:
     patches: list[ExportedPatch] = field(default_factory=list)
+    check: bool = False
+    """Compared only (``--check``): a drift is then a failure, not the news of a write."""
 
     @property
     def drifted(self) -> list[ExportedPatch]:
         return [p for p in self.patches if p.state != "unchanged"]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.check and self.drifted)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "check": self.check, "patches": [vars(p) for p in self.patches]}
+
+    def raise_unless_ok(self) -> None:
+        if not self.ok:
+            names = ", ".join(f"{p.file} ({p.state})" for p in self.drifted)
+            raise SeriesError(f"patches/ is out of date: {names}; run `tooling patch export`")
 
 
 def _slug(subject: str) -> str:
@@ -111,4 +126,4 @@ def check_export(upstream: Upstream, series: Series) -> ExportResult:
             upstream, series, work, ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs")
         )
         rendered = render_patches(git.Repo(work))
-    return compare(rendered, series.path.parent, series)
+    return replace(compare(rendered, series.path.parent, series), check=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..paths import CacheLayout
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 if TYPE_CHECKING:  # tooling.probe_cache reads this package's verdict type
@@ -37,6 +38,7 @@ __all__ = [
     "ProbeRun",
     "ProbeTarget",
     "probe_modules",
+    "probe_requested",
     "run_probes",
     "start_probes",
 ]
@@ -275,3 +277,20 @@ def run_probes(
 ) -> dict[str, ProbeResult]:
     """Run the named probes against ``target`` and return their verdicts by name."""
     return start_probes(target, names, log=log, timeout_s=timeout_s).wait()
+
+
+def probe_requested(
+    root: Path | None, python: Path | None, names: tuple[str, ...], cache: CacheLayout
+) -> dict[str, ProbeResult]:
+    """``tooling probe``: ``names`` against ``root`` (else the interpreter's own vLLM), asked
+    by ``python``, else the configured probe interpreter, else this one; verdicts kept in
+    ``cache``'s probe cache."""
+    import sys
+
+    from ..probe_env import resolve_probe_python
+
+    interpreter = python or resolve_probe_python(None, cache) or Path(sys.executable)
+    target = ProbeTarget(
+        python=interpreter, root=root, pycache=cache.root / "pycache", cache=cache.probes
+    )
+    return run_probes(target, names)
