@@ -61,29 +61,6 @@ def base_status(
         return BaseStatus(base.version, None, error=str(e))
 
 
-def status_matrix(
-    bases: list[Base],
-    series: Series,
-    fetch: FetchOptions,
-    options: ApplyOptions,
-    *,
-    workers: int = 2,
-    on_done: Callable[[BaseStatus], object] | None = None,
-) -> list[BaseStatus]:
-    """Status of every patch on every base, in the order of ``bases``."""
-    with tempfile.TemporaryDirectory(prefix="dflash-status-") as tmp:
-        scratch = Path(tmp)
-
-        def one(base: Base) -> BaseStatus:
-            result = base_status(base, series, fetch, options, scratch)
-            if on_done:
-                on_done(result)
-            return result
-
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            return list(pool.map(one, bases))
-
-
 @dataclass
 class Canary:
     """``patch status``: the matrix, how long it took, and the verdict on it."""
@@ -123,7 +100,18 @@ def canary(
     workers: int = 2,
     on_done: Callable[[BaseStatus], object] | None = None,
 ) -> Canary:
-    """:func:`status_matrix`, timed, with its verdict."""
+    """Status of every patch on every base, in the order of ``bases``, timed, with its
+    verdict."""
     started = time.perf_counter()
-    results = status_matrix(bases, series, fetch, options, workers=workers, on_done=on_done)
+    with tempfile.TemporaryDirectory(prefix="dflash-status-") as tmp:
+        scratch = Path(tmp)
+
+        def one(base: Base) -> BaseStatus:
+            result = base_status(base, series, fetch, options, scratch)
+            if on_done:
+                on_done(result)
+            return result
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            results = list(pool.map(one, bases))
     return Canary(series, results, time.perf_counter() - started)
