@@ -42,7 +42,8 @@ class ReferencePool:
     env: Mapping[str, str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def _log(self, i: int) -> Path:
+    def log(self, i: int) -> Path:
+        """Shard i's log."""
         return self.logs / f"{self.name}-reference-{i}.log"
 
     def _out(self, i: int) -> Path:
@@ -56,11 +57,11 @@ class ReferencePool:
         setup.write_text(json.dumps(self.setup, indent=1), encoding="utf-8")
         for i in range(self.shards):
             self._out(i).unlink(missing_ok=True)
-            self._log(i).unlink(missing_ok=True)
+            self.log(i).unlink(missing_ok=True)
             self.procs.append(
                 start_group(
                     [self.python, "-m", MODULE, str(setup), str(self._out(i))],
-                    log=self._log(i),
+                    log=self.log(i),
                     env=self.env,
                     stdin=subprocess.PIPE,
                 )
@@ -104,7 +105,7 @@ class ReferencePool:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 raise SmokeError(
-                    f"{MODULE} did not finish within {timeout_s:.0f}s (log: {self._log(i)})"
+                    f"{MODULE} did not finish within {timeout_s:.0f}s (log: {self.log(i)})"
                 ) from None
             tallies.append(Tally.from_json(self._result(i)["tally"]))
         result = Tally.merged(tallies).result()
@@ -112,7 +113,7 @@ class ReferencePool:
         return result
 
     def _result(self, i: int) -> dict[str, Any]:
-        out, log = self._out(i), self._log(i)
+        out, log = self._out(i), self.log(i)
         try:
             data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, ValueError):

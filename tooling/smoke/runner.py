@@ -832,8 +832,7 @@ def _reference(
         "expected_layers": list(expected) if expected else None,
         "divergences": divergences or [],
     }
-    log = pool.logs / f"{pool.name}-reference-0.log"
-    with run.step(f"reference comparison ({pool.name})", log) as step:
+    with run.step(f"reference comparison ({pool.name})", pool.log(0)) as step:
         fidelity = pool.compare(request, run.deadline.limit(config.timeouts.reference))
         step.extra = {"seconds": fidelity.get("seconds"), "shards": fidelity.get("shards")}
         return engine_result, "", fidelity, ""
