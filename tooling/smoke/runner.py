@@ -15,8 +15,9 @@ Order and why:
 4. ``vllm serve`` with the DFlash drafter and prefix caching: lossless prompts,
    the repeated 200-token prompt, acceptance counters, the aux-layer log line;
 5. ``vllm serve`` without speculation, same prefix caching: the same prompts;
-6. the reference (``reference``): agreement per draft position, once the
-   servers have stopped.
+6. the reference (``reference_pool``): agreement per draft position, once the
+   servers have stopped; with ``overlap_engines`` its children start with step 3
+   and load the models meanwhile, then wait for their share of the proposals.
 
 Each server in step 4/5 also takes two concurrent bursts (``load``) when asked,
 one server at a time, after the in-process engine has exited.
