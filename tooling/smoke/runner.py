@@ -2,7 +2,8 @@
 
 Order and why:
 1. which vLLM (a quick import in the child interpreter: fails fast on a bad PYTHONPATH),
-   and what else would stop the run minutes later (the preflight);
+   and what else would stop the run minutes later (the preflight, which also
+   answers vLLM's model-class inspection into the run's cache for every engine);
 2. the models (``--tiny``: generated in a child, started beside the preflight);
 2a. with ``warm_cache``: in a fresh compile cache, the other build's engine (A)
    then this one's (B), each with the reference; C is step 3 (its own cold
