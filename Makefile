@@ -37,8 +37,8 @@ check: $(STAMP) ## The fast tier: tests that need neither the real artifacts nor
 
 # Two workers, each taking a whole test module (its module fixtures built once): most of
 # the suite waits on child interpreters, so two overlap well even on two cores (8 min 44 s
-# against 13 min 48 s serial here, 2026-11-30; 7 min 00 s with the probe cache,
-# 2026-12-01). TEST_WORKERS=0 runs it serially.
+# against 13 min 48 s serial here, 2026-11-30; 5 min 57 s to 6 min 19 s with the
+# probe cache, 2026-12-01). TEST_WORKERS=0 runs it serially.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) ## Run the test suite (fetches and caches the real vLLM artifacts)
