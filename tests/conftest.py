@@ -182,7 +182,11 @@ def upstream_0220(catalog: BaseCatalog, fetch_release: Callable[..., Upstream]) 
 def apply_options(probe_python: Path | None, cache: CacheLayout, **kw) -> ApplyOptions:
     """The session's options; its probe cache starts empty, so each tree's first probe runs."""
     return ApplyOptions(
-        probe_python=probe_python, pycache=cache.root / "pycache", probe_cache=cache.probes, **kw
+        probe_python=probe_python,
+        pycache=cache.root / "pycache",
+        probe_cache=cache.probes,
+        baselines=cache.baselines,
+        **kw,
     )
 
 

@@ -58,6 +58,11 @@ class CacheLayout:
         return self.root / "trained"
 
     @property
+    def baselines(self) -> Path:
+        """Each unpacked source's baseline commit, made once (``worktree.baseline_repo``)."""
+        return self.root / "baselines"
+
+    @property
     def probes(self) -> Path:
         """Probe verdicts by what the probes imported (``tooling.probe_cache``)."""
         return self.root / "probes"

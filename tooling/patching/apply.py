@@ -157,6 +157,9 @@ class ApplyOptions:
     pycache: Path | None = None
     probe_cache: Path | None = None
     """Where probe verdicts are kept (``ProbeTarget.cache``); None: every run probes."""
+    baselines: Path | None = None
+    """Where a source's baseline commit is made once (``worktree.baseline_repo``); None:
+    every new tree hashes and commits its files itself."""
 
     def probe_target(self, root: Path) -> ProbeTarget | None:
         if self.probe_python is None:
@@ -191,7 +194,7 @@ def _as_json(result: ProbeResult | None) -> dict[str, Any] | None:
     return result.to_json() if result else None
 
 
-def create_work_tree(upstream: Upstream, work_dir: Path) -> git.Repo:
+def create_work_tree(upstream: Upstream, work_dir: Path, baselines: Path | None = None) -> git.Repo:
     """A fresh tree at ``work_dir``; callers sharing it hold ``locked(work_dir)``.
 
     A write that fails (a full disk) is a BuildError naming the tree; the
@@ -204,7 +207,7 @@ def create_work_tree(upstream: Upstream, work_dir: Path) -> git.Repo:
             f"upstream vLLM {upstream.base.version} ({upstream.base.sdist.filename})\n\n"
             f"sdist sha256 {upstream.base.sdist.sha256}\n"
         )
-        return worktree.create_from_tree(upstream.source_dir, work_dir, message)
+        return worktree.create_from_tree(upstream.source_dir, work_dir, message, baselines)
     except shutil.Error as e:
         # copytree gathers one (source, target, why) per file; the first says it.
         why = re.search(r"\[Errno \d+\] ([^:']+)", str(e.args[0][0][2]))
@@ -229,7 +232,7 @@ def apply_series(
     )
     try:
         saved = worktree.clear_way(work_dir)
-        repo = create_work_tree(upstream, work_dir)
+        repo = create_work_tree(upstream, work_dir, options.baselines)
         if options.three_way and options.preimages:
             worktree.seed_preimages(repo, list(options.preimages))
     except BaseException:

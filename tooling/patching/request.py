@@ -43,6 +43,7 @@ def apply_options(
         preimages=preimages,
         pycache=fetch.cache.root / "pycache",
         probe_cache=fetch.cache.probes,
+        baselines=fetch.cache.baselines,
     )
 
 

@@ -8,10 +8,12 @@ fixed so the same inputs give the same commit ids on every machine.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -21,7 +23,7 @@ from pathlib import Path
 import git
 from gitdb import IStream
 
-from ..fsutil import staging_dir
+from ..fsutil import locked, staging_dir
 
 BASELINE_TAG = "baseline"
 BRANCH = "dflash"
@@ -79,6 +81,10 @@ def git_error_summary(error: git.GitCommandError) -> str:
         hits = [ln for ln in lines if ln.startswith(prefix)]
         if hits:
             return hits[0]
+    if isinstance(error.status, int) and error.status < 0 and not error.stderr:
+        # Killed before it could complain: a write past the file size limit is SIGXFSZ.
+        sig = signal.Signals(-error.status)
+        return f"git {error.command[1]} was killed by {sig.name} ({signal.strsignal(sig)})"
     return lines[-1] if lines else "git failed"
 
 
@@ -159,23 +165,65 @@ def clear_way(work_dir: Path) -> Path | None:
     return None
 
 
-def create_from_tree(source_dir: Path, work_dir: Path, message: str) -> git.Repo:
-    """A new work tree whose baseline commit holds exactly ``source_dir``'s files."""
+def create_from_tree(
+    source_dir: Path, work_dir: Path, message: str, baselines: Path | None = None
+) -> git.Repo:
+    """A new work tree whose baseline commit holds exactly ``source_dir``'s files.
+
+    With ``baselines`` (a cache folder) the baseline commit is made once per source
+    folder and message (:func:`baseline_repo`) and each tree is a clone of it: hashing
+    and committing vLLM's 4745 files took 5 s of every new tree and copying them 3.6 s
+    more, on every ``patch``, ``build`` and canary release. The commit is the same
+    either way (fixed identity and date), so its id is too.
+    """
+    if baselines is not None:
+        bare = baseline_repo(source_dir, message, baselines)
+        # Not shared: the tree keeps its own objects (hard links to one pack where it can),
+        # so it outlives a cleared cache.
+        return create_from_clone(bare, BRANCH, work_dir, shared=False)
     with staging_dir(work_dir) as tmp:
         shutil.copytree(source_dir, tmp, symlinks=True, dirs_exist_ok=True)
         repo = git.Repo.init(tmp, initial_branch=BRANCH)
         _configure(repo)
-        # --force: the sdist ships files its own .gitignore names (e.g. _version.py).
-        repo.git.add("--all", "--force")
-        repo.git.commit("--quiet", "--no-verify", "-m", message, env=git_env())
+        _commit_baseline(repo, message)
         repo.git.tag(BASELINE_TAG)
     return git.Repo(work_dir)
 
 
-def create_from_clone(clone: Path, commit: str, work_dir: Path) -> git.Repo:
+def _commit_baseline(repo: git.Repo, message: str, **env: str) -> None:
+    # --force: the sdist ships files its own .gitignore names (e.g. _version.py).
+    repo.git.add("--all", "--force", env=env or None)
+    repo.git.commit("--quiet", "--no-verify", "-m", message, env={**git_env(), **env})
+
+
+def baseline_repo(source_dir: Path, message: str, baselines: Path) -> Path:
+    """A bare repository under ``baselines`` whose branch holds ``source_dir``'s files as
+    one commit; made once (under a lock), keyed by the folder, the message and the
+    listing (names, sizes, mtimes) of what is in it, so a changed folder gets another."""
+    source = source_dir.resolve()
+    listing = hashlib.sha256(f"{source}\0{message}\0".encode())
+    for path in sorted(source.rglob("*")):
+        st = path.lstat()
+        listing.update(f"{path.relative_to(source)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    bare = baselines / f"{listing.hexdigest()[:32]}.git"
+    with locked(bare):
+        if bare.is_dir():
+            return bare
+        with staging_dir(bare) as tmp:
+            repo = git.Repo.init(tmp, bare=True, initial_branch=BRANCH)
+            _configure(repo)
+            # Hashed straight from the source folder: nothing is copied, nothing written there.
+            _commit_baseline(
+                repo, message, GIT_WORK_TREE=str(source), GIT_INDEX_FILE=str(Path(tmp) / "index")
+            )
+            repo.git.repack("-a", "-d", "-q", "--window=0")
+    return bare
+
+
+def create_from_clone(clone: Path, commit: str, work_dir: Path, *, shared: bool = True) -> git.Repo:
     """A new work tree from a cached clone; the baseline is the upstream commit itself."""
     with staging_dir(work_dir) as tmp:
-        repo = git.Repo.clone_from(str(clone), tmp, shared=True, no_checkout=True)
+        repo = git.Repo.clone_from(str(clone), tmp, shared=shared, no_checkout=True)
         _configure(repo)
         repo.git.checkout("--quiet", "-B", BRANCH, commit)
         repo.git.tag(BASELINE_TAG, commit)
