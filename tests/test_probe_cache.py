@@ -12,31 +12,21 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 import tooling.probes
 from tooling import probe_cache
+from tooling.probe_host import ProbeHost
 from tooling.probes import ABSENT, UNKNOWN, ProbeResult, ProbeRun, ProbeTarget, start_probes
+
+from .counting import counting_python, started
 
 PROBE = ("layer_offset",)
 #: A file the layer_offset probe imports: it builds a real SpeculativeConfig.
 IMPORTED = Path("vllm/config/speculative.py")
-
-
-def counting_python(folder: Path, python: Path) -> tuple[Path, Path]:
-    """An interpreter that notes each start in a file, then is ``python``."""
-    starts = folder / "starts"
-    wrapper = folder / "python"
-    wrapper.write_text(f'#!/bin/sh\necho started >> "{starts}"\nexec "{python}" "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper, starts
-
-
-def started(starts: Path) -> int:
-    return len(starts.read_text().splitlines()) if starts.exists() else 0
 
 
 @dataclass(frozen=True)
@@ -208,3 +198,24 @@ def test_the_first_level_key_follows_the_environment_vllm_reads(tmp_path):
     plain = folder({}, "/trees/a", "/tmp/run1")
     assert folder({}, "/trees/b", "/tmp/run2") == plain
     assert folder({"VLLM_USE_V2_MODEL_RUNNER": "1"}, "/trees/a", "/tmp/run1") != plain
+
+
+def test_a_forked_run_keeps_verdicts_a_fresh_run_finds(setting, tmp_path):
+    """A run a ``ProbeHost`` forked reports the imports of a fresh interpreter: its verdicts
+    answer a fresh run on a copy of the tree, and they are the fresh run's own."""
+    s = setting
+    kept = tmp_path / "kept"
+    target = replace(s.target(s.trees[0]), cache=kept)
+    before = started(s.starts)
+    with ProbeHost(target.python, target.pycache) as host:
+        forked = start_probes(target, PROBE, host=host)
+        assert not forked.cached and host.forks == 1
+        got = answer_of(forked)
+    assert started(s.starts) == before + 1
+    assert (got.status, got.evidence, got.details) == (
+        s.answer.status,
+        s.answer.evidence,
+        s.answer.details,
+    )
+    fresh = start_probes(replace(s.target(s.trees[1]), cache=kept), PROBE)
+    assert fresh.cached and started(s.starts) == before + 1

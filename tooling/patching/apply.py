@@ -8,6 +8,7 @@ rule; ``apply_series`` gathers the observations and carries the decision out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -24,6 +25,7 @@ from ..fetching.bases import BaseCatalog
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import Upstream, fetch_upstream
 from ..fsutil import atomic_write_text
+from ..probe_host import ProbeHost
 from ..probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
 from . import worktree
 from .hunks import parse_diff, place_hunk
@@ -222,11 +224,27 @@ def create_work_tree(upstream: Upstream, work_dir: Path, baselines: Path | None 
 def apply_series(
     upstream: Upstream, series: Series, work_dir: Path, options: ApplyOptions
 ) -> SeriesReport:
-    """Create ``work_dir`` from ``upstream`` and apply ``series`` to it."""
+    """Create ``work_dir`` from ``upstream`` and apply ``series`` to it.
+
+    The probe runs (the base, a 3-way merge's check, the patched tree) share one
+    interpreter start (``tooling.probe_host``).
+    """
+    host = ProbeHost(options.probe_python, options.pycache) if options.probe_python else None
+    with host or contextlib.nullcontext():
+        return _apply_series(upstream, series, work_dir, options, host)
+
+
+def _apply_series(
+    upstream: Upstream,
+    series: Series,
+    work_dir: Path,
+    options: ApplyOptions,
+    host: ProbeHost | None,
+) -> SeriesReport:
     log_dir = options.log_dir or work_dir.parent / f"{work_dir.name}.logs"
     probe_target = options.probe_target(upstream.source_dir)
     before_run = (
-        start_probes(probe_target, series.probes, log=log_dir / "probes-base.log")
+        start_probes(probe_target, series.probes, log=log_dir / "probes-base.log", host=host)
         if probe_target
         else None
     )
@@ -256,7 +274,7 @@ def apply_series(
         outcomes.append(outcome)
         if stopped:
             continue
-        _apply_one(repo, work_dir, patch, outcome, _probe(before, patch), options, log_dir)
+        _apply_one(repo, work_dir, patch, outcome, _probe(before, patch), options, log_dir, host)
         if outcome.status == CONFLICT and not options.keep_going:
             stopped = True
     for skipped in series.skipped:
@@ -272,7 +290,9 @@ def apply_series(
 
     patched_target = options.probe_target(work_dir)
     if patched_target is not None:
-        after = run_probes(patched_target, series.probes, log=log_dir / "probes-patched.log")
+        after = run_probes(
+            patched_target, series.probes, log=log_dir / "probes-patched.log", host=host
+        )
         for patch, outcome in zip(series.patches, outcomes, strict=False):
             result = _probe(after, patch)
             outcome.probe_after = _as_json(result)
@@ -308,6 +328,7 @@ def _apply_one(
     probe_before: ProbeResult | None,
     options: ApplyOptions,
     log_dir: Path,
+    host: ProbeHost | None,
 ) -> None:
     forward_ok, complaint = worktree.apply_check(repo, patch.file)
     if not forward_ok and (malformed := _MALFORMED.search(complaint)):
@@ -334,7 +355,7 @@ def _apply_one(
         outcome.conflicts = describe_conflict(work_dir, patch) or [complaint.splitlines()[-1]]
         outcome.message = "does not apply: " + "; ".join(outcome.conflicts)
         if options.three_way:
-            _try_three_way(repo, work_dir, patch, outcome, trailers, options, log_dir)
+            _try_three_way(repo, work_dir, patch, outcome, trailers, options, log_dir, host)
 
 
 def _try_three_way(
@@ -345,6 +366,7 @@ def _try_three_way(
     trailers: dict[str, str],
     options: ApplyOptions,
     log_dir: Path,
+    host: ProbeHost | None,
 ) -> None:
     """Fall back to a 3-way merge; keep it only if the patch's probe then reads present."""
     previous = repo.head.commit.hexsha
@@ -358,9 +380,8 @@ def _try_three_way(
         worktree.reset_to(repo, previous)
         outcome.message += "; --3way merged, but no probe interpreter can confirm it: dropped"
         return
-    result = run_probes(target, (patch.probe,), log=log_dir / f"probes-3way-{patch.id}.log")[
-        patch.probe
-    ]
+    log = log_dir / f"probes-3way-{patch.id}.log"
+    result = run_probes(target, (patch.probe,), log=log, host=host)[patch.probe]
     if result.status != PRESENT:
         worktree.reset_to(repo, previous)
         outcome.message += f"; --3way merged, but its probe reads {result.status}: dropped"

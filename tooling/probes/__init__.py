@@ -22,13 +22,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..paths import CacheLayout
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
-if TYPE_CHECKING:  # tooling.probe_cache reads this package's verdict type
+if TYPE_CHECKING:  # tooling.probe_cache and tooling.probe_host use this package's types
     from ..probe_cache import Hit, ProbeCache
+    from ..probe_host import ProbeHost
 
 __all__ = [
     "ABSENT",
@@ -45,7 +46,7 @@ __all__ = [
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 #: This package's modules that run the probes rather than being one.
-_MACHINERY = frozenset({"child", "result"})
+_MACHINERY = frozenset({"child", "forkserver", "result"})
 _CHILD_PACKAGE = "dflash_probes"
 DEFAULT_TIMEOUT_S = 900
 
@@ -77,13 +78,26 @@ class ProbeTarget:
         return str(self.root) if self.root else f"the vLLM of {self.python}"
 
 
+class Process(Protocol):
+    """A probe run's process: an interpreter of its own (``subprocess.Popen``) or one a
+    ``ProbeHost`` forked."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 @dataclass
 class ProbeRun:
     """A probe subprocess in flight; ``wait()`` turns it into verdicts."""
 
     target: ProbeTarget
     names: tuple[str, ...]
-    process: subprocess.Popen | None
+    process: Process | None
     workdir: Path | None
     """The run's own folder (the probes' copy, their scratch); None when nothing runs."""
     log: Path
@@ -117,15 +131,8 @@ class ProbeRun:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        if self.workdir is None:
-            return
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.target.pycache is not None:
-            # The copy's bytecode under the prefix: a new folder every run, never read again.
-            shutil.rmtree(
-                self.target.pycache / self.workdir.relative_to(self.workdir.anchor),
-                ignore_errors=True,
-            )
+        if self.workdir is not None:
+            remove_run_folder(self.workdir, self.target.pycache)
 
     def __enter__(self) -> ProbeRun:
         return self
@@ -161,7 +168,49 @@ class ProbeRun:
         return {n: ProbeResult(probe=n, status=UNKNOWN, evidence=why) for n in self.names}
 
 
-def _child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
+def remove_run_folder(folder: Path, pycache: Path | None) -> None:
+    """Remove a run's folder, and its copy's bytecode under the prefix (a new folder
+    every run, never read again)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    if pycache is not None:
+        shutil.rmtree(pycache / folder.relative_to(folder.anchor), ignore_errors=True)
+
+
+def copy_probe_package(folder: Path) -> Path:
+    """Copy the probes into ``folder`` under a neutral package name, so the probed
+    interpreter sees neither the toolchain nor its dependencies; returns the package's
+    marker file."""
+    shutil.copytree(
+        _PACKAGE_DIR,
+        folder / _CHILD_PACKAGE,
+        ignore=shutil.ignore_patterns("__pycache__", "__init__.py"),
+    )
+    marker = folder / _CHILD_PACKAGE / "__init__.py"
+    marker.write_text("")
+    return marker
+
+
+def probe_command(python: Path, module: str, args: list[str]) -> list[str]:
+    """The command line that runs one of the copied package's entry points."""
+    return [str(python), "-m", f"{_CHILD_PACKAGE}.{module}", *args]
+
+
+def launch_child(
+    target: ProbeTarget, env: dict[str, str], workdir: Path, argv: list[str], log: Path
+) -> subprocess.Popen[bytes]:
+    """A probe run in an interpreter of its own, its output in ``log``."""
+    with open(log, "wb") as log_file:
+        return subprocess.Popen(
+            probe_command(target.python, "child", argv),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=workdir,
+        )
+
+
+def child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
     env = dict(os.environ)
     if target.pycache is not None:
         # Bytecode goes to our cache, never into the probed tree or site-packages
@@ -198,17 +247,20 @@ def start_probes(
     *,
     log: Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    host: ProbeHost | None = None,
 ) -> ProbeRun:
     """Start the probes in the background (they take seconds: vLLM imports are slow).
 
     With ``target.cache`` (and ``$TOOLING_NO_PROBE_CACHE`` unset), verdicts an
     earlier run gave a tree that loads the same bytes are answered at once,
-    without an interpreter; the run's ``cached`` says so, as its log does.
+    without an interpreter; the run's ``cached`` says so, as its log does. With
+    ``host``, a run it can serve is forked from its interpreter rather than
+    starting one (``tooling.probe_host``).
     """
     from .. import probe_cache
 
     workdir = Path(tempfile.mkdtemp(prefix="dflash-probes-"))
-    env = _child_env(target, workdir)
+    env = child_env(target, workdir)
     cache = None
     if target.cache is not None and probe_cache.enabled():
         cache = probe_cache.ProbeCache.open(
@@ -229,30 +281,15 @@ def start_probes(
             run = ProbeRun(target, names, None, None, log or hit.entry, timeout_s)
             run.hit = hit
             return run
-    # The probes travel as a copy under a neutral package name, so the probed
-    # interpreter sees neither the toolchain nor its dependencies.
-    shutil.copytree(
-        _PACKAGE_DIR,
-        workdir / _CHILD_PACKAGE,
-        ignore=shutil.ignore_patterns("__pycache__", "__init__.py"),
-    )
-    marker = workdir / _CHILD_PACKAGE / "__init__.py"
-    marker.write_text("")
+    marker = copy_probe_package(workdir)
     # The file system's own clock (coarser than time.time_ns()), which stamps the tree.
     started_ns = marker.stat().st_mtime_ns
     log = log or workdir / "probes.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(target.python), "-m", f"{_CHILD_PACKAGE}.child", str(workdir / "out.json"), *names]
+    argv = [str(workdir / "out.json"), *names]
+    process: Process | None = host.start(target, env, workdir, argv, log) if host else None
     try:
-        with open(log, "wb") as log_file:
-            process = subprocess.Popen(
-                cmd,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=workdir,
-            )
+        process = process or launch_child(target, env, workdir, argv, log)
     except OSError as e:
         return ProbeRun(
             target,
@@ -274,9 +311,10 @@ def run_probes(
     *,
     log: Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    host: ProbeHost | None = None,
 ) -> dict[str, ProbeResult]:
     """Run the named probes against ``target`` and return their verdicts by name."""
-    return start_probes(target, names, log=log, timeout_s=timeout_s).wait()
+    return start_probes(target, names, log=log, timeout_s=timeout_s, host=host).wait()
 
 
 def probe_requested(
