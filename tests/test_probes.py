@@ -44,3 +44,14 @@ def test_0330_keeps_every_block_and_reserves_every_slot(probe_release):
     assert cache_drop.details["hybrid_cached_dflash"] == cache_drop.details["hybrid_cached_no_spec"]
     assert cache_drop.details["hybrid_cached_dflash"] == 192
     assert results["lookahead_slots"].status == PRESENT, results["lookahead_slots"].evidence
+
+
+def test_swa_windows_absent_on_0240_whose_v2_runner_gives_every_layer_one_causality(
+    probe_release,
+):
+    """0.24's V2 runner has no per-layer causality (``get_draft_attn_causal`` came in 0.26):
+    every drafter layer gets the config's one flag, and no window reaches FlashAttention."""
+    (result,) = probe_release("0.24.0", "swa_windows").values()
+    assert result.status == ABSENT, result.evidence
+    assert result.details["runner"] == "v2 runner"
+    assert result.details["masks"] == [[-1, -1]] * 3

@@ -51,13 +51,20 @@ def _layer_causal(config: Any, model: Any) -> list[bool] | None:
 
     V2's DFlash speculator (0.26+) builds one metadata per KV-cache group with
     the causality the model reports for its layers (``get_draft_attn_causal``);
-    V1's proposer builds one metadata for all layers (None here).
+    before that (0.24, 0.25) one causality for every layer, the drafter config's
+    ``dflash_config.causal``; V1's proposer builds one metadata for all layers
+    (None here).
     """
     if not getattr(config, "use_v2_model_runner", False):
         return None
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-    return list(DFlashQwen3ForCausalLM.get_draft_attn_causal(SimpleNamespace(model=model)))
+    if hasattr(DFlashQwen3ForCausalLM, "get_draft_attn_causal"):
+        return list(DFlashQwen3ForCausalLM.get_draft_attn_causal(SimpleNamespace(model=model)))
+    from vllm.v1.worker.gpu.spec_decode.dflash.utils import get_dflash_causal
+
+    causal = get_dflash_causal(config.speculative_config.draft_model_config)
+    return [bool(causal)] * len(model.layers)
 
 
 def _kv_cache(backend: Any, spec: Any, impl: Any) -> Any:
