@@ -153,6 +153,11 @@ def test_bytecode_python_would_run_instead_of_its_source_is_found(patched_env):
         "but it was compiled from other code (timestamp header))"
     ) in result.stdout
     assert "bytecode: 1 of " in result.stdout
+    # Pairs found equal are kept by their bytes (the install's own, restored, among them),
+    # and are not compiled again; the other code never is kept.
+    again = json.loads(run_cli("verify", *quick, "--json").stdout)["integrity"]["bytecode"]
+    assert again["known"] == again["checked"] == clean["integrity"]["bytecode"]["checked"]
+    assert again["differ"] == []
 
 
 def test_tampered_file_is_named_with_its_patch(patched_env):

@@ -63,6 +63,11 @@ class CacheLayout:
         return self.root / "baselines"
 
     @property
+    def bytecode(self) -> Path:
+        """(source, pyc) pairs verify found equal (``verifying.bytecode``)."""
+        return self.root / "bytecode"
+
+    @property
     def probes(self) -> Path:
         """Probe verdicts by what the probes imported (``tooling.probe_cache``)."""
         return self.root / "probes"

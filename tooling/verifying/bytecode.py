@@ -9,6 +9,14 @@ it would load is compared with its source compiled afresh: code objects are
 equal when the code, constants, names and line tables are (not the file name).
 A pyc of another interpreter's tag is counted, not checked: this interpreter's
 compiler cannot tell, and the report says so.
+
+Compiling vLLM's 2,000 modules takes seconds on every verify of every install
+of the same wheel, so the pairs found equal are kept in the cache
+(``<cache>/bytecode/verified``), keyed by the digest of the magic number, the
+optimization level, the source and the pyc's code (not its header, which holds
+the install's mtimes): a pair with those bytes is equal again and is not
+compiled. A pyc that differs is never kept, so it is compiled, and named, every
+time.
 """
 
 from __future__ import annotations
@@ -19,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EnvironmentProblem
+from ..fsutil import atomic_write_text, locked
 
 #: Runs in the install's interpreter, passed as ``-c`` (so sys.path[0] is the working folder, as
-#: for any ``-c``): argv = site, then the top folders to walk.
+#: for any ``-c``): argv = site, the file of known keys, then the top folders to walk.
 _CHECK = (Path(__file__).parent / "inside" / "bytecode_check.py").read_text()
+#: Keys kept at the most: about the pycs of 40 vLLM installs; the newest stay.
+_MAX_KEPT = 100_000
 
 
 @dataclass
@@ -33,6 +44,8 @@ class BytecodeCheck:
     """The checking interpreter's cache tag, e.g. ``cpython-312``."""
     checked: int
     """The pycs it would load, each compared with its source."""
+    known: int
+    """Of those, the ones whose (source, code) pair an earlier check found equal."""
     stale: int
     """Pycs it would not load (other magic, header not matching the source)."""
     sourceless: int
@@ -44,6 +57,8 @@ class BytecodeCheck:
     def describe(self) -> str:
         tag = self.interpreter
         text = f"bytecode: the {self.checked} .pyc that {tag} would load match their sources"
+        if self.known:
+            text += f" ({self.known} known from earlier checks)"
         if self.differ:
             text = f"bytecode: {len(self.differ)} of {self.checked} .pyc {tag} would load differ"
         if self.other_tags:
@@ -52,11 +67,15 @@ class BytecodeCheck:
         return text
 
 
-def check_bytecode(python: Path, site: Path, tops: list[str]) -> BytecodeCheck:
-    """Compare every pyc ``python`` would load from ``site``/``tops`` with its source."""
+def check_bytecode(
+    python: Path, site: Path, tops: list[str], kept: Path | None = None
+) -> BytecodeCheck:
+    """Compare every pyc ``python`` would load from ``site``/``tops`` with its source; with
+    ``kept`` (a cache folder), pairs found equal before are not compiled again."""
+    known = kept / "verified" if kept is not None else None
     try:
         done = subprocess.run(
-            [str(python), "-c", _CHECK, str(site), *tops],
+            [str(python), "-c", _CHECK, str(site), str(known or "-"), *tops],
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
@@ -73,11 +92,27 @@ def check_bytecode(python: Path, site: Path, tops: list[str]) -> BytecodeCheck:
             f"{python} could not check bytecode (exit {done.returncode}): {last}"
         )
     data = json.loads(done.stdout.strip().splitlines()[-1])
+    if known is not None and data["verified"]:
+        _keep(known, data["verified"])
     return BytecodeCheck(
         interpreter=data["tag"],
         checked=data["checked"],
+        known=data["known"],
         stale=data["stale"],
         sourceless=data["sourceless"],
         other_tags=data["other_tags"],
         differ=[(path, kind) for path, kind in data["differ"]],
     )
+
+
+def _keep(known: Path, keys: list[str]) -> None:
+    """Add ``keys`` to the file of known pairs (locked, written whole and renamed). A cache
+    that cannot be written costs only time: the check's verdict stands."""
+    try:
+        known.parent.mkdir(parents=True, exist_ok=True)
+        with locked(known):
+            lines = known.read_text(encoding="ascii").split() if known.is_file() else []
+            kept = list(dict.fromkeys([*lines, *keys]))[-_MAX_KEPT:]
+            atomic_write_text(known, "\n".join(kept) + "\n")
+    except (OSError, UnicodeDecodeError):
+        pass

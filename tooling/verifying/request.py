@@ -83,4 +83,10 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
                 target = ProbeTarget(
                     python=questioner, root=dist.site, pycache=pycache, cache=request.cache.probes
                 )
-        return verify(dist, target, request.required, runtime_python=runtime)
+        return verify(
+            dist,
+            target,
+            request.required,
+            runtime_python=runtime,
+            bytecode_cache=request.cache.bytecode,
+        )

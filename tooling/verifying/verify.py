@@ -327,11 +327,13 @@ def verify(
     *,
     runtime_python: Path | None = None,
     log: Path | None = None,
+    bytecode_cache: Path | None = None,
 ) -> VerifyReport:
     """Integrity and fixes of ``dist``; the probes import vLLM while the files are hashed.
 
     ``runtime_python``: the interpreter that runs the install, whose bytecode is
-    checked (default: the probes' interpreter).
+    checked (default: the probes' interpreter). ``bytecode_cache``: where the
+    bytecode pairs found equal are kept (``verifying.bytecode``); None: all compiled.
     """
     known = registry()
     with start_probes(probe_target, known.probes, log=log) as run:
@@ -340,6 +342,7 @@ def verify(
             runtime_python or probe_target.python,
             dist.site,
             top_folders([p for p, _, _ in read_record(dist)]),
+            bytecode_cache,
         )
         problems += [
             FileProblem(

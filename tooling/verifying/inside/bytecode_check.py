@@ -1,10 +1,13 @@
-"""Run as ``python -c <this file's text> SITE TOP...`` by the interpreter of the install under
-check (``tooling.verifying.bytecode``): stdlib only, its answer one JSON line on stdout.
+"""Run as ``python -c <this file's text> SITE KNOWN TOP...`` by the interpreter of the install
+under check (``tooling.verifying.bytecode``): stdlib only, its answer one JSON line on stdout.
 
 For each pyc of this interpreter's cache tag under SITE/TOP that the import system would load
 (its header matches the source), whether its code objects equal the source compiled afresh.
+KNOWN (a file, or "-") lists the keys of (magic, optimization, source, pyc body) found equal
+before: those are not compiled again. The keys found equal now are reported as "verified".
 """
 
+import hashlib
 import importlib.util
 import json
 import marshal
@@ -12,15 +15,21 @@ import os
 import sys
 from typing import Any
 
-site, tops = sys.argv[1], sys.argv[2:]
+site, known_file, tops = sys.argv[1], sys.argv[2], sys.argv[3:]
+known: set[str] = set()
+if known_file != "-" and os.path.isfile(known_file):
+    with open(known_file, encoding="ascii", errors="replace") as f:
+        known = {line.strip() for line in f}
 tag = sys.implementation.cache_tag
 out: dict[str, Any] = {
     "tag": tag,
     "checked": 0,
+    "known": 0,
     "stale": 0,
     "sourceless": 0,
     "other_tags": {},
     "differ": [],
+    "verified": [],
 }
 for top in tops:
     for dirpath, _dirnames, filenames in os.walk(os.path.join(site, top)):
@@ -62,12 +71,26 @@ for top in tops:
                 out["stale"] += 1  # Python recompiles it instead of running it
                 continue
             out["checked"] += 1
+            # The compiler's verdict is a function of these bytes alone (the file name is not
+            # part of a code object's equality): a pair found equal once is equal again.
+            key = hashlib.sha256(
+                importlib.util.MAGIC_NUMBER
+                + f"{optimize}\0".encode()
+                + len(code).to_bytes(8, "little")
+                + code
+                + data[16:]
+            ).hexdigest()[:40]
+            if key in known:
+                out["known"] += 1
+                continue
             try:
                 same = marshal.loads(data[16:]) == compile(
                     code, source, "exec", dont_inherit=True, optimize=optimize
                 )
             except Exception:
                 same = False
+            if same:
+                out["verified"].append(key)
             if not same:
                 kind = {0: "timestamp", 1: "unchecked hash", 3: "checked hash"}[flags]
                 out["differ"].append([os.path.relpath(pyc, site), kind])
