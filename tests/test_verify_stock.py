@@ -1,7 +1,9 @@
 """verify on stock installs (0.20.1, 0.22.0), a partial build, and pip --target's layout.
 
 Apart from tests/test_verify.py (our wheel's install) so the two halves, each minutes
-of real installs and probe runs, can go to different pytest-xdist workers.
+of real installs and probe runs, can go to different pytest-xdist workers. These installs
+are made as ``verify --wheel`` makes its scratch one, without bytecode: what they check is
+the fixes (test_verify.py checks pip's bytecode on our wheel's install).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from .verify_helpers import ALL, by_number, run_cli, states
 
 
 def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python):
-    python = install_into_fresh_env(upstream_0201.wheel, probe_python, tmp_path / "venv")
+    python = install_into_fresh_env(
+        upstream_0201.wheel, probe_python, tmp_path / "venv", compile_bytecode=False
+    )
     result = run_cli("verify", "--python", str(python), "--json")
     assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
     data = json.loads(result.stdout)
@@ -42,7 +46,9 @@ def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python)
 
 
 def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_python, cache):
-    python = install_into_fresh_env(upstream_0220.wheel, probe_python, tmp_path / "venv")
+    python = install_into_fresh_env(
+        upstream_0220.wheel, probe_python, tmp_path / "venv", compile_bytecode=False
+    )
     report = verify(
         locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
     )
@@ -68,7 +74,9 @@ def test_a_build_without_a_patch_reports_that_fix_absent(
     partial = series.without(["eagle-cache-drop"])
     report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
     wheel = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
-    python = install_into_fresh_env(wheel.path, probe_python, tmp_path / "venv")
+    python = install_into_fresh_env(
+        wheel.path, probe_python, tmp_path / "venv", compile_bytecode=False
+    )
     result = verify(
         locate_with_python(python), ProbeTarget(python=python, pycache=cache.root / "pycache"), ALL
     )

@@ -8,7 +8,11 @@ from pathlib import Path
 
 
 def pip_install(
-    wheel: Path, *, python: Path | None = None, target: Path | None = None
+    wheel: Path,
+    *,
+    python: Path | None = None,
+    target: Path | None = None,
+    compile_bytecode: bool = True,
 ) -> str | None:
     """Install ``wheel`` into ``python``'s environment (pip --python) or into ``target``.
 
@@ -20,6 +24,8 @@ def pip_install(
     if python is not None:
         cmd += ["--python", str(python)]
     cmd += ["install", "--quiet", "--no-deps", "--no-index", "--disable-pip-version-check"]
+    if not compile_bytecode:
+        cmd.append("--no-compile")
     if target is not None:
         cmd += ["--upgrade", "--target", str(target)]
     result = subprocess.run(

@@ -51,8 +51,9 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
             interpreter = resolve_probe_python(request.probe_python, request.cache)
             if interpreter is None:
                 raise BuildError("--wheel needs the probe environment: run `tooling probe-env`")
+            # A scratch install's bytecode would be pip's, just written: nothing to check.
             python = install_into_fresh_env(
-                request.wheel.resolve(), interpreter, Path(scratch) / "venv"
+                request.wheel.resolve(), interpreter, Path(scratch) / "venv", compile_bytecode=False
             )
         if request.site is not None:
             site = request.site.resolve()

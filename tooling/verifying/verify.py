@@ -388,12 +388,16 @@ def source_of(pyc: str) -> str:
     return f"{folder}/{name.split('.', 1)[0]}.py"
 
 
-def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
+def install_into_fresh_env(
+    wheel: Path, probe_python: Path, dest: Path, *, compile_bytecode: bool = True
+) -> Path:
     """A new virtualenv at ``dest`` with ``wheel`` pip-installed (--no-deps); returns its python.
 
     The probes' imports (torch, transformers, ...) come from the probe
     environment through a .pth file, so the only thing installed is the wheel
-    under test, by pip itself.
+    under test, by pip itself. ``compile_bytecode=False``: pip writes no ``.pyc``
+    (what it would write is its own compiler's output, which says nothing about
+    the wheel, and costs seconds to write and as many to check).
     """
     import venv
 
@@ -410,7 +414,7 @@ def install_into_fresh_env(wheel: Path, probe_python: Path, dest: Path) -> Path:
     where = f"cannot ask the new virtualenv's python {python} for its site-packages"
     own = _ask(python, _PURELIB, where, EnvironmentProblem).strip()
     (Path(own) / "dflash-probe-deps.pth").write_text(purelib + "\n")
-    failure = pip_install(wheel, python=python)
+    failure = pip_install(wheel, python=python, compile_bytecode=compile_bytecode)
     if failure is not None:
         raise VllmNotFoundError(f"pip could not install {wheel.name}: {failure}")
     return python
