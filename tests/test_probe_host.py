@@ -162,3 +162,13 @@ def test_one_release_is_probed_from_one_start(tmp_path, interpreter, catalog, se
     for outcome in report.outcomes:
         assert outcome.probe_before["status"] == UNKNOWN, outcome.probe_before
         assert outcome.probe_after["status"] == UNKNOWN, outcome.probe_after
+
+
+def test_an_interpreter_that_does_not_start_is_named_by_the_run(tmp_path):
+    missing = tmp_path / "no-such-python"
+    target = target_of(stand_in(tmp_path / "tree"), missing, tmp_path)
+    with ProbeHost(missing, target.pycache) as host:
+        got = run_probes(target, PROBE, host=host)[PROBE[0]]
+        assert host.pid is None and host.forks == 0
+    assert got.status == UNKNOWN
+    assert got.evidence == f"cannot start {missing}: No such file or directory"

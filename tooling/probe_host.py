@@ -92,7 +92,11 @@ class ProbeHost:
         if not self.serves(target):
             return None
         if self._server is None:
-            self._start_server(target)
+            try:
+                self._start_server()
+            except OSError:  # the run's own start says why, in its own words
+                self.close()
+                return None
         if not self._same_environment(env, workdir):
             return None
         request = {"cwd": str(workdir), "env": env, "log": str(log), "argv": argv}
@@ -106,22 +110,22 @@ class ProbeHost:
         self.forks += 1
         return ForkedRun(self, target, env, workdir, argv, log)
 
-    def _start_server(self, target: ProbeTarget) -> None:
+    def _start_server(self) -> None:
         folder = Path(tempfile.mkdtemp(prefix="dflash-probe-host-"))
         self._folder = folder
         copy_probe_package(folder)
         self._server_env = child_env(ProbeTarget(python=self.python, pycache=self.pycache), folder)
-        with open(folder / "server.log", "wb") as log:
-            self._server = subprocess.Popen(
-                probe_command(self.python, "forkserver", list(PRELOAD)),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=self._server_env,
-                cwd=folder,
-                # Its own process group: stopping it stops the run it forked too.
-                start_new_session=True,
-            )
+        # Its stderr is the preloads' warnings only: each run writes to its own log.
+        self._server = subprocess.Popen(
+            probe_command(self.python, "forkserver", list(PRELOAD)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=self._server_env,
+            cwd=folder,
+            # Its own process group: stopping it stops the run it forked too.
+            start_new_session=True,
+        )
         self.starts += 1
 
     def _same_environment(self, env: dict[str, str], workdir: Path) -> bool:
