@@ -33,6 +33,10 @@ def test_a_wheel_is_verified_in_a_scratch_env_that_goes_afterwards(tmp_path: Pat
     assert report.dist.dist_info == "vllm-0.20.1.dist-info"
     assert "dflash-verify-" in str(report.dist.site)
     assert not report.dist.site.exists()  # the scratch virtualenv is removed
+    # and the bytecode its imports left under the cache's prefix, which nothing reads again
+    scratch = next(p for p in report.dist.site.parents if p.name.startswith("dflash-verify-"))
+    assert (tmp_path / "cache" / "pycache").is_dir()
+    assert not (tmp_path / "cache" / "pycache" / scratch.relative_to(scratch.anchor)).exists()
     assert report.integrity_ok, report.problems
     assert report.files_checked >= 4  # the wheel's own four, and what pip added
     assert report.manifest is None

@@ -8,7 +8,6 @@ patch that goes in but does not change behaviour.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from ..errors import PatchConflictError, ToolingError
 from ..fetching.bases import Base
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import fetch_upstream
+from ..probes import scratch_folder
 from .apply import ApplyOptions, SeriesReport, apply_series
 from .series import Series
 
@@ -103,8 +103,7 @@ def canary(
     """Status of every patch on every base, in the order of ``bases``, timed, with its
     verdict."""
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="dflash-status-") as tmp:
-        scratch = Path(tmp)
+    with scratch_folder("dflash-status-", options.pycache) as scratch:
 
         def one(base: Base) -> BaseStatus:
             result = base_status(base, series, fetch, options, scratch)

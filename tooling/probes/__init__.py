@@ -14,12 +14,14 @@ this package only says which probes exist, one module each.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pkgutil
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -41,6 +43,7 @@ __all__ = [
     "probe_modules",
     "probe_requested",
     "run_probes",
+    "scratch_folder",
     "start_probes",
 ]
 
@@ -166,6 +169,17 @@ class ProbeRun:
 
     def _unknown(self, why: str) -> dict[str, ProbeResult]:
         return {n: ProbeResult(probe=n, status=UNKNOWN, evidence=why) for n in self.names}
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str, pycache: Path | None) -> Iterator[Path]:
+    """A temp folder for trees or installs the probes import, removed with the bytecode
+    their imports left under the prefix (a new folder every time, never read again)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        remove_run_folder(folder, pycache)
 
 
 def remove_run_folder(folder: Path, pycache: Path | None) -> None:

@@ -9,14 +9,13 @@ site-packages folder (``site``), or a wheel pip-installed into a scratch virtual
 from __future__ import annotations
 
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BuildError
 from ..paths import CacheLayout
 from ..probe_env import resolve_probe_python
-from ..probes import ProbeTarget
+from ..probes import ProbeTarget, scratch_folder
 from .verify import (
     VerifyReport,
     install_into_fresh_env,
@@ -45,7 +44,7 @@ class VerifyRequest:
 def verify_requested(request: VerifyRequest) -> VerifyReport:
     """Find the install ``request`` names, choose who probes it, and verify it."""
     pycache = request.cache.root / "pycache"
-    with tempfile.TemporaryDirectory(prefix="dflash-verify-") as scratch:
+    with scratch_folder("dflash-verify-", pycache) as scratch:
         python = request.python
         if request.wheel is not None:
             interpreter = resolve_probe_python(request.probe_python, request.cache)
@@ -53,7 +52,7 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
                 raise BuildError("--wheel needs the probe environment: run `tooling probe-env`")
             # A scratch install's bytecode would be pip's, just written: nothing to check.
             python = install_into_fresh_env(
-                request.wheel.resolve(), interpreter, Path(scratch) / "venv", compile_bytecode=False
+                request.wheel.resolve(), interpreter, scratch / "venv", compile_bytecode=False
             )
         if request.site is not None:
             site = request.site.resolve()
