@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from tooling.probes import (
     ProbeResult,
     ProbeTarget,
     run_probes,
+    start_probes,
 )
 
 from .counting import counting_python, started
@@ -172,3 +174,20 @@ def test_an_interpreter_that_does_not_start_is_named_by_the_run(tmp_path):
         assert host.pid is None and host.forks == 0
     assert got.status == UNKNOWN
     assert got.evidence == f"cannot start {missing}: No such file or directory"
+
+
+def test_a_failure_while_starting_leaves_no_copy_behind(tmp_path, interpreter, monkeypatch):
+    python, _ = interpreter
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    target = target_of(stand_in(tmp_path / "tree"), python, tmp_path)
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    with ProbeHost(python, target.pycache) as host:
+        monkeypatch.setattr(host, "start", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            start_probes(target, PROBE, host=host)
+    assert list(scratch.iterdir()) == []

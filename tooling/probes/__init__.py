@@ -301,10 +301,13 @@ def start_probes(
     log = log or workdir / "probes.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [str(workdir / "out.json"), *names]
-    process: Process | None = host.start(target, env, workdir, argv, log) if host else None
     try:
+        process: Process | None = host.start(target, env, workdir, argv, log) if host else None
         process = process or launch_child(target, env, workdir, argv, log)
-    except OSError as e:
+    except BaseException as e:
+        if not isinstance(e, OSError):  # nothing runs yet to take the copy away with it
+            remove_run_folder(workdir, target.pycache)
+            raise
         return ProbeRun(
             target,
             names,
