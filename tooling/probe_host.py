@@ -37,13 +37,12 @@ from .probes import (
     probe_command,
     remove_run_folder,
 )
+from .probes.forkserver import REFUSED
 
 #: Imported once by the server: what every probe run imports anyway, and no vLLM.
 PRELOAD = ("torch", "transformers", "openai", "aiohttp", "networkx", "numpy", "pydantic")
 #: The per-run parts of a probe run's environment; the rest must equal the server's.
 _PER_RUN = frozenset({"PYTHONPATH", "TMPDIR"})
-#: Must match probes/forkserver.py's REFUSED: a request it would not fork.
-_REFUSED = 70
 
 
 class ProbeHost:
@@ -230,7 +229,7 @@ class ForkedRun:
     def _take(self, reply: dict[str, Any] | None) -> None:
         # The server ended (killed from outside, a preload that crashed it) or would not
         # fork: the run gets the fresh interpreter it would have had without a host.
-        if reply is None or (reply["rc"] == _REFUSED and "why" in reply):
+        if reply is None or (reply["rc"] == REFUSED and "why" in reply):
             self._host.close()
             self._own = launch_child(*self._fresh)
         else:
