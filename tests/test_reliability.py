@@ -40,7 +40,15 @@ def tooling(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproc
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_at_a_terminal,
     )
+
+
+def as_at_a_terminal() -> None:
+    """Ctrl-C reaches the child as it would at a terminal, even when these tests run in the
+    background, whose shell starts them with SIGINT ignored (and an interpreter started so
+    rightly leaves it ignored, as nohup means)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
@@ -214,6 +222,7 @@ def cli_with_extra_commands(*args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_at_a_terminal,
     )
 
 
