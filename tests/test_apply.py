@@ -26,7 +26,7 @@ from tooling.patching.hunks import parse_diff
 from tooling.patching.series import load_series
 from tooling.probes import ABSENT, PRESENT
 
-from .conftest import PATCHES, apply_options, copy_tree
+from .conftest import PATCHES, apply_options, copy_touched_files
 
 
 @pytest.mark.parametrize(
@@ -104,8 +104,15 @@ def upstream_from(tree: Path, like: Upstream) -> Upstream:
     return dataclasses.replace(like, source_dir=tree)
 
 
-def test_conflict_names_patch_file_hunk_and_line(tmp_path, upstream_0201, series, cache):
-    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+@pytest.fixture
+def touched_tree(tmp_path, upstream_0201: Upstream, series) -> Path:
+    return copy_touched_files(upstream_0201, series, tmp_path / "base")
+
+
+def test_conflict_names_patch_file_hunk_and_line(
+    tmp_path, touched_tree, upstream_0201, series, cache
+):
+    tree = touched_tree
     target = tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
     text = target.read_text()
     old = '        layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None)\n'
@@ -121,8 +128,8 @@ def test_conflict_names_patch_file_hunk_and_line(tmp_path, upstream_0201, series
     assert [o.status for o in report.outcomes[1:]] == [NOT_ATTEMPTED] * (len(series.patches) - 1)
 
 
-def test_keep_going_reports_every_later_patch(tmp_path, upstream_0201, series, cache):
-    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+def test_keep_going_reports_every_later_patch(tmp_path, touched_tree, upstream_0201, series, cache):
+    tree = touched_tree
     target = tree / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
     target.write_text(target.read_text().replace("class DFlashQwen3Attention", "class Renamed"))
     report = apply_series(
@@ -138,8 +145,10 @@ def test_keep_going_reports_every_later_patch(tmp_path, upstream_0201, series, c
     assert statuses == {p.id: CONFLICT if p.id in conflicting else APPLIED for p in series.patches}
 
 
-def test_lines_that_moved_are_reported_with_the_offset(tmp_path, upstream_0201, series, cache):
-    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+def test_lines_that_moved_are_reported_with_the_offset(
+    tmp_path, touched_tree, upstream_0201, series, cache
+):
+    tree = touched_tree
     runner = "vllm/v1/worker/gpu_model_runner.py"
     target = tree / runner
     lines = target.read_text().splitlines(keepends=True)
@@ -164,8 +173,8 @@ def test_lines_that_moved_are_reported_with_the_offset(tmp_path, upstream_0201, 
     assert committed[moved_to - 1 : moved_to - 1 + len(hunk.new_lines)] == list(hunk.new_lines)
 
 
-def test_already_applied_patch_is_detected(tmp_path, upstream_0201, series, cache):
-    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+def test_already_applied_patch_is_detected(tmp_path, touched_tree, upstream_0201, series, cache):
+    tree = touched_tree
     repo = git.Repo.init(tree)
     repo.git.apply(str(series.patches[0].file))
     shutil.rmtree(tree / ".git")
@@ -215,11 +224,12 @@ def test_missing_patch_file_is_refused(tmp_path):
         load_series(folder / "series.toml")
 
 
-def test_git_source_end_to_end(tmp_path, upstream_0201, series, cache, catalog):
-    """A local git repository of the real 0.20.1 tree, tagged, fetched and patched."""
+def test_git_source_end_to_end(tmp_path, touched_tree, series, cache, catalog):
+    """A local git repository of the real 0.20.1 files the series touches, tagged, fetched
+    and patched."""
     from tooling.fetching.gitsource import fetch_git
 
-    remote = copy_tree(upstream_0201.source_dir, tmp_path / "remote")
+    remote = touched_tree
     repo = git.Repo.init(remote, initial_branch="main")
     repo.git.add("--all", "--force")
     repo.git.commit("-m", "v0.20.1", env=worktree.git_env())

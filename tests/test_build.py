@@ -33,7 +33,7 @@ from tooling.errors import BuildError, IntegrityError
 from tooling.patching import worktree
 from tooling.patching.apply import apply_series
 
-from .conftest import apply_options, copy_tree
+from .conftest import apply_options, copy_touched_files
 
 OFFICIAL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 
@@ -221,7 +221,7 @@ def test_patch_touching_compiled_code_is_refused(tmp_path, upstream_0201, series
 
 
 def test_source_that_differs_from_the_wheel_is_refused(tmp_path, upstream_0201, series, cache):
-    tree = copy_tree(upstream_0201.source_dir, tmp_path / "base")
+    tree = copy_touched_files(upstream_0201, series, tmp_path / "base")
     target = tree / "vllm" / "config" / "speculative.py"
     target.write_text(target.read_text() + "# a local change\n")
     upstream = dataclasses.replace(upstream_0201, source_dir=tree)
