@@ -149,7 +149,7 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
     t_start = time.perf_counter()
     cfg = request.config()
     deadline = t_start + cfg.wall_budget_s
-    _require_packages()
+    # Nothing here imports torch: a finished run is reused in a second, without it.
     corpus = _load_corpus(cfg)
     digest = recipe_digest(cfg, corpus.digest, code_digest())
     final = RunPaths(
@@ -160,6 +160,7 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
         log(f"cached: {final.root} (pass --force to retrain)")
         _export(final, export)
         return TrainedPair.from_summary(json.loads(final.summary.read_text()), cached=True)
+    _require_packages()
     work = RunPaths(final.root.parent / f".{final.root.name}.tmp-{os.getpid()}")
     shutil.rmtree(work.root, ignore_errors=True)
     work.root.mkdir(parents=True)
