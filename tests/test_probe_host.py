@@ -105,6 +105,24 @@ def test_a_changed_environment_gets_its_own_interpreter(tmp_path, interpreter, m
     assert started(starts) == 2
 
 
+def test_a_variable_the_probed_code_does_not_read_is_forked_and_reaches_the_run(
+    tmp_path, interpreter, monkeypatch
+):
+    """pytest's own PYTEST_CURRENT_TEST changes with every test: such a variable must not
+    cost a start, and the forked run must still see its own value."""
+    python, starts = interpreter
+    mark = 'import os\nraise RuntimeError(os.environ.get("DFLASH_TEST_MARK"))\n'
+    target = target_of(stand_in(tmp_path / "tree", mark), python, tmp_path)
+    evidence = []
+    with ProbeHost(python, target.pycache) as host:
+        for value in ("first", "second"):
+            monkeypatch.setenv("DFLASH_TEST_MARK", value)
+            evidence.append(run_probes(target, PROBE, host=host)[PROBE[0]].evidence)
+        assert (host.starts, host.forks) == (1, 2)
+    assert started(starts) == 1
+    assert evidence == [f"cannot import vllm: RuntimeError: {v}" for v in ("first", "second")]
+
+
 def test_a_run_past_its_timeout_is_stopped_with_the_server(tmp_path, interpreter):
     python, starts = interpreter
     hangs = target_of(

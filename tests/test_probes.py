@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import pytest
 
+from tooling.probe_host import ProbeHost
 from tooling.probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, run_probes
 
 
 @pytest.fixture(scope="module")
 def probe_release(catalog, fetch_release, probe_python, cache):
-    def run(version: str, *names: str) -> dict[str, ProbeResult]:
-        upstream = fetch_release(catalog.get(version), with_wheel=False)
-        target = ProbeTarget(
-            python=probe_python, root=upstream.source_dir, pycache=cache.root / "pycache"
-        )
-        return run_probes(target, names)
+    """Probe a release's tree; the module's runs are forked from one probe interpreter, as
+    the runs of one release are in ``tooling patch`` (each answers as a fresh run would:
+    tests/test_probe_host.py)."""
+    pycache = cache.root / "pycache"
+    with ProbeHost(probe_python, pycache) as host:
 
-    return run
+        def run(version: str, *names: str) -> dict[str, ProbeResult]:
+            upstream = fetch_release(catalog.get(version), with_wheel=False)
+            target = ProbeTarget(python=probe_python, root=upstream.source_dir, pycache=pycache)
+            return run_probes(target, names, host=host)
+
+        yield run
 
 
 def test_lookahead_slots_absent_on_0220(probe_release):

@@ -88,6 +88,12 @@ _MISSING = "missing"
 CACHED_NOTE = f"probes: answered from the probe cache ({BYPASS_VAR}=1 runs them again)"
 
 
+def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of a probe run's environment that can change what the probed code
+    (vLLM, torch, transformers and their kin) does."""
+    return {k: v for k, v in env.items() if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED}
+
+
 def enabled() -> bool:
     return not os.environ.get(BYPASS_VAR)
 
@@ -238,11 +244,7 @@ class ProbeCache:
         """``env``: the child's environment, in which ``scratch`` (the run's own folder)
         and ``roots`` stand for themselves wherever they are."""
         resolved = tuple(str(Path(r).resolve()) for r in roots)
-        cache_env = {
-            k: _tokens(v, resolved, str(scratch))
-            for k, v in env.items()
-            if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED
-        }
+        cache_env = {k: _tokens(v, resolved, str(scratch)) for k, v in relevant_env(env).items()}
         key = {
             "schema": SCHEMA,
             "sources": sources,

@@ -11,7 +11,9 @@ A forked run is the run a fresh interpreter would make: the same environment,
 search path, working folder and bytecode prefix (so its verdicts and the
 imports the probe cache keys them by are the same). The host serves only runs
 of its interpreter and bytecode prefix, whose environment is the one it started
-with (but for the per-run search path and temp folder) and whose trees do not
+with in every variable that can change what the probed code does (the probe
+cache's test, ``probe_cache.relevant_env``; the per-run search path and temp
+folder aside; a forked run gets its whole environment) and whose trees do not
 hold a preloaded package; any other run starts an interpreter of its own, as
 does every run after the server failed or was stopped.
 """
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .probe_cache import relevant_env
 from .probes import (
     ProbeTarget,
     child_env,
@@ -41,8 +44,6 @@ from .probes.forkserver import REFUSED
 
 #: Imported once by the server: what every probe run imports anyway, and no vLLM.
 PRELOAD = ("torch", "transformers", "openai", "aiohttp", "networkx", "numpy", "pydantic")
-#: The per-run parts of a probe run's environment; the rest must equal the server's.
-_PER_RUN = frozenset({"PYTHONPATH", "TMPDIR"})
 
 
 class ProbeHost:
@@ -129,7 +130,10 @@ class ProbeHost:
 
     def _same_environment(self, env: dict[str, str], workdir: Path) -> bool:
         def fixed(e: dict[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if k not in _PER_RUN}
+            # What the preloads may have read at import (the run's other variables, its temp
+            # folder among them, are its own in the forked process); the search path is
+            # compared below, but for the run's own folders.
+            return {k: v for k, v in relevant_env(e).items() if k != "PYTHONPATH"}
 
         def after(e: dict[str, str], folder: Path) -> list[str]:
             """PYTHONPATH after the probes' own folder: what the caller's environment had."""
