@@ -315,26 +315,26 @@ HEAVY_FIXTURES = frozenset(
 )
 
 
-#: The modules that keep one worker longest (seconds of tests and fixtures, measured
-#: 2026-12-01), longest first. pytest-xdist hands modules out in collection order, so
-#: these go first and the short ones fill in at the end, and the two workers finish
-#: together; in file order the three verify modules came last. Any other module runs after
-#: these, in file order: a missing name costs time, never a test.
+#: The modules that keep one worker longest (seconds of tests and fixtures on two workers,
+#: measured 2026-12-01 in the machine's slower spell), longest first. pytest-xdist hands
+#: modules out in collection order, so these go first and the short ones fill in at the
+#: end, and the two workers finish together. Any other module runs after these, in file
+#: order: a missing name costs time, never a test.
 LONGEST_FIRST = (
-    "test_apply",  # 92 s
-    "test_verify_stock",  # 89 s
-    "test_verify",  # 88 s
-    "test_reliability",  # 64 s
-    "test_trainer",  # 56 s
-    "test_smoke_tiny",  # 56 s
-    "test_probe_cache",  # 54 s
-    "test_probes",  # 45 s
-    "test_export",  # 30 s
-    "test_drafter_refusals",  # 24 s
-    "test_smoke_vllm_cpu",  # 23 s
-    "test_session_cache",  # 21 s
-    "test_build",  # 21 s
-    "test_bundle",  # 20 s
+    "test_reliability",  # 119 s
+    "test_verify",  # 106 s
+    "test_verify_stock",  # 105 s
+    "test_probe_cache",  # 91 s
+    "test_smoke_tiny",  # 86 s
+    "test_trainer",  # 75 s
+    "test_probes",  # 62 s
+    "test_apply",  # 50 s
+    "test_drafter_refusals",  # 38 s
+    "test_smoke_vllm_cpu",  # 37 s
+    "test_bundle",  # 37 s
+    "test_export",  # 29 s
+    "test_session_cache",  # 26 s
+    "test_build",  # 14 s
 )
 
 
