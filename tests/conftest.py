@@ -96,6 +96,15 @@ def bytecode_env() -> dict[str, str]:
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return  # the controller made the session cache; its environment came along
+    # The torch of a child (the trainer, the tiny models, the reference) computes with one
+    # thread per core by default; next to the other workers' children that oversubscribes
+    # the cores, and OpenMP's waiting threads spin: on this 2-core machine the trainer's
+    # smoke recipe took 35 s and 39 CPU-s beside one busy process, 18 s and 17 with one
+    # thread. Each worker's children get their share of the cores (a value set outside stays).
+    workers = getattr(config.option, "numprocesses", None)
+    workers = workers if isinstance(workers, int) and workers > 0 else 1
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     user = CacheLayout(default_cache_dir())
     session = CacheLayout(Path(tempfile.mkdtemp(prefix="vllm-dflash-test-cache-")))
     config.add_cleanup(lambda: shutil.rmtree(session.root, ignore_errors=True))
