@@ -1,8 +1,9 @@
 """The probe cache: verdicts of real probe runs on the real 0.20.1 tree, answered again only
 while every file the probes loaded reads the same.
 
-The probe interpreter is started through a wrapper that counts its starts, so "answered
-from the cache" is asserted as "no interpreter started", not by time.
+The probe interpreter is started through a wrapper that counts its starts, and the runs
+after the first are forked from one ``ProbeHost``, which counts its forks: "answered from the
+cache" is asserted as "no run made", not by time.
 """
 
 from __future__ import annotations
@@ -37,12 +38,19 @@ class Setting:
     kept: Path
     answer: ProbeResult
     version: str | None
+    host: ProbeHost
+    """The module's fork server, for the runs that must probe again."""
+
+    def runs(self) -> int:
+        """Probe runs made: interpreters started for one, and runs the host forked."""
+        return started(self.starts) - self.host.starts + self.host.forks
 
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory, upstream_0201, probe_python, cache):
     """Two copies of the 0.20.1 tree (only ``vllm/``, what the probes import), a cache
-    folder of this module's own, and a counting probe interpreter."""
+    folder of this module's own, a counting probe interpreter, and the verdict of a fresh
+    run of it on the first copy."""
     folder = tmp_path_factory.mktemp("probe-cache")
     trees = []
     for name in ("a", "b"):
@@ -60,7 +68,8 @@ def setting(tmp_path_factory, upstream_0201, probe_python, cache):
     answer = first.wait()[PROBE[0]]
     assert answer.status == ABSENT, answer.evidence
     assert started(starts) == 1
-    return Setting(trees, target, starts, kept, answer, first.vllm_version)
+    with ProbeHost(python, cache.root / "pycache") as host:
+        yield Setting(trees, target, starts, kept, answer, first.vllm_version, host)
 
 
 def answer_of(run: ProbeRun):
@@ -72,7 +81,7 @@ def test_an_identical_tree_elsewhere_is_answered_without_an_interpreter(setting)
     run = start_probes(s.target(s.trees[1]), PROBE)
     assert run.cached and run.process is None
     got = answer_of(run)
-    assert started(s.starts) == 1
+    assert s.runs() == 1
     assert (got.status, got.evidence, got.details) == (
         s.answer.status,
         s.answer.evidence,
@@ -87,15 +96,15 @@ def test_one_byte_of_an_imported_file_makes_it_probe_again(setting, tmp_path):
     tree = shutil.copytree(s.trees[0], tmp_path / "tree", symlinks=True)
     path = tree / IMPORTED
     path.write_bytes(path.read_bytes() + b"#")
-    before = started(s.starts)
-    run = start_probes(s.target(tree), PROBE)
+    before = s.runs()
+    run = start_probes(s.target(tree), PROBE, host=s.host)
     assert not run.cached and run.process is not None
     got = answer_of(run)
-    assert started(s.starts) == before + 1
+    assert s.runs() == before + 1
     assert got.status == s.answer.status and not got.cached
     # That s.answer is s.kept too, for the changed bytes.
     assert start_probes(s.target(tree), PROBE).cached
-    assert started(s.starts) == before + 1
+    assert s.runs() == before + 1
 
 
 def test_a_newer_list_of_other_imports_does_not_hide_the_one_that_matches(setting):
@@ -108,10 +117,10 @@ def test_a_newer_list_of_other_imports_does_not_hide_the_one_that_matches(settin
     newer.write_text(json.dumps(other))
     later = listed.stat().st_mtime_ns + 10**9
     os.utime(newer, ns=(later, later))
-    before = started(s.starts)
+    before = s.runs()
     try:
         assert start_probes(s.target(s.trees[1]), PROBE).cached
-        assert started(s.starts) == before
+        assert s.runs() == before
     finally:
         newer.unlink()
 
@@ -152,14 +161,14 @@ def test_a_corrupt_cache_is_ignored_and_replaced(setting, tmp_path):
     assert len(kept) >= 2 and (s.kept / "stat-memo.json").is_file()
     for path in [*kept, s.kept / "stat-memo.json"]:
         path.write_text('{"schema": 1, "results": [')  # cut short, as a crash would leave it
-    before = started(s.starts)
-    run = start_probes(s.target(s.trees[0]), PROBE)
+    before = s.runs()
+    run = start_probes(s.target(s.trees[0]), PROBE, host=s.host)
     assert not run.cached
     assert answer_of(run).status == s.answer.status
-    assert started(s.starts) == before + 1
+    assert s.runs() == before + 1
     # The run wrote its entry over the broken one: the other copy is answered from it.
     assert start_probes(s.target(s.trees[1]), PROBE).cached
-    assert started(s.starts) == before + 1
+    assert s.runs() == before + 1
     json.loads((s.kept / "stat-memo.json").read_text())
 
 
@@ -206,16 +215,15 @@ def test_a_forked_run_keeps_verdicts_a_fresh_run_finds(setting, tmp_path):
     s = setting
     kept = tmp_path / "kept"
     target = replace(s.target(s.trees[0]), cache=kept)
-    before = started(s.starts)
-    with ProbeHost(target.python, target.pycache) as host:
-        forked = start_probes(target, PROBE, host=host)
-        assert not forked.cached and host.forks == 1
-        got = answer_of(forked)
-    assert started(s.starts) == before + 1
+    before, forks = s.runs(), s.host.forks
+    forked = start_probes(target, PROBE, host=s.host)
+    assert not forked.cached and s.host.forks == forks + 1
+    got = answer_of(forked)
+    assert s.runs() == before + 1
     assert (got.status, got.evidence, got.details) == (
         s.answer.status,
         s.answer.evidence,
         s.answer.details,
     )
     fresh = start_probes(replace(s.target(s.trees[1]), cache=kept), PROBE)
-    assert fresh.cached and started(s.starts) == before + 1
+    assert fresh.cached and s.runs() == before + 1
