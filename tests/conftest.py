@@ -163,9 +163,13 @@ def fetch_release(
 
 
 @pytest.fixture(scope="session")
-def probe_python(user_cache: CacheLayout) -> Path:
+def probe_python(user_cache: CacheLayout, cache: CacheLayout) -> Path:
     """The CPU interpreter with torch, transformers and vLLM's imports: $TOOLING_PROBE_PYTHON
-    (``make test`` sets it), else the one ``tooling probe-env`` makes once in the user's cache."""
+    (``make test`` sets it), else the one ``tooling probe-env`` makes once in the user's cache.
+
+    Through ``cache``, the session's bytecode is seeded before any child of it starts:
+    torch and transformers compiled again from source cost a child 20 s.
+    """
     return probe_python_from_env() or ensure_probe_env(user_cache)
 
 

@@ -45,13 +45,17 @@ from .conftest import bytecode_env
 CHECK_SCRIPT = textwrap.dedent(
     """
     import json, sys
+    from pathlib import Path
     import torch
     import dflash.model as dm
     from transformers import AutoTokenizer, Qwen3ForCausalLM
     from tooling.smoke.serving.reference import FidelityInput, ModelSetup, compare, load_pair
+    from tooling.smoke.serving.tiny import TinySpec, write_tiny_models
 
     root, out_path = sys.argv[1], sys.argv[2]
     out = {}
+    # The pair, written here rather than by a process of its own (the other copy is).
+    write_tiny_models(Path(root), TinySpec.for_arch("qwen3", 0))
 
     # Load back with transformers and with the reference package.
     target = Qwen3ForCausalLM.from_pretrained(f"{root}/target")
@@ -157,21 +161,14 @@ def _run(probe_python: Path, dflash_path: Path, *args: str, timeout: int = 240) 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, probe_python: Path, dflash_path: Path) -> dict:
+    """Two attention-only pairs of one seed: ``a`` written by the check script in its own
+    process, ``b`` by the command line in another."""
     root = tmp_path_factory.mktemp("tiny")
-    for name in ("a", "b"):
-        _run(
-            probe_python,
-            dflash_path,
-            *(
-                "-m",
-                "tooling.smoke.serving.tiny",
-                str(root / name),
-                "--seed",
-                "0",
-                "--arch",
-                "qwen3",
-            ),
-        )
+    _run(
+        probe_python,
+        dflash_path,
+        *("-m", "tooling.smoke.serving.tiny", str(root / "b"), "--seed", "0", "--arch", "qwen3"),
+    )
     script = root / "check.py"
     script.write_text(CHECK_SCRIPT)
     _run(probe_python, dflash_path, str(script), str(root / "a"), str(root / "check.json"))
