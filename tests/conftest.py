@@ -329,7 +329,8 @@ HEAVY_FIXTURES = frozenset(
 
 
 #: The modules that keep one worker longest (seconds of tests and fixtures on two workers,
-#: measured 2026-12-01 in the machine's slower spell), longest first. pytest-xdist hands
+#: measured 2026-12-01 in the machine's slower spell, before test_probe_cache and
+#: test_smoke_tiny were trimmed by about 20 s each), longest first. pytest-xdist hands
 #: modules out in collection order, so these go first and the short ones fill in at the
 #: end, and the two workers finish together. Any other module runs after these, in file
 #: order: a missing name costs time, never a test.

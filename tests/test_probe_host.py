@@ -94,12 +94,19 @@ def test_a_tree_that_holds_a_preloaded_package_gets_its_own_interpreter(tmp_path
     assert got.status == UNKNOWN and started(starts) == 1
 
 
-def test_a_changed_environment_gets_its_own_interpreter(tmp_path, interpreter, monkeypatch):
+@pytest.mark.parametrize(
+    "name",
+    [
+        "VLLM_ATTENTION_BACKEND",  # read by the probed code
+        "HOME",  # read by the interpreter as it starts: the user's site folder
+    ],
+)
+def test_a_changed_environment_gets_its_own_interpreter(tmp_path, interpreter, monkeypatch, name):
     python, starts = interpreter
     target = target_of(stand_in(tmp_path / "tree"), python, tmp_path)
     with ProbeHost(python, target.pycache) as host:
         run_probes(target, PROBE, host=host)
-        monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "FLASH_ATTN")
+        monkeypatch.setenv(name, str(tmp_path / "changed"))
         run_probes(target, PROBE, host=host)
         assert (host.starts, host.forks) == (1, 1)
     assert started(starts) == 2

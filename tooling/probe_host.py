@@ -44,6 +44,9 @@ from .probes.forkserver import REFUSED
 
 #: Imported once by the server: what every probe run imports anyway, and no vLLM.
 PRELOAD = ("torch", "transformers", "openai", "aiohttp", "networkx", "numpy", "pydantic")
+#: Read by the interpreter as it starts (the user's site folder), so the server's value is
+#: the run's search path; not among the probe cache's variables, which see the path itself.
+_AT_START = ("HOME",)
 
 
 class ProbeHost:
@@ -133,7 +136,8 @@ class ProbeHost:
             # What the preloads may have read at import (the run's other variables, its temp
             # folder among them, are its own in the forked process); the search path is
             # compared below, but for the run's own folders.
-            return {k: v for k, v in relevant_env(e).items() if k != "PYTHONPATH"}
+            kept = relevant_env(e) | {k: e[k] for k in _AT_START if k in e}
+            return {k: v for k, v in kept.items() if k != "PYTHONPATH"}
 
         def after(e: dict[str, str], folder: Path) -> list[str]:
             """PYTHONPATH after the probes' own folder: what the caller's environment had."""
