@@ -251,19 +251,16 @@ def git(cwd: Path, *args: str) -> str:
 
 
 def copy_touched_files(upstream: Upstream, series: Series, dst: Path) -> Path:
-    """The release's files the series touches, and only those, copied to ``dst``.
+    """The release's files the series touches (the ledger's ``files``), and only those,
+    copied to ``dst``.
 
     The engine applies, reports and builds file by file, so a conflict, an offset or a
     refusal reads as it does on the whole release, without copying and committing its
     4,745 files (10 s a test here).
     """
-    from tooling.patching.hunks import parse_diff
-
-    for patch in series.patches:
-        for diff in parse_diff(patch.file.read_text()):
-            if diff.old_path is not None:
-                (dst / diff.old_path).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(upstream.source_dir / diff.old_path, dst / diff.old_path)
+    for rel in sorted({f for patch in series.patches for f in patch.files}):
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(upstream.source_dir / rel, dst / rel)
     return dst
 
 
