@@ -26,12 +26,12 @@ def test_export_round_trips_byte_for_byte(patched_0201, series):
         assert data == patch.file.read_bytes()
 
 
-def test_check_passes_on_the_committed_series(upstream_0201, series):
-    result = check_export(upstream_0201, series)
+def test_check_passes_on_the_committed_series(upstream_0201, series, cache):
+    result = check_export(upstream_0201, series, cache.baselines)
     assert result.patches and result.drifted == []
 
 
-def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201):
+def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201, cache):
     """A hand edit git still accepts (stale line numbers) is not what export would write."""
     folder = tmp_path / "patches"
     shutil.copytree(PATCHES, folder)
@@ -44,7 +44,7 @@ def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201):
     from tooling.patching.export import update_ledger
 
     update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
-    result = check_export(upstream_0201, load_series(folder / "series.toml"))
+    result = check_export(upstream_0201, load_series(folder / "series.toml"), cache.baselines)
     assert [(p.file, p.state) for p in result.drifted] == [(patch.name, "updated")]
 
 

@@ -118,12 +118,15 @@ def export_patches(work_dir: Path, series: Series) -> ExportResult:
     return result
 
 
-def check_export(upstream: Upstream, series: Series) -> ExportResult:
-    """Apply the series to a scratch tree and compare its export with patches/ (no writes)."""
+def check_export(upstream: Upstream, series: Series, baselines: Path | None = None) -> ExportResult:
+    """Apply the series to a scratch tree and compare its export with patches/ (no writes).
+
+    With ``baselines`` (the cache's folder) the scratch tree is a clone of the release's
+    cached baseline commit, as ``patch`` and ``build`` make theirs, rather than a copy
+    whose 4,745 files are hashed and committed again on every check."""
     with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
         work = Path(tmp) / "work"
-        apply_series(
-            upstream, series, work, ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs")
-        )
+        options = ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs", baselines=baselines)
+        apply_series(upstream, series, work, options)
         rendered = render_patches(git.Repo(work))
     return replace(compare(rendered, series.path.parent, series), check=True)

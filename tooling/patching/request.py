@@ -101,7 +101,7 @@ def export_requested(
             fetch,
             with_wheel=False,
         )
-        return check_export(upstream, series)
+        return check_export(upstream, series, fetch.cache.baselines)
     # The work tree's commits are the truth here: the ledger's digests are about to change.
     series = load_series(patches_dir / "series.toml", check_digests=False)
     work = Path(work_dir or default_work_dir(f"{source.base_version or series.validated_base}"))
