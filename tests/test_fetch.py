@@ -193,6 +193,21 @@ def test_corrupted_cached_copy_of_the_real_sdist_is_removed(tmp_path, catalog, f
     assert file_sha256(real) == artifact.sha256
 
 
+def test_unverified_lookup_still_refuses_a_cached_file_of_another_size(tmp_path, sdist_bytes):
+    """``verify=False`` leaves the digest to the caller (the build hashes the wheel while it
+    copies), but a file whose size is not the pin's is named and removed at once."""
+    artifact = pin("vllm-9.9.9.tar.gz", sdist_bytes)
+    opts = options(tmp_path, "http://127.0.0.1:9/simple/", offline=True)
+    cached = opts.cache.artifacts / artifact.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(bytes(len(sdist_bytes)))  # the pinned size, other bytes
+    assert ensure_artifact(artifact, opts, verify=False) == cached
+    cached.write_bytes(sdist_bytes[:-1])  # a download cut short
+    with pytest.raises(IntegrityError, match="does not match the pinned .* removed from the cache"):
+        ensure_artifact(artifact, opts, verify=False)
+    assert not cached.exists()
+
+
 def test_unreachable_index_is_a_network_error(tmp_path, sdist_bytes):
     with pytest.raises(NetworkError, match="cannot reach http://127.0.0.1:9/simple/vllm/"):
         ensure_artifact(

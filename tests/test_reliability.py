@@ -399,6 +399,8 @@ def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path, catalog)
     assert code == 6, err
     assert err.startswith(f"error: {WHEEL}: sha256 ") and "removed from the cache" in err, err
     assert not (cache / "pypi" / WHEEL).exists()
+    # Its size gave it away before any work: no work tree was made for it.
+    assert not (tmp_path / "w").exists()
     assert not list(tmp_path.glob("dist/*"))
 
 

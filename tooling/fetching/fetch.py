@@ -190,13 +190,15 @@ def _blocks(response: _Response, url: str) -> Iterator[bytes]:
 def ensure_artifact(artifact: Artifact, options: FetchOptions, *, verify: bool = True) -> Path:
     """The cached, verified path of ``artifact``; downloads it on a cache miss.
 
-    ``verify=False`` hands the check of a cached file to the caller, which
-    must call ``verify_artifact`` before trusting what it made from it (the
-    build does, on another core, while it copies).
+    ``verify=False`` hands the digest check of a cached file of the pinned size to
+    the caller, which must call ``verify_artifact`` before trusting what it made
+    from it (the build does, on another core, while it copies).
     """
     path = options.cache.artifacts / artifact.filename
     if path.exists():
-        if verify:
+        # A cached file of another size than the pin (a download cut short) cannot match:
+        # it is named and removed now, before a work tree is made for a build it would fail.
+        if verify or (artifact.size is not None and path.stat().st_size != artifact.size):
             verify_artifact(path, artifact)
         return path
     if options.offline:
