@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import git
@@ -80,7 +82,8 @@ def test_patched_wheel_installs_and_verifies(
     same = [p for p in official if p.startswith("vllm/") and installed.get(p) == official[p]]
     replaced = {f.path for f in built_wheel.manifest.files}
     assert len(same) == len([p for p in official if p.startswith("vllm/")]) - len(replaced)
-    report = verify(dist, ProbeTarget(python=patched_env, pycache=cache.root / "pycache"), ALL)
+    target = ProbeTarget(python=patched_env, pycache=cache.root / "pycache")
+    report = verify(dist, target, ALL, bytecode_cache=cache.bytecode)
     assert report.integrity_ok, report.problems
     assert report.files_checked > 3000
     assert states(report) == ["present"] * len(ALL)
@@ -90,15 +93,29 @@ def test_patched_wheel_installs_and_verifies(
     assert report.identity.problem is None
 
 
+@contextmanager
+def bare(python: Path) -> Iterator[Path]:
+    """The install as a bare ``--no-deps`` one, as ``pip install --target`` leaves it on an
+    offline host: without the line that lends its interpreter the probe environment's
+    packages, so that interpreter cannot import torch. Yields its site-packages.
+
+    The two tests that probe it through the probe environment's interpreter make one run
+    between them (the second is answered from the probe cache, by the same bytes)."""
+    site = site_of(python)
+    deps = site / "dflash-probe-deps.pth"
+    aside = deps.with_suffix(".aside")
+    deps.rename(aside)
+    try:
+        yield site
+    finally:
+        aside.rename(deps)
+
+
 def test_site_packages_mode_and_json(patched_env, probe_python):
-    result = run_cli(
-        "verify",
-        "--site-packages",
-        str(site_of(patched_env)),
-        "--probe-python",
-        str(probe_python),
-        "--json",
-    )
+    with bare(patched_env) as site:
+        result = run_cli(
+            "verify", "--site-packages", str(site), "--probe-python", str(probe_python), "--json"
+        )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["ok"] and data["built_by_us"] and data["integrity"]["problems"] == []
@@ -107,18 +124,12 @@ def test_site_packages_mode_and_json(patched_env, probe_python):
 
 
 def test_probe_python_questions_a_no_deps_install_named_by_python(patched_env, probe_python):
-    # Without the probe environment's packages the install is a bare --no-deps one:
-    # its own interpreter cannot import torch, so no probe can tell.
-    deps = site_of(patched_env) / "dflash-probe-deps.pth"
-    aside = deps.with_suffix(".aside")
-    deps.rename(aside)
-    try:
+    # Its own interpreter cannot import torch, so no probe can tell.
+    with bare(patched_env):
         alone = run_cli("verify", "--python", str(patched_env), "--json")
         helped = run_cli(
             "verify", "--python", str(patched_env), "--probe-python", str(probe_python), "--json"
         )
-    finally:
-        aside.rename(deps)
     assert alone.returncode == VerifyFixMissingError.exit_code
     assert {f["state"] for f in json.loads(alone.stdout)["fixes"]} == {"unknown"}
     assert helped.returncode == 0, helped.stderr
@@ -189,7 +200,7 @@ def test_stray_file_is_reported(patched_env, cache):
     try:
         dist = locate_with_python(patched_env)
         quick = ProbeTarget(python=Path(NO_TORCH), root=dist.site, pycache=cache.root / "pycache")
-        report = verify(dist, quick, [], runtime_python=patched_env)
+        report = verify(dist, quick, [], runtime_python=patched_env, bytecode_cache=cache.bytecode)
     finally:
         stray.unlink()
     assert [(p.kind, p.path) for p in report.problems] == [
