@@ -96,6 +96,11 @@ def bytecode_env() -> dict[str, str]:
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return  # the controller made the session cache; its environment came along
+    # ``--dist loadscope`` sorts the modules by how many tests each has, which put the
+    # longest ones (few tests, minutes of real installs and probe runs) last, on one worker
+    # while the other idled. LONGEST_FIRST orders them instead, and this keeps that order.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     # The torch of a child (the trainer, the tiny models, the reference) computes with one
     # thread per core by default; next to the other workers' children that oversubscribes
     # the cores, and OpenMP's waiting threads spin: on this 2-core machine the trainer's
@@ -326,26 +331,29 @@ HEAVY_FIXTURES = frozenset(
 
 
 #: The modules that keep one worker longest (seconds of tests and fixtures on two workers,
-#: measured 2026-12-01 in the machine's slower spell, before test_probe_cache and
-#: test_smoke_tiny were trimmed by about 20 s each), longest first. pytest-xdist hands
-#: modules out in collection order, so these go first and the short ones fill in at the
-#: end, and the two workers finish together. Any other module runs after these, in file
-#: order: a missing name costs time, never a test.
+#: measured 2026-12-01), longest first. The scheduler hands modules out in collection order
+#: (``pytest_configure`` turns off pytest-xdist's reordering by test count), so these go
+#: first, the short ones fill in at the end, and the two workers finish together. Any
+#: other module runs after these, in file order: a missing name costs time, never a test.
 LONGEST_FIRST = (
-    "test_reliability",  # 119 s
-    "test_verify",  # 106 s
-    "test_verify_stock",  # 105 s
-    "test_probe_cache",  # 91 s
-    "test_smoke_tiny",  # 86 s
-    "test_trainer",  # 75 s
-    "test_probes",  # 62 s
-    "test_apply",  # 50 s
-    "test_drafter_refusals",  # 38 s
-    "test_smoke_vllm_cpu",  # 37 s
-    "test_bundle",  # 37 s
-    "test_export",  # 29 s
-    "test_session_cache",  # 26 s
-    "test_build",  # 14 s
+    "test_verify_stock",  # 74 s
+    "test_reliability",  # 74 s
+    "test_verify",  # 65 s
+    "test_probe_cache",  # 54 s
+    "test_smoke_tiny",  # 52 s
+    "test_trainer",  # 45 s
+    "test_apply",  # 31 s
+    "test_probes",  # 30 s
+    "test_smoke_vllm_cpu",  # 29 s
+    "test_drafter_refusals",  # 25 s
+    "test_session_cache",  # 24 s
+    "test_bundle",  # 21 s
+    "test_build",  # 16 s
+    "test_smoke_runner",  # 13 s
+    "test_export",  # 11 s
+    "test_probe_host",  # 10 s
+    "test_fetch",  # 8 s
+    "test_smoke_server",  # 8 s
 )
 
 
