@@ -13,6 +13,7 @@ once by the tool itself (what ``tooling fetch`` would do), then linked.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -255,18 +256,29 @@ def git(cwd: Path, *args: str) -> str:
     ).stdout.strip()
 
 
-def copy_touched_files(upstream: Upstream, series: Series, dst: Path) -> Path:
-    """The release's files the series touches (the ledger's ``files``), and only those,
-    copied to ``dst``.
+def copy_touched_files(
+    upstream: Upstream, series: Series, dst: Path, extra: tuple[str, ...] = ()
+) -> Path:
+    """The release's files the series touches (the ledger's ``files``) and ``extra``, and
+    only those, copied to ``dst``.
 
-    The engine applies, reports and builds file by file, so a conflict, an offset or a
-    refusal reads as it does on the whole release, without copying and committing its
-    4,745 files (10 s a test here).
+    The engine applies, reports and builds file by file, so a conflict, an offset, a
+    refusal or a partial build reads as it does on the whole release, without checking
+    out its 4,745 files (and deleting them again later).
     """
-    for rel in sorted({f for patch in series.patches for f in patch.files}):
+    for rel in sorted({f for patch in series.patches for f in patch.files} | set(extra)):
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(upstream.source_dir / rel, dst / rel)
     return dst
+
+
+def touched_upstream(
+    upstream: Upstream, series: Series, dst: Path, extra: tuple[str, ...] = ()
+) -> Upstream:
+    """``upstream`` whose source is ``copy_touched_files``' tree at ``dst``."""
+    return dataclasses.replace(
+        upstream, source_dir=copy_touched_files(upstream, series, dst, extra)
+    )
 
 
 def run_on_tree(

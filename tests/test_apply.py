@@ -26,7 +26,7 @@ from tooling.patching.hunks import parse_diff
 from tooling.patching.series import load_series
 from tooling.probes import ABSENT, PRESENT
 
-from .conftest import PATCHES, apply_options, copy_touched_files
+from .conftest import PATCHES, apply_options, touched_upstream
 
 
 @pytest.mark.parametrize(
@@ -100,26 +100,18 @@ def test_0220_offset_is_superseded_not_reapplied(patched_0220):
     assert not report.ok
 
 
-def upstream_from(tree: Path, like: Upstream) -> Upstream:
-    return dataclasses.replace(like, source_dir=tree)
-
-
 @pytest.fixture
-def touched_tree(tmp_path, upstream_0201: Upstream, series) -> Path:
-    return copy_touched_files(upstream_0201, series, tmp_path / "base")
+def touched(tmp_path, upstream_0201: Upstream, series) -> Upstream:
+    return touched_upstream(upstream_0201, series, tmp_path / "base")
 
 
-def test_conflict_names_patch_file_hunk_and_line(
-    tmp_path, touched_tree, upstream_0201, series, cache
-):
-    tree = touched_tree
+def test_conflict_names_patch_file_hunk_and_line(tmp_path, touched, series, cache):
+    tree = touched.source_dir
     target = tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
     text = target.read_text()
     old = '        layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None)\n'
     target.write_text(text.replace(old, old.replace("layer_ids =", "layer_ids  =")))
-    report = apply_series(
-        upstream_from(tree, upstream_0201), series, tmp_path / "w", apply_options(None, cache)
-    )
+    report = apply_series(touched, series, tmp_path / "w", apply_options(None, cache))
     first = report.outcome("dflash-layer-id-offset")
     assert first.status == CONFLICT
     (conflict,) = first.conflicts
@@ -128,12 +120,12 @@ def test_conflict_names_patch_file_hunk_and_line(
     assert [o.status for o in report.outcomes[1:]] == [NOT_ATTEMPTED] * (len(series.patches) - 1)
 
 
-def test_keep_going_reports_every_later_patch(tmp_path, touched_tree, upstream_0201, series, cache):
-    tree = touched_tree
+def test_keep_going_reports_every_later_patch(tmp_path, touched, series, cache):
+    tree = touched.source_dir
     target = tree / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
     target.write_text(target.read_text().replace("class DFlashQwen3Attention", "class Renamed"))
     report = apply_series(
-        upstream_from(tree, upstream_0201),
+        touched,
         series,
         tmp_path / "w",
         apply_options(None, cache, keep_going=True),
@@ -145,18 +137,14 @@ def test_keep_going_reports_every_later_patch(tmp_path, touched_tree, upstream_0
     assert statuses == {p.id: CONFLICT if p.id in conflicting else APPLIED for p in series.patches}
 
 
-def test_lines_that_moved_are_reported_with_the_offset(
-    tmp_path, touched_tree, upstream_0201, series, cache
-):
-    tree = touched_tree
+def test_lines_that_moved_are_reported_with_the_offset(tmp_path, touched, series, cache):
+    tree = touched.source_dir
     runner = "vllm/v1/worker/gpu_model_runner.py"
     target = tree / runner
     lines = target.read_text().splitlines(keepends=True)
     lines.insert(100, "# three lines\n# added\n# upstream\n")
     target.write_text("".join(lines))
-    report = apply_series(
-        upstream_from(tree, upstream_0201), series, tmp_path / "w", apply_options(None, cache)
-    )
+    report = apply_series(touched, series, tmp_path / "w", apply_options(None, cache))
     # git applies at an offset (no fuzz involved); the text was only moved.
     outcome = report.outcome("dflash-layer-id-offset")
     assert outcome.status == APPLIED and outcome.method == "strict"
@@ -173,14 +161,12 @@ def test_lines_that_moved_are_reported_with_the_offset(
     assert committed[moved_to - 1 : moved_to - 1 + len(hunk.new_lines)] == list(hunk.new_lines)
 
 
-def test_already_applied_patch_is_detected(tmp_path, touched_tree, upstream_0201, series, cache):
-    tree = touched_tree
+def test_already_applied_patch_is_detected(tmp_path, touched, series, cache):
+    tree = touched.source_dir
     repo = git.Repo.init(tree)
     repo.git.apply(str(series.patches[0].file))
     shutil.rmtree(tree / ".git")
-    report = apply_series(
-        upstream_from(tree, upstream_0201), series, tmp_path / "w", apply_options(None, cache)
-    )
+    report = apply_series(touched, series, tmp_path / "w", apply_options(None, cache))
     first = report.outcome("dflash-layer-id-offset")
     assert first.status == ALREADY_APPLIED and first.commit is None
     assert [o.status for o in report.outcomes[1:]] == [APPLIED] * (len(series.patches) - 1)
@@ -200,7 +186,7 @@ def test_digest_mismatch_is_refused(tmp_path):
         load_series(folder / "series.toml")
 
 
-def test_corrupt_patch_file_is_refused_by_name(tmp_path, upstream_0201, cache):
+def test_corrupt_patch_file_is_refused_by_name(tmp_path, touched, cache):
     folder = ledger_copy(tmp_path)
     patch = folder / "0001-dflash-layer-id-offset.patch"
     patch.write_bytes(patch.read_bytes().replace(b"@@ -4958,11 +4958,20 @@", b"@@ garbage @@"))
@@ -214,7 +200,7 @@ def test_corrupt_patch_file_is_refused_by_name(tmp_path, upstream_0201, cache):
         match=r"dflash-layer-id-offset: 0001-dflash-layer-id-offset"
         r"\.patch is not a valid patch \(patch with only garbage",
     ):
-        apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
+        apply_series(touched, series, tmp_path / "w", apply_options(None, cache))
 
 
 def test_missing_patch_file_is_refused(tmp_path):
@@ -224,12 +210,12 @@ def test_missing_patch_file_is_refused(tmp_path):
         load_series(folder / "series.toml")
 
 
-def test_git_source_end_to_end(tmp_path, touched_tree, series, cache, catalog):
+def test_git_source_end_to_end(tmp_path, touched, series, cache, catalog):
     """A local git repository of the real 0.20.1 files the series touches, tagged, fetched
     and patched."""
     from tooling.fetching.gitsource import fetch_git
 
-    remote = touched_tree
+    remote = touched.source_dir
     repo = git.Repo.init(remote, initial_branch="main")
     repo.git.add("--all", "--force")
     repo.git.commit("-m", "v0.20.1", env=worktree.git_env())

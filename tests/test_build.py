@@ -33,7 +33,7 @@ from tooling.errors import BuildError, IntegrityError
 from tooling.patching import worktree
 from tooling.patching.apply import apply_series
 
-from .conftest import apply_options, copy_touched_files
+from .conftest import apply_options, touched_upstream
 
 OFFICIAL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 
@@ -175,8 +175,9 @@ def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache)
     # Patch 5 is written on patch 2's lines: leaving out patch 2 means leaving out both.
     skip = ["dflash-fp8-kv-cache", "dflash-swa-config"]
     partial = series.without(skip)
-    report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
-    result = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
+    upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
+    report = apply_series(upstream, partial, tmp_path / "w", apply_options(None, cache))
+    result = build_precompiled(upstream, partial, report, BuildOptions(dist_dir=tmp_path))
     assert result.version == (
         f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}"
         ".skip.dflashfp8kvcache.dflashswaconfig"
@@ -201,9 +202,11 @@ def test_build_tag_mode(series):
 
 
 def test_patch_touching_compiled_code_is_refused(tmp_path, upstream_0201, series, cache):
-    report = apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
+    kernel_file = "csrc/activation_kernels.cu"
+    upstream = touched_upstream(upstream_0201, series, tmp_path / "base", (kernel_file,))
+    report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
     repo = git.Repo(report.work_dir)
-    kernel = Path(report.work_dir) / "csrc" / "activation_kernels.cu"
+    kernel = Path(report.work_dir) / kernel_file
     kernel.write_text(kernel.read_text() + "// tuned\n")
     repo.git.commit(
         "-am",
@@ -216,15 +219,14 @@ def test_patch_touching_compiled_code_is_refused(tmp_path, upstream_0201, series
         match=r"patch 0004-kernel.patch touches compiled code "
         r"\(csrc/activation_kernels.cu\)",
     ):
-        build_precompiled(upstream_0201, series, report, BuildOptions(dist_dir=tmp_path / "d"))
+        build_precompiled(upstream, series, report, BuildOptions(dist_dir=tmp_path / "d"))
     assert not (tmp_path / "d").exists()
 
 
 def test_source_that_differs_from_the_wheel_is_refused(tmp_path, upstream_0201, series, cache):
-    tree = copy_touched_files(upstream_0201, series, tmp_path / "base")
-    target = tree / "vllm" / "config" / "speculative.py"
+    upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
+    target = upstream.source_dir / "vllm" / "config" / "speculative.py"
     target.write_text(target.read_text() + "# a local change\n")
-    upstream = dataclasses.replace(upstream_0201, source_dir=tree)
     report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
     with pytest.raises(BuildError, match="vllm/config/speculative.py: the official wheel's copy"):
         build_precompiled(upstream, series, report, BuildOptions(dist_dir=tmp_path / "d"))

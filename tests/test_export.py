@@ -16,7 +16,7 @@ from tooling.patching.apply import apply_series
 from tooling.patching.export import check_export, export_patches, render_patches
 from tooling.patching.series import load_series
 
-from .conftest import PATCHES, apply_options
+from .conftest import PATCHES, apply_options, touched_upstream
 
 
 def test_export_round_trips_byte_for_byte(patched_0201, series):
@@ -52,7 +52,8 @@ def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstre
     folder = tmp_path / "patches"
     shutil.copytree(PATCHES, folder)
     series = load_series(folder / "series.toml")
-    report = apply_series(upstream_0201, series, tmp_path / "w", apply_options(None, cache))
+    upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
+    report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
     repo = git.Repo(report.work_dir)
     # Reword the last patch's message in the work tree, keeping its trailers.
     last = series.patches[-1]

@@ -25,7 +25,7 @@ from tooling.verifying.verify import (
     verify,
 )
 
-from .conftest import apply_options
+from .conftest import apply_options, touched_upstream
 from .verify_helpers import ALL, by_number, run_cli, states
 
 
@@ -72,8 +72,9 @@ def test_a_build_without_a_patch_reports_that_fix_absent(
     tmp_path, upstream_0201, series, probe_python, cache
 ):
     partial = series.without(["eagle-cache-drop"])
-    report = apply_series(upstream_0201, partial, tmp_path / "w", apply_options(None, cache))
-    wheel = build_precompiled(upstream_0201, partial, report, BuildOptions(dist_dir=tmp_path))
+    upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
+    report = apply_series(upstream, partial, tmp_path / "w", apply_options(None, cache))
+    wheel = build_precompiled(upstream, partial, report, BuildOptions(dist_dir=tmp_path))
     python = install_into_fresh_env(
         wheel.path, probe_python, tmp_path / "venv", compile_bytecode=False
     )
