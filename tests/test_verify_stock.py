@@ -1,9 +1,11 @@
 """verify on stock installs (0.20.1, 0.22.0), a partial build, and pip --target's layout.
 
 Apart from tests/test_verify.py (our wheel's install) so the two halves, each minutes
-of real installs and probe runs, can go to different pytest-xdist workers. These installs
-are made as ``verify --wheel`` makes its scratch one, without bytecode: what they check is
-the fixes (test_verify.py checks pip's bytecode on our wheel's install).
+of real installs and probe runs, can go to different pytest-xdist workers. Stock 0.20.1 is
+installed once, with ``pip install --target`` as offline GPU hosts install it, and verified
+by its site-packages; the others into virtualenvs as ``verify --wheel`` makes its scratch
+one, and verified by their interpreter. None has bytecode: what they check is the files
+and the fixes (test_verify.py checks pip's bytecode on our wheel's install).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tooling.building.build import BuildOptions, build_precompiled
 from tooling.errors import VerifyFixMissingError
@@ -29,11 +34,39 @@ from .conftest import apply_options, touched_upstream
 from .verify_helpers import ALL, by_number, run_cli, states
 
 
-def test_stock_0201_has_none_of_the_fixes(tmp_path, upstream_0201, probe_python):
-    python = install_into_fresh_env(
-        upstream_0201.wheel, probe_python, tmp_path / "venv", compile_bytecode=False
+@pytest.fixture(scope="module")
+def target_install(tmp_path_factory, upstream_0201) -> Path:
+    """The stock 0.20.1 wheel as `pip install --target` lays it out, as offline GPU hosts
+    install it (no bytecode: what these tests check is the files and the fixes)."""
+    site = tmp_path_factory.mktemp("target") / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "--target",
+            str(site),
+            str(upstream_0201.wheel),
+        ],
+        check=True,
     )
-    result = run_cli("verify", "--python", str(python), "--json")
+    return site
+
+
+def test_stock_0201_has_none_of_the_fixes(target_install, probe_python):
+    result = run_cli(
+        "verify",
+        "--site-packages",
+        str(target_install),
+        "--probe-python",
+        str(probe_python),
+        "--json",
+    )
     assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
     data = json.loads(result.stdout)
     assert data["integrity"]["ok"] and not data["built_by_us"]
@@ -86,27 +119,17 @@ def test_a_build_without_a_patch_reports_that_fix_absent(
     assert [f.number for f in result.missing_fixes] == [3]
 
 
-def test_pip_target_layout_checks_clean(tmp_path, upstream_0201):
-    """`pip install --target` (how offline GPU hosts install) moves console scripts to
-    <target>/bin while RECORD still says ../../bin; integrity must follow them."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-index",
-            "--target",
-            str(tmp_path / "site"),
-            str(upstream_0201.wheel),
-        ],
-        check=True,
-    )
-    dist = locate_in_site(tmp_path / "site")
+def test_pip_target_layout_checks_clean(target_install):
+    """`pip install --target` moves console scripts to <target>/bin while RECORD still says
+    ../../bin; integrity must follow them."""
+    dist = locate_in_site(target_install)
     checked, problems = check_files(dist)
     assert problems == [] and checked > 3000
-    (tmp_path / "site" / "bin" / "vllm").write_text("#!/bin/sh\necho tampered\n")
-    _, problems = check_files(dist)
+    script = target_install / "bin" / "vllm"
+    original = script.read_bytes()
+    script.write_text("#!/bin/sh\necho tampered\n")
+    try:
+        _, problems = check_files(dist)
+    finally:
+        script.write_bytes(original)
     assert [(p.kind, p.path) for p in problems] == [("modified", "../../bin/vllm")]
