@@ -256,11 +256,11 @@ def git(cwd: Path, *args: str) -> str:
     ).stdout.strip()
 
 
-def copy_touched_files(
+def touched_upstream(
     upstream: Upstream, series: Series, dst: Path, extra: tuple[str, ...] = ()
-) -> Path:
-    """The release's files the series touches (the ledger's ``files``) and ``extra``, and
-    only those, copied to ``dst``.
+) -> Upstream:
+    """``upstream`` whose source is only the files the series touches (the ledger's
+    ``files``) and ``extra``, copied to ``dst``.
 
     The engine applies, reports and builds file by file, so a conflict, an offset, a
     refusal or a partial build reads as it does on the whole release, without checking
@@ -269,16 +269,7 @@ def copy_touched_files(
     for rel in sorted({f for patch in series.patches for f in patch.files} | set(extra)):
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(upstream.source_dir / rel, dst / rel)
-    return dst
-
-
-def touched_upstream(
-    upstream: Upstream, series: Series, dst: Path, extra: tuple[str, ...] = ()
-) -> Upstream:
-    """``upstream`` whose source is ``copy_touched_files``' tree at ``dst``."""
-    return dataclasses.replace(
-        upstream, source_dir=copy_touched_files(upstream, series, dst, extra)
-    )
+    return dataclasses.replace(upstream, source_dir=dst)
 
 
 def run_on_tree(

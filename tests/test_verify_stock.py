@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from tooling.building.build import BuildOptions, build_precompiled
 from tooling.errors import VerifyFixMissingError
 from tooling.patching.apply import apply_series
 from tooling.probes import ProbeTarget
+from tooling.verifying.install import pip_install
 from tooling.verifying.verify import (
     check_files,
     install_into_fresh_env,
@@ -39,22 +38,8 @@ def target_install(tmp_path_factory, upstream_0201) -> Path:
     """The stock 0.20.1 wheel as `pip install --target` lays it out, as offline GPU hosts
     install it (no bytecode: what these tests check is the files and the fixes)."""
     site = tmp_path_factory.mktemp("target") / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-index",
-            "--no-compile",
-            "--target",
-            str(site),
-            str(upstream_0201.wheel),
-        ],
-        check=True,
-    )
+    failure = pip_install(upstream_0201.wheel, target=site, compile_bytecode=False)
+    assert failure is None, failure
     return site
 
 
