@@ -34,7 +34,7 @@ wheel: $(STAMP) ## Build the patched vLLM 0.20.1 CUDA wheel into dist/
 
 # Two workers, each taking a whole test module (its module fixtures built once): most of
 # the suite waits on child interpreters, so two overlap well even on two cores (5 min 13 s
-# to 5 min 46 s for the whole suite in clean clones here, 2026-12-01; the fast tier 46-48 s;
+# to 5 min 53 s for the whole suite in clean clones here, 2026-12-01; the fast tier 46-48 s;
 # README says how the machine's speed varied). TEST_WORKERS=0 runs them serially.
 TEST_WORKERS ?= 2
 
