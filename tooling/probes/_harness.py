@@ -84,7 +84,10 @@ def write_tiny_pair(
     target_layer_ids: list[int],
     layer_types: list[str] | None = None,
     sliding_window: int | None = None,
+    hybrid_target: bool = False,
 ) -> TinyPair:
+    """``hybrid_target``: a Qwen3-Next target (Gated DeltaNet and attention layers, the
+    text-only model of Qwen3.6's family) instead of an attention-only Qwen3."""
     from transformers import Qwen3Config
 
     common: dict[str, Any] = dict(
@@ -97,9 +100,26 @@ def write_tiny_pair(
         max_position_embeddings=4096,
     )
     target = root / "target"
-    Qwen3Config(
-        num_hidden_layers=target_layers, architectures=["Qwen3ForCausalLM"], **common
-    ).save_pretrained(target)
+    if hybrid_target:
+        from transformers import Qwen3NextConfig
+
+        Qwen3NextConfig(
+            num_hidden_layers=target_layers,
+            architectures=["Qwen3NextForCausalLM"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            **common,
+        ).save_pretrained(target)
+    else:
+        Qwen3Config(
+            num_hidden_layers=target_layers, architectures=["Qwen3ForCausalLM"], **common
+        ).save_pretrained(target)
     extra: dict[str, Any] = {}
     if layer_types is not None:
         extra.update(layer_types=layer_types, max_window_layers=len(layer_types))
@@ -173,6 +193,62 @@ def vllm_config(
         ),
         speculative_config=spec,
     )
+
+
+def kv_cache_groups(block_size: int, *, mamba: bool = False) -> list[Any]:
+    """One attention KV-cache group, and with ``mamba`` a Mamba group (cache mode "align")."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
+
+    groups = [
+        KVCacheGroupSpec(
+            ["layer"],
+            FullAttentionSpec(
+                block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+            ),
+        )
+    ]
+    if mamba:
+        groups.append(
+            KVCacheGroupSpec(
+                ["mamba"],
+                MambaSpec(
+                    block_size=block_size,
+                    shapes=((1,),),
+                    dtypes=(torch.float32,),
+                    mamba_cache_mode="align",
+                ),
+            )
+        )
+    return groups
+
+
+def scheduler(config: Any, *, block_size: int, num_blocks: int, mamba: bool = False) -> Any:
+    """vLLM's real Scheduler for ``config`` over ``num_blocks`` blocks of ``kv_cache_groups``."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config.cache_config.num_gpu_blocks = num_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=kv_cache_groups(block_size, mamba=mamba),
+    )
+    return Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=block_size,
+        log_stats=False,
+    )
+
+
+def model_output(rid: str, sampled: list[int]) -> Any:
+    """What the model runner returns for one request that sampled ``sampled``."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0}, sampled_token_ids=[sampled])
 
 
 _distributed = False

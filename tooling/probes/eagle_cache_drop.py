@@ -29,52 +29,13 @@ PROMPT_LEN = 200
 DROP_APIS = ("requires_eagle_cache_drop", "needs_eagle_block_drop")
 
 
-def _kv_cache_groups(hybrid: bool) -> list:
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
-
-    groups = [
-        KVCacheGroupSpec(
-            ["layer"],
-            FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32),
-        )
-    ]
-    if hybrid:
-        groups.append(
-            KVCacheGroupSpec(
-                ["mamba"],
-                MambaSpec(
-                    block_size=BLOCK,
-                    shapes=((1,),),
-                    dtypes=(torch.float32,),
-                    mamba_cache_mode="align",
-                ),
-            )
-        )
-    return groups
-
-
 def cached_tokens_on_repeat(config: Any, *, hybrid: bool = False) -> int:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request, RequestStatus
-    from vllm.v1.structured_output import StructuredOutputManager
 
-    blocks = 64
-    config.cache_config.num_gpu_blocks = blocks
-    kv_cache_config = KVCacheConfig(
-        num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=_kv_cache_groups(hybrid)
-    )
-    scheduler = Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK,
-        log_stats=False,
-    )
+    scheduler = _harness.scheduler(config, block_size=BLOCK, num_blocks=64, mamba=hybrid)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
     prompt = list(range(1, PROMPT_LEN + 1))

@@ -46,40 +46,6 @@ class NotScheduled(Exception):
     """The scheduler did not run the step the case needs (a release that schedules otherwise)."""
 
 
-def _scheduler(config: Any) -> Any:
-    import torch
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    config.cache_config.num_gpu_blocks = NUM_BLOCKS
-    kv_cache_config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(
-                    block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32
-                ),
-            )
-        ],
-    )
-    return Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK,
-        log_stats=False,
-    )
-
-
-def _model_output(rid: str, sampled: list[int]) -> Any:
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    return ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0}, sampled_token_ids=[sampled])
-
-
 def slots_outside(config: Any, case: Case) -> int:
     """How many of the K+1 first-pass positions after the case's step have no block."""
     from vllm.sampling_params import SamplingParams
@@ -88,7 +54,7 @@ def slots_outside(config: Any, case: Case) -> int:
 
     k = case.num_spec_tokens
     rid = "probe"
-    scheduler = _scheduler(config)
+    scheduler = _harness.scheduler(config, block_size=BLOCK, num_blocks=NUM_BLOCKS)
     scheduler.add_request(
         Request(
             request_id=rid,
@@ -101,13 +67,13 @@ def slots_outside(config: Any, case: Case) -> int:
     if out.num_scheduled_tokens.get(rid) != case.prompt_len:
         raise NotScheduled(f"the {case.prompt_len}-token prompt was not prefilled in one step")
     if case.decode:
-        scheduler.update_from_output(out, _model_output(rid, [7]))
+        scheduler.update_from_output(out, _harness.model_output(rid, [7]))
         scheduler.update_draft_token_ids(DraftTokenIds([rid], [[8] * k]))
         out = scheduler.schedule()
         if len(out.scheduled_spec_decode_tokens.get(rid, ())) != k:
             raise NotScheduled(f"the decode step did not carry the {k} drafts")
         # Every draft accepted, plus the bonus token.
-        scheduler.update_from_output(out, _model_output(rid, [8] * k + [9]))
+        scheduler.update_from_output(out, _harness.model_output(rid, [8] * k + [9]))
     request = scheduler.requests[rid]
     # The prefill's sampled token is not computed yet: the last valid position
     # is the last computed one (for a decode, after the accepted drafts).
