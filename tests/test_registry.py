@@ -43,9 +43,9 @@ def run() -> ProbeResult:
 NEW_ENTRY = """
 [[patch]]
 id = "new-fix"
-file = "0007-new-fix.patch"
+file = "{file}"
 sha256 = "{sha}"
-title = "A seventh fix"
+title = "One more fix"
 why = "Proves that a patch needs its ledger entry and its probe, nothing else."
 files = ["vllm/envs.py"]
 touches_compiled_code = false
@@ -70,7 +70,7 @@ def test_the_shipped_ledger_is_patches_series_toml_itself():
     assert [(f.number, f.patch_id, f.probe) for f in fixes] == [
         (p.index, p.id, p.probe) for p in series.patches
     ]
-    assert [f.number for f in fixes] == [1, 2, 3, 4, 5, 6]
+    assert [f.number for f in fixes] == list(range(1, len(series.patches) + 1))
 
 
 def test_every_probe_module_is_named_by_exactly_one_fix_and_is_called_so():
@@ -105,7 +105,8 @@ def test_an_entry_naming_no_probe_module_is_one_line(tmp_path, monkeypatch):
 
 def test_a_probe_module_no_entry_names_is_one_line(tmp_path, monkeypatch):
     ledger = _ledger_copy(tmp_path, _without_last_entry)
-    message = f"probe module compile_key is named by no patch in {ledger}"
+    last = registry().fixes[-1].probe
+    message = f"probe module {last} is named by no patch in {ledger}"
     with pytest.raises(SeriesError, match=message):
         load_registry(ledger)
     monkeypatch.setattr(registry_module, "LEDGER", ledger)
@@ -174,18 +175,21 @@ def test_adding_a_patch_touches_the_ledger_and_its_probe_nothing_else(tmp_path):
     _tooling_copy(checkout, links=True)
     # The two additions: a probe module, and the ledger's entry (with its patch file).
     (checkout / "tooling" / "probes" / "new_fix.py").write_text(NEW_PROBE)
-    patch_file = checkout / "patches" / "0007-new-fix.patch"
+    shipped = registry().fixes
+    new_number = len(shipped) + 1
+    patch_file = checkout / "patches" / f"{new_number:04d}-new-fix.patch"
     patch_file.write_text("--- a/vllm/envs.py\n+++ b/vllm/envs.py\n")
     sha = hashlib.sha256(patch_file.read_bytes()).hexdigest()
     with open(checkout / "patches" / "series.toml", "a") as ledger:
-        ledger.write(NEW_ENTRY.format(sha=sha))
+        ledger.write(NEW_ENTRY.format(file=patch_file.name, sha=sha))
     site = tmp_path / "site"
     _fake_site(site)
 
     help_text = _run_copy(checkout, "verify", "--help", cwd=tmp_path).stdout
-    assert "some of 1, 2, 3, 4, 5, 6, 7 (numbers" in " ".join(help_text.split())
+    numbers = ", ".join(str(n) for n in range(1, new_number + 1))
+    assert f"some of {numbers} (numbers" in " ".join(help_text.split())
     probe_help = " ".join(_run_copy(checkout, "probe", "--help", cwd=tmp_path).stdout.split())
-    assert "fp8_kv, compile_key, new_fix." in probe_help
+    assert f"{shipped[-1].probe}, new_fix." in probe_help
     done = _run_copy(
         checkout,
         "verify",
@@ -201,13 +205,13 @@ def test_adding_a_patch_touches_the_ledger_and_its_probe_nothing_else(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert [(f["number"], f["patch_id"], f["probe"]) for f in report["fixes"]] == [
-        *[(f.number, f.patch_id, f.probe) for f in registry().fixes],
-        (7, "new-fix", "new_fix"),
+        *[(f.number, f.patch_id, f.probe) for f in shipped],
+        (new_number, "new-fix", "new_fix"),
     ]
-    assert report["required"] == [7]
+    assert report["required"] == [new_number]
     assert report["fixes"][-1]["state"] == "present (upstream form)"
     assert report["fixes"][-1]["evidence"] == "the new fix behaves as fixed"
-    # The six real probes ran too, on a vLLM that has none of their code.
+    # The shipped probes ran too, on a vLLM that has none of their code.
     assert {f["state"] for f in report["fixes"][:-1]} == {"unknown"}
 
 
@@ -230,5 +234,6 @@ def test_verify_needs_no_checkout(tmp_path):
     )
     assert done.returncode == VerifyFixMissingError.exit_code, done.stderr
     report = json.loads(done.stdout)
-    assert [f["number"] for f in report["fixes"]] == [1, 2, 3, 4, 5, 6]
-    assert report["required"] == [1, 2, 3, 4, 5, 6]
+    numbers = [f.number for f in registry().fixes]
+    assert [f["number"] for f in report["fixes"]] == numbers
+    assert report["required"] == numbers
