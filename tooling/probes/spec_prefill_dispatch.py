@@ -154,9 +154,7 @@ def run() -> ProbeResult:
     )
     try:
         dispatches = [
-            d
-            for k in KS
-            for d in _cases(_harness.vllm_config(pair, num_speculative_tokens=k), k)
+            d for k in KS for d in _cases(_harness.vllm_config(pair, num_speculative_tokens=k), k)
         ]
     except CannotDispatch as e:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"cannot run a case: {e}")
