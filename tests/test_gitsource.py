@@ -6,11 +6,13 @@ from pathlib import Path
 
 import git
 import pytest
+from click.testing import CliRunner
 
-from tooling.errors import CacheMissError, GitSourceError
+from tooling.cli import main
+from tooling.errors import CacheMissError, ConfigError, GitSourceError
 from tooling.fetching.bases import Artifact, Base, GitPin
 from tooling.fetching.gitsource import fetch_git
-from tooling.paths import CacheLayout
+from tooling.paths import REPO_DIR, CacheLayout
 
 
 def make_remote(path: Path) -> tuple[git.Repo, str]:
@@ -123,3 +125,72 @@ def test_a_ref_of_another_release_is_refused(tmp_path, remote):
     repo.index.commit("unrelated history")
     with pytest.raises(GitSourceError, match="does not descend from vLLM 9.9.9"):
         fetch_git(base_pinned(tagged), cache, url=url, ref="elsewhere", allow_moving_ref=True)
+
+
+def fetch_from_git(
+    tmp_path: Path,
+    *args: str,
+    patches_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+):
+    """`tooling fetch --source git` with its own cache, as a user would type it."""
+    group = ["--cache-dir", str(tmp_path / "cache")]
+    if patches_dir is not None:
+        group += ["--patches-dir", str(patches_dir)]
+    return CliRunner().invoke(
+        main, [*group, "fetch", "--source", "git", "--no-wheel", *args], env=env
+    )
+
+
+def patches_with(folder: Path, old: str, new: str) -> Path:
+    """A --patches-dir whose bases.toml has ``old`` replaced by ``new``."""
+    folder.mkdir()
+    text = (REPO_DIR / "patches" / "bases.toml").read_text()
+    assert old in text
+    (folder / "bases.toml").write_text(text.replace(old, new, 1))
+    return folder
+
+
+def test_every_git_value_shaped_like_an_option_is_refused_before_git_runs(tmp_path, remote):
+    """--git-url, --ref and bases.toml's git_url and tag reach git: an option-shaped one (a
+    real --upload-pack payload) or one with a control character is one line, and runs nothing."""
+    _, _, url = remote
+    marker = tmp_path / "marker"
+    payload = f"--upload-pack=touch {marker}"
+    two_lines = f"{url}\nx"
+    git_url_line = 'git_url = "https://github.com/vllm-project/vllm.git"'
+    cases = [
+        (("--git-url", payload, "--ref", "v0.20.1"), (), GitSourceError, f"git URL {payload!r}"),
+        (("--git-url", url, "--ref", payload), (), GitSourceError, f"ref {payload!r}"),
+        (("--git-url", two_lines), (), GitSourceError, f"git URL {two_lines!r}"),
+        (("--git-url", url, "--ref", "v0.20.1\r"), (), GitSourceError, "ref 'v0.20.1\\r'"),
+        ((), (git_url_line, f'git_url = "{payload}"'), ConfigError, f"git_url {payload!r}"),
+        ((), ('tag = "v0.20.1"', f'tag = "{payload}"'), ConfigError, f"tag {payload!r}"),
+    ]
+    for i, (args, edit, error, named) in enumerate(cases):
+        patches = patches_with(tmp_path / f"patches-{i}", *edit) if edit else None
+        result = fetch_from_git(tmp_path, *args, patches_dir=patches)
+        assert result.exit_code == error.exit_code, (args, edit, result.output)
+        assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+        assert named in result.stderr, result.stderr
+        if patches is not None:
+            assert f"{patches / 'bases.toml'}: " in result.stderr, result.stderr
+        assert not marker.exists(), (args, edit)
+        # Refused before any clone was made: git never saw the value.
+        assert not list((tmp_path / "cache" / "git").glob("*")), (args, edit)
+
+
+def test_a_command_running_transport_is_refused_even_where_git_config_allows_it(tmp_path):
+    """ext:: runs a command; a user's git config may allow every protocol (as the environment
+    here does), the toolchain's git calls still refuse it."""
+    marker = tmp_path / "marker"
+    allow_all = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.allow"}
+    result = fetch_from_git(
+        tmp_path,
+        "--git-url",
+        f"ext::sh -c touch% {marker}",
+        env={**allow_all, "GIT_CONFIG_VALUE_0": "always"},
+    )
+    assert result.exit_code == GitSourceError.exit_code, result.output
+    assert "transport 'ext' not allowed" in result.stderr and result.stderr.count("\n") == 1
+    assert not marker.exists()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, UnknownBaseError
+from .gitinput import checked
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
@@ -86,7 +87,7 @@ def _base(version: str, table: dict, path: Path) -> Base:
     try:
         git = table["git"]
         pin = GitPin(
-            tag=str(git["tag"]),
+            tag=checked(str(git["tag"]), f"{where}.git: tag", ConfigError),
             commit=str(git["commit"]).lower(),
             commit_verified=bool(git.get("commit_verified", False)),
         )
@@ -122,6 +123,10 @@ def load_bases(path: Path) -> BaseCatalog:
     return BaseCatalog(
         path=path,
         default=default,
-        git_url=str(data.get("git_url", "https://github.com/vllm-project/vllm.git")),
+        git_url=checked(
+            str(data.get("git_url", "https://github.com/vllm-project/vllm.git")),
+            f"{path}: git_url",
+            ConfigError,
+        ),
         bases=bases,
     )

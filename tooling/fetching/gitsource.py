@@ -21,6 +21,7 @@ from ..fsutil import locked, staging_dir
 from ..patching.worktree import git_error_summary
 from ..paths import CacheLayout
 from .bases import Base
+from .gitinput import ALLOWED_PROTOCOLS, checked
 
 _REFSPECS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
@@ -44,6 +45,15 @@ def clone_dir(cache: CacheLayout, url: str) -> Path:
     return cache.git / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:12]}.git"
 
 
+def _fetch(repo: git.Repo, url: str, *options: str) -> None:
+    # "--": whatever the URL looks like, git takes it as the repository.
+    try:
+        repo.git.fetch(*options, "--", url, *_REFSPECS, env=ALLOWED_PROTOCOLS)
+    except git.GitCommandError as e:
+        summary = git_error_summary(e)
+        raise GitSourceError(f"git remote {url} cannot be read: {summary}") from None
+
+
 def update_clone(url: str, cache: CacheLayout, offline: bool) -> git.Repo:
     """Create or refresh the cached bare clone of ``url`` (locked: one writer at a time)."""
     path = clone_dir(cache, url)
@@ -51,21 +61,12 @@ def update_clone(url: str, cache: CacheLayout, offline: bool) -> git.Repo:
         if path.is_dir():
             repo = git.Repo(path)
             if not offline:
-                try:
-                    repo.git.fetch(url, *_REFSPECS, "--prune")
-                except git.GitCommandError as e:
-                    summary = git_error_summary(e)
-                    raise GitSourceError(f"git remote {url} cannot be read: {summary}") from None
+                _fetch(repo, url, "--prune")
             return repo
         if offline:
             raise CacheMissError(f"--offline: no cached clone of {url} in {cache.git}")
-        try:
-            with staging_dir(path) as tmp:
-                repo = git.Repo.init(tmp, bare=True)
-                repo.git.fetch(url, *_REFSPECS)
-        except git.GitCommandError as e:
-            summary = git_error_summary(e)
-            raise GitSourceError(f"git remote {url} cannot be read: {summary}") from None
+        with staging_dir(path) as tmp:
+            _fetch(git.Repo.init(tmp, bare=True), url)
         return git.Repo(path)
 
 
@@ -146,7 +147,8 @@ def fetch_git(
     offline: bool = False,
 ) -> GitSource:
     """Clone or update ``url``, resolve ``ref`` (default: the base's tag) and export it."""
-    ref = ref or base.git.tag
+    url = checked(url, "git URL", GitSourceError)
+    ref = checked(ref or base.git.tag, "ref", GitSourceError)
     repo = update_clone(url, cache, offline)
     kind, commit = resolve_ref(repo, ref)
     check_pin(repo, base, ref, kind, commit, allow_moving_ref)
