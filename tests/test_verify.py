@@ -230,6 +230,31 @@ def test_parse_require():
     assert result.exit_code == ConfigError.exit_code
 
 
+@pytest.mark.parametrize("json_flag", [(), ("--json",)])
+@pytest.mark.parametrize("spec", ["", ",", " "])
+def test_a_require_list_naming_no_fix_is_a_usage_error(spec, json_flag):
+    """An empty list would require nothing, and verify would pass a stock vLLM: refused
+    before anything is verified."""
+    result = CliRunner().invoke(main, ["verify", "--require", spec, *json_flag])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert errors == [
+        f"Error: Invalid value for '--require': {spec!r} names no fix "
+        f"(all, or some of {registry().numbers})"
+    ], result.stderr
+
+
+def test_a_require_list_naming_an_unknown_fix_is_json_under_json():
+    """--require is read while the options are parsed: --json after it still holds."""
+    result = CliRunner().invoke(main, ["verify", "--require", "nine", "--json"])
+    assert result.exit_code == ConfigError.exit_code
+    assert json.loads(result.stdout) == {
+        "ok": False,
+        "error": f"--require 'nine': not a fix ({registry().numbers}, a patch id or a probe)",
+        "exit_code": ConfigError.exit_code,
+    }
+
+
 def test_identity_names_a_version_vllm_does_not_report():
     """A stamped build whose vllm.__version__ says otherwise is another vLLM (exit 14)."""
     ok = VersionIdentity("0.20.1+dflash.6.ab", "0.20.1+dflash.6.ab", "0.20.1+dflash.6.ab", True)

@@ -110,10 +110,12 @@ def json_option(f: F) -> F:
         ctx.ensure_object(Settings).json = value
         return value
 
+    # Eager: decided before any other option's callback can fail, so that failure is JSON too.
     return click.option(
         "--json",
         "as_json",
         is_flag=True,
+        is_eager=True,
         expose_value=False,
         callback=callback,
         help="Print one JSON document on stdout.",

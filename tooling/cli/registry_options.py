@@ -52,13 +52,22 @@ def probe_option(f: F) -> F:
     )(f)
 
 
+def _required_fixes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
+    fixes = registry().select(value)
+    if not fixes:
+        # Requiring nothing would pass any vLLM, stock included.
+        raise click.BadParameter(f"{value!r} names no fix (all, or some of {registry().numbers})")
+    return fixes
+
+
 def require_option(f: F) -> F:
-    """``--require SPEC``: the fixes verify must find present."""
+    """``--require SPEC``: the fix numbers verify must find present."""
     return click.option(
         "--require",
-        "require_spec",
+        "required",
         default="all",
         show_default=True,
+        callback=_required_fixes,
         cls=RegistryHelpOption,
         help_from=lambda r: (
             f"Fixes that must be present: all, or some of {r.numbers} (numbers, patch ids, probes)."

@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from ..probe_cache import CACHED_NOTE
-from ..registry import registry
 from ..report import table
 from .options import emit, json_option, probe_python_option, settings_of
 from .registry_options import require_option
@@ -41,7 +40,7 @@ def verify_command(
     python: Path | None,
     site: Path | None,
     wheel: Path | None,
-    require_spec: str,
+    required: list[int],
     probe_python: Path | None,
 ) -> None:
     """Check an installed vLLM: files against RECORD, and each fix by behaviour."""
@@ -51,7 +50,7 @@ def verify_command(
     report = verify_requested(
         VerifyRequest(
             cache=settings.cache,
-            required=registry().select(require_spec),
+            required=required,
             python=python,
             site=site,
             wheel=wheel,
