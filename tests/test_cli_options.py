@@ -1,5 +1,6 @@
 """Every option a command accepts is honoured: the ``patch`` group's own options are refused
-by the subcommands that do not use them, and ``bundle --dist`` is where the wheel is read."""
+by the subcommands that do not use them, the git source's options without ``--source git``,
+and ``bundle --dist`` is where the wheel is read."""
 
 from __future__ import annotations
 
@@ -33,9 +34,32 @@ def test_patch_subcommands_refuse_group_options_they_do_not_honour(subcommand, g
     [(("--git-url", "https://example.invalid/vllm.git"), "--git-url"), (("--ref", "v0"), "--ref")],
 )
 def test_patch_status_refuses_the_git_source_options(given, flag):
-    result = run("patch", *given, "status")
+    result = run("patch", "--source", "git", *given, "status")
     assert result.exit_code == 2, result.output
     assert f"{flag} is an option of `tooling patch` itself" in result.output
+
+
+@pytest.mark.parametrize("command", ["fetch", "build", "patch"])
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        (("--ref", "v0.22.0"), "--ref"),
+        (("--git-url", "https://example.invalid/vllm.git"), "--git-url"),
+        (("--allow-moving-ref",), "--allow-moving-ref"),
+    ],
+)
+@pytest.mark.parametrize("source", [(), ("--source", "pypi")])
+def test_git_source_options_without_source_git_are_refused(tmp_path, command, given, flag, source):
+    """`build --ref v0.22.0` built 0.20.1 from PyPI: the ref was never read. Refused before any
+    work (an empty cache, offline: anything fetched would be another error)."""
+    cache = tmp_path / "cache"
+    work = () if command == "fetch" else ("--work-dir", str(tmp_path / "w"))
+    result = run("--offline", "--cache-dir", str(cache), command, *source, *given, *work)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.endswith(
+        f"\n\nError: {flag} needs --source git; --source pypi would ignore it\n"
+    ), result.stderr
+    assert not cache.exists() and not (tmp_path / "w").exists()
 
 
 def test_patch_export_honours_the_group_work_dir(tmp_path):

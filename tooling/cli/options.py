@@ -184,6 +184,8 @@ def probe_python_option(f: F) -> F:
 
 #: The parameters base_options declares, folded into the command's ``request``.
 BASE_PARAMS = ("base_version", "source", "git_url", "ref", "allow_moving_ref")
+#: The options only ``--source git`` reads, by parameter.
+GIT_ONLY = {"git_url": "--git-url", "ref": "--ref", "allow_moving_ref": "--allow-moving-ref"}
 
 
 def base_options(f: F) -> F:
@@ -193,6 +195,12 @@ def base_options(f: F) -> F:
     @functools.wraps(f)
     def command(*args: Any, **kwargs: Any) -> Any:
         request = SourceRequest(*(kwargs.pop(name) for name in BASE_PARAMS))
+        if request.source != "git":
+            for name, flag in GIT_ONLY.items():
+                if getattr(request, name) not in (None, False):
+                    raise click.UsageError(
+                        f"{flag} needs --source git; --source {request.source} would ignore it"
+                    )
         return f(*args, request=request, **kwargs)
 
     g = cache_options(command)
