@@ -6,11 +6,16 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from tooling.building.manifest import MANIFEST_NAME, BuildManifest
+from tooling.cli import main
+from tooling.errors import ArchiveError
 from tooling.patching.status import BaseStatus
 from tooling.paths import REPO_DIR
 from tooling.release.release import (
@@ -101,6 +106,51 @@ def test_every_make_target_has_help():
     ).stdout
     for target in ("wheel", "test", "lint", "verify", "smoke", "status", "release", "clean"):
         assert re.search(rf"^  {target}\s+\S", help_text, re.M), target
+
+
+def small_built_wheel(dist: Path, payload: bytes) -> Path:
+    """A wheel as the build names and stamps it (its manifest inside), ``payload`` stored."""
+    manifest = BuildManifest(
+        version="0.20.1+dflash.6.0",
+        base_version="0.20.1",
+        mode="precompiled",
+        source="pypi",
+        upstream=[],
+        series_digest="0" * 64,
+        validated_base="0.20.1",
+        patches=[],
+        skipped=[],
+        files=[],
+        toolchain={},
+    )
+    wheel = dist / "vllm-0.20.1+dflash.6.0-cp38-abi3-manylinux_2_35_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("vllm/blob.bin", payload)
+        zf.writestr(f"vllm-0.20.1+dflash.6.0.dist-info/{MANIFEST_NAME}", manifest.to_bytes())
+    return wheel
+
+
+def test_release_refuses_a_wheel_with_one_flipped_byte_and_writes_nothing(tmp_path):
+    """verify --wheel and bundle refuse such a wheel (a member fails its CRC-32); release
+    wrote checksums and notes for it."""
+    payload = bytes(range(256)) * 64
+    good = tmp_path / "good"
+    good.mkdir()
+    small_built_wheel(good, payload)
+    result = CliRunner().invoke(main, ["release", "--dist", str(good)])
+    assert result.exit_code == 0, result.output
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    wheel = small_built_wheel(bad, payload)
+    data = bytearray(wheel.read_bytes())
+    data[data.find(payload) + len(payload) // 2] ^= 0x01
+    wheel.write_bytes(data)
+    result = CliRunner().invoke(main, ["release", "--dist", str(bad)])
+    assert result.exit_code == ArchiveError.exit_code, result.output
+    assert result.stderr == (
+        f"error: {wheel}: member vllm/blob.bin is corrupt (Bad CRC-32 for file 'vllm/blob.bin')\n"
+    )
+    assert list(bad.iterdir()) == [wheel]
 
 
 def status_json(*reports) -> dict:

@@ -177,6 +177,14 @@ def open_wheel(path: Path) -> zipfile.ZipFile:
         raise ArchiveError(f"{path.name}: not a readable wheel ({e})") from None
 
 
+def check_members(path: Path) -> None:
+    """Every member of the wheel at ``path`` reads back whole (its deflate stream and CRC-32
+    hold), as pip and uv require when they install or resolve it."""
+    with open_wheel(path) as wheel:
+        for name in wheel.namelist():
+            read_member(wheel, name)
+
+
 def _data_offset(src: BinaryIO, info: zipfile.ZipInfo) -> int:
     src.seek(info.header_offset)
     header = src.read(_LOCAL.size)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from packaging.version import Version
 
 from ..building.build import single_wheel
 from ..building.manifest import MANIFEST_NAME, BuildManifest
+from ..building.wheelfile import check_members, open_wheel, read_member
 from ..errors import BuildError
 from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
 from ..patching.series import Series
@@ -29,16 +29,13 @@ UPSTREAM_STATUSES = ("superseded", "already-applied")
 
 
 def read_wheel_manifest(wheel: Path) -> BuildManifest:
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = [n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}")]
-            if not names:
-                raise BuildError(
-                    f"{wheel.name} has no {MANIFEST_NAME}: not a wheel this toolchain built"
-                )
-            return BuildManifest.from_json(json.loads(zf.read(names[0])))
-    except (zipfile.BadZipFile, OSError) as e:
-        raise BuildError(f"{wheel}: cannot read the wheel ({e})") from None
+    with open_wheel(wheel) as zf:
+        names = [n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}")]
+        if not names:
+            raise BuildError(
+                f"{wheel.name} has no {MANIFEST_NAME}: not a wheel this toolchain built"
+            )
+        return BuildManifest.from_json(json.loads(read_member(zf, names[0])))
 
 
 def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
@@ -157,6 +154,8 @@ def write_release(
     for f in (wheel, *extra_files):
         if not f.is_relative_to(dist):
             raise BuildError(f"{f} is not inside --dist {dist}: SHA256SUMS lists --dist only")
+    # SHA256SUMS would vouch for whatever bytes the wheel has now: they must still read back.
+    check_members(wheel)
     manifest = read_wheel_manifest(wheel)
     digest = sha256_file(wheel)
     notes = dist / "RELEASE_NOTES.md"
