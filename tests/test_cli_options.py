@@ -1,8 +1,11 @@
 """Every option a command accepts is honoured: the ``patch`` group's own options are refused
 by the subcommands that do not use them, the git source's options without ``--source git``,
-and ``bundle --dist`` is where the wheel is read."""
+and ``bundle --dist`` is where the wheel is read. A usage error under ``--json`` is one
+JSON document too."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from click.testing import CliRunner
@@ -78,3 +81,33 @@ def test_bundle_reads_the_wheel_from_dist(tmp_path):
     assert result.exit_code == 13, result.output
     assert f"{dist}: expected one vllm-*.whl, found 2" in result.output
     assert not (tmp_path / "lock.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("fetch", "--bogus", "--json"), "No such option '--bogus'"),
+        (("fetch", "--json", "--bogus"), "No such option '--bogus'"),
+        (
+            ("fetch", "--source", "svn", "--json"),
+            "Invalid value for '--source': 'svn' is not one of 'pypi', 'git'.",
+        ),
+        (("--bogus", "fetch", "--json"), "No such option '--bogus'"),
+        (("patch", "--bogus", "status", "--json"), "No such option '--bogus'"),
+        (("patch", "status", "--workers", "many", "--json"), "'many' is not a valid integer."),
+        (("bogus", "--json"), "No such command 'bogus'."),
+        (
+            ("build", "--ref", "v0.22.0", "--json"),
+            "--ref needs --source git; --source pypi would ignore it",
+        ),
+    ],
+)
+def test_a_usage_error_under_json_is_one_json_document(args, message):
+    """Under --json stdout is one JSON document, a usage error's too (exit 2 kept); stderr
+    has the error's one line."""
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)
+    assert (error["ok"], error["exit_code"]) == (False, 2), error
+    assert message in error["error"], error
+    assert result.stderr == f"error: {error['error']}\n"

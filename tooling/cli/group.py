@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import git
@@ -29,12 +29,26 @@ def interrupted(signum: int, _frame: object) -> None:
     raise Interrupted(signum)
 
 
+#: ``ctx.meta`` key: whether --json stands anywhere on the command line.
+JSON_ASKED = "tooling.json_asked"
+
+
 class ToolingGroup(click.Group):
     """Maps every failure to its exit code and a one-line message (or JSON).
 
-    A ToolingError has its own code; a signal exits 128 + its number; anything
-    else is a bug: one line and exit 1, the traceback only under --debug.
+    A ToolingError has its own code; a usage error keeps Click's (2); a signal
+    exits 128 + its number; anything else is a bug: one line and exit 1, the
+    traceback only under --debug.
     """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # An unknown option fails before --json is parsed: the words given decide. The
+        # outermost group sees them all.
+        ctx.meta.setdefault(JSON_ASKED, "--json" in args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            usage_failed(ctx, e)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -49,6 +63,8 @@ class ToolingGroup(click.Group):
         except KeyboardInterrupt as e:
             signum = getattr(e, "signum", signal.SIGINT)
             fail(ctx, f"interrupted ({signal.Signals(signum).name})", 128 + signum)
+        except click.UsageError as e:
+            usage_failed(ctx, e)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as e:
@@ -64,7 +80,17 @@ class ToolingGroup(click.Group):
             )
 
 
-def fail(ctx: click.Context, message: str, code: int) -> None:
+def usage_failed(ctx: click.Context, error: click.UsageError) -> NoReturn:
+    """Under --json, a usage error is one JSON document as any failure is; else Click's
+    usage text."""
+    settings = ctx.ensure_object(Settings)
+    if settings.json or ctx.meta.get(JSON_ASKED):
+        settings.json = True
+        fail(ctx, error.format_message(), error.exit_code)
+    raise error
+
+
+def fail(ctx: click.Context, message: str, code: int) -> NoReturn:
     settings = ctx.find_object(Settings)
     if settings is not None and settings.json and not settings.emitted:
         click.echo(
