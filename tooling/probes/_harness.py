@@ -66,6 +66,12 @@ def install_cpu_platform() -> None:
     from vllm.model_executor.models import registry
 
     registry._run_in_subprocess = lambda fn: fn()
+    # Without a GPU vLLM imports a stand-in for Triton, which lacks cdiv; the GDN
+    # metadata builder's chunk bookkeeping calls it on CPU integers.
+    from vllm.triton_utils import triton
+
+    if not hasattr(triton, "cdiv"):
+        triton.cdiv = lambda x, y: (x + y - 1) // y
     _installed = True
 
 
@@ -249,6 +255,40 @@ def model_output(rid: str, sampled: list[int]) -> Any:
     from vllm.v1.outputs import ModelRunnerOutput
 
     return ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0}, sampled_token_ids=[sampled])
+
+
+#: vLLM's default capture sizes up to 64 tokens: 1, 2, 4, then every multiple of 8.
+CAPTURE_SIZES = [1, 2, 4, *range(8, 65, 8)]
+
+
+def graph_runner(config: Any, cudagraph_mode: str, kv_cache_config: Any) -> Any:
+    """A V1 model runner on the CPU (``CPUModelRunner``) whose CUDA-graph mode, capture
+    sizes and dispatch keys are resolved by the runner's own code as on a GPU, for a hybrid
+    target: the graph support is its Gated DeltaNet layers'.
+
+    The CPU platform resolves graphs off, so ``cudagraph_mode`` (a ``CUDAGraphMode`` name)
+    and the default capture sizes are set first, as a CUDA platform would.
+    """
+    import torch
+    from vllm.config import CUDAGraphMode, set_current_vllm_config
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    # The CPU runner has no CUDA streams or events for asynchronous scheduling, which
+    # no batch dispatch depends on.
+    config.scheduler_config.async_scheduling = False
+    compilation = config.compilation_config
+    compilation.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
+    compilation.cudagraph_capture_sizes = list(CAPTURE_SIZES)
+    compilation.max_cudagraph_capture_size = CAPTURE_SIZES[-1]
+    ensure_single_process_group(config)
+    with set_current_vllm_config(config):
+        runner = CPUModelRunner(config, torch.device("cpu"))
+        runner.kv_cache_config = kv_cache_config
+        runner._check_and_update_cudagraph_mode(
+            [{GDNAttentionBackend}], kv_cache_config.kv_cache_groups
+        )
+    return runner
 
 
 _distributed = False

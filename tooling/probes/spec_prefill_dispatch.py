@@ -38,8 +38,6 @@ NAME = "spec_prefill_dispatch"
 KS = (3, 15)
 BLOCK = 16
 NUM_BLOCKS = 64
-#: Capture sizes covering every case's tokens (two (K+1)-token prompts at K = 15: 32).
-CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64]
 
 
 @dataclass(frozen=True)
@@ -55,28 +53,9 @@ class CannotDispatch(Exception):
 
 
 def _runner_and_scheduler(config: Any) -> tuple[Any, Any]:
-    """vLLM's Scheduler, and a V1 model runner on the CPU whose CUDA-graph mode and keys
-    are resolved as on a GPU for a hybrid target (its GDN layers' graph support)."""
-    import torch
-    from vllm.config import CUDAGraphMode, set_current_vllm_config
-    from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
     sched = _harness.scheduler(config, block_size=BLOCK, num_blocks=NUM_BLOCKS)
-    compilation = config.compilation_config
-    # The CPU platform turns graphs off; on a GPU a hybrid target runs vLLM's default.
-    compilation.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-    compilation.cudagraph_capture_sizes = list(CAPTURE_SIZES)
-    compilation.max_cudagraph_capture_size = CAPTURE_SIZES[-1]
-    _harness.ensure_single_process_group(config)
-    with set_current_vllm_config(config):
-        runner = CPUModelRunner(config, torch.device("cpu"))
-        # The KV-cache layout the scheduler allocates from (the runner's batch reads it).
-        runner.kv_cache_config = sched.kv_cache_config
-        runner._check_and_update_cudagraph_mode(
-            [{GDNAttentionBackend}], sched.kv_cache_config.kv_cache_groups
-        )
-    return runner, sched
+    # The runner's batch reads the KV-cache layout the scheduler allocates from.
+    return _harness.graph_runner(config, "FULL_AND_PIECEWISE", sched.kv_cache_config), sched
 
 
 def _dispatch(runner: Any, scheduler_output: Any) -> tuple[str, bool]:
