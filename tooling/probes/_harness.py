@@ -51,6 +51,11 @@ def install_cpu_platform() -> None:
             # Pinned host buffers need an accelerator's allocator.
             return False
 
+        @classmethod
+        def use_custom_allreduce(cls) -> bool:
+            # As on CUDA, so a config's choice of all-reduce is the one a GPU gets.
+            return True
+
     platforms._current_platform = ProbeCpuPlatform()
     # Releases from 0.26 read pin-memory support once, at import, into the
     # default of every CPU/GPU buffer: it must be this platform's answer
@@ -156,6 +161,8 @@ def vllm_config(
     cache_dtype: str = "auto",
     num_speculative_tokens: int = 3,
     mamba_cache_mode: str = "none",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
 ) -> Any:
     """A real VllmConfig for ``pair``, built the way the engine builds it."""
     from vllm.config import (
@@ -174,6 +181,10 @@ def vllm_config(
         skip_tokenizer_init=True,
         max_model_len=1024,
     )
+    parallel = ParallelConfig(
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+    )
     spec = None
     if method is not None:
         spec = SpeculativeConfig(
@@ -181,7 +192,7 @@ def vllm_config(
             model=str(pair.drafter),
             num_speculative_tokens=num_speculative_tokens,
             target_model_config=model,
-            target_parallel_config=ParallelConfig(),
+            target_parallel_config=parallel,
         )
     return VllmConfig(
         model_config=model,
@@ -198,6 +209,7 @@ def vllm_config(
             mamba_cache_mode=mamba_cache_mode,
         ),
         speculative_config=spec,
+        parallel_config=parallel,
     )
 
 
@@ -261,6 +273,21 @@ def model_output(rid: str, sampled: list[int]) -> Any:
 CAPTURE_SIZES = [1, 2, 4, *range(8, 65, 8)]
 
 
+def v1_runner(config: Any) -> Any:
+    """vLLM's V1 model runner for ``config`` on the CPU (``CPUModelRunner``, a subclass that
+    only moves its buffers to the CPU)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    # The CPU runner has no CUDA streams or events for asynchronous scheduling, which
+    # nothing a probe asks of the runner depends on.
+    config.scheduler_config.async_scheduling = False
+    ensure_single_process_group(config)
+    with set_current_vllm_config(config):
+        return CPUModelRunner(config, torch.device("cpu"))
+
+
 def graph_runner(config: Any, cudagraph_mode: str, kv_cache_config: Any) -> Any:
     """A V1 model runner on the CPU (``CPUModelRunner``) whose CUDA-graph mode, capture
     sizes and dispatch keys are resolved by the runner's own code as on a GPU, for a hybrid
@@ -269,21 +296,15 @@ def graph_runner(config: Any, cudagraph_mode: str, kv_cache_config: Any) -> Any:
     The CPU platform resolves graphs off, so ``cudagraph_mode`` (a ``CUDAGraphMode`` name)
     and the default capture sizes are set first, as a CUDA platform would.
     """
-    import torch
     from vllm.config import CUDAGraphMode, set_current_vllm_config
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    # The CPU runner has no CUDA streams or events for asynchronous scheduling, which
-    # no batch dispatch depends on.
-    config.scheduler_config.async_scheduling = False
     compilation = config.compilation_config
     compilation.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
     compilation.cudagraph_capture_sizes = list(CAPTURE_SIZES)
     compilation.max_cudagraph_capture_size = CAPTURE_SIZES[-1]
-    ensure_single_process_group(config)
+    runner = v1_runner(config)
     with set_current_vllm_config(config):
-        runner = CPUModelRunner(config, torch.device("cpu"))
         runner.kv_cache_config = kv_cache_config
         runner._check_and_update_cudagraph_mode(
             [{GDNAttentionBackend}], kv_cache_config.kv_cache_groups

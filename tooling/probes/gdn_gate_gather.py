@@ -97,9 +97,7 @@ def _metadata(layer: Any, config: Any) -> Any:
         starts.append(starts[-1] + q)
     seq_lens = [c + q for c, q in zip(computed, query, strict=True)]
     cpu = torch.device("cpu")
-    builder = GDNAttentionMetadataBuilder(
-        layer.get_kv_cache_spec(config), [PREFIX], config, cpu
-    )
+    builder = GDNAttentionMetadataBuilder(layer.get_kv_cache_spec(config), [PREFIX], config, cpu)
     seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)
     fields = {
         "query_start_loc": torch.tensor(starts, dtype=torch.int32),

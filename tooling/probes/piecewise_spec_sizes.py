@@ -51,7 +51,9 @@ def run() -> ProbeResult:
     evidence = "PIECEWISE graph sizes the runner dispatches: " + "; ".join(
         f"K={k} {mode}: {found}" for (k, mode), found in sizes.items()
     )
-    if any(unaligned[(k, "FULL_AND_PIECEWISE")] or not sizes[(k, "FULL_AND_PIECEWISE")] for k in KS):
+    if any(
+        unaligned[(k, "FULL_AND_PIECEWISE")] or not sizes[(k, "FULL_AND_PIECEWISE")] for k in KS
+    ):
         status = UNKNOWN
         evidence = "FULL_AND_PIECEWISE sizes are not aligned to K+1 either: " + evidence
     else:
