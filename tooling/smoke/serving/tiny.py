@@ -1,12 +1,17 @@
 """Seeded tiny models for the smoke: a random target, byte-level BPE tokenizer, DFlash drafter.
 
-Two targets (``--arch``):
+Three targets (``--arch``):
 - ``hybrid`` (default): ``Qwen3_5ForConditionalGeneration``, the architecture
   Qwen3.6-27B ships as: Gated DeltaNet (linear attention) layers with a gated
   full-attention layer every fourth, interleaved M-RoPE over a quarter of the
   head, and a (tiny) vision tower that the smoke never feeds: vLLM serves it
   with ``--language-model-only``. Its drafter has four sliding-window layers and
   one full layer, as the seed's does.
+- ``seed``: the same architecture with Qwen3.6-27B's own geometry (64 layers,
+  its attention and Gated DeltaNet heads, its vocabulary) and z-lab's drafter
+  layout (window 2048, ``target_layer_ids`` [1, 16, 31, 46, 61], attention
+  heads of another KV shape than the target's); only the hidden width (and the
+  FFN width with it) is narrowed, by ``--hidden-size``.
 - ``qwen3``: the attention-only ``Qwen3ForCausalLM``; drafter (sliding, sliding, full).
 
 The drafter is the reference package's ``dflash.model.DFlashDraftModel``, so
@@ -31,11 +36,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+HYBRID_ATTENTION_HEAD_DIM = 256
+"""Qwen3.6's own: a quarter of it (64) rotates, as three interleaved M-RoPE sections."""
+HYBRID_MROPE_SECTION = (11, 11, 10)
+SEED_HIDDEN = 5120
+SEED_FFN = 17408
+#: The seed-shaped pair's default width: the whole depth and every head, in 2.3 GB.
+SEED_TEST_HIDDEN = 512
+
 MANIFEST = "tiny.json"
 HYBRID = "hybrid"
+SEED = "seed"
 QWEN3 = "qwen3"
 #: The architecture each target's config.json names; the drafter's is DRAFTER_ARCHITECTURE.
-TARGET_ARCHITECTURES = {QWEN3: "Qwen3ForCausalLM", HYBRID: "Qwen3_5ForConditionalGeneration"}
+TARGET_ARCHITECTURES = {
+    QWEN3: "Qwen3ForCausalLM",
+    HYBRID: "Qwen3_5ForConditionalGeneration",
+    SEED: "Qwen3_5ForConditionalGeneration",
+}
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|dflash_mask|>"
@@ -63,10 +81,20 @@ class TinySpec:
     sliding_window: int = 16
     target_layer_ids: tuple[int, ...] = (1, 3, 5)
     block_size: int = 4
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_head_dim: int = 64
+    """The Gated DeltaNet layers' heads (hybrid targets)."""
+    draft_attention: tuple[int, int, int] | None = None
+    """The drafter's (heads, KV heads, head size); None: the target's."""
 
     @property
     def mask_token_id(self) -> int:
         return self.vocab_size - 1
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.arch in (HYBRID, SEED)
 
     @property
     def architectures(self) -> tuple[str, str]:
@@ -74,7 +102,7 @@ class TinySpec:
         return TARGET_ARCHITECTURES[self.arch], DRAFTER_ARCHITECTURE
 
     @classmethod
-    def for_arch(cls, arch: str, seed: int = 0) -> TinySpec:
+    def for_arch(cls, arch: str, seed: int = 0, hidden_size: int | None = None) -> TinySpec:
         """The spec of ``arch``: the hybrid drafter gets the seed's four sliding + one full.
 
         The hybrid's attention shape (heads, KV heads, head size) is shared by the
@@ -86,6 +114,10 @@ class TinySpec:
         group"). With one shape the drafter's layers join the target's attention
         type and stay in one group.
         """
+        if arch == SEED:
+            return cls.seed_shaped(seed, hidden_size or SEED_TEST_HIDDEN)
+        if hidden_size is not None:
+            raise ValueError(f"the {arch} pair has a fixed hidden size")
         if arch == QWEN3:
             return cls(seed=seed, arch=QWEN3)
         if arch == HYBRID:
@@ -98,6 +130,37 @@ class TinySpec:
                 draft_layer_types=("sliding_attention",) * 4 + ("full_attention",),
             )
         raise ValueError(f"unknown tiny architecture {arch!r}")
+
+    @classmethod
+    def seed_shaped(cls, seed: int, hidden_size: int) -> TinySpec:
+        """Qwen3.6-27B with z-lab's drafter, narrowed to ``hidden_size`` (FFN in proportion).
+
+        Its 16 attention layers outnumber the drafter's 5, so vLLM 0.20.1's hybrid
+        grouping keeps the drafter's layers, whose KV shape differs from the
+        target's, in one KV-cache group, as for the seed itself.
+        """
+        ffn = SEED_FFN * hidden_size // SEED_HIDDEN
+        return cls(
+            seed=seed,
+            arch=SEED,
+            vocab_size=248320,
+            hidden_size=hidden_size,
+            # A multiple of 128, as the seed's own FFN width is.
+            intermediate_size=max(128, round(ffn / 128) * 128),
+            target_layers=64,
+            num_attention_heads=24,
+            num_key_value_heads=4,
+            head_dim=HYBRID_ATTENTION_HEAD_DIM,
+            max_position_embeddings=262144,
+            draft_layer_types=("sliding_attention",) * 4 + ("full_attention",),
+            sliding_window=2048,
+            target_layer_ids=(1, 16, 31, 46, 61),
+            block_size=16,
+            linear_num_key_heads=16,
+            linear_num_value_heads=48,
+            linear_head_dim=128,
+            draft_attention=(32, 8, 128),
+        )
 
 
 @dataclass(frozen=True)
@@ -212,7 +275,7 @@ def write_target(out: Path, spec: TinySpec) -> None:
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    if spec.arch == HYBRID:
+    if spec.is_hybrid:
         write_hybrid_target(out, spec)
     else:
         config = Qwen3Config(
@@ -231,9 +294,6 @@ def write_target(out: Path, spec: TinySpec) -> None:
     wrapped.save_pretrained(out)
 
 
-HYBRID_ATTENTION_HEAD_DIM = 256
-"""Qwen3.6's own: a quarter of it (64) rotates, as three interleaved M-RoPE sections."""
-HYBRID_MROPE_SECTION = (11, 11, 10)
 
 
 def hybrid_config(spec: TinySpec) -> dict[str, Any]:
@@ -252,10 +312,10 @@ def hybrid_config(spec: TinySpec) -> dict[str, Any]:
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim,
         linear_conv_kernel_dim=4,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
+        linear_key_head_dim=spec.linear_head_dim,
+        linear_value_head_dim=spec.linear_head_dim,
+        linear_num_key_heads=spec.linear_num_key_heads,
+        linear_num_value_heads=spec.linear_num_value_heads,
         full_attention_interval=4,
         layer_types=[
             "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
@@ -326,6 +386,11 @@ def write_drafter(out: Path, spec: TinySpec) -> None:
         architectures=[DRAFTER_ARCHITECTURE],
         **_qwen3_common(spec),
     )
+    if spec.draft_attention is not None:
+        heads, kv_heads, head_dim = spec.draft_attention
+        config.num_attention_heads = heads
+        config.num_key_value_heads = kv_heads
+        config.head_dim = head_dim
     config.num_target_layers = spec.target_layers
     config.block_size = spec.block_size
     config.dflash_config = {
@@ -366,9 +431,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tooling.smoke.serving.tiny")
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arch", choices=(HYBRID, QWEN3), default=HYBRID)
+    parser.add_argument("--arch", choices=(HYBRID, SEED, QWEN3), default=HYBRID)
+    parser.add_argument("--hidden-size", type=int, help="the seed-shaped pair's width")
     args = parser.parse_args(argv)
-    models = write_tiny_models(args.out, TinySpec.for_arch(args.arch, args.seed))
+    models = write_tiny_models(
+        args.out, TinySpec.for_arch(args.arch, args.seed, hidden_size=args.hidden_size)
+    )
     print(json.dumps(models.to_json()))
     return 0
 

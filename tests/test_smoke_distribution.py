@@ -1,0 +1,176 @@
+"""The first-token distribution comparison (tooling.smoke.distribution) and its GPU plan.
+
+The comparison runs on the results the GPU engines write; here it reads results
+built the way ``serving/distribution.py`` writes them: a DFlash engine that
+computes the plain target's distribution passes, one whose (K+1)-token prompts
+start from a wrong state fails, and a stock engine that does not fail its K+1
+prompts makes the report fail (the check would be blind).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tooling.smoke import distribution as d
+from tooling.smoke.serving.distribution import DistributionRequest
+from tooling.smoke.serving.tiny import TinySpec, hybrid_config
+
+
+def run(tokens: list[int], shift: float = 0.0, garbage: bool = False) -> dict:
+    """A result entry: greedy ``tokens``, each position's top-3 with the greedy one first.
+
+    ``shift`` moves every logprob by that much (numerics); ``garbage`` puts tokens the
+    plain run never lists in the top-3 (a distribution from another state).
+    """
+    logprobs = []
+    for t in tokens:
+        top = [t, t + 1, t + 2] if not garbage else [t, t + 500, t + 501]
+        logprobs.append({str(x): -1.0 - 0.5 * i + shift for i, x in enumerate(top)})
+    return {"tokens": tokens, "logprobs": logprobs}
+
+
+def test_compare_identical_runs_and_a_shift():
+    plain = d.Run.from_json(run([5, 6, 7]))
+    same = d.compare(plain, d.Run.from_json(run([5, 6, 7])), 8)
+    assert (same.positions, same.max_delta, same.diverged_at) == (3, 0.0, None)
+    assert d.within(same, d.FLOOR) and same.first_token_in_plain_topk
+    shifted = d.compare(plain, d.Run.from_json(run([5, 6, 7], shift=0.1)), 8)
+    assert shifted.max_delta == pytest.approx(0.1)
+    assert not d.within(shifted, d.FLOOR) and d.within(shifted, 0.11)
+
+
+def test_compare_stops_at_the_first_greedy_difference_and_reads_its_margin():
+    plain = d.Run.from_json(run([5, 6, 7, 8]))
+    # At position 1 the other engine picks 7, which the plain run ranks second (-1.5).
+    other = d.Run.from_json(run([5, 7, 9, 9]))
+    c = d.compare(plain, other, 8)
+    assert c.positions == 2 and c.diverged_at == 1
+    assert c.divergence_margin == pytest.approx(0.5)
+    assert not d.within(c, 0.4) and d.within(d.Comparison(2, 0.0, 0.0, 1, 0.01, True), 0.02)
+
+
+def test_a_first_token_from_another_state_is_named():
+    plain = d.Run.from_json(run([5, 6]))
+    c = d.compare(plain, d.Run.from_json(run([900, 6], garbage=True)), 8)
+    assert c.diverged_at == 0 and c.divergence_margin is None
+    assert not c.first_token_in_plain_topk and c.max_delta == math.inf
+    assert not d.within(c, 1.0)
+
+
+def test_noise_is_the_largest_difference_between_two_plain_runs():
+    alone = {"a": d.Run.from_json(run([1, 2])), "b": d.Run.from_json(run([3, 4]))}
+    together = {"a": d.Run.from_json(run([1, 2], 0.004)), "b": d.Run.from_json(run([3, 4], 0.01))}
+    assert d.noise(alone, together, 8) == pytest.approx(0.01)
+
+
+def _results(stock_garbage: bool, patched_garbage: bool = False) -> dict:
+    """Results of the plain engine and the K=15 pair, every prompt of the plan's K=15 set."""
+    names = [p["name"] for p in d.first_token_prompts(15)]
+    tokens = {n: [100 + i, 200 + i] for i, n in enumerate(names)}
+    plain = {
+        "ok": True,
+        "alone": {n: run(t) for n, t in tokens.items()},
+        "together": {n: run(t, shift=0.003) for n, t in tokens.items()},
+    }
+
+    def spec(garbage: bool) -> dict:
+        alone = {}
+        for n, t in tokens.items():
+            bad = garbage and "-K+1-" in n
+            alone[n] = run([t[0] + 1000, t[1]], garbage=True) if bad else run(t, shift=0.002)
+        return {"ok": True, "alone": alone, "max_model_len": d.MAX_MODEL_LEN}
+
+    return {"plain": plain, "patched-k15": spec(patched_garbage), "stock-k15": spec(stock_garbage)}
+
+
+PLAN = [v for v in d.VARIANTS if v.name in ("plain", "patched-k15", "stock-k15")]
+
+
+def test_the_report_passes_a_fixed_engine_and_catches_stock_on_k_plus_one():
+    report = d.build_report(_results(stock_garbage=True), PLAN)
+    assert report.noise == pytest.approx(0.003) and report.tolerance == d.FLOOR
+    assert not report.failures, report.failures
+    stock = [r for r in report.rows if r.variant == "stock-k15"]
+    assert {r.prompt for r in stock if r.verdict == "fail"} == {
+        f"A15-K+1-{i}" for i in range(3)
+    }
+    assert all(r.verdict == "pass" for r in report.rows if r.variant == "patched-k15")
+
+
+def test_the_report_fails_a_blind_check_and_a_broken_fix():
+    blind = d.build_report(_results(stock_garbage=False), PLAN)
+    assert blind.failures == ["stock-k15: stock passed every K+1 prompt (the check is blind)"]
+    broken = d.build_report(_results(stock_garbage=True, patched_garbage=True), PLAN)
+    assert len(broken.failures) == 3
+    assert all(f.startswith("patched-k15 A15-K+1-") for f in broken.failures)
+
+
+def test_a_missing_engine_result_fails_the_report(tmp_path):
+    results = _results(stock_garbage=True)
+    del results["patched-k15"]
+    report = d.build_report(results, PLAN)
+    assert report.failures == ["patched-k15: no result"]
+    no_plain = d.build_report({"patched-k15": results["stock-k15"]}, PLAN)
+    assert no_plain.failures == ["plain: no result"]
+
+
+def test_the_report_command_exits_1_on_a_failure(tmp_path, capsys):
+    for name, result in _results(stock_garbage=False).items():
+        (tmp_path / f"{name}.out.json").write_text(json.dumps(result))
+    (tmp_path / "plan.json").write_text(json.dumps([vars(v) for v in PLAN]))
+    assert d.main(["report", str(tmp_path)]) == 1
+    assert "the check is blind" in capsys.readouterr().out
+    for name, result in _results(stock_garbage=True).items():
+        (tmp_path / f"{name}.out.json").write_text(json.dumps(result))
+    assert d.main(["report", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_the_plan_is_what_the_engines_read(tmp_path: Path):
+    variants = d.write_plan(tmp_path, "/models/target", "/models/drafter")
+    for v in variants:
+        data = json.loads((tmp_path / f"{v.name}.in.json").read_text())
+        request = DistributionRequest.from_json(data)
+        assert (request.drafter is None) == (v.num_speculative_tokens == 0)
+        prompts = [*request.alone, *(p for w in request.staggered for p in w.prompts)]
+        prompts += request.concurrent
+        ids = [tuple(p.token_ids(request.vocab_size)) for p in prompts]
+        assert len(set(ids)) == len(ids) and all(len(i) == p.length for i, p in zip(ids, prompts))
+        assert all(100 <= t < request.vocab_size - 1000 for i in ids for t in i)
+        names = {p.name for p in prompts}
+        seen: set[str] = set()
+        for wave in request.staggered:
+            assert set(wave.after) <= seen
+            seen |= {p.name for p in wave.prompts}
+        assert seen <= names
+    for k in (3, 15):
+        lengths = sorted({p["length"] for p in d.first_token_prompts(k)})
+        assert lengths == [k, k + 1, k + 2, 3 * (k + 1)]
+    to_end = d.to_max_len_prompt()
+    assert to_end["length"] + to_end["max_tokens"] == d.MAX_MODEL_LEN
+    assert len(d.concurrent_prompts()) == 64
+
+
+def test_the_seed_shaped_pair_has_the_seeds_geometry():
+    spec = TinySpec.for_arch("seed")
+    text = hybrid_config(spec)["text_config"]
+    assert text["num_hidden_layers"] == 64 and text["vocab_size"] == 248320
+    assert text["layer_types"].count("full_attention") == 16
+    assert (text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]) == (
+        24,
+        4,
+        256,
+    )
+    assert (text["linear_num_key_heads"], text["linear_num_value_heads"]) == (16, 48)
+    assert text["linear_key_head_dim"] == text["linear_value_head_dim"] == 128
+    assert spec.hidden_size == 512 and spec.intermediate_size == 1792
+    assert spec.draft_attention == (32, 8, 128)
+    assert spec.draft_layer_types == ("sliding_attention",) * 4 + ("full_attention",)
+    assert spec.target_layer_ids == (1, 16, 31, 46, 61) and spec.sliding_window == 2048
+    assert TinySpec.for_arch("seed", hidden_size=5120).intermediate_size == 17408
+    with pytest.raises(ValueError, match="fixed hidden size"):
+        TinySpec.for_arch("hybrid", hidden_size=512)

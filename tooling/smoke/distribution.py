@@ -1,0 +1,428 @@
+"""First-token distributions: does a DFlash engine compute what the plain target computes?
+
+On random weights nearly every position is a near-tie, so two engines' greedy
+strings part at the first tie whatever they compute, and "the completions
+differ" says little. What says a lot is the distribution: the top-k logprobs
+each engine returns at the positions where both have seen the same context.
+This module plans the GPU runs (``serving/distribution.py``, one engine per
+process) and compares what they return, position by position:
+
+- the noise: the plain engine serves every prompt alone and then all of them
+  in one batch; the largest logprob difference between those two plain runs,
+  over the top-k tokens both list, is what numerics alone move;
+- a DFlash engine passes where, at every compared position, its top-k
+  logprobs are within that noise (never below one bf16 step of a logit,
+  2^-6 at the logits' scale) of the plain run's, and where its greedy token
+  differs from the plain one, the plain run itself had the two within that
+  tolerance (a tie). Positions are compared up to and including the first
+  greedy difference: after it the contexts differ.
+
+The workloads, for K = 15 and K = 3 on the seed-shaped pair:
+- prompts of K, K+1, K+2 and 3(K+1) tokens, each served alone (a (K+1)-token
+  prompt is then a whole first step: the hybrid K+1 defect);
+- staggered requests: short prompts added into the rows finished requests
+  freed, before requests still verifying drafts (steps mixing spec and
+  non-spec requests: the GDN gate defect);
+- a prompt generated to ``max_model_len`` (the last position the drafter's
+  first pass queries, per request, against the last valid position);
+- with PIECEWISE CUDA graphs, 64 concurrent requests (no fault).
+
+``python -m tooling.smoke.distribution plan DIR --target T --drafter D`` writes
+one request per engine variant; ``report DIR`` compares the results and exits
+0 only when every expectation of the plan holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: One bf16 step of a logit at the scale random and trained logits take (2 to 4).
+FLOOR = 2.0**-6
+FIRST_POSITIONS = 8
+MAX_MODEL_LEN = 1024
+TO_MAX_LEN = "E-maxlen"
+TO_MAX_LEN_TOKENS = 40
+
+
+# --- comparing ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One request's greedy tokens and, per position, token id -> logprob of its top-k."""
+
+    tokens: list[int]
+    logprobs: list[dict[str, float]]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        return cls(tokens=list(data["tokens"]), logprobs=list(data["logprobs"]))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    positions: int
+    """Positions compared: up to and including the first greedy difference."""
+    max_delta: float
+    """Largest |logprob difference| over the tokens both top-k lists hold, at those positions."""
+    first_delta: float
+    """The same, at the first position only."""
+    diverged_at: int | None
+    """The first position whose greedy tokens differ, None where none does."""
+    divergence_margin: float | None
+    """There, the plain run's logprob of its own token minus that of the other's token
+    (None where the other's token is not in the plain top-k: a margin beyond the list)."""
+    first_token_in_plain_topk: bool
+
+
+def _delta(a: dict[str, float], b: dict[str, float]) -> float:
+    shared = a.keys() & b.keys()
+    return max((abs(a[t] - b[t]) for t in shared), default=float("inf"))
+
+
+def compare(plain: Run, other: Run, positions: int) -> Comparison:
+    """``other`` against ``plain`` over their first ``positions`` tokens."""
+    n = min(positions, len(plain.tokens), len(other.tokens))
+    deltas: list[float] = []
+    diverged_at = margin = None
+    for i in range(n):
+        deltas.append(_delta(plain.logprobs[i], other.logprobs[i]))
+        if plain.tokens[i] != other.tokens[i]:
+            diverged_at = i
+            theirs = plain.logprobs[i].get(str(other.tokens[i]))
+            if theirs is not None:
+                margin = plain.logprobs[i][str(plain.tokens[i])] - theirs
+            break
+    return Comparison(
+        positions=len(deltas),
+        max_delta=max(deltas, default=0.0),
+        first_delta=deltas[0] if deltas else 0.0,
+        diverged_at=diverged_at,
+        divergence_margin=margin,
+        first_token_in_plain_topk=bool(other.tokens)
+        and str(other.tokens[0]) in (plain.logprobs[0] if plain.logprobs else {}),
+    )
+
+
+def within(c: Comparison, tolerance: float) -> bool:
+    """The other engine computed the plain distribution at every compared position."""
+    tie = c.diverged_at is None or (
+        c.divergence_margin is not None and c.divergence_margin <= tolerance
+    )
+    return c.max_delta <= tolerance and tie
+
+
+def noise(alone: dict[str, Run], together: dict[str, Run], positions: int) -> float:
+    """The largest difference two plain runs of the same prompts show (0 where identical)."""
+    found = [compare(alone[n], together[n], positions).max_delta for n in alone if n in together]
+    return max(found, default=0.0)
+
+
+# --- planning -------------------------------------------------------------------------
+
+
+def lengths_for(k: int) -> dict[str, int]:
+    """The prompt lengths that surround a spec-decode step's shape: K, K+1, K+2, 3(K+1)."""
+    return {"K": k, "K+1": k + 1, "K+2": k + 2, "3(K+1)": 3 * (k + 1)}
+
+
+def first_token_prompts(k: int, per_length: int = 3) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": f"A{k}-{label}-{i}",
+            "length": n,
+            "max_tokens": FIRST_POSITIONS,
+            "seed": 1000 * k + 10 * n + i,
+        }
+        for label, n in lengths_for(k).items()
+        for i in range(per_length)
+    ]
+
+
+def to_max_len_prompt() -> dict[str, Any]:
+    return {
+        "name": TO_MAX_LEN,
+        "length": MAX_MODEL_LEN - TO_MAX_LEN_TOKENS,
+        "max_tokens": TO_MAX_LEN_TOKENS,
+        "seed": 7,
+    }
+
+
+def staggered_waves() -> list[dict[str, Any]]:
+    """Four requests decode; once the two short ones finish, short prompts take their rows
+    (the GDN backend never reorders a query of up to K+1 tokens before them)."""
+
+    def prompt(name: str, length: int, max_tokens: int, seed: int) -> dict[str, Any]:
+        return {"name": name, "length": length, "max_tokens": max_tokens, "seed": seed}
+
+    return [
+        {
+            "prompts": [
+                prompt("B-short-0", 40, 2, 21),
+                prompt("B-short-1", 40, 2, 22),
+                prompt("B-long-0", 40, 40, 23),
+                prompt("B-long-1", 40, 40, 24),
+            ]
+        },
+        {
+            "after": ["B-short-0", "B-short-1"],
+            "prompts": [prompt("B-new-0", 5, 24, 25), prompt("B-new-1", 12, 24, 26)],
+        },
+        {"after": ["B-new-0"], "prompts": [prompt("B-new-2", 1, 16, 27)]},
+    ]
+
+
+def concurrent_prompts(count: int = 64) -> list[dict[str, Any]]:
+    return [
+        {"name": f"C-{i}", "length": 16 + (37 * i) % 185, "max_tokens": 64, "seed": 5000 + i}
+        for i in range(count)
+    ]
+
+
+@dataclass
+class Variant:
+    name: str
+    site: str
+    """Which install serves it: ``patched``, ``stock`` or an ablation's folder name."""
+    num_speculative_tokens: int
+    kv_cache_gib: float
+    workloads: list[str]
+    cudagraph_mode: str | None = None
+    max_num_seqs: int = 8
+    expect: str = "fixed"
+    """``fixed`` (must pass), ``stock`` (must fail on K+1 where it runs that workload),
+    ``plain`` (the reference), or ``report`` (figures only)."""
+    call: int = 1
+    """Which GPU call runs it (the engines of one call share the GPU)."""
+
+
+VARIANTS = [
+    Variant("plain", "patched", 0, 4, ["A3", "A15", "B", "E", "together"]),
+    Variant("patched-k15", "patched", 15, 20, ["A15", "B", "E"]),
+    Variant("stock-k15", "stock", 15, 20, ["A15", "B", "E"], expect="stock"),
+    Variant("patched-k3", "patched", 3, 4, ["A3"], call=2),
+    Variant("stock-k3", "stock", 3, 4, ["A3"], expect="stock", call=2),
+    Variant("no-gdn-gate-gather-k15", "no-gdn-gate-gather", 15, 20, ["B"], expect="report", call=2),
+    Variant("patched-piecewise-k15", "patched", 15, 64, ["A15", "C"], "PIECEWISE", 64, call=3),
+    Variant("stock-piecewise-k15", "stock", 15, 48, ["C"], "PIECEWISE", 64, "report", call=3),
+]
+
+
+def request_for(v: Variant, target: str, drafter: str) -> dict[str, Any]:
+    alone: list[dict[str, Any]] = []
+    for k in (3, 15):
+        if f"A{k}" in v.workloads:
+            alone += first_token_prompts(k)
+    if "E" in v.workloads:
+        alone.append(to_max_len_prompt())
+    return {
+        "target": target,
+        "drafter": drafter if v.num_speculative_tokens else None,
+        "num_speculative_tokens": v.num_speculative_tokens,
+        "max_model_len": MAX_MODEL_LEN,
+        "max_num_seqs": v.max_num_seqs,
+        "kv_cache_memory_bytes": int(v.kv_cache_gib * 2**30),
+        "gpu_memory_utilization": 0.05,
+        "cudagraph_mode": v.cudagraph_mode,
+        "alone": alone,
+        "together": "together" in v.workloads,
+        "staggered": staggered_waves() if "B" in v.workloads else [],
+        "concurrent": concurrent_prompts() if "C" in v.workloads else [],
+    }
+
+
+def write_plan(out: Path, target: str, drafter: str) -> list[Variant]:
+    out.mkdir(parents=True, exist_ok=True)
+    for v in VARIANTS:
+        (out / f"{v.name}.in.json").write_text(
+            json.dumps(request_for(v, target, drafter), indent=1) + "\n", encoding="utf-8"
+        )
+    (out / "plan.json").write_text(
+        json.dumps([asdict(v) for v in VARIANTS], indent=1) + "\n", encoding="utf-8"
+    )
+    return VARIANTS
+
+
+# --- reporting ------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    variant: str
+    workload: str
+    prompt: str
+    verdict: str
+    evidence: str
+
+
+@dataclass
+class Report:
+    tolerance: float
+    noise: float
+    rows: list[Row] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": not self.failures,
+            "tolerance": self.tolerance,
+            "noise": self.noise,
+            "failures": self.failures,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+def _runs(result: dict[str, Any], key: str) -> dict[str, Run]:
+    return {name: Run.from_json(r) for name, r in (result.get(key) or {}).items()}
+
+
+def _describe(c: Comparison) -> str:
+    parts = [
+        f"first token delta {c.first_delta:.4f}",
+        f"max delta {c.max_delta:.4f} over {c.positions}",
+    ]
+    if c.diverged_at is not None:
+        margin = "beyond top-k" if c.divergence_margin is None else f"{c.divergence_margin:.4f}"
+        parts.append(f"greedy differs at {c.diverged_at} (plain margin {margin})")
+    if not c.first_token_in_plain_topk:
+        parts.append("first token not in the plain top-k")
+    return "; ".join(parts)
+
+
+def build_report(results: dict[str, dict[str, Any]], plan: list[Variant]) -> Report:
+    """Compare every variant's runs with the plain engine's; collect what breaks the plan."""
+    plain = results.get("plain") or {"ok": False, "error": "no result"}
+    if not plain.get("ok", True):
+        report = Report(tolerance=FLOOR, noise=float("nan"))
+        report.failures.append(f"plain: {plain.get('error')}")
+        return report
+    measured = noise(_runs(plain, "alone"), _runs(plain, "together"), FIRST_POSITIONS)
+    report = Report(tolerance=max(measured, FLOOR), noise=measured)
+    plain_runs = {**_runs(plain, "alone"), **_runs(plain, "staggered")}
+    for v in plan:
+        if v.name == "plain":
+            continue
+        result = results.get(v.name)
+        if result is None or not result.get("ok", True):
+            error = (result or {}).get("error", "no result")
+            report.rows.append(Row(v.name, "engine", "-", "error", error))
+            if v.expect != "report":
+                report.failures.append(f"{v.name}: {error}")
+            continue
+        _compare_variant(report, v, result, plain_runs)
+    return report
+
+
+def _compare_variant(
+    report: Report, v: Variant, result: dict[str, Any], plain_runs: dict[str, Run]
+) -> None:
+    k = v.num_speculative_tokens
+    k_plus_one = {f"A{k}-K+1-{i}" for i in range(3)}
+    stock_failed_k_plus_one = False
+    for workload, runs in (
+        ("alone", _runs(result, "alone")),
+        ("staggered", _runs(result, "staggered")),
+    ):
+        for name, run in sorted(runs.items()):
+            positions = TO_MAX_LEN_TOKENS if name == TO_MAX_LEN else FIRST_POSITIONS
+            if workload == "staggered":
+                positions = len(run.tokens)
+            c = compare(plain_runs[name], run, positions)
+            ok = within(c, report.tolerance)
+            report.rows.append(Row(v.name, workload, name, "pass" if ok else "fail", _describe(c)))
+            if name in k_plus_one and not ok:
+                stock_failed_k_plus_one = True
+            if v.expect == "fixed" and not ok:
+                report.failures.append(f"{v.name} {name}: {_describe(c)}")
+    reach = result.get("drafter_reach", {}).get(TO_MAX_LEN)
+    if reach is not None:
+        last = result["max_model_len"] - 1
+        verdict = "pass" if reach <= last else "fail"
+        report.rows.append(
+            Row(
+                v.name,
+                "max_model_len",
+                TO_MAX_LEN,
+                verdict,
+                f"drafter's last query position {reach}, last valid position {last}",
+            )
+        )
+        if v.expect == "fixed" and reach > last:
+            report.failures.append(f"{v.name}: the drafter queried position {reach} > {last}")
+    concurrent = result.get("concurrent")
+    if concurrent:
+        ok = concurrent["finished"] == concurrent["requests"]
+        report.rows.append(
+            Row(
+                v.name,
+                "concurrent",
+                f"{concurrent['requests']} requests",
+                "pass" if ok else "fail",
+                f"{concurrent['finished']} finished, {concurrent['tokens']} tokens, at most "
+                f"{concurrent['most_running']} running at once, {concurrent['seconds']:.1f} s",
+            )
+        )
+        if v.expect == "fixed" and not ok:
+            report.failures.append(
+                f"{v.name}: {concurrent['finished']} of {concurrent['requests']} finished"
+            )
+    ran_k_plus_one = any(n in k_plus_one for n in _runs(result, "alone"))
+    if v.expect == "stock" and ran_k_plus_one and not stock_failed_k_plus_one:
+        report.failures.append(f"{v.name}: stock passed every K+1 prompt (the check is blind)")
+
+
+def load_results(folder: Path, plan: list[Variant]) -> dict[str, dict[str, Any]]:
+    results = {}
+    for v in plan:
+        path = folder / f"{v.name}.out.json"
+        if path.is_file():
+            results[v.name] = json.loads(path.read_text(encoding="utf-8"))
+    return results
+
+
+def render(report: Report) -> str:
+    lines = [
+        f"tolerance {report.tolerance:.4f} (two plain runs differ by {report.noise:.4f}; "
+        f"floor {FLOOR})",
+        "variant | workload | prompt | verdict | evidence",
+    ]
+    lines += [
+        f"{r.variant} | {r.workload} | {r.prompt} | {r.verdict} | {r.evidence}" for r in report.rows
+    ]
+    lines.append("ok" if not report.failures else "FAILED: " + "; ".join(report.failures))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.distribution")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="write one engine request per variant")
+    plan.add_argument("out", type=Path)
+    plan.add_argument("--target", required=True)
+    plan.add_argument("--drafter", required=True)
+    report = sub.add_parser("report", help="compare the variants' results")
+    report.add_argument("folder", type=Path)
+    report.add_argument(
+        "--through-call", type=int, help="only the variants of this GPU call and earlier ones"
+    )
+    report.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        for v in write_plan(args.out, args.target, args.drafter):
+            print(f"{v.name} {v.site} {v.call}")
+        return 0
+    variants = [Variant(**v) for v in json.loads((args.folder / "plan.json").read_text())]
+    if args.through_call is not None:
+        variants = [v for v in variants if v.call <= args.through_call]
+    built = build_report(load_results(args.folder, variants), variants)
+    print(json.dumps(built.to_json(), indent=1) if args.json else render(built))
+    return 0 if not built.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
