@@ -73,6 +73,8 @@ class DistributionRequest:
     """None: vLLM's default for the model."""
     enforce_eager: bool = False
     logprobs: int = 5
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """More of vLLM's engine arguments (e.g. long_prefill_token_threshold)."""
     alone: list[Prompt] = field(default_factory=list)
     together: bool = False
     staggered: list[Wave] = field(default_factory=list)
@@ -176,6 +178,7 @@ def run(request: DistributionRequest) -> dict[str, Any]:
         gdn_prefill_backend="triton",
         attention_backend="FLASH_ATTN",
         **optional,
+        **request.engine_args,
     )
     startup_s = time.monotonic() - started
     engine = llm.llm_engine
