@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib._bootstrap_external as bootstrap
 import importlib.util
 import py_compile
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,4 +50,46 @@ def test_other_code_under_a_kept_pairs_header_is_compiled_and_named(tmp_path):
     for _ in range(2):  # never kept: found again the second time
         got = check_bytecode(PYTHON, site, ["pkg"], kept)
         assert (got.checked, got.known) == (2, 1)
-        assert got.differ == [(f"pkg/__pycache__/{pyc.name}", "timestamp")]
+        assert got.differ == [(f"pkg/__pycache__/{pyc.name}", "pkg/mod.py", "timestamp")]
+
+
+def test_bytecode_under_a_prefix_a_pth_sets_is_the_bytecode_checked(tmp_path):
+    """A ``.pth`` of the environment moves where its interpreter reads bytecode: a pyc of
+    other code there runs, and the clean ``__pycache__`` beside the source is never read."""
+    import venv
+
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env)
+    python = env / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (site / "pkg").mkdir()
+    (site / "pkg" / "__init__.py").write_text("")
+    source = site / "pkg" / "mod.py"
+    source.write_text("def answer():\n    return 42\n")
+    py_compile.compile(str(source), doraise=True)  # the clean one, in __pycache__
+    prefix = tmp_path / "pfx"
+    (site / "redirect.pth").write_text(f"import sys; sys.pycache_prefix = {str(prefix)!r}\n")
+    pyc = Path(str(prefix) + str(source.with_suffix(f".{sys.implementation.cache_tag}.pyc")))
+    pyc.parent.mkdir(parents=True)
+    stat = source.stat()
+    evil = compile("def answer():\n    return 41\n", str(source), "exec")
+    pyc.write_bytes(bootstrap._code_to_timestamp_pyc(evil, stat.st_mtime, stat.st_size))
+    ran = subprocess.run(
+        [str(python), "-c", "import pkg.mod; print(pkg.mod.answer())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert ran.stdout.strip() == "41"  # what the environment really runs
+    got = check_bytecode(python, site, ["pkg"])
+    assert got.prefix == str(prefix)
+    assert got.differ == [(str(pyc), "pkg/mod.py", "timestamp")]
+    assert got.stale == 1  # the clean pyc in __pycache__, which nothing reads
+    assert f"(pycache prefix {prefix})" in got.describe()

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -227,3 +228,41 @@ def test_a_forked_run_keeps_verdicts_a_fresh_run_finds(setting, tmp_path):
     )
     fresh = start_probes(replace(s.target(s.trees[1]), cache=kept), PROBE)
     assert fresh.cached and s.runs() == before + 1
+
+
+def test_bytecode_read_from_outside_the_given_prefix_is_keyed_by_content(tmp_path):
+    """A ``.pth`` of the probed environment can point ``sys.pycache_prefix`` elsewhere: the
+    bytecode the run read there is what ran, so other code under it must probe again. The
+    bytecode under the prefix the toolchain gave is its own compile of the keyed sources."""
+    own, elsewhere = tmp_path / "own", tmp_path / "pfx"
+    source = tmp_path / "tree" / "mod.py"
+    own_pyc, other_pyc = own / "mod.cpython-311.pyc", elsewhere / "mod.cpython-311.pyc"
+    for path in (source, own_pyc, other_pyc):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"compiled from the source")
+    past = time.time_ns() - 10 * 10**9
+    for path in (source, own_pyc, other_pyc):
+        os.utime(path, ns=(past, past))
+    kept = probe_cache.ProbeCache.open(
+        tmp_path / "kept",
+        sources="s",
+        python=Path("/p/python"),
+        names=PROBE,
+        env={"PYTHONPYCACHEPREFIX": str(own)},
+        roots=[],
+        scratch=tmp_path / "run",
+    )
+    imports = {
+        "files": [str(source)],
+        "bytecode": [str(own_pyc), str(other_pyc)],
+        "packages": [],
+        "sys_path": [],
+        "top_level": ["mod"],
+    }
+    answer = {PROBE[0]: ProbeResult(probe=PROBE[0], status=ABSENT, evidence="e")}
+    assert kept.store(imports, tmp_path / "run", time.time_ns(), answer, "0.20.1")
+    assert kept.lookup() is not None
+    own_pyc.write_bytes(b"the toolchain's own compile, again")
+    assert kept.lookup() is not None
+    other_pyc.write_bytes(b"other code under a matching header")
+    assert kept.lookup() is None

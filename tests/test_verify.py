@@ -171,6 +171,65 @@ def test_bytecode_python_would_run_instead_of_its_source_is_found(patched_env):
     assert again["differ"] == []
 
 
+#: Run by the install's interpreter: write, where it would look for ``argv[1]``'s bytecode,
+#: ``argv[2]`` compiled under ``argv[1]``'s timestamp header; print where.
+_PLANT_PYC = """
+import importlib._bootstrap_external as bootstrap, importlib.util, os, sys
+source, other = sys.argv[1:]
+st = os.stat(source)
+with open(other, "rb") as f:
+    code = compile(f.read(), source, "exec")
+pyc = importlib.util.cache_from_source(source)
+os.makedirs(os.path.dirname(pyc), exist_ok=True)
+with open(pyc, "wb") as f:
+    f.write(bootstrap._code_to_timestamp_pyc(code, st.st_mtime, st.st_size))
+print(pyc)
+"""
+
+
+def test_bytecode_a_pth_moves_elsewhere_is_checked_and_keys_the_probes(
+    patched_env, upstream_0201, tmp_path
+):
+    """A ``.pth`` of the environment points ``sys.pycache_prefix`` elsewhere, and stock code
+    under the patched source's header waits there: that is what the interpreter runs."""
+    site = site_of(patched_env)
+    prefix = tmp_path / "pfx"
+    pth = site / "zz-pycache-prefix.pth"
+    pth.write_text(f"import sys; sys.pycache_prefix = {str(prefix)!r}\n")
+    rel = "vllm/v1/worker/gpu_model_runner.py"
+    try:
+        # The first run's probes write the bytecode under the prefix; the second, on bytes
+        # that held still, keeps its verdicts.
+        for _ in range(2):
+            warm = run_cli("verify", "--python", str(patched_env), "--json")
+            assert warm.returncode == 0, warm.stderr
+        assert json.loads(warm.stdout)["integrity"]["bytecode"]["prefix"] == str(prefix)
+        pyc = subprocess.run(
+            [
+                str(patched_env),
+                "-c",
+                _PLANT_PYC,
+                str(site / rel),
+                str(upstream_0201.source_dir / rel),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert pyc.startswith(str(prefix))
+        result = run_cli("verify", "--python", str(patched_env), "--json")
+    finally:
+        pth.unlink()
+    assert result.returncode == VerifyIntegrityError.exit_code, result.stderr
+    data = json.loads(result.stdout)
+    assert [(p["kind"], p["path"]) for p in data["integrity"]["problems"]] == [("bytecode", pyc)]
+    assert f"Python would run it for {rel}" in data["integrity"]["problems"][0]["detail"]
+    # The probes ran again, on what the interpreter really loads: stock's layer offset.
+    assert not data["probes_cached"]
+    offset = next(f for f in data["fixes"] if f["probe"] == "layer_offset")
+    assert offset["state"] == "absent", offset["evidence"]
+
+
 def test_tampered_file_is_named_with_its_patch(patched_env):
     target = site_of(patched_env) / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
     original = target.read_bytes()

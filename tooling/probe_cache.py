@@ -10,7 +10,9 @@ keyed in two levels as ccache's manifest mode keys a compile:
   the child), the interpreter's path, the probe names, and the child's
   environment variables that can change what vLLM, torch or transformers do;
 - what the run loaded, as the child reported it (``child.imports``): the content
-  of every imported file and every mapped shared library, the names in every
+  of every imported file and every mapped shared library, of the bytecode read for
+  them unless it lies under the prefix the toolchain gave (a ``.pth`` that moves
+  ``sys.pycache_prefix`` elsewhere moves what runs), the names in every
   package folder a module came from (a module added there can change what an
   import finds), and in every search-path folder the entries an imported
   top-level name could resolve to, with the ``.pth`` files' content. Every such
@@ -228,6 +230,10 @@ class ProbeCache:
     roots: tuple[str, ...]
     """The probed tree's folders, resolved as the child's search path has them."""
     names: tuple[str, ...]
+    own_bytecode: str | None = None
+    """The pycache prefix the child was given: bytecode there is compiled by the toolchain's
+    probe runs from the files it keys, so it is left out; bytecode read from anywhere else
+    (a prefix the environment's own start-up sets, a ``__pycache__``) is keyed by content."""
 
     @classmethod
     def open(
@@ -255,7 +261,13 @@ class ProbeCache:
             "roots": len(resolved),
         }
         digest = sha256_bytes(json.dumps(key, sort_keys=True).encode())
-        return cls(cache / digest[:32], cache / "stat-memo.json", resolved, tuple(names))
+        return cls(
+            cache / digest[:32],
+            cache / "stat-memo.json",
+            resolved,
+            tuple(names),
+            env.get("PYTHONPYCACHEPREFIX"),
+        )
 
     def lookup(self) -> Hit | None:
         """The verdicts of an earlier run whose loaded files all read the same now."""
@@ -316,8 +328,13 @@ class ProbeCache:
         if not isinstance(imports, dict):
             return None
         try:
+            bytecode = [
+                p
+                for p in imports["bytecode"]
+                if self.own_bytecode is None or not _under(str(p), self.own_bytecode)
+            ]
             kinds = {
-                "file": imports["files"],
+                "file": [*imports["files"], *bytecode],
                 "dir": imports["packages"],
                 "path": imports["sys_path"],
             }

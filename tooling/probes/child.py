@@ -57,10 +57,12 @@ def _attr(module: object, name: str) -> object:
 
 
 def imports() -> dict[str, list[str]]:
-    """What the run loaded: files, package folders (a module added to one can change
-    what an import finds), the search path and the top-level names imported."""
+    """What the run loaded: files, the bytecode the import system read for them (wherever
+    this interpreter's pycache prefix put it), package folders (a module added to one can
+    change what an import finds), the search path and the top-level names imported."""
     modules = list(sys.modules.items())
     files = {_attr(m, "__file__") for _, m in modules} | set(_mapped_files())
+    cached = {_attr(m, "__cached__") for _, m in modules}
     packages: set[object] = set()
     for _, m in modules:
         path = _attr(m, "__path__")  # a list, or a namespace package's _NamespacePath
@@ -68,6 +70,9 @@ def imports() -> dict[str, list[str]]:
             packages.update(path)
     return {
         "files": sorted(f for f in files if isinstance(f, str) and os.path.isabs(f)),
+        "bytecode": sorted(
+            c for c in cached if isinstance(c, str) and os.path.isabs(c) and os.path.isfile(c)
+        ),
         "packages": sorted(p for p in packages if isinstance(p, str) and os.path.isabs(p)),
         "sys_path": list(sys.path),
         "top_level": sorted({name.partition(".")[0] for name, _ in modules}),

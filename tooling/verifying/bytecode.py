@@ -1,13 +1,14 @@
 """The bytecode an interpreter would run from an install, checked against its sources.
 
-RECORD hashes the ``.py`` files, but Python imports ``__pycache__/*.pyc`` when
-its header matches: a timestamp pyc by the source's mtime and size, an
-unchecked hash-based pyc always. A pyc compiled from other code with a header
-that still matches runs that code while every hashed file is clean. So, in the
-interpreter that runs the install (its cache tag and its compiler), every pyc
-it would load is compared with its source compiled afresh: code objects are
-equal when the code, constants, names and line tables are (not the file name).
-A pyc of another interpreter's tag is counted, not checked: this interpreter's
+RECORD hashes the ``.py`` files, but Python imports a ``.pyc`` when its header
+matches: a timestamp pyc by the source's mtime and size, an unchecked hash-based
+pyc always. A pyc compiled from other code with a header that still matches runs
+that code while every hashed file is clean. So, in the interpreter that runs the
+install (its cache tag, its compiler, and where its site set-up says bytecode lives:
+``__pycache__`` beside the source, or under ``sys.pycache_prefix`` wherever that
+points), every pyc it would load is compared with its source compiled afresh: code
+objects are equal when the code, constants, names and line tables are (not the file
+name). A pyc of another interpreter's tag is counted, not checked: this interpreter's
 compiler cannot tell, and the report says so.
 
 Compiling vLLM's 2,000 modules takes seconds on every verify of every install
@@ -42,20 +43,27 @@ class BytecodeCheck:
 
     interpreter: str
     """The checking interpreter's cache tag, e.g. ``cpython-312``."""
+    prefix: str | None
+    """Its ``sys.pycache_prefix`` once site has run: where it reads bytecode (None: beside
+    each source, in ``__pycache__``)."""
     checked: int
     """The pycs it would load, each compared with its source."""
     known: int
     """Of those, the ones whose (source, code) pair an earlier check found equal."""
     stale: int
-    """Pycs it would not load (other magic, header not matching the source)."""
+    """Pycs it would not load (other magic, header not matching the source, or an in-tree
+    ``__pycache__`` while it reads from a prefix)."""
     sourceless: int
     other_tags: dict[str, int] = field(default_factory=dict)
     """Pycs of other interpreters, by tag: not checked."""
-    differ: list[tuple[str, str]] = field(default_factory=list)
-    """(pyc path relative to site-packages, header kind) whose code is not its source's."""
+    differ: list[tuple[str, str, str]] = field(default_factory=list)
+    """(pyc, its source, header kind) where the pyc's code is not its source's; each path
+    relative to site-packages, or absolute outside it (under a prefix)."""
 
     def describe(self) -> str:
         tag = self.interpreter
+        if self.prefix is not None:
+            tag += f" (pycache prefix {self.prefix})"
         text = f"bytecode: the {self.checked} .pyc that {tag} would load match their sources"
         if self.known:
             text += f" ({self.known} known from earlier checks)"
@@ -96,12 +104,13 @@ def check_bytecode(
         _keep(known, data["verified"])
     return BytecodeCheck(
         interpreter=data["tag"],
+        prefix=data["prefix"],
         checked=data["checked"],
         known=data["known"],
         stale=data["stale"],
         sourceless=data["sourceless"],
         other_tags=data["other_tags"],
-        differ=[(path, kind) for path, kind in data["differ"]],
+        differ=[(pyc, source, kind) for pyc, source, kind in data["differ"]],
     )
 
 

@@ -348,14 +348,15 @@ def verify(
             FileProblem(
                 pyc,
                 "bytecode",
-                f"Python would run it for {source_of(pyc)}, but it was compiled from other "
+                f"Python would run it for {source}, but it was compiled from other "
                 f"code ({header} header)",
             )
-            for pyc, header in bytecode.differ
+            for pyc, source, header in bytecode.differ
         ]
+        sources = {pyc: source for pyc, source, _ in bytecode.differ}
         manifest = read_manifest(dist)
         for problem in problems:
-            owned = source_of(problem.path) if problem.kind == "bytecode" else problem.path
+            owned = sources[problem.path] if problem.kind == "bytecode" else problem.path
             problem.patches = manifest.owners(owned) if manifest else []
         results = run.wait()
     fixes = []
@@ -380,12 +381,6 @@ def verify(
     return VerifyReport(
         dist, files_checked, problems, manifest, fixes, required, identity, bytecode, run.cached
     )
-
-
-def source_of(pyc: str) -> str:
-    """``a/__pycache__/b.cpython-312.pyc`` -> ``a/b.py``."""
-    folder, name = pyc.rsplit("/__pycache__/", 1)
-    return f"{folder}/{name.split('.', 1)[0]}.py"
 
 
 def install_into_fresh_env(
