@@ -329,3 +329,22 @@ def test_identity_names_a_version_vllm_does_not_report():
     unstamped = VersionIdentity("0.20.1+dflash.3.ab", "0.20.1", None, True)
     assert unstamped.problem is None
     assert "cannot tell it from stock" in unstamped.describe()
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("--python", "--site-packages"), ("--python", "--wheel"), ("--site-packages", "--wheel")],
+)
+def test_two_installs_named_at_once_are_a_usage_error(tmp_path, first, second):
+    """Only one would be verified, the other passed over with exit 0: refused, both named."""
+    wheel = tmp_path / "vllm-0.20.1-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    value = {"--python": sys.executable, "--site-packages": str(tmp_path), "--wheel": str(wheel)}
+    args = ["verify", first, value[first], second, value[second]]
+    message = f"{first} and {second} each name an install to verify; give one"
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.endswith(f"\n\nError: {message}\n"), result.stderr
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout) == {"ok": False, "error": message, "exit_code": 2}

@@ -46,6 +46,11 @@ def verify_command(
     """Check an installed vLLM: files against RECORD, and each fix by behaviour."""
     from ..verifying.request import VerifyRequest, verify_requested
 
+    # Each names the install to check: with two, one of them would go unchecked.
+    given = {"--python": python, "--site-packages": site, "--wheel": wheel}
+    named = [flag for flag, value in given.items() if value is not None]
+    if len(named) > 1:
+        raise click.UsageError(f"{' and '.join(named)} each name an install to verify; give one")
     settings = settings_of(ctx)
     report = verify_requested(
         VerifyRequest(
