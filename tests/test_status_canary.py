@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import sys
 
-from tooling.errors import PatchConflictError
+import pytest
+from click.testing import CliRunner
+
+from tooling.cli import main
+from tooling.errors import PatchConflictError, ProbeError
 from tooling.patching.apply import SeriesReport
 from tooling.patching.series import load_series
 from tooling.patching.status import BaseStatus, Canary
@@ -53,3 +58,44 @@ def test_only_the_validated_base_decides() -> None:
             canary.raise_unless_ok()
     # A run without the validated base (--bases 9.9.9) only reports.
     assert Canary(series, [newer_conflict], 1.0).ok
+
+
+def _status(tmp_path, monkeypatch, *args: str):
+    """``patch status`` on an empty cache, offline, with no probe interpreter anywhere."""
+    monkeypatch.setenv("TOOLING_PROBE_PYTHON", "")
+    cache = ("--offline", "--cache-dir", str(tmp_path / "cache"))
+    return CliRunner().invoke(main, ["--no-progress", *cache, "patch", "status", *args])
+
+
+@pytest.mark.parametrize("json_flag", [(), ("--json",)])
+def test_status_without_a_probe_interpreter_is_refused_before_any_release(
+    tmp_path, monkeypatch, json_flag
+):
+    """Without the probes a patch upstream superseded reads as a conflict (0.22.0's offset
+    and fp8 fixes): a verdict the canary could not reach is not given."""
+    result = _status(tmp_path, monkeypatch, "--bases", "0.22.0", *json_flag)
+    message = (
+        "no probe interpreter: run `tooling probe-env`, set TOOLING_PROBE_PYTHON or pass "
+        "--probe-python (or --no-probes)"
+    )
+    assert result.exit_code == ProbeError.exit_code, result.output
+    assert result.stderr == f"error: {message}\n"
+    if json_flag:
+        assert json.loads(result.stdout)["error"] == message
+    assert not (tmp_path / "cache" / "sources").exists()  # no release was looked at
+
+
+def test_status_with_no_probes_says_it_did_not_probe(tmp_path, monkeypatch):
+    result = _status(tmp_path, monkeypatch, "--bases", "0.22.0", "--no-probes")
+    assert result.exit_code == 0, result.output
+    assert "\nnot probed (--no-probes): text only;" in result.stdout
+    result = _status(tmp_path, monkeypatch, "--bases", "0.22.0", "--no-probes", "--json")
+    assert json.loads(result.stdout)["probed"] is False
+
+
+def test_status_refuses_a_probe_interpreter_with_no_probes(tmp_path, monkeypatch):
+    args = ("--probe-python", sys.executable, "status", "--no-probes")
+    monkeypatch.setenv("TOOLING_PROBE_PYTHON", "")
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "patch", *args])
+    assert result.exit_code == 2
+    assert "--probe-python and --no-probes contradict each other" in result.stderr

@@ -148,6 +148,13 @@ class SeriesReport:
         return cls(**data)
 
 
+#: Why a command that needs the probes' verdicts stops before it starts without them.
+NO_PROBE_PYTHON = (
+    "no probe interpreter: run `tooling probe-env`, set "
+    "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)"
+)
+
+
 @dataclass(frozen=True)
 class ApplyOptions:
     probe_python: Path | None
@@ -456,10 +463,7 @@ def ensure_patched(
     report when the tree is current, else the series applied afresh (``on_applied`` sees that
     report first) and PatchConflictError unless every patch went in."""
     if require_probes and options.probe_python is None:
-        raise BuildError(
-            "no probe interpreter: run `tooling probe-env`, set "
-            "TOOLING_PROBE_PYTHON or pass --probe-python (or --no-probes)"
-        )
+        raise BuildError(NO_PROBE_PYTHON)
     if work_dir.is_dir():
         report = reusable_report(work_dir, upstream, series)
         if report is not None and (report.probe_python or not require_probes):

@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import PatchConflictError, ToolingError
+from ..errors import PatchConflictError, ProbeError, ToolingError
 from ..fetching.bases import Base
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import fetch_upstream
 from ..probes import scratch_folder
-from .apply import ApplyOptions, SeriesReport, apply_series
+from .apply import NO_PROBE_PYTHON, ApplyOptions, SeriesReport, apply_series
 from .series import Series
 
 
@@ -68,6 +68,9 @@ class Canary:
     series: Series
     results: list[BaseStatus]
     seconds: float
+    probed: bool = True
+    """False under --no-probes: text only, so a patch upstream superseded reads conflict,
+    and no applied patch was checked by behaviour."""
 
     @property
     def ok(self) -> bool:
@@ -78,6 +81,7 @@ class Canary:
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "probed": self.probed,
             "seconds": self.seconds,
             "patches": [p.id for p in self.series.patches],
             "bases": [r.to_json() for r in self.results],
@@ -99,9 +103,13 @@ def canary(
     *,
     workers: int = 2,
     on_done: Callable[[BaseStatus], object] | None = None,
+    require_probes: bool = True,
 ) -> Canary:
     """Status of every patch on every base, in the order of ``bases``, timed, with its
-    verdict."""
+    verdict. Without a probe interpreter a superseded patch cannot be told from a conflict:
+    a ProbeError unless not ``require_probes`` (--no-probes), which the result then says."""
+    if require_probes and options.probe_python is None:
+        raise ProbeError(NO_PROBE_PYTHON)
     started = time.perf_counter()
     with scratch_folder("dflash-status-", options.pycache) as scratch:
 
@@ -113,4 +121,6 @@ def canary(
 
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             results = list(pool.map(one, bases))
-    return Canary(series, results, time.perf_counter() - started)
+    return Canary(
+        series, results, time.perf_counter() - started, probed=options.probe_python is not None
+    )
