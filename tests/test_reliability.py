@@ -141,6 +141,27 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
     assert mine not in git(work, "rev-list", "HEAD")
 
 
+@needs_artifacts
+def test_files_vllms_gitignore_hides_in_the_work_tree_are_moved_aside_not_destroyed(tmp_path):
+    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
+    args = ("patch", "--offline", "--json", "--work-dir", "w")
+    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    assert code == 0, err
+    work = tmp_path / "w"
+    (work / "bench.log").write_text("tokens/s 612\n")
+    (work / ".venv" / "bin").mkdir(parents=True)
+    (work / ".venv" / "bin" / "python").write_text("")
+    (work / "build").mkdir()
+    (work / "build" / "x").write_text("")
+    assert git(work, "status", "--porcelain") == ""  # all three hidden from a plain status
+    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    assert code == 0, err
+    saved = Path(json.loads(out)["saved_work"])
+    assert str(saved) in err
+    assert (saved / "bench.log").read_text() == "tokens/s 612\n"
+    assert (saved / ".venv" / "bin" / "python").is_file() and (saved / "build" / "x").is_file()
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, upstream_0201) -> tuple[Path, dict[str, str], Path]:
     """A folder whose work tree `w` is patched (no probes), and the env that built it

@@ -62,3 +62,25 @@ def test_a_changed_source_gets_a_baseline_of_its_own(tmp_path) -> None:
     assert first.head.commit.hexsha != second.head.commit.hexsha
     assert second.git.show("HEAD:vllm/sub/m.py") == "Y = 3  # changed"
     assert len(list(baselines.glob("*.git"))) == 2
+
+
+def test_files_the_gitignore_hides_are_a_persons_work_and_move_aside(tmp_path) -> None:
+    """A log, a virtualenv, a build folder: vLLM's .gitignore hides them from a plain
+    ``git status``, yet they are a person's and must survive a new tree."""
+    src = _source(tmp_path)
+    (src / ".gitignore").write_text("_version.py\n*.log\n.venv/\nbuild/\n")
+    work = tmp_path / "w"
+    worktree.create_from_tree(src, work, "m", tmp_path / "baselines")
+    (work / "vllm" / "__pycache__").mkdir()
+    (work / "vllm" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"probes wrote it")
+    assert worktree.person_work(work) == []
+    (work / "bench.log").write_text("tokens/s 612\n")
+    (work / ".venv" / "bin").mkdir(parents=True)
+    (work / ".venv" / "bin" / "python").write_text("")
+    (work / "build").mkdir()
+    (work / "build" / "x").write_text("")
+    assert worktree.person_work(work) == ["ignored .venv/", "ignored bench.log", "ignored build/"]
+    saved = worktree.clear_way(work)
+    assert saved is not None and not work.exists()
+    assert (saved / "bench.log").read_text() == "tokens/s 612\n"
+    assert (saved / ".venv" / "bin" / "python").is_file() and (saved / "build" / "x").is_file()

@@ -127,8 +127,9 @@ def person_work(work_dir: Path) -> list[str]:
     """What in an existing work tree this toolchain did not make (empty: safe to replace).
 
     Our commits carry our committer identity; a person's commit, amend or
-    rebase carries theirs. Edited or new files count too (bytecode does not:
-    probes write it).
+    rebase carries theirs. Edited or new files count too, those vLLM's
+    ``.gitignore`` hides among them (a log, a virtualenv, a build folder);
+    bytecode does not: probes write it.
     """
     try:
         repo = git.Repo(work_dir)
@@ -140,9 +141,20 @@ def person_work(work_dir: Path) -> list[str]:
         for c in repo.iter_commits(f"{BASELINE_TAG}..HEAD")
         if (c.committer.name, c.committer.email) != IDENTITY
     ]
-    changed = repo.git.status("--porcelain", "--untracked-files=all").splitlines()
-    found += [f"uncommitted {line[3:]}" for line in changed if line.strip()]
+    # An ignored folder is one line, however much it holds.
+    status = repo.git.status("--porcelain", "--untracked-files=all", "--ignored=matching")
+    for line in status.splitlines():
+        state, path = line[:2], line[3:]
+        if state != "!!":
+            found.append(f"uncommitted {path}")
+        elif not _is_bytecode(path):
+            found.append(f"ignored {path}")
     return found
+
+
+def _is_bytecode(path: str) -> bool:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return name == "__pycache__" or name.endswith(".pyc")
 
 
 def clear_way(work_dir: Path) -> Path | None:
