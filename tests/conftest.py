@@ -44,8 +44,8 @@ USER_CACHE_VAR = "TOOLING_TESTS_USER_CACHE"
 def link_artifacts(user: CacheLayout, session: CacheLayout) -> None:
     """Symlink the user's artifacts and unpacked sources into ``session`` (once each).
 
-    The tool never writes into either: it replaces a bad artifact by
-    unlinking it, and unpacks a source tree only where none is.
+    The tool never writes into either: it moves a bad artifact aside by
+    renaming it (the link), and unpacks a source tree only where none is.
     """
     for folder in (user.artifacts, user.sources):
         for entry in sorted(folder.glob("[!.]*")) if folder.is_dir() else ():

@@ -237,7 +237,7 @@ def test_corrupt_official_wheel_and_missing_wheel(tmp_path, upstream_0201, serie
     with open(upstream_0201.wheel, "rb") as src:
         broken.write_bytes(src.read(5_000_000))
     # A damaged official wheel is named for what it is: not the pinned file (and gone).
-    with pytest.raises(IntegrityError, match="does not match the pinned .* removed from the cache"):
+    with pytest.raises(IntegrityError, match="does not match the pinned .* moved aside to"):
         build_precompiled(
             dataclasses.replace(upstream_0201, wheel=broken),
             series,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -203,9 +204,29 @@ def test_unverified_lookup_still_refuses_a_cached_file_of_another_size(tmp_path,
     cached.write_bytes(bytes(len(sdist_bytes)))  # the pinned size, other bytes
     assert ensure_artifact(artifact, opts, verify=False) == cached
     cached.write_bytes(sdist_bytes[:-1])  # a download cut short
-    with pytest.raises(IntegrityError, match="does not match the pinned .* removed from the cache"):
+    with pytest.raises(IntegrityError, match="does not match the pinned .* moved aside to"):
         ensure_artifact(artifact, opts, verify=False)
     assert not cached.exists()
+
+
+def test_a_cached_file_a_wrong_pin_refuses_is_moved_aside_not_deleted(tmp_path, sdist_bytes):
+    """One hex digit off in bases.toml: the cached file is the right one and stays whole,
+    out of the cache's way, named in the error."""
+    right = pin("vllm-9.9.9.tar.gz", sdist_bytes)
+    digit = "0" if right.sha256[0] != "0" else "1"
+    wrong = dataclasses.replace(right, sha256=digit + right.sha256[1:])
+    opts = options(tmp_path, "http://127.0.0.1:9/simple/", offline=True)
+    cached = opts.cache.artifacts / right.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(sdist_bytes)
+    aside = opts.cache.artifacts / "rejected" / f"{right.filename}.sha256-{right.sha256[:16]}"
+    with pytest.raises(IntegrityError) as e:
+        ensure_artifact(wrong, opts)
+    assert str(e.value) == (
+        f"{right.filename}: sha256 {right.sha256} does not match the pinned {wrong.sha256}; "
+        f"the file was moved aside to {aside} (check the pin in bases.toml)"
+    )
+    assert not cached.exists() and aside.read_bytes() == sdist_bytes
 
 
 def test_unreachable_index_is_a_network_error(tmp_path, sdist_bytes):

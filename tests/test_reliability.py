@@ -418,10 +418,37 @@ def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path, catalog)
     args = ("build", "--offline", "--no-probes", "--work-dir", "w", "--dist", "dist")
     code, _, err = finish(tooling(*args, cwd=tmp_path, env=env))
     assert code == 6, err
-    assert err.startswith(f"error: {WHEEL}: sha256 ") and "removed from the cache" in err, err
+    assert err.startswith(f"error: {WHEEL}: sha256 ") and "moved aside to" in err, err
     assert not (cache / "pypi" / WHEEL).exists()
     # Its size gave it away before any work: no work tree was made for it.
     assert not (tmp_path / "w").exists()
+    assert not list(tmp_path.glob("dist/*"))
+
+
+@needs_artifacts
+def test_a_wrong_pin_moves_the_right_cached_wheel_aside_and_says_where(tmp_path, catalog):
+    """One hex digit off in bases.toml's wheel pin: the build stops (6), and the real official
+    wheel is out of the cache's way, whole, never deleted."""
+    cache = fresh_cache(tmp_path, SDIST, WHEEL)
+    name = f"sdist-{catalog.get('0.20.1').sdist.sha256[:16]}"
+    (cache / "sources").mkdir()
+    (cache / "sources" / name).symlink_to(CACHE / "sources" / name)
+    patches = shutil.copytree(REPO_DIR / "patches", tmp_path / "patches")
+    pinned = catalog.get("0.20.1").wheel.sha256
+    wrong = ("0" if pinned[0] != "0" else "1") + pinned[1:]
+    bases = patches / "bases.toml"
+    bases.write_text(bases.read_text().replace(pinned, wrong))
+    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(cache)}
+    args = ("--patches-dir", str(patches), "build", "--offline", "--no-probes", "--work-dir", "w")
+    code, _, err = finish(tooling(*args, "--dist", "dist", cwd=tmp_path, env=env))
+    aside = cache / "pypi" / "rejected" / f"{WHEEL}.sha256-{pinned[:16]}"
+    assert code == 6, err
+    assert err == (
+        f"error: {WHEEL}: sha256 {pinned} does not match the pinned {wrong}; "
+        f"the file was moved aside to {aside} (check the pin in bases.toml)\n"
+    )
+    assert not (cache / "pypi" / WHEEL).exists()
+    assert aside.resolve() == (CACHE / "pypi" / WHEEL).resolve()  # the link, the wheel untouched
     assert not list(tmp_path.glob("dist/*"))
 
 

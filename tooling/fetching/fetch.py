@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import http.client
 import json
+import os
 import re
 import tarfile
 import urllib.error
@@ -58,13 +59,21 @@ class PypiSource:
 
 
 def verify_artifact(path: Path, artifact: Artifact) -> None:
-    """Raise IntegrityError (and delete the file) when ``path`` is not the pinned file."""
+    """Raise IntegrityError when ``path`` is not the pinned file, after moving it out of the
+    cache's way (``rejected/`` beside it): the pin may be what is wrong (a mistyped digest in
+    bases.toml), and then the file is the right one, and hundreds of MB to fetch again."""
     actual = sha256_file(path)
     if actual != artifact.sha256:
-        path.unlink(missing_ok=True)
+        aside = path.parent / "rejected" / f"{path.name}.sha256-{actual[:16]}"
+        try:
+            aside.parent.mkdir(exist_ok=True)
+            os.replace(path, aside)
+            where = f"the file was moved aside to {aside}"
+        except OSError as e:
+            where = f"it stays in the cache: cannot move it to {aside} ({e.strerror or e})"
         raise IntegrityError(
             f"{path.name}: sha256 {actual} does not match the pinned {artifact.sha256}; "
-            "the file was removed from the cache"
+            f"{where} (check the pin in bases.toml)"
         )
 
 
