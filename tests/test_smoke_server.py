@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tooling import procs
 from tooling.errors import SmokeError
-from tooling.smoke import procs
 from tooling.smoke.config import EngineSettings
 from tooling.smoke.server import (
     ServeOptions,

@@ -28,9 +28,9 @@ import pytest
 from tooling.errors import SmokeError
 from tooling.fsutil import sha256_file
 from tooling.paths import REPO_DIR
+from tooling.procs import group_members
 from tooling.smoke import checks
 from tooling.smoke.config import drafter_info_from_config, target_info_from_config
-from tooling.smoke.procs import group_members
 from tooling.smoke.reference_pool import reference_pool
 from tooling.smoke.serving.tiny import (
     MANIFEST,

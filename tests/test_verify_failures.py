@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -177,3 +178,47 @@ def test_a_probe_runs_bytecode_goes_with_its_copy(tmp_path):
     assert not copy.exists()
     assert pycache.is_dir(), "the child wrote no bytecode under the prefix at all"
     assert not (pycache / copy.relative_to(copy.anchor)).exists()
+
+
+def _holding(path: Path) -> list[int]:
+    """Live processes whose command line names ``path``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(path).encode() in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def test_sigterm_while_pip_installs_leaves_nothing_running_or_on_disk(tmp_path):
+    """``pip --python`` runs pip again under the scratch virtualenv's interpreter: SIGTERM to
+    verify must stop that grandchild too, and take the scratch install and pip's temp
+    folders with it. The wheel is a FIFO nobody writes, so pip is installing until stopped."""
+    wheel = tmp_path / "vllm-0.20.1-py3-none-any.whl"
+    os.mkfifo(wheel)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "TOOLING_PROBE_PYTHON": sys.executable}
+    verify_cmd = [sys.executable, "-m", "tooling", "--no-progress", "verify", "--wheel", str(wheel)]
+    proc = subprocess.Popen(verify_cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    left: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        # The verify itself, pip, and pip again under the scratch virtualenv's python.
+        while len(_holding(wheel)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        left = _holding(wheel)
+    finally:
+        for pid in _holding(wheel):  # what a failing run left behind
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.decode() == "error: interrupted (SIGTERM)\n"
+    assert left == []
+    assert list(scratch.iterdir()) == []

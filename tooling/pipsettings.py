@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import procs
+
 #: Sections that apply to ``pip install``, lowest precedence first (the environment wins).
 _SECTIONS = ("global", "install", ":env:")
 
@@ -98,13 +100,7 @@ def parse_pip_config(text: str) -> IndexSettings:
 def read_pip_settings() -> IndexSettings:
     """What this interpreter's pip is configured with; none where pip cannot say."""
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = procs.run([sys.executable, "-m", "pip", "config", "list"], timeout_s=60)
     except (OSError, subprocess.TimeoutExpired):
         return IndexSettings()
     return parse_pip_config(result.stdout) if result.returncode == 0 else IndexSettings()
@@ -112,16 +108,16 @@ def read_pip_settings() -> IndexSettings:
 
 def uv_pip_install(python: Path | str, args: list[str], **run: Any) -> int:
     """``uv pip install ARGS`` into ``python``'s environment with pip's index settings;
-    uv's exit code. ``run``: more ``subprocess.run`` arguments (where output goes)."""
+    uv's exit code. ``run``: more ``subprocess.Popen`` arguments (where output goes)."""
     settings = read_pip_settings()
     cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python), *args]
-    result = subprocess.run(
+    with procs.started(
         [*cmd, *settings.uv_args()],
         stdin=subprocess.DEVNULL,
         env={**os.environ, **settings.uv_env()},
         **run,
-    )
-    return result.returncode
+    ) as proc:
+        return proc.wait()
 
 
 if __name__ == "__main__":

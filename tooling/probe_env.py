@@ -15,6 +15,7 @@ import sys
 import venv
 from pathlib import Path
 
+from . import procs
 from .errors import EnvironmentProblem, ProbeError
 from .fsutil import locked, sha256_file
 from .paths import REPO_DIR, CacheLayout
@@ -106,12 +107,8 @@ def _install_reference_dflash(target: Path, python: Path) -> Path:
 def check_probe_python(python: Path) -> Path:
     """``python`` when it starts and is a Python 3; else a ProbeError naming it."""
     try:
-        result = subprocess.run(
-            [str(python), "-c", "import sys; print(sys.version_info[0])"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
+        result = procs.run(
+            [str(python), "-c", "import sys; print(sys.version_info[0])"], timeout_s=120
         )
     except OSError as e:
         raise ProbeError(f"probe interpreter {python} cannot start: {e.strerror or e}") from None

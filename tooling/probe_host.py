@@ -41,6 +41,7 @@ from .probes import (
     remove_run_folder,
 )
 from .probes.forkserver import REFUSED
+from .procs import stop_group
 
 #: Imported once by the server: what every probe run imports anyway, and no vLLM.
 PRELOAD = ("torch", "transformers", "openai", "aiohttp", "networkx", "numpy", "pydantic")
@@ -229,7 +230,7 @@ class ForkedRun:
 
     def kill(self) -> None:
         if self._own is not None:
-            self._own.kill()
+            stop_group(self._own, grace_s=0)
             return
         self._host.close()
         self.returncode = -signal.SIGKILL

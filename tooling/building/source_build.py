@@ -23,6 +23,7 @@ from pathlib import Path
 
 import git
 
+from .. import procs
 from ..errors import BuildError, EnvironmentProblem
 from ..fetching.gitsource import export_tree
 from ..fetching.upstream import Upstream
@@ -86,7 +87,7 @@ def preflight(tree: Path, options: SourceBuildOptions, python: Path) -> list[str
     if not options.use_precompiled_kernels and find_nvcc() is None:
         problems.append("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
     pinned = pinned_torch(tree)
-    probe = subprocess.run([str(python), "-c", _TORCH_PROBE], capture_output=True, text=True)
+    probe = procs.run([str(python), "-c", _TORCH_PROBE])
     if probe.returncode != 0:
         problems.append(f"{python} cannot import torch (vLLM builds against torch=={pinned})")
     else:
@@ -107,12 +108,7 @@ def preflight(tree: Path, options: SourceBuildOptions, python: Path) -> list[str
                 f"torch {torch['version']} in {python} is not the pinned torch=={pinned}; "
                 "the kernels would not match its ABI"
             )
-    build_ok = (
-        subprocess.run(
-            [str(python), "-c", "import build, setuptools_scm"], capture_output=True
-        ).returncode
-        == 0
-    )
+    build_ok = procs.run([str(python), "-c", "import build, setuptools_scm"]).returncode == 0
     if not build_ok:
         problems.append(f"{python} lacks the `build` and `setuptools-scm` packages")
     need = DISK_PRECOMPILED_GIB if options.use_precompiled_kernels else DISK_FULL_GIB
@@ -180,17 +176,21 @@ def build_from_source(
         export_tree(git.Repo(tree), report.head, tree_copy)
         out_dir = Path(tmp) / "out"
         log = options.dist_dir / f".{identity.version}-source-build.log"
-        with open(log, "wb") as out:
-            proc = subprocess.run(
+        # vLLM's build runs its backend, cmake and the compilers as children of its own.
+        with (
+            open(log, "wb") as out,
+            procs.started(
                 [*command, "--outdir", str(out_dir), str(tree_copy)],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-            )
-        if proc.returncode != 0:
+            ) as proc,
+        ):
+            returncode = proc.wait()
+        if returncode != 0:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
-            raise BuildError(f"vLLM's build failed (exit {proc.returncode}, log {log}): {tail[0]}")
+            raise BuildError(f"vLLM's build failed (exit {returncode}, log {log}): {tail[0]}")
         (built,) = out_dir.glob("*.whl")
         identity = identity_of(built.name)
         stamped = runtime_version(upstream.base.version, series)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ..paths import CacheLayout
+from ..procs import stop_group
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 if TYPE_CHECKING:  # tooling.probe_cache and tooling.probe_host use this package's types
@@ -131,7 +132,9 @@ class ProbeRun:
         run in a ``with`` block, so a failure (or Ctrl-C) there does not leave a
         probe interpreter importing vLLM in the background.
         """
-        if self.process is not None and self.process.poll() is None:
+        if isinstance(self.process, subprocess.Popen):
+            stop_group(self.process, grace_s=0)  # what the probed code started goes too
+        elif self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         if self.workdir is not None:
@@ -212,7 +215,8 @@ def probe_command(python: Path, module: str, args: list[str]) -> list[str]:
 def launch_child(
     target: ProbeTarget, env: dict[str, str], workdir: Path, argv: list[str], log: Path
 ) -> subprocess.Popen[bytes]:
-    """A probe run in an interpreter of its own, its output in ``log``."""
+    """A probe run in an interpreter of its own, its output in ``log``, leading a process
+    group of its own (``ProbeRun.close`` stops the group)."""
     with open(log, "wb") as log_file:
         return subprocess.Popen(
             probe_command(target.python, "child", argv),
@@ -221,6 +225,7 @@ def launch_child(
             stdin=subprocess.DEVNULL,
             env=env,
             cwd=workdir,
+            start_new_session=True,
         )
 
 

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -42,6 +42,7 @@ from typing import Any, BinaryIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from .. import procs
 from ..errors import BundleError, EnvironmentProblem
 from ..fetching.bases import Base
 from ..fetching.fetch import DEFAULT_INDEX_URL
@@ -68,8 +69,6 @@ DEFAULT_SKIP = (
 DEFAULT_KEEP = ("torch-c-dlpack-ext",)
 ROOT = "-r"
 """The ``via`` marker of a requirement the input asked for directly."""
-
-Runner = Callable[..., subprocess.CompletedProcess]
 
 
 @dataclass(frozen=True)
@@ -452,7 +451,7 @@ def _uv_available() -> None:
         ) from None
 
 
-def resolve(config: BundleConfig, runner: Runner = subprocess.run) -> Resolution:
+def resolve(config: BundleConfig) -> Resolution:
     """Resolve the patched wheel's runtime closure with ``uv pip compile``."""
     if not config.wheel.is_file():
         raise BundleError(f"{config.wheel}: no such wheel")
@@ -484,7 +483,7 @@ def resolve(config: BundleConfig, runner: Runner = subprocess.run) -> Resolution
             "--no-header",
             "--quiet",
         )
-        result = runner(list(cmd), capture_output=True, text=True)
+        result = procs.run(cmd)
         if result.returncode != 0:
             lines = [ln for ln in (result.stderr or "").splitlines() if ln.strip()]
             why = " ".join(lines[-3:]) if lines else f"exit {result.returncode}"
@@ -544,21 +543,19 @@ def _run_pip(cmd: list[str], total: int, label: str, show: bool, log: Path) -> N
     saved = re.compile(r"^(Saved|File was already downloaded) ")
     with step_bar(total, label, show) as bar, open(log, "a", encoding="utf-8") as out:
         out.write("$ " + " ".join(cmd) + "\n")
-        proc = subprocess.Popen(
+        with procs.started(
             cmd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
             env=_pip_env(),
-        )
-        assert proc.stdout is not None
-        try:
+        ) as proc:
+            assert proc.stdout is not None
             for line in proc.stdout:
                 out.write(line)
                 if saved.match(line):
                     bar.update(1)
-        finally:
             code = proc.wait()
     if code != 0:
         tail = [ln for ln in log.read_text(encoding="utf-8").splitlines() if ln.strip()][-2:]
@@ -778,11 +775,9 @@ def read_present(path: Path) -> dict[str, str | None]:
         raise BundleError(f"{path}: cannot read the exclude-present list ({e.strerror})") from None
 
 
-def resolve_and_plan(
-    config: BundleConfig, runner: Runner = subprocess.run
-) -> tuple[Resolution, BundlePlan]:
+def resolve_and_plan(config: BundleConfig) -> tuple[Resolution, BundlePlan]:
     """resolve -> plan, without downloading anything (``--lock-only`` stops here)."""
-    resolution = resolve(config, runner)
+    resolution = resolve(config)
     present = read_present(config.exclude_present) if config.exclude_present else {}
     plan = plan_bundle(
         resolution.requirements,
@@ -795,11 +790,9 @@ def resolve_and_plan(
     return resolution, plan
 
 
-def make_bundle(
-    config: BundleConfig, runner: Runner = subprocess.run
-) -> tuple[BundlePlan, BundleResult]:
+def make_bundle(config: BundleConfig) -> tuple[BundlePlan, BundleResult]:
     """resolve -> plan -> download -> write, as ``tooling bundle`` does."""
-    resolution, plan = resolve_and_plan(config, runner)
+    resolution, plan = resolve_and_plan(config)
     if config.download_dir is not None:
         wheels = download(plan, config, config.download_dir)
         return plan, write_bundle(plan, wheels, config, resolution)
@@ -814,9 +807,9 @@ def write_lock(resolution: Resolution, path: Path) -> None:
     atomic_write_text(path, resolution.lock_text)
 
 
-def lock_bundle(config: BundleConfig, path: Path, runner: Runner = subprocess.run) -> BundlePlan:
+def lock_bundle(config: BundleConfig, path: Path) -> BundlePlan:
     """resolve -> plan, and the lock written to ``path``; nothing downloaded (``--lock-only``)."""
-    resolution, plan = resolve_and_plan(config, runner)
+    resolution, plan = resolve_and_plan(config)
     write_lock(resolution, path)
     return plan
 

@@ -10,8 +10,9 @@ The public API (the Click command is a thin layer over it):
   the trained pair's table, a dry run, or the run).
 - :func:`build_serve_command`, :class:`ServeOptions`: the ``vllm serve`` argv.
 
-Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectations), ``procs``
-(process groups that always stop), ``server`` and ``client`` (``vllm serve`` and its HTTP API),
+Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectations), ``server``
+and ``client`` (``vllm serve`` and its HTTP API; their process groups always stop, through
+``tooling.procs``),
 ``metrics`` (``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``checks`` (pure
 verdicts), ``report`` (table, JSON, plot), ``load`` (the concurrent bursts), ``acceptance`` (the
 trained pair's table), ``runner`` (the order), ``site`` (the wheel under test installed),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmokeError
-from .procs import log_tail, start_group, stop_group
+from ..procs import log_tail, start_group, stop_group
 from .serving.agreement import Tally, shard_prompts
 
 MODULE = "tooling.smoke.serving.reference"

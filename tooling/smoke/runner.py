@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmokeError
+from ..procs import log_tail, run_child, sigterm_as_interrupt, start_group, stop_group
 from . import checks, client, load, metrics
 from .checks import CheckResult, PrefixObservation
 from .config import (
@@ -63,7 +64,6 @@ from .config import (
     read_target_info,
 )
 from .logscan import aux_layers_from_log_file
-from .procs import log_tail, run_child, sigterm_as_interrupt, start_group, stop_group
 from .reference_pool import MODULE as REFERENCE_MODULE
 from .reference_pool import ReferencePool, reference_pool
 from .report import SmokeReport, StepRecord, plot_acceptance

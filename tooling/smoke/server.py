@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmokeError
+from ..procs import StopOutcome, log_tail, start_group, stop_group
 from . import client
 from .config import EngineSettings
-from .procs import StopOutcome, log_tail, start_group, stop_group
 
 SERVED_MODEL_NAME = "smoke"
 LOCALHOST = "127.0.0.1"

@@ -27,6 +27,7 @@ from ..errors import (
     TrainSettingsError,
     error_for_exit_code,
 )
+from ..procs import started
 from .config import PRESETS, RecipeConfig, apply_overrides
 
 #: The ``tooling`` package, which the child imports the trainer from.
@@ -162,18 +163,19 @@ def train_in(python: Path, request: TrainRequest) -> TrainedPair:
         outcome_file = Path(tmp) / "outcome.json"
         command = [str(python), "-m", "tooling.trainer", *request.argv()]
         try:
-            done = subprocess.run(
+            with started(
                 [*command, "--outcome", str(outcome_file)],
                 stdin=subprocess.DEVNULL,
                 # To this process's stderr (fd 2), as the child's log: stdout is our result.
                 stdout=2,
                 env=env,
-            )
+            ) as child:
+                returncode = child.wait()
         except OSError as e:
             raise EnvironmentProblem(f"cannot start {python}: {e.strerror or e}") from None
         if not outcome_file.is_file():
             raise TrainingError(
-                f"the training recipe in {python} exited {done.returncode} without a result "
+                f"the training recipe in {python} exited {returncode} without a result "
                 "(its output is above)"
             )
         outcome = json.loads(outcome_file.read_text(encoding="utf-8"))

@@ -27,6 +27,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import procs
 from ..errors import EnvironmentProblem
 from ..fsutil import atomic_write_text, locked
 
@@ -82,12 +83,8 @@ def check_bytecode(
     ``kept`` (a cache folder), pairs found equal before are not compiled again."""
     known = kept / "verified" if kept is not None else None
     try:
-        done = subprocess.run(
-            [str(python), "-c", _CHECK, str(site), str(known or "-"), *tops],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=900,
+        done = procs.run(
+            [str(python), "-c", _CHECK, str(site), str(known or "-"), *tops], timeout_s=900
         )
     except OSError as e:
         why = e.strerror or e

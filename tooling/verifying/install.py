@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+from .. import procs
 
 
 def pip_install(
@@ -28,9 +31,10 @@ def pip_install(
         cmd.append("--no-compile")
     if target is not None:
         cmd += ["--upgrade", "--target", str(target)]
-    result = subprocess.run(
-        [*cmd, str(wheel)], capture_output=True, text=True, stdin=subprocess.DEVNULL
-    )
+    # pip --python runs pip again under that interpreter: a grandchild, stopped with the
+    # group. pip's own temp folders go in one of ours, which goes however pip ends.
+    with tempfile.TemporaryDirectory(prefix="dflash-pip-") as tmp:
+        result = procs.run([*cmd, str(wheel)], env={**os.environ, "TMPDIR": tmp})
     if result.returncode == 0:
         return None
     return (result.stderr.strip().splitlines() or ["pip failed"])[-1]

@@ -22,6 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from .. import procs
 from ..building.manifest import MANIFEST_NAME, BuildManifest
 from ..errors import (
     EnvironmentProblem,
@@ -418,13 +419,7 @@ def install_into_fresh_env(
 def _ask(python: Path, code: str, what: str, error: type[ToolingError]) -> str:
     """What ``python -c code`` prints; a failure is one ``error`` line starting with ``what``."""
     try:
-        result = subprocess.run(
-            [str(python), "-c", code],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=120,
-        )
+        result = procs.run([str(python), "-c", code], timeout_s=120)
     except OSError as e:
         raise error(f"{what}: {e.strerror or e}") from None
     except subprocess.TimeoutExpired:

@@ -1,11 +1,12 @@
 """Child processes that always end: each runs in its own process group, stopped as a group.
 
-``vllm serve`` forks an engine-core process, and a child can ignore SIGTERM,
-so stopping means: SIGTERM to the whole group, a grace period, then SIGKILL to
-the group, then a wait until no member is left. The same path runs on normal
-exit, on an error, on a time-out and on Ctrl-C (KeyboardInterrupt), and
-SIGTERM to the smoke itself is turned into KeyboardInterrupt so it too runs
-the clean-up.
+The one way the toolchain starts a child. ``vllm serve`` forks an engine-core
+process, ``pip --python`` runs pip again under the target interpreter, and a
+child can ignore SIGTERM, so stopping means: SIGTERM to the whole group, a
+grace period, then SIGKILL to the group, then a wait until no member is left.
+The same path runs on normal exit, on an error, on a time-out and on Ctrl-C
+(KeyboardInterrupt); the CLI turns SIGTERM and SIGHUP into KeyboardInterrupt,
+so they too run the clean-up, and nothing a run started outlives it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ALREADY_EXITED = "already exited"
 TERMINATED = "terminated"
@@ -124,7 +126,7 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
 
 
 def stop_group(
-    proc: subprocess.Popen[bytes], *, grace_s: float = 20.0, kill_wait_s: float = 10.0
+    proc: subprocess.Popen[Any], *, grace_s: float = 20.0, kill_wait_s: float = 10.0
 ) -> StopOutcome:
     """Stop ``proc`` and everything in its process group; return how it went.
 
@@ -161,6 +163,42 @@ def stop_group(
         seconds=time.monotonic() - start,
         leftover=leftover,
     )
+
+
+@contextlib.contextmanager
+def started(
+    cmd: Sequence[str], *, grace_s: float = 2.0, **popen: Any
+) -> Iterator[subprocess.Popen[Any]]:
+    """``subprocess.Popen(cmd, **popen)`` as the leader of a group of its own, the group
+    stopped whole when the block ends, however it ends (done, failed, interrupted)."""
+    with subprocess.Popen(list(cmd), start_new_session=True, **popen) as proc:
+        try:
+            yield proc
+        finally:
+            stop_group(proc, grace_s=grace_s)
+
+
+def run(
+    cmd: Sequence[str],
+    *,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, stdin=DEVNULL)`` through
+    :func:`started`. OSError when it cannot start; subprocess.TimeoutExpired past
+    ``timeout_s``, the group stopped."""
+    with started(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=None if env is None else dict(env),
+        cwd=cwd,
+    ) as proc:
+        out, err = proc.communicate(timeout=timeout_s)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def run_child(
