@@ -114,14 +114,18 @@ def test_two_trees_from_one_fresh_cache_do_not_break_each_other(tmp_path):
     assert not [p for p in (cache / "sources").iterdir() if p.name.endswith(".part")]
 
 
+def patch_w(folder: Path) -> tuple[int, str, str]:
+    """``tooling patch`` of the work tree ``w`` in ``folder`` (no probes)."""
+    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
+    return finish(tooling("patch", "--offline", "--json", "--work-dir", "w", cwd=folder, env=env))
+
+
 @needs_artifacts
 def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_path):
-    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
-    args = ("patch", "--offline", "--json", "--work-dir", "w")
-    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    code, out, err = patch_w(tmp_path)
     assert code == 0, err
     # A tree holding only our commits is simply made again.
-    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    code, out, err = patch_w(tmp_path)
     assert code == 0, err
     assert json.loads(out)["saved_work"] is None
     # Nothing beside the tree: no saved copy (and no probe logs: no probe interpreter here).
@@ -132,7 +136,7 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
     person = ["-c", "user.name=A Person", "-c", "user.email=person@example.com"]
     git(work, *person, "commit", "-q", "-m", "my new patch")
     mine = git(work, "rev-parse", "HEAD")
-    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    code, out, err = patch_w(tmp_path)
     assert code == 0, err
     saved = Path(json.loads(out)["saved_work"])
     assert saved.parent == tmp_path and saved.name.startswith("w.saved-")
@@ -143,9 +147,7 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
 
 @needs_artifacts
 def test_files_vllms_gitignore_hides_in_the_work_tree_are_moved_aside_not_destroyed(tmp_path):
-    env = {"TOOLING_PROBE_PYTHON": "", "VLLM_DFLASH_CACHE": str(CACHE)}
-    args = ("patch", "--offline", "--json", "--work-dir", "w")
-    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    code, out, err = patch_w(tmp_path)
     assert code == 0, err
     work = tmp_path / "w"
     (work / "bench.log").write_text("tokens/s 612\n")
@@ -154,7 +156,7 @@ def test_files_vllms_gitignore_hides_in_the_work_tree_are_moved_aside_not_destro
     (work / "build").mkdir()
     (work / "build" / "x").write_text("")
     assert git(work, "status", "--porcelain") == ""  # all three hidden from a plain status
-    code, out, err = finish(tooling(*args, cwd=tmp_path, env=env))
+    code, out, err = patch_w(tmp_path)
     assert code == 0, err
     saved = Path(json.loads(out)["saved_work"])
     assert str(saved) in err
