@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -10,6 +11,8 @@ import random
 import resource
 import shutil
 import signal
+import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -59,10 +62,18 @@ def make_sdist(version: str, *, escape: bool = False, padding: int = 0) -> bytes
 class Index:
     """A real HTTP simple index on 127.0.0.1 that counts the requests it serves."""
 
-    def __init__(self, files: dict[str, bytes], stated: dict[str, str] | None = None, cut: int = 0):
+    def __init__(
+        self,
+        files: dict[str, bytes],
+        stated: dict[str, str] | None = None,
+        cut: int = 0,
+        hold: threading.Event | None = None,
+    ):
         self.files = files
         self.cut = cut
         """Bytes of each file body left unsent (the Content-Length still promises them)."""
+        self.hold = hold
+        """Set: each file body is sent only once it is set (a download in progress till then)."""
         self.stated = (
             stated
             if stated is not None
@@ -102,7 +113,13 @@ class Index:
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body[: len(body) - index.cut] if ctype[-6:] == "stream" else body)
+                if ctype[-6:] == "stream" and index.hold is not None:
+                    self.wfile.flush()
+                    index.hold.wait()
+                with contextlib.suppress(OSError):  # a client killed meanwhile
+                    self.wfile.write(
+                        body[: len(body) - index.cut] if ctype[-6:] == "stream" else body
+                    )
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
@@ -363,6 +380,33 @@ def test_cli_fetch_json_and_exit_codes(tmp_path, index, sdist_bytes):
     assert unknown.exit_code == UnknownBaseError.exit_code
     assert "unknown base vLLM '1.2.3'" in unknown.stderr
     assert len(unknown.stderr.strip().splitlines()) == 1
+
+
+def test_a_download_killed_midway_leaves_a_part_the_next_fetch_removes(tmp_path, sdist_bytes):
+    """SIGKILL runs no clean-up: the next fetch, holding the artifact's lock, knows the temp
+    file is a dead holder's and removes it (not by its age)."""
+    hold = threading.Event()
+    idx = Index({"vllm-9.9.9.tar.gz": sdist_bytes}, hold=hold)
+    patches = write_bases(tmp_path / "patches", sdist_bytes)
+    pypi = tmp_path / "cache" / "pypi"
+    common = ["--cache-dir", str(tmp_path / "cache"), "--patches-dir", str(patches)]
+    common += ["--index-url", idx.url, "--no-progress", "fetch"]
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "tooling", *common])
+        deadline = time.monotonic() + 120
+        while not list(pypi.glob(".vllm-9.9.9.tar.gz.*.part")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        hold.set()
+        assert list(pypi.glob(".*.part"))  # what the kill left
+        again = CliRunner().invoke(main, common)
+    finally:
+        hold.set()
+        idx.close()
+    assert again.exit_code == 0, again.output
+    assert sorted(p.name for p in pypi.iterdir()) == ["vllm-9.9.9.tar.gz"]
 
 
 def test_bases_file_problems_are_config_errors(tmp_path):

@@ -222,3 +222,35 @@ def test_sigterm_while_pip_installs_leaves_nothing_running_or_on_disk(tmp_path):
     assert err.decode() == "error: interrupted (SIGTERM)\n"
     assert left == []
     assert list(scratch.iterdir()) == []
+
+
+def test_the_folders_of_a_killed_probe_run_are_removed_by_the_next(tmp_path, slow_probe):
+    """SIGKILL runs no clean-up: a run's temp folder (and its bytecode under the prefix) is
+    named for its process, and the next run removes it once that process is gone, never a
+    live run's nor one it cannot tell (by age alone)."""
+    target, marker, scratch = slow_probe
+    cache = tmp_path / "cache"
+    probe = ["probe", "--python", str(target.python), "--probe", "layer_offset"]
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "tooling", "--cache-dir", str(cache), *probe],
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    deadline = time.monotonic() + 120
+    while set(_running(marker)) <= {killed.pid}:  # its probe child runs: the folder is there
+        assert killed.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait()
+    (left,) = scratch.glob(f"dflash-probes-{killed.pid}-*")
+    pycache = cache / "pycache"
+    bytecode = pycache / left.relative_to(left.anchor) / "child.pyc"
+    bytecode.parent.mkdir(parents=True)
+    bytecode.write_bytes(b"")
+    live = scratch / f"dflash-verify-{os.getpid()}-abcdefgh"
+    unknown = scratch / "dflash-probes-abcdefgh"  # no pid in its name: whose, cannot tell
+    for folder in (live, unknown):
+        folder.mkdir()
+    next_run = start_probes(ProbeTarget(python=Path("/bin/true"), pycache=pycache), ("fp8_kv",))
+    next_run.wait()
+    assert sorted(scratch.iterdir()) == sorted([live, unknown])
+    assert not bytecode.parent.exists()

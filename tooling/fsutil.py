@@ -7,6 +7,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -69,6 +70,25 @@ def lock_path(target: Path) -> Path:
     return target.parent / f".{target.name}.lock"
 
 
+def _leftovers(target: Path) -> list[Path]:
+    """``target``'s temp siblings (``atomic_output``'s and ``staging_dir``'s ``.part``, a
+    removal's ``.old``): ``.<name>.<mkstemp's 8 characters>.<part|old>``."""
+    shape = re.compile(rf"^\.{re.escape(target.name)}\.[a-z0-9_]{{8}}\.(part|old)$")
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    return [target.parent / n for n in names if shape.match(n)]
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):  # gone meanwhile, or a read-only cache: it stays
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 @contextlib.contextmanager
 def locked(target: Path) -> Iterator[None]:
     """Hold the exclusive lock of ``target`` (a folder or file that processes share).
@@ -79,6 +99,10 @@ def locked(target: Path) -> Iterator[None]:
     (``flock``), so it is released when its holder dies, however it dies.
     The holder removes the lock file on the way out; a waiter that then holds
     a removed file's lock starts over on the new one.
+
+    Only a holder writes ``target``'s temp siblings, so those a new holder
+    finds are a dead holder's (killed before its clean-up ran): they are
+    removed on taking the lock.
     """
     path = lock_path(target)
     waited = False
@@ -109,11 +133,47 @@ def locked(target: Path) -> Iterator[None]:
         except FileNotFoundError:
             pass
         os.close(fd)
+    for leftover in _leftovers(target):
+        _remove(leftover)
     try:
         yield
     finally:
         path.unlink(missing_ok=True)
         os.close(fd)
+
+
+#: A run folder's name (``run_prefix``): its kind, the pid of the process that made it, and
+#: the 8 characters mkdtemp adds.
+_RUN_FOLDER = re.compile(r"^dflash-[a-z-]+-(\d+)-[a-z0-9_]{8}$")
+
+
+def run_prefix(prefix: str) -> str:
+    """The mkdtemp prefix of a run's temp folder (``prefix`` is ``dflash-<kind>-``): it names
+    this process, so once that is gone without removing it, ``dead_run_folders`` finds it."""
+    return f"{prefix}{os.getpid()}-"
+
+
+def dead_run_folders(parent: Path) -> list[Path]:
+    """This user's run folders in ``parent`` whose process no longer runs."""
+    found = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return []
+    for entry in entries:
+        match = _RUN_FOLDER.match(entry.name)
+        try:
+            if not match or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            found.append(Path(entry.path))
+        except (PermissionError, OverflowError):
+            pass  # alive (another user's), or no pid at all
+    return found
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ import os
 import select
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from .probes import (
     child_env,
     copy_probe_package,
     launch_child,
+    new_run_folder,
     probe_command,
     remove_run_folder,
 )
@@ -115,7 +115,7 @@ class ProbeHost:
         return ForkedRun(self, target, env, workdir, argv, log)
 
     def _start_server(self) -> None:
-        folder = Path(tempfile.mkdtemp(prefix="dflash-probe-host-"))
+        folder = new_run_folder("dflash-probe-host-", self.pycache)
         self._folder = folder
         copy_probe_package(folder)
         self._server_env = child_env(ProbeTarget(python=self.python, pycache=self.pycache), folder)

@@ -27,6 +27,7 @@ from .. import procs
 from ..errors import BuildError, EnvironmentProblem
 from ..fetching.gitsource import export_tree
 from ..fetching.upstream import Upstream
+from ..fsutil import run_prefix
 from ..patching.apply import SeriesReport
 from ..patching.series import Series
 from .build import (
@@ -169,7 +170,7 @@ def build_from_source(
     if options.use_precompiled_kernels:
         # The pinned torch matters only for compiling; preflight already checked CUDA.
         command.append("--skip-dependency-check")
-    with tempfile.TemporaryDirectory(prefix="dflash-sbuild-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-sbuild-")) as tmp:
         # Build from an export of the patched commit: vLLM's build writes into its
         # tree (kernels, _version.py), and the work tree must stay as git has it.
         tree_copy = Path(tmp) / "src"

@@ -204,17 +204,21 @@ def ensure_artifact(artifact: Artifact, options: FetchOptions, *, verify: bool =
     from it (the build does, on another core, while it copies).
     """
     path = options.cache.artifacts / artifact.filename
-    if path.exists():
-        # A cached file of another size than the pin (a download cut short) cannot match:
-        # it is named and removed now, before a work tree is made for a build it would fail.
-        if verify or (artifact.size is not None and path.stat().st_size != artifact.size):
-            verify_artifact(path, artifact)
-        return path
-    if options.offline:
-        raise CacheMissError(
-            f"--offline: {artifact.filename} is not in the cache {options.cache.artifacts}"
-        )
-    download(resolve_url(artifact, options.index_url), path, artifact, options.progress)
+    # Locked: one download at a time (a second process waits and finds the file), and the
+    # temp file of one killed mid-download is removed by the next.
+    with locked(path):
+        if path.exists():
+            # A cached file of another size than the pin (a download cut short) cannot match:
+            # it is named and moved aside now, before a work tree is made for a build it
+            # would fail.
+            if verify or (artifact.size is not None and path.stat().st_size != artifact.size):
+                verify_artifact(path, artifact)
+            return path
+        if options.offline:
+            raise CacheMissError(
+                f"--offline: {artifact.filename} is not in the cache {options.cache.artifacts}"
+            )
+        download(resolve_url(artifact, options.index_url), path, artifact, options.progress)
     return path
 
 

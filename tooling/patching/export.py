@@ -18,7 +18,7 @@ import git
 
 from ..errors import SeriesError
 from ..fetching.upstream import Upstream
-from ..fsutil import atomic_output, atomic_write_text, sha256_bytes
+from ..fsutil import atomic_output, atomic_write_text, run_prefix, sha256_bytes
 from . import worktree
 from .apply import ApplyOptions, apply_series
 from .series import Series
@@ -124,7 +124,7 @@ def check_export(upstream: Upstream, series: Series, baselines: Path | None = No
     With ``baselines`` (the cache's folder) the scratch tree is a clone of the release's
     cached baseline commit, as ``patch`` and ``build`` make theirs, rather than a copy
     whose 4,745 files are hashed and committed again on every check."""
-    with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-export-")) as tmp:
         work = Path(tmp) / "work"
         options = ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs", baselines=baselines)
         apply_series(upstream, series, work, options)

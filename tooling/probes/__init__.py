@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ..fsutil import dead_run_folders, run_prefix
 from ..paths import CacheLayout
 from ..procs import stop_group
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
@@ -178,11 +179,24 @@ class ProbeRun:
 def scratch_folder(prefix: str, pycache: Path | None) -> Iterator[Path]:
     """A temp folder for trees or installs the probes import, removed with the bytecode
     their imports left under the prefix (a new folder every time, never read again)."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder = new_run_folder(prefix, pycache)
     try:
         yield folder
     finally:
         remove_run_folder(folder, pycache)
+
+
+def new_run_folder(prefix: str, pycache: Path | None) -> Path:
+    """A new temp folder named for this process (``fsutil.run_prefix``), made after removing
+    the folders of runs whose process died before removing its own (SIGKILL), with their
+    bytecode under the prefix."""
+    temp = Path(tempfile.gettempdir())
+    for dead in dead_run_folders(temp):
+        remove_run_folder(dead, pycache)
+    if pycache is not None:  # the bytecode of a dead run whose folder went another way
+        for dead in dead_run_folders(pycache / temp.relative_to(temp.anchor)):
+            shutil.rmtree(dead, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=run_prefix(prefix)))
 
 
 def remove_run_folder(folder: Path, pycache: Path | None) -> None:
@@ -278,7 +292,7 @@ def start_probes(
     """
     from .. import probe_cache
 
-    workdir = Path(tempfile.mkdtemp(prefix="dflash-probes-"))
+    workdir = new_run_folder("dflash-probes-", target.pycache)
     env = child_env(target, workdir)
     cache = None
     if target.cache is not None and probe_cache.enabled():

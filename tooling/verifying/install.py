@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from .. import procs
+from ..fsutil import run_prefix
 
 
 def pip_install(
@@ -33,7 +34,7 @@ def pip_install(
         cmd += ["--upgrade", "--target", str(target)]
     # pip --python runs pip again under that interpreter: a grandchild, stopped with the
     # group. pip's own temp folders go in one of ours, which goes however pip ends.
-    with tempfile.TemporaryDirectory(prefix="dflash-pip-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-pip-")) as tmp:
         result = procs.run([*cmd, str(wheel)], env={**os.environ, "TMPDIR": tmp})
     if result.returncode == 0:
         return None
