@@ -9,7 +9,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tooling.errors import SeriesError
+from tooling.errors import BuildError, SeriesError
 from tooling.fetching.upstream import Upstream
 from tooling.patching import worktree
 from tooling.patching.apply import (
@@ -21,6 +21,7 @@ from tooling.patching.apply import (
     apply_series,
     decide,
     describe_conflict,
+    load_report,
 )
 from tooling.patching.hunks import parse_diff
 from tooling.patching.series import load_series
@@ -229,3 +230,21 @@ def test_git_source_end_to_end(tmp_path, touched, series, cache, catalog):
     report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
     assert report.ok and report.baseline == repo.head.commit.hexsha
     assert [o.status for o in report.outcomes] == [APPLIED] * len(series.patches)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"base": "0.20.1"}', '{"outcomes": [', "[]", '{"outcomes": [{"x": 1}]}']
+)
+def test_a_damaged_series_report_names_itself_and_the_way_out(tmp_path, text):
+    """A work tree's saved report that does not read back stops the build on every rerun:
+    the error names the file and the command that makes the tree again."""
+    report = tmp_path / "w" / ".git" / "dflash-series.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(text)
+    with pytest.raises(BuildError) as e:
+        load_report(tmp_path / "w")
+    assert str(e.value).startswith(f"{report}: the work tree's series report is damaged (")
+    assert str(e.value).endswith(
+        f"; run `tooling patch --work-dir {tmp_path / 'w'}` to make the tree again "
+        "(work of yours in it is moved aside)"
+    )

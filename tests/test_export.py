@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import git
@@ -93,3 +94,20 @@ def test_update_ledger_refuses_an_unknown_file(tmp_path):
         from tooling.patching.export import update_ledger
 
         update_ledger(folder / "series.toml", "nope.patch", "0" * 64)
+
+
+@pytest.mark.parametrize("repository", [False, True])
+def test_export_of_a_folder_that_is_no_work_tree_names_it(tmp_path, repository):
+    """A plain folder, or a repository `tooling patch` did not make (no baseline tag)."""
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    if repository:
+        git.Repo.init(folder)
+    result = CliRunner().invoke(main, ["patch", "--work-dir", str(folder), "export", "--json"])
+    assert result.exit_code == SeriesError.exit_code, result.output
+    message = (
+        f"{folder}: not a work tree made by `tooling patch` (no git repository with its "
+        "baseline tag); give --work-dir one, or run `tooling patch` first"
+    )
+    assert result.stderr == f"error: {message}\n"
+    assert json.loads(result.stdout)["error"] == message

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from tooling.building.manifest import MANIFEST_NAME, BuildManifest
 from tooling.cli import main
-from tooling.errors import ArchiveError
+from tooling.errors import ArchiveError, BuildError
 from tooling.patching.status import BaseStatus
 from tooling.paths import REPO_DIR
 from tooling.release.release import (
@@ -239,3 +239,27 @@ def test_zizmor_finds_nothing_from_low_severity_up_offline():
         text=True,
     )
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"bases": [', "cannot read the status matrix (not JSON: "),
+        ('{"ok": true}', "not the output of `tooling patch status --json`"),
+        ('{"bases": [{"base": "0.22.0", "report": {}}]}', "not the output of"),
+        ('{"probed": false, "bases": []}', "made with --no-probes"),
+    ],
+)
+def test_release_names_a_status_json_it_cannot_use_and_writes_nothing(tmp_path, text, why):
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    wheel = small_built_wheel(dist, b"x")
+    status = tmp_path / "status.json"
+    status.write_text(text)
+    result = CliRunner().invoke(
+        main, ["release", "--dist", str(dist), "--status-json", str(status)]
+    )
+    assert result.exit_code == BuildError.exit_code, result.output
+    assert result.stderr.startswith(f"error: {status}: {why}"), result.stderr
+    assert result.stderr.count("\n") == 1
+    assert list(dist.iterdir()) == [wheel]

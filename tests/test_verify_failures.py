@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tooling.errors import EnvironmentProblem, ProbeError, VllmNotFoundError
+from tooling.errors import (
+    EnvironmentProblem,
+    ProbeError,
+    VerifyIntegrityError,
+    VllmNotFoundError,
+)
 from tooling.probes import UNKNOWN, ProbeTarget, start_probes
 from tooling.verifying.verify import (
     InstalledDist,
     install_into_fresh_env,
     locate_with_python,
+    read_record,
     verify,
 )
 
@@ -114,12 +120,12 @@ def _seen_running(marker: str, pid: int, within_s: float = 10.0) -> bool:
 
 
 def test_a_failed_verify_leaves_no_probe_running(tmp_path, slow_probe):
-    """RECORD is unreadable: verify fails after the probes started, and stops them."""
+    """RECORD is missing: verify fails after the probes started, and stops them."""
     target, marker, scratch = slow_probe
     site = tmp_path / "site"
     (site / "vllm-0.20.1.dist-info").mkdir(parents=True)  # no RECORD in it
     dist = InstalledDist("0.20.1", site, "vllm-0.20.1.dist-info")
-    with pytest.raises(VllmNotFoundError, match="cannot read RECORD"):
+    with pytest.raises(VerifyIntegrityError, match="RECORD is missing"):
         verify(dist, target, [], log=tmp_path / "probes.log")
     assert _running(marker) == []
     assert list(scratch.iterdir()) == []  # the run's temp folder is removed
@@ -254,3 +260,52 @@ def test_the_folders_of_a_killed_probe_run_are_removed_by_the_next(tmp_path, slo
     next_run.wait()
     assert sorted(scratch.iterdir()) == sorted([live, unknown])
     assert not bytecode.parent.exists()
+
+
+def _env_with_dist(tmp_path: Path, record: bytes | None) -> tuple[Path, Path]:
+    """A virtualenv whose site-packages holds a vLLM distribution (METADATA, and RECORD
+    with ``record``, or none); its python and the RECORD's path."""
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "env")
+    python = tmp_path / "env" / "bin" / "python"
+    (site,) = (tmp_path / "env" / "lib").glob("python*/site-packages")
+    dist_info = site / "vllm-0.20.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.20.1\n")
+    if record is not None:
+        (dist_info / "RECORD").write_bytes(record)
+    return python, dist_info / "RECORD"
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (None, "is missing"),
+        (b"", "is empty"),
+        (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "is not text"),
+        (b"vllm/__init__.py,sha256=abc,12\nnot a line\n", "line 2 is not a RECORD line"),
+        (b"vllm/__init__.py,sha256=abc,twelve\n", "line 1 is not a RECORD line"),
+    ],
+)
+def test_a_damaged_record_is_named_for_what_it_is(tmp_path, record, why):
+    """Not "no vLLM installed", nor an error that does not name it: RECORD, and damage."""
+    python, path = _env_with_dist(tmp_path, record)
+    dist = locate_with_python(python)
+    assert dist.site / dist.dist_info / "RECORD" == path
+    with pytest.raises(VerifyIntegrityError) as e:
+        read_record(dist)
+    assert str(e.value).startswith(f"{path}: RECORD {why}")
+    assert str(e.value).endswith(": this vLLM install is damaged")
+
+
+def test_verify_of_an_install_whose_record_is_gone_says_so(tmp_path):
+    python, path = _env_with_dist(tmp_path, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "tooling", "verify", "--python", str(python)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TOOLING_PROBE_PYTHON": sys.executable},
+    )
+    assert result.returncode == VerifyIntegrityError.exit_code
+    assert result.stderr == f"error: {path}: RECORD is missing: this vLLM install is damaged\n"

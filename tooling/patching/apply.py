@@ -408,10 +408,20 @@ def save_report(work_dir: Path, report: SeriesReport) -> None:
 
 
 def load_report(work_dir: Path) -> SeriesReport | None:
+    """The report ``tooling patch`` saved in ``work_dir``; None when there is none, and a
+    BuildError naming it (and the way out) when it does not read back."""
     path = report_path(work_dir)
     if not path.is_file():
         return None
-    return SeriesReport.from_json(json.loads(path.read_text()))
+    try:
+        return SeriesReport.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        why = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        raise BuildError(
+            f"{path}: the work tree's series report is damaged ({why}); run "
+            f"`tooling patch --work-dir {work_dir}` to make the tree again (work of yours "
+            "in it is moved aside)"
+        ) from None
 
 
 def reusable_report(work_dir: Path, upstream: Upstream, series: Series) -> SeriesReport | None:

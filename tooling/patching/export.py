@@ -106,7 +106,13 @@ def update_ledger(series_path: Path, file_name: str, digest: str) -> None:
 def export_patches(work_dir: Path, series: Series) -> ExportResult:
     """Write the work tree's commits over patches/ and update the ledger's digests."""
     patches_dir = series.path.parent
-    rendered = render_patches(git.Repo(work_dir))
+    repo = worktree.made_tree(work_dir)
+    if repo is None:
+        raise SeriesError(
+            f"{work_dir}: not a work tree made by `tooling patch` (no git repository with "
+            "its baseline tag); give --work-dir one, or run `tooling patch` first"
+        )
+    rendered = render_patches(repo)
     result = compare(rendered, patches_dir, series)
     for (name, data), exported in zip(rendered, result.patches, strict=False):
         if exported.state == "unchanged":

@@ -123,6 +123,17 @@ def _configure(repo: git.Repo) -> None:
     exclude.write_text("__pycache__/\n*.pyc\n")
 
 
+def made_tree(work_dir: Path) -> git.Repo | None:
+    """The work tree at ``work_dir`` when it is one ``tooling patch`` made (a repository
+    with the baseline tag), else None."""
+    try:
+        repo = git.Repo(work_dir)
+        repo.rev_parse(BASELINE_TAG)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.BadName, ValueError):
+        return None
+    return repo
+
+
 def person_work(work_dir: Path) -> list[str]:
     """What in an existing work tree this toolchain did not make (empty: safe to replace).
 
@@ -131,10 +142,8 @@ def person_work(work_dir: Path) -> list[str]:
     ``.gitignore`` hides among them (a log, a virtualenv, a build folder);
     bytecode does not: probes write it.
     """
-    try:
-        repo = git.Repo(work_dir)
-        repo.rev_parse(BASELINE_TAG)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.BadName, ValueError):
+    repo = made_tree(work_dir)
+    if repo is None:
         return [f"{work_dir} is not a work tree made by `tooling patch`"]
     found = [
         f"commit {c.hexsha[:12]} {_text(c.summary)}"

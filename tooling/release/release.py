@@ -26,6 +26,8 @@ from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
 from ..patching.series import Series
 
 UPSTREAM_STATUSES = ("superseded", "already-applied")
+#: What the notes read of each outcome in the status matrix.
+_OUTCOME_KEYS = ("patch_id", "status")
 
 
 def read_wheel_manifest(wheel: Path) -> BuildManifest:
@@ -186,5 +188,42 @@ def release_in(
     """``tooling release``: :func:`write_release` for ``wheel``, else the one vllm-*.whl in
     ``dist``, with the upstream columns from ``status_json`` (``patch status --json``)."""
     wheel = wheel or single_wheel(dist)
-    status = json.loads(status_json.read_text()) if status_json else None
+    status = read_status(status_json) if status_json else None
     return write_release(dist, wheel, series, status, extra_files)
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    """``patch status --json``'s matrix from ``path``, the shape the notes read checked first;
+    one that is not, or was made without the probes (its conflicts may be superseded
+    patches), is a BuildError naming the file."""
+    try:
+        status = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else f"not JSON: {e}"
+        raise BuildError(f"{path}: cannot read the status matrix ({why})") from None
+    if not _is_status(status):
+        raise BuildError(
+            f"{path}: not the output of `tooling patch status --json` (no bases, each with "
+            "its base and a report of outcomes)"
+        )
+    if status.get("probed") is False:
+        raise BuildError(
+            f"{path}: made with --no-probes, so a patch upstream superseded reads as a "
+            "conflict; make it again with the probes"
+        )
+    return status
+
+
+def _is_status(data: Any) -> bool:
+    def outcome(o: Any) -> bool:
+        return isinstance(o, dict) and all(isinstance(o.get(k), str) for k in _OUTCOME_KEYS)
+
+    def report(r: Any) -> bool:
+        outcomes = r.get("outcomes") if isinstance(r, dict) else None
+        return r is None or (isinstance(outcomes, list) and all(outcome(o) for o in outcomes))
+
+    def entry(e: Any) -> bool:
+        return isinstance(e, dict) and isinstance(e.get("base"), str) and report(e.get("report"))
+
+    bases = data.get("bases") if isinstance(data, dict) else None
+    return isinstance(bases, list) and all(entry(e) for e in bases)

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -37,22 +38,28 @@ from ..registry import registry
 from .bytecode import BytecodeCheck, check_bytecode
 from .install import pip_install
 
+# The .dist-info folder is the distribution's own path, not found through its RECORD, whose
+# damage is verify's to report: it is not a vLLM that is missing.
 _LOCATE = r"""
-import json, importlib.metadata as md
+import json, os, importlib.metadata as md
 try:
     dist = md.distribution("vllm")
 except md.PackageNotFoundError:
     print(json.dumps(None))
 else:
-    record = next((f for f in dist.files or () if f.name == "RECORD"), None)
+    site = str(dist.locate_file(""))
+    folder = getattr(dist, "_path", None)
     print(json.dumps({
         "version": dist.version,
-        "site": str(dist.locate_file("")),
-        "dist_info": str(record.parent) if record else None,
+        "site": site,
+        "dist_info": os.path.relpath(folder, site) if folder is not None else None,
     }))
 """
 
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+#: A RECORD line's hash and size: both empty (RECORD itself, bytecode), or set.
+_RECORD_HASH = re.compile(r"^([a-z0-9_]+=[A-Za-z0-9_-]+)?$")
+_SIZE = re.compile(r"^[0-9]*$")
 
 
 @dataclass(frozen=True)
@@ -220,12 +227,31 @@ def _record_digest(path: Path) -> str:
 
 
 def read_record(dist: InstalledDist) -> list[tuple[str, str, str]]:
+    """RECORD's rows (path, hash, size); a RECORD that is gone, empty or not one is a
+    VerifyIntegrityError naming it: the install is damaged."""
     path = dist.site / dist.dist_info / "RECORD"
+
+    def damaged(why: str) -> VerifyIntegrityError:
+        return VerifyIntegrityError(f"{path}: RECORD {why}: this vLLM install is damaged")
+
     try:
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise damaged("is missing") from None
+    except UnicodeDecodeError:
+        raise damaged("is not text") from None
     except OSError as e:
         raise VllmNotFoundError(f"{path}: cannot read RECORD ({e.strerror})") from None
-    return [(r[0], r[1], r[2]) for r in csv.reader(io.StringIO(text)) if r]
+    try:
+        rows = [r for r in csv.reader(io.StringIO(text)) if r]
+    except csv.Error as e:
+        raise damaged(f"is not CSV ({e})") from None
+    if not rows:
+        raise damaged("is empty")
+    for number, row in enumerate(rows, 1):
+        if len(row) != 3 or not row[0] or not _RECORD_HASH.match(row[1]) or not _SIZE.match(row[2]):
+            raise damaged(f"line {number} is not a RECORD line (path,sha256=...,size)")
+    return [(r[0], r[1], r[2]) for r in rows]
 
 
 def installed_path(site: Path, rel: str) -> Path:
