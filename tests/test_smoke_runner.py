@@ -17,7 +17,6 @@ import os
 import re
 import sys
 import textwrap
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,18 +43,6 @@ STANDIN_MAIN = textwrap.dedent(
                  "--language-model-only"):
         parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
-
-    def starting_servers():
-        # Live stand-in servers of this test (its STANDIN_PIDS in their environment).
-        mark = b"\\0STANDIN_PIDS=" + os.environ["STANDIN_PIDS"].encode() + b"\\0"
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                env = open(f"/proc/{pid}/environ", "rb").read()
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if mark in b"\\0" + env and b"vllm.entrypoints" in cmd:
-                yield pid
 
     if os.environ.get("STANDIN_PIDS"):
         with open(os.environ["STANDIN_PIDS"], "a") as f:
@@ -129,11 +116,12 @@ STANDIN_MAIN = textwrap.dedent(
             prompt = body["prompt"]
             ids = prompt if isinstance(prompt, list) else tokenize(prompt)
             if os.environ.get("STANDIN_PIDS") and not state.get("noted"):
-                # How many servers had started by this server's first request: those
-                # that wrote their pid, and those still starting (alive, not yet there).
+                # How many servers the runner had started by this server's first request:
+                # it writes each server's log (its command line) before starting it, so
+                # the count does not depend on how far the other interpreter has got.
                 state["noted"] = True
-                started = len(set(open(os.environ["STANDIN_PIDS"]).read().split())
-                              | set(starting_servers()))
+                logs = os.path.dirname(os.readlink("/proc/self/fd/1"))  # this server's log
+                started = len([n for n in os.listdir(logs) if n.startswith("serve-")])
                 with open(os.environ["STANDIN_PIDS"] + ".seen", "a") as f:
                     f.write(f"{os.getpid()} {started}\\n")
             hits = 0
@@ -221,7 +209,9 @@ def _config(tmp_path: Path, target: Path, drafter: Path, **kw) -> SmokeConfig:
         python=sys.executable,
         run_fidelity=False,
         plot=False,
-        timeouts=Timeouts(total=120, server_start=30, request=10, server_stop=10),
+        # Guards against a hang only, never reached by a stand-in on a loaded machine: a
+        # verdict here must not depend on how fast the interpreters start.
+        timeouts=Timeouts(total=600, server_start=300, request=120, server_stop=10),
         load=False,
         **kw,
     )
@@ -304,19 +294,18 @@ def test_spent_time_limit_still_writes_the_report_and_stops_servers(
     tmp_path, standin_vllm, monkeypatch
 ) -> None:
     monkeypatch.setenv("STANDIN_MODE", "fixed")
-    monkeypatch.setenv("STANDIN_DELAY", "60")
+    # The server never answers: the run ends only because the overall limit does.
+    monkeypatch.setenv("STANDIN_DELAY", "3600")
     pids = tmp_path / "pids"
     monkeypatch.setenv("STANDIN_PIDS", str(pids))
     config = _config(tmp_path, *standin_vllm)
     config = SmokeConfig(
         **{
             **config.__dict__,
-            "timeouts": Timeouts(total=6, server_start=30, request=10, server_stop=1),
+            "timeouts": Timeouts(total=6, server_start=3600, request=10, server_stop=1),
         }
     )
-    started = time.monotonic()
     report = run_smoke(config, notify=lambda m: None)
-    assert time.monotonic() - started < 30
     assert not report.passed
     saved = json.loads((tmp_path / "smoke" / "report.json").read_text())
     assert saved["passed"] is False

@@ -206,14 +206,12 @@ def test_server_that_exits_early_is_reported_with_its_last_log_line(standin) -> 
 
 def test_health_time_limit_stops_the_server(standin) -> None:
     cmd, url, pidfile, log = standin("silent", delay=0.0)
-    start = time.monotonic()
     with (
         pytest.raises(SmokeError, match=r"did not answer within 1s"),
         started(cmd, base_url=url, log=log, env=os.environ, stop_grace_s=0.5) as server,
     ):
         server.wait_healthy(1.0)
         pytest.fail("the server must not become healthy")
-    assert time.monotonic() - start < 10
     assert not any(_alive(p) for p in _pids(pidfile))
 
 
@@ -225,7 +223,6 @@ def test_run_child_time_limit(tmp_path: Path) -> None:
     )
     assert result.timed_out
     assert result.returncode == -9  # SIGKILL: it ignored SIGTERM
-    assert result.seconds < 10
 
 
 def test_run_child_success_and_log(tmp_path: Path) -> None:
