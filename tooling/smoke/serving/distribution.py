@@ -11,9 +11,8 @@ request says otherwise. Workloads, each optional:
 - ``together``: the ``alone`` prompts again, all in one batch (for the plain
   engine: the noise two plain runs differ by);
 - ``staggered``: requests added to a running engine in waves, each wave once
-  the requests of the previous waves named in ``after`` have finished, so new
-  short prompts take the batch rows finished requests freed, before requests
-  still verifying drafts (steps that mix spec and non-spec requests);
+  the requests of the previous waves named in ``after`` have finished (steps
+  that mix new prompts with requests verifying drafts);
 - ``concurrent``: one batch of many requests (no logprobs), with the most
   requests the scheduler ran at once.
 

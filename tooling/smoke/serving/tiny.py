@@ -294,8 +294,6 @@ def write_target(out: Path, spec: TinySpec) -> None:
     wrapped.save_pretrained(out)
 
 
-
-
 def hybrid_config(spec: TinySpec) -> dict[str, Any]:
     """config.json contents of the tiny ``Qwen3_5ForConditionalGeneration`` (plain data).
 
