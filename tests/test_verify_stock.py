@@ -81,13 +81,12 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         7: "absent",
         8: "absent",
         9: "absent",
-        # 0.22 decides inline whether the drafter runs (_input_fits_in_drafter came in 0.23).
-        10: "unknown",
+        10: "absent",
         11: "absent",
     }
     assert by_number(states(report)) == expected
     assert [f.number for f in report.missing_fixes] == [
-        n for n, s in expected.items() if not s.startswith("present")
+        n for n, s in expected.items() if s == "absent"
     ]
     assert dataclasses.replace(report, required=[1]).missing_fixes == []
 

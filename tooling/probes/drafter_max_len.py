@@ -9,17 +9,21 @@ block index is clamped into the request's last block, whose slot of a valid
 earlier position it overwrites.
 
 The probe asks the V1 model runner (``CPUModelRunner``, built for a DFlash
-drafter at K = 15) whether the drafter may run for a batch whose longest
-sequence is max_model_len - K (its first pass would reach max_model_len: it
-must not) and max_model_len - K - 1 (reaching max_model_len - 1: it must).
-The decision is the runner's ``_input_fits_in_drafter``; a runner that makes
-it inline in ``sample_tokens`` (0.20, 0.21, 0.22) cannot be asked alone, and
-the probe reads unknown there.
+drafter at K = 15) whether the drafter runs after a step whose longest sequence
+is max_model_len - K (its first pass would reach max_model_len: it must not)
+and max_model_len - K - 1 (reaching max_model_len - 1: it must). The decision
+is made where vLLM makes it, in ``sample_tokens`` after sampling: the step's
+state is handed to it as ``execute_model`` leaves it, sampling and the
+bookkeeping around the decision are stood in for, and the drafter's entry
+point (``propose_draft_token_ids``) records whether it was called. Where
+``sample_tokens`` reads another step state than 0.20's, the runner's own
+``_input_fits_in_drafter`` (0.23 on) is asked instead.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
@@ -28,25 +32,83 @@ NAME = "drafter_max_len"
 K = 15
 
 
+class _Decided(Exception):
+    def __init__(self, drafts: bool) -> None:
+        super().__init__("drafts" if drafts else "no drafts")
+        self.drafts = drafts
+
+
+def _drafts_after_step(runner: Any, max_seq_len: int) -> bool:
+    """Whether ``sample_tokens`` runs the drafter after a step of that longest sequence."""
+    import torch
+
+    def drafted(*args: Any, **kwargs: Any) -> Any:
+        raise _Decided(True)
+
+    def zeroed(*args: Any, **kwargs: Any) -> Any:
+        raise _Decided(False)
+
+    runner._sample = lambda logits, metadata: SimpleNamespace(
+        sampled_token_ids=torch.zeros((1, 1), dtype=torch.int32), logprobs_tensors=None
+    )
+    runner._update_states_after_model_execute = lambda *args, **kwargs: None
+    runner.valid_sampled_token_count_event = None
+    runner.propose_draft_token_ids = drafted
+    runner._copy_draft_token_ids_to_cpu = zeroed
+    step = SimpleNamespace(max_seq_len=max_seq_len)
+    # execute_model's hand-over as 0.20-0.22 unpack it: scheduler output, logits, spec
+    # metadata, the drafter's attention metadata, hidden states (3), EC output, graph
+    # stats, slot mappings.
+    runner.execute_model_state = (
+        SimpleNamespace(),
+        torch.zeros((1, 8)),
+        None,
+        step,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    try:
+        runner.sample_tokens(None)
+    except _Decided as decided:
+        return decided.drafts
+    raise LookupError("sample_tokens neither ran the drafter nor zeroed its drafts")
+
+
+def _decider(runner: Any) -> Any:
+    """The runner's decision as a function of the longest sequence, and how it was asked."""
+    try:
+        _drafts_after_step(runner, 1)
+    except (ValueError, TypeError, AttributeError, LookupError):
+        if not hasattr(runner, "_input_fits_in_drafter"):
+            return None, None
+        return (
+            lambda n: bool(runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=n))),
+            "_input_fits_in_drafter",
+        )
+    return (lambda n: _drafts_after_step(runner, n)), "sample_tokens"
+
+
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
     pair = _harness.write_tiny_pair(
         _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
     )
     runner = _harness.v1_runner(_harness.vllm_config(pair, num_speculative_tokens=K))
-    if not hasattr(runner, "_input_fits_in_drafter"):
+    decide, asked = _decider(runner)
+    if decide is None:
         return ProbeResult(
             probe=NAME,
             status=UNKNOWN,
-            evidence="the runner decides whether the drafter runs inline in sample_tokens, "
-            "which the probe cannot ask alone",
+            evidence="sample_tokens takes another step state and the runner has no "
+            "_input_fits_in_drafter to ask",
         )
     limit = runner.effective_drafter_max_model_len
-    drafts = {
-        reach: bool(runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=reach - K)))
-        for reach in (limit, limit - 1)
-    }
-    evidence = f"DFlash K={K}, drafter max_model_len {limit}: " + "; ".join(
+    drafts = {reach: decide(reach - K) for reach in (limit, limit - 1)}
+    evidence = f"DFlash K={K}, drafter max_model_len {limit}, asked through {asked}: " + "; ".join(
         f"longest sequence {reach - K} (first pass up to position {reach}): "
         + ("drafts" if ran else "does not draft")
         for reach, ran in drafts.items()
@@ -61,5 +123,9 @@ def run() -> ProbeResult:
         probe=NAME,
         status=ABSENT if drafts[limit] else PRESENT,
         evidence=evidence,
-        details={"max_model_len": limit, "drafts_at_reach": {str(r): d for r, d in drafts.items()}},
+        details={
+            "max_model_len": limit,
+            "asked": asked,
+            "drafts_at_reach": {str(r): d for r, d in drafts.items()},
+        },
     )
