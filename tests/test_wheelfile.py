@@ -109,6 +109,24 @@ def test_copy_keeps_every_member_byte_for_byte(tmp_path, monkeypatch, kernel_cop
         assert written.create_system == 3
 
 
+def test_written_members_are_stored_as_they_are(tmp_path):
+    """What the writer writes itself goes in uncompressed: deflated, its bytes would be those
+    of the zlib this Python links (zlib and zlib-ng write different streams), and one build
+    would give other wheels on other machines. Copied members keep their official bytes."""
+    source = _source(tmp_path / "in.zip")
+    target = tmp_path / "out.zip"
+    data = b"x = 1\n" * 1000  # deflate would have shrunk it
+    new = NewMember("pkg/new.py", data, STAMP)
+    _copy_all(source, target, [new])
+    with zipfile.ZipFile(target) as out:
+        written = out.getinfo(new.name)
+        assert written.compress_type == zipfile.ZIP_STORED
+        assert written.compress_size == written.file_size == len(data)
+        assert _raw(target, written)[2] == data and out.read(written) == data
+        copied = out.getinfo("pkg/__init__.py")
+        assert copied.compress_type == zipfile.ZIP_DEFLATED and copied.compress_size < 1200
+
+
 def test_unzip_restores_modes_and_symlinks(tmp_path):
     target = tmp_path / "out.zip"
     _copy_all(_source(tmp_path / "in.zip"), target)

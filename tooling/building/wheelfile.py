@@ -3,9 +3,14 @@
 ``zipfile`` can only write what it compresses itself, so re-packing a 244 MB
 wheel would inflate and deflate 520 MB of kernels. Here a member that does
 not change is copied as its stored (compressed) bytes under a fresh local
-header; only new or changed members are deflated. Zip64 is not needed for
-vLLM wheels (a few hundred MB, some thousands of members) and is refused,
-before anything is written, rather than written wrong.
+header; new or changed members are written uncompressed (method "stored").
+Deflating them would make their bytes those of the zlib the running Python
+links: zlib and zlib-ng, for one, write different streams for the same input,
+so one build would give two wheels on two machines. Stored, a member's bytes
+are its content, and the few that a build writes add about 1 MB to a
+233 MiB wheel. Zip64 is not needed for vLLM wheels (a few hundred MB, some
+thousands of members) and is refused, before anything is written, rather
+than written wrong.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def _clamped(date_time: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
 
 @dataclass(frozen=True)
 class NewMember:
-    """A member whose bytes we provide (deflated on write)."""
+    """A member whose bytes we provide (stored uncompressed: see the module's docstring)."""
 
     name: str
     data: bytes
@@ -232,7 +237,7 @@ class _Entry:
     source_start: int | None
     """Copied members: where the stored bytes start in the source."""
     payload: bytes
-    """New members: the deflated bytes (empty for copied ones)."""
+    """New members: their content, stored as it is (empty for copied ones)."""
 
     def shared(self) -> tuple[int, ...]:
         """The fields local and central headers share, in their common order."""
@@ -304,20 +309,19 @@ def _entry(src: BinaryIO, member: Member) -> _Entry:
             b"",
         )
     else:
-        compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
-        payload = compressor.compress(member.data) + compressor.flush()
+        # Stored, not deflated: the bytes must not depend on the zlib this Python links.
         entry = _Entry(
             member.name.encode("utf-8"),
             flags,
-            zipfile.ZIP_DEFLATED,
+            zipfile.ZIP_STORED,
             zlib.crc32(member.data),
-            len(payload),
+            len(member.data),
             len(member.data),
             member.date_time,
             member.external_attr,
             member.create_system,
             None,
-            payload,
+            member.data,
         )
     size = max(entry.csize, entry.usize)
     if size >= _ZIP32_MAX:
