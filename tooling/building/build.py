@@ -18,7 +18,6 @@ import os
 import re
 import time
 import zipfile
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -355,7 +354,6 @@ def make_manifest(
         toolchain={"name": "vllm-dflash-tooling", "version": __version__},
         build_tag=identity.build_tag,
         source_date_epoch=epoch,
-        zlib_version=zlib.ZLIB_RUNTIME_VERSION,
         notes=notes,
     )
 

@@ -12,7 +12,8 @@ from typing import Any
 
 MANIFEST_NAME = "dflash_build.json"
 #: 2: ``runtime_version``, the version stamped into vllm/_version.py.
-SCHEMA = 2
+#: 3: the members the build writes are stored, not deflated; ``zlib_version`` is no longer set.
+SCHEMA = 3
 
 
 @dataclass
@@ -55,8 +56,10 @@ class BuildManifest:
     runtime_version: str | None = None
     """What ``vllm.__version__`` reports (None: a schema-1 build, not stamped)."""
     zlib_version: str | None = None
-    """The zlib that deflated the new members: their bytes, so the wheel's digest, depend
-    on it (None: built before it was recorded)."""
+    """Schema 2 only: the zlib that deflated the members the build wrote, on which their
+    bytes depended. From schema 3 they are stored and no zlib shapes them; recording the
+    builder's zlib here would itself make the wheel differ by machine, so it is None (the
+    build's ``--json`` output names it: ``builder``)."""
     schema: int = SCHEMA
     notes: list[str] = field(default_factory=list)
 

@@ -4,6 +4,8 @@ in its work tree (locked), and the wheel built in the mode asked; the stage's on
 
 from __future__ import annotations
 
+import platform
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,9 @@ class BuiltWheel:
                 for o in self.report.outcomes
             ],
             "notes": result.notes,
+            # Provenance, not part of the wheel: the members the build writes are stored, so
+            # neither shapes its bytes, and in the wheel they would make it differ by machine.
+            "builder": {"python": platform.python_version(), "zlib": zlib.ZLIB_RUNTIME_VERSION},
         }
 
 
