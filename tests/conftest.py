@@ -34,6 +34,8 @@ from tooling.patching.series import Series, load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
 from tooling.probe_env import ensure_probe_env, ensure_reference_dflash, probe_python_from_env
 
+from . import zlibs
+
 PATCHES = REPO_DIR / "patches"
 
 #: Names the user's cache for the session's processes (xdist workers included), whose
@@ -250,6 +252,25 @@ def built_wheel(
     )
 
 
+@pytest.fixture(scope="session")
+def other_libz(request: pytest.FixtureRequest) -> Path:
+    """A folder holding a ``libz.so.1`` other than this Python's: $TOOLING_TEST_LIBZ, else
+    zlib-ng built once into pytest's cache (``tests/zlibs.py``)."""
+    value = os.environ.get(zlibs.OTHER_LIBZ_VAR)
+    if value:
+        return Path(value)
+    folder = request.config.cache.mkdir("zlib-ng-2.3.3")
+    with locked(folder):
+        if not (folder / "libz.so.1").exists():
+            if missing := zlibs.missing_tools():
+                pytest.skip(
+                    f"no {' or '.join(missing)} to build zlib-ng with "
+                    f"(${zlibs.OTHER_LIBZ_VAR} may name a folder with another libz.so.1)"
+                )
+            zlibs.build_zlib_ng(folder)
+    return folder
+
+
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
@@ -315,7 +336,8 @@ def run_on_tree(
     return json.loads(out.read_text())
 
 
-#: Fixtures that need the real 244 MB artifacts, the CPU probe environment or both.
+#: Fixtures that need the real 244 MB artifacts, the CPU probe environment or both (or, for
+#: ``other_libz``, a download and a C build).
 HEAVY_FIXTURES = frozenset(
     {
         "cache",
@@ -328,6 +350,7 @@ HEAVY_FIXTURES = frozenset(
         "patched_0201",
         "patched_0220",
         "built_wheel",
+        "other_libz",
         "smoke_run",
     }
 )

@@ -171,6 +171,77 @@ def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_0201, ser
     assert again.path.read_bytes() == built_wheel.path.read_bytes()
 
 
+def test_members_the_build_writes_are_stored(built_wheel, touched):
+    """The patched files and the rewritten .dist-info are stored: deflated, their bytes would
+    be those of the zlib the building Python links, and differ by machine."""
+    info = f"vllm-{built_wheel.version}.dist-info"
+    rewritten = ("METADATA", "WHEEL", "RECORD", MANIFEST_NAME, f"sboms/{SBOM_NAME}")
+    with zipfile.ZipFile(built_wheel.path) as zf:
+        for name in sorted(touched) + [f"{info}/{leaf}" for leaf in rewritten]:
+            member = zf.getinfo(name)
+            assert member.compress_type == zipfile.ZIP_STORED, name
+            assert raw(zf, member) == zf.read(member), name
+
+
+#: In a child: its zlib, and the digest of what its deflate makes of a file.
+_ZLIB_OF_CHILD = (
+    "import hashlib, pathlib, sys, zlib\n"
+    "c = zlib.compressobj(9, zlib.DEFLATED, -15)\n"
+    "data = pathlib.Path(sys.argv[1]).read_bytes()\n"
+    "print(zlib.ZLIB_RUNTIME_VERSION, hashlib.sha256(c.compress(data) + c.flush()).hexdigest())"
+)
+
+
+def test_another_zlib_builds_the_same_wheel(tmp_path, patched_0201, other_libz):
+    """The same build by the same interpreter linked to two zlibs whose deflate differs
+    (this Python's, and zlib-ng's libz.so.1 put in front): the same bytes."""
+    env = {**os.environ, "TOOLING_PROBE_PYTHON": "", "SOURCE_DATE_EPOCH": "1795910400"}
+    front = os.pathsep.join(filter(None, [str(other_libz), os.environ.get("LD_LIBRARY_PATH")]))
+    envs = {"linked": env, "other": {**env, "LD_LIBRARY_PATH": front}}
+    zlib_of = {
+        label: subprocess.run(
+            [sys.executable, "-c", _ZLIB_OF_CHILD, __file__],
+            env=child_env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        for label, child_env in envs.items()
+    }
+    # Two zlibs, and their deflate streams differ: a deflated member would differ too.
+    assert zlib_of["linked"][0] != zlib_of["other"][0], zlib_of
+    assert zlib_of["linked"][1] != zlib_of["other"][1], zlib_of
+    built = {}
+    for label, child_env in envs.items():
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tooling",
+                "--no-progress",
+                "build",
+                "--offline",
+                "--no-probes",
+                "--work-dir",
+                patched_0201.work_dir,
+                "--dist",
+                str(tmp_path / label),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=child_env,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["builder"]["zlib"] == zlib_of[label][0]
+        with open(out["wheel"], "rb") as f:
+            assert hashlib.file_digest(f, "sha256").hexdigest() == out["sha256"]
+        built[label] = (out["filename"], out["sha256"])
+    assert built["linked"] == built["other"]
+
+
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
     # Patch 5 is written on patch 2's lines: leaving out patch 2 means leaving out both.
     skip = ["dflash-fp8-kv-cache", "dflash-swa-config"]
