@@ -213,33 +213,53 @@ def test_another_zlib_builds_the_same_wheel(tmp_path, patched_0201, other_libz):
     assert zlib_of["linked"][1] != zlib_of["other"][1], zlib_of
     built = {}
     for label, child_env in envs.items():
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tooling",
-                "--no-progress",
-                "build",
-                "--offline",
-                "--no-probes",
-                "--work-dir",
-                patched_0201.work_dir,
-                "--dist",
-                str(tmp_path / label),
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            env=child_env,
-            cwd=tmp_path,
-        )
-        assert proc.returncode == 0, proc.stderr
-        out = json.loads(proc.stdout)
+        out = build_without_probes(Path(patched_0201.work_dir), tmp_path / label, child_env)
         assert out["builder"]["zlib"] == zlib_of[label][0]
-        with open(out["wheel"], "rb") as f:
-            assert hashlib.file_digest(f, "sha256").hexdigest() == out["sha256"]
         built[label] = (out["filename"], out["sha256"])
     assert built["linked"] == built["other"]
+
+
+def test_a_build_without_probes_does_not_depend_on_the_trees_history(tmp_path, patched_0201):
+    """The patched tree was probed when it was made: a --no-probes build on it records none
+    of those verdicts, and writes the wheel a --no-probes build on a fresh tree writes."""
+    assert all(o.probe_after for o in patched_0201.outcomes)
+    env = {**os.environ, "TOOLING_PROBE_PYTHON": "", "SOURCE_DATE_EPOCH": "1795910400"}
+    probed = build_without_probes(Path(patched_0201.work_dir), tmp_path / "probed", env)
+    fresh = build_without_probes(tmp_path / "fresh-tree", tmp_path / "fresh", env)
+    with zipfile.ZipFile(probed["wheel"]) as zf:
+        info = f"vllm-{probed['version']}.dist-info"
+        manifest = BuildManifest.from_json(json.loads(zf.read(f"{info}/{MANIFEST_NAME}")))
+    assert {(p.probe_before, p.probe_after) for p in manifest.patches} == {(None, None)}
+    assert probed["sha256"] == fresh["sha256"]
+
+
+def build_without_probes(work_dir: Path, dist: Path, env: dict[str, str]) -> dict:
+    """``tooling build --no-probes --json`` in a child; its JSON, the digest checked."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tooling",
+            "--no-progress",
+            "build",
+            "--offline",
+            "--no-probes",
+            "--work-dir",
+            str(work_dir),
+            "--dist",
+            str(dist),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=dist.parent,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    with open(out["wheel"], "rb") as f:
+        assert hashlib.file_digest(f, "sha256").hexdigest() == out["sha256"]
+    return out
 
 
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import platform
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,12 @@ class WheelRequest:
     build_python: Path | None = None
     max_jobs: int | None = None
     cuda_arch_list: str = "9.0"
+
+
+def unprobed(report: SeriesReport) -> SeriesReport:
+    """``report`` without probe verdicts: what a build without probes knows of the tree."""
+    outcomes = [replace(o, probe_before=None, probe_after=None) for o in report.outcomes]
+    return replace(report, outcomes=outcomes, probe_python=None)
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,10 @@ def build_requested(
         report = ensure_patched(
             upstream, series, work, options, require_probes=request.probes, on_applied=on_applied
         )
+        if not request.probes:
+            # A tree an earlier run probed keeps that run's verdicts; a build without probes
+            # records none, or its wheel would depend on the tree's history.
+            report = unprobed(report)
         epoch = source_date_epoch()
         if request.mode == "source":
             from .source_build import SourceBuildOptions, build_from_source
