@@ -297,9 +297,21 @@ def build_precompiled(
         upstream, series, report, identity, stamped, "precompiled", files, epoch, notes
     )
     target = options.dist_dir / identity.filename
-    digest = assemble(
-        official, identity, new_content, manifest, epoch, target, check_source=wheel_check.result
-    )
+    try:
+        digest = assemble(
+            official,
+            identity,
+            new_content,
+            manifest,
+            epoch,
+            target,
+            check_source=wheel_check.result,
+        )
+    except BuildError:
+        # A wheel that fails its pin is moved out of the cache while this thread copies
+        # from it, so the copy can fail first: the pin's failure is the cause to report.
+        wheel_check.result()
+        raise
     return BuildResult(
         path=target,
         filename=identity.filename,
