@@ -78,18 +78,17 @@ def _drafts_after_step(runner: Any, max_seq_len: int) -> bool:
     raise LookupError("sample_tokens neither ran the drafter nor zeroed its drafts")
 
 
-def _decider(runner: Any) -> Any:
-    """The runner's decision as a function of the longest sequence, and how it was asked."""
+def _decisions(runner: Any, reaches: tuple[int, ...]) -> tuple[dict[int, bool], str] | None:
+    """Per first-pass reach, whether the runner drafts; and how it was asked (None: cannot)."""
     try:
-        _drafts_after_step(runner, 1)
+        return {r: _drafts_after_step(runner, r - K) for r in reaches}, "sample_tokens"
     except (ValueError, TypeError, AttributeError, LookupError):
         if not hasattr(runner, "_input_fits_in_drafter"):
-            return None, None
-        return (
-            lambda n: bool(runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=n))),
-            "_input_fits_in_drafter",
-        )
-    return (lambda n: _drafts_after_step(runner, n)), "sample_tokens"
+            return None
+        fits = runner._input_fits_in_drafter
+        return {
+            r: bool(fits(SimpleNamespace(max_seq_len=r - K))) for r in reaches
+        }, "_input_fits_in_drafter"
 
 
 def run() -> ProbeResult:
@@ -98,16 +97,16 @@ def run() -> ProbeResult:
         _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
     )
     runner = _harness.v1_runner(_harness.vllm_config(pair, num_speculative_tokens=K))
-    decide, asked = _decider(runner)
-    if decide is None:
+    limit = runner.effective_drafter_max_model_len
+    decided = _decisions(runner, (limit, limit - 1))
+    if decided is None:
         return ProbeResult(
             probe=NAME,
             status=UNKNOWN,
             evidence="sample_tokens takes another step state and the runner has no "
             "_input_fits_in_drafter to ask",
         )
-    limit = runner.effective_drafter_max_model_len
-    drafts = {reach: decide(reach - K) for reach in (limit, limit - 1)}
+    drafts, asked = decided
     evidence = f"DFlash K={K}, drafter max_model_len {limit}, asked through {asked}: " + "; ".join(
         f"longest sequence {reach - K} (first pass up to position {reach}): "
         + ("drafts" if ran else "does not draft")
