@@ -15,8 +15,8 @@ export PYTHONPATH=$SITE
 cd "$here/../.."
 # The patched wheel, with the probes (this interpreter plus $SITE is the probe
 # interpreter) unless PROBES=0 (the CPU build machine probed the same sources;
-# compare the sha256 printed below with its own: on 2026-11-30 they differed, see
-# README's reproducibility note), then
+# compare the sha256 printed below with its own, as
+# docs/results/2026-12-01-reproducibility.md did), then
 # the ablations (ABLATIONS, default: one per patch of the series, see below).
 probes=(--probe-python "$(command -v python3)")
 [ "${PROBES:-1}" = 0 ] && probes=(--no-probes)

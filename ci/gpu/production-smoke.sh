@@ -41,7 +41,7 @@ case $variant in
     args+=(--expect stock --warm-cache --stock-site "${PATCHED_SITE%%:*}" --no-load --no-audit) ;;
   fp8) args+=(--kv-cache-dtype fp8) ;;
   # 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
-  # (stock too): the servers use NCCL's (README, "Smoke on the production path").
+  # (stock too): the servers use NCCL's (docs/serving.md, "Two GPUs: TP=2").
   tp2) args+=(--tensor-parallel-size 2 --disable-custom-all-reduce) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
