@@ -12,7 +12,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 3155328
 export SOURCE_DATE_EPOCH
 
 .DEFAULT_GOAL := help
-.PHONY: help wheel check test lint verify smoke status release check-patches clean probe-env
+.PHONY: help wheel check test lint verify smoke status canary-docs release check-patches clean probe-env
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -33,9 +33,8 @@ wheel: $(STAMP) ## Build the patched vLLM 0.20.1 CUDA wheel into dist/
 	$(TOOLING) build --dist $(DIST)
 
 # Two workers, each taking a whole test module (its module fixtures built once): most of
-# the suite waits on child interpreters, so two overlap well even on two cores (5 min 13 s
-# to 5 min 53 s for the whole suite in clean clones here, 2026-12-01; the fast tier 46-48 s;
-# README says how the machine's speed varied). TEST_WORKERS=0 runs them serially.
+# the suite waits on child interpreters, so two overlap well even on two cores.
+# TEST_WORKERS=0 runs them serially.
 TEST_WORKERS ?= 2
 
 check: $(STAMP) ## The fast tier: tests that need neither the real artifacts nor the probe env
@@ -66,6 +65,13 @@ verify: $(STAMP) ## Install dist/'s wheel in a fresh virtualenv and verify it
 status: $(STAMP) ## Status of every patch on every pinned release (the canary)
 	@$(TOOLING) probe-env >/dev/null
 	$(TOOLING) patch status --bases all
+
+canary-docs: $(STAMP) ## docs/canary.md from a fresh `patch status --bases all --json`
+	@$(TOOLING) probe-env >/dev/null
+	@mkdir -p build
+	$(TOOLING) patch status --bases all --json > build/.canary-status.json
+	mv build/.canary-status.json build/canary-status.json
+	$(BIN)/python -m tooling.canary_doc build/canary-status.json -o docs/canary.md
 
 # The releases whose status goes into the release notes (the full matrix is `make status`).
 RELEASE_STATUS_BASES ?= 0.20.1,0.22.0,0.26.0,0.33.0
