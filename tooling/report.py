@@ -1,8 +1,16 @@
-"""Plain-text tables for the end-of-command summaries."""
+"""Tables for the end-of-command summaries (plain text) and for generated Markdown."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: What a cell of the status matrix means, for every page that shows the matrix.
+STATUS_LEGEND = (
+    "superseded: the release behaves as fixed (probe); already-applied: the "
+    "patch text is in it; conflict: needs porting; (!): applied but its probe "
+    "did not read present."
+)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -24,3 +32,26 @@ def human_size(size: int) -> str:
             return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """A Markdown table's lines; cells are str()-ed as they are."""
+    return [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+    ]
+
+
+def status_cells(entry: Mapping[str, Any], patch_ids: Sequence[str]) -> list[str]:
+    """One release's cells of ``patch status --json``: each patch's status, ``(!)`` where it
+    went in but its probe did not read present; ``error`` throughout where the release has no
+    report."""
+    report = entry.get("report")
+    if not report:
+        return ["error"] * len(patch_ids)
+    return [
+        o["status"] + (" (!)" if o.get("problem") else "")
+        for o in report["outcomes"]
+        if o["patch_id"] in patch_ids
+    ]

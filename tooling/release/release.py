@@ -24,6 +24,7 @@ from ..building.wheelfile import check_members, open_wheel, read_member
 from ..errors import BuildError
 from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
 from ..patching.series import Series
+from ..report import STATUS_LEGEND, markdown_table, status_cells
 
 UPSTREAM_STATUSES = ("superseded", "already-applied")
 #: What the notes read of each outcome in the status matrix.
@@ -99,31 +100,10 @@ def release_notes(
         lines += [f"- `{s}` (--skip): this build does not carry it" for s in manifest.skipped]
     if status:
         ids = [p.id for p in series.patches]
-        lines += [
-            "",
-            "## Status on other releases",
-            "",
-            "| release | " + " | ".join(ids) + " |",
-            "|---|" + "---|" * len(ids),
-        ]
-        for entry in status["bases"]:
-            report = entry.get("report")
-            cells = (
-                [
-                    o["status"] + (" (!)" if o.get("problem") else "")
-                    for o in report["outcomes"]
-                    if o["patch_id"] in ids
-                ]
-                if report
-                else ["error"] * len(ids)
-            )
-            lines.append(f"| {entry['base']} | " + " | ".join(cells) + " |")
-        lines += [
-            "",
-            "superseded: the release behaves as fixed (probe); already-applied: the "
-            "patch text is in it; conflict: needs porting; (!): applied but its probe "
-            "did not read present.",
-        ]
+        rows = [[entry["base"], *status_cells(entry, ids)] for entry in status["bases"]]
+        lines += ["", "## Status on other releases", ""]
+        lines += markdown_table(["release", *ids], rows)
+        lines += ["", STATUS_LEGEND]
     return "\n".join(lines) + "\n"
 
 
