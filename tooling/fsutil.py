@@ -6,10 +6,10 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +18,8 @@ from typing import BinaryIO
 from .errors import CacheWriteError
 
 CHUNK = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 def sha256_file(path: Path) -> str:
@@ -124,7 +126,7 @@ def locked(target: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if not waited:
-                print(f"waiting for another tooling process using {target}", file=sys.stderr)
+                log.info("waiting for another tooling process using %s", target)
                 waited = True
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:

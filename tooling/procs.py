@@ -12,7 +12,10 @@ so they too run the clean-up, and nothing a run started outlives it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -21,6 +24,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .errors import ToolingError
+
+logger = logging.getLogger(__name__)
 
 ALREADY_EXITED = "already exited"
 TERMINATED = "terminated"
@@ -49,6 +56,17 @@ class ChildResult:
     log: Path
 
 
+def shown(cmd: Sequence[str]) -> str:
+    """``cmd`` as one shell line for the log: a script argument (``-c`` code) by its first
+    line, a URL's password left out."""
+
+    def short(arg: str) -> str:
+        first = next((line.strip() for line in arg.splitlines() if line.strip()), "")
+        return arg if arg == first and len(arg) <= 160 else f"{first[:80]} ..."
+
+    return re.sub(r"://[^/@\s]+@", "://***@", shlex.join(short(a) for a in cmd))
+
+
 def start_group(
     cmd: Sequence[str],
     *,
@@ -60,6 +78,7 @@ def start_group(
     """Start ``cmd`` as the leader of a new session, stdout and stderr appended to ``log``;
     ``stdin=subprocess.PIPE`` to talk to it."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    logger.debug("start %s (output in %s)", shown(cmd), log)
     with open(log, "ab") as out:
         # A new session: its own process group (stopped as one) and no
         # controlling terminal, so Ctrl-C reaches only us and we decide.
@@ -157,6 +176,8 @@ def stop_group(
         _signal_group(pgid, signal.SIGKILL)
         raise
     leftover = not _wait_group_gone(pgid, kill_wait_s)
+    if how != ALREADY_EXITED or leftover:
+        logger.debug("process group %d %s%s", pgid, how, ", members left" if leftover else "")
     return StopOutcome(
         how=how,
         returncode=proc.poll(),
@@ -171,6 +192,7 @@ def started(
 ) -> Iterator[subprocess.Popen[Any]]:
     """``subprocess.Popen(cmd, **popen)`` as the leader of a group of its own, the group
     stopped whole when the block ends, however it ends (done, failed, interrupted)."""
+    logger.debug("start %s", shown(cmd))
     with subprocess.Popen(list(cmd), start_new_session=True, **popen) as proc:
         try:
             yield proc
@@ -198,7 +220,32 @@ def run(
         cwd=cwd,
     ) as proc:
         out, err = proc.communicate(timeout=timeout_s)
+    logger.debug("exit status %s of %s", proc.returncode, Path(cmd[0]).name)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def output(
+    cmd: Sequence[str],
+    *,
+    what: str,
+    error: type[ToolingError],
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> str:
+    """What ``cmd`` prints on stdout. A failure is one ``error`` line starting with ``what``:
+    it cannot start, it gives no answer within ``timeout_s`` (its group stopped), or it
+    exits non-zero (then its last line on stderr)."""
+    try:
+        result = run(cmd, timeout_s=timeout_s, env=env, cwd=cwd)
+    except OSError as e:
+        raise error(f"{what}: {e.strerror or e}") from None
+    except subprocess.TimeoutExpired:
+        raise error(f"{what}: no answer within {timeout_s:g}s") from None
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise error(f"{what}: exit status {result.returncode}: {last}")
+    return result.stdout
 
 
 def run_child(
@@ -225,6 +272,9 @@ def run_child(
         outcome = stop_group(proc, grace_s=grace_s)
     if timed_out:
         returncode = outcome.returncode
+        logger.debug("no end within %gs: %s", timeout_s, shown(cmd))
+    else:
+        logger.debug("exit status %s of %s", returncode, Path(cmd[0]).name)
     return ChildResult(
         returncode=returncode, seconds=time.monotonic() - start, timed_out=timed_out, log=log
     )

@@ -19,7 +19,7 @@ from ..paths import CacheLayout, default_cache_dir
 from .build import build_command
 from .bundle import bundle_command
 from .fetch import fetch_command
-from .group import ToolingGroup, interrupted
+from .group import ToolingGroup, configure_logging, interrupted
 from .options import settings_of
 from .patch import patch_group
 from .probe import probe_command, probe_env_command
@@ -52,6 +52,14 @@ from .verify import verify_command
 @click.option("--offline", is_flag=True, help="Use only the cache; never touch the network.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an unexpected error.")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Debug lines on stderr too (each child process run)."
+)
+@click.option(
+    "--log-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Append every log line, debug included, with its time, to this file.",
+)
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -61,11 +69,14 @@ def main(
     offline: bool,
     no_progress: bool,
     debug: bool,
+    verbose: bool,
+    log_file: Path | None,
 ) -> None:
     """Fetch, patch, build, verify and smoke-test vLLM with the DFlash fixes."""
     # CI cancels and closed terminals end the run like Ctrl-C: temp files are removed.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interrupted)
+    configure_logging(verbose, log_file)
     settings = settings_of(ctx)
     settings.debug = debug
     settings.cache = CacheLayout(cache_dir or default_cache_dir())

@@ -1,18 +1,30 @@
 """The error -> exit-code mapping, in one place: every failure is one line (or a JSON document
-under --json) and its exit code; signals end the run as Ctrl-C does."""
+under --json) and its exit code; signals end the run as Ctrl-C does. And where the library's
+log lines go: stderr (INFO, as plain lines; DEBUG too with --verbose) and --log-file."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import signal
 import traceback
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 import git
 
 from ..errors import EnvironmentProblem, ToolingError, exit_code_for
+from ..progress import BarSafeHandler
 from .options import Settings
+
+#: The logger every module's ``logging.getLogger(__name__)`` sits under.
+log = logging.getLogger("tooling")
+
+#: --log-file's lines: when, how severe and which module, then the message.
+LOG_FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -33,6 +45,46 @@ def interrupted(signum: int, _frame: object) -> None:
 JSON_ASKED = "tooling.json_asked"
 
 
+@contextlib.contextmanager
+def logging_for_run() -> Iterator[None]:
+    """The package's log lines on stderr, INFO and above, bare (the text as printed before
+    there was logging), for one run of the command line; the handlers this run added
+    (--log-file's too) are closed and removed when it ends."""
+    handler = BarSafeHandler(logging.INFO)
+    before = log.handlers[:], log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for added in log.handlers[:]:
+            if added not in before[0]:
+                log.removeHandler(added)
+                added.close()
+        log.setLevel(before[1])
+
+
+def configure_logging(verbose: bool, log_file: Path | None) -> None:
+    """--verbose: DEBUG lines on stderr too; --log-file: every line, DEBUG included, with
+    its time, level and module, appended to that file."""
+    if verbose:
+        for handler in log.handlers:
+            if isinstance(handler, BarSafeHandler):
+                handler.setLevel(logging.DEBUG)
+        log.setLevel(logging.DEBUG)
+    if log_file is None:
+        return
+    try:
+        to_file = logging.FileHandler(log_file, encoding="utf-8")
+    except OSError as e:
+        raise click.BadParameter(
+            f"cannot write {log_file}: {e.strerror or e}", param_hint="'--log-file'"
+        ) from None
+    to_file.setFormatter(logging.Formatter(LOG_FILE_FORMAT))
+    log.addHandler(to_file)
+    log.setLevel(logging.DEBUG)
+
+
 class ToolingGroup(click.Group):
     """Maps every failure to its exit code and a one-line message (or JSON).
 
@@ -40,6 +92,11 @@ class ToolingGroup(click.Group):
     exits 128 + its number; anything else is a bug: one line and exit 1, the
     traceback only under --debug.
     """
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        # Before parsing: a usage error's line goes through the same handler.
+        with logging_for_run():
+            return super().main(*args, **kwargs)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # An unknown option fails before --json is parsed: the words given decide. The
@@ -100,5 +157,5 @@ def fail(ctx: click.Context, message: str, code: int) -> NoReturn:
                 default=str,
             )
         )
-    click.echo(f"error: {message}", err=True)
+    log.error("error: %s", message)
     ctx.exit(code)
