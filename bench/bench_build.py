@@ -1,8 +1,8 @@
 """Warm precompiled build against floors measured in the same run.
 
-Floors: ``cp`` of the official wheel (the least any build must do: write 244 MB)
-and the naive repack (``wheel unpack`` + ``wheel pack --local-version``, which
-recompresses 520 MB). Ours: ``tooling build`` with the cache and the patched
+Floors: ``cp`` of the official wheel (the least any build must do: write the whole
+wheel) and the naive repack (``wheel unpack`` + ``wheel pack --local-version``, which
+recompresses every kernel). Ours: ``tooling build`` with the cache and the patched
 work tree warm (it still re-verifies the official wheel's sha256). Goal: within
 4x of ``cp``.
 

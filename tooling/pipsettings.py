@@ -1,6 +1,6 @@
 """pip's index settings, read from pip itself and passed on to uv.
 
-The toolchain builds its environments with uv (seconds where pip took minutes).
+The toolchain builds its environments with uv, which resolves and installs far faster than pip.
 A user behind a mirror, or with local wheels such as a CPU build of torch, has
 told pip, not uv: ``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``pip.conf``.
 ``pip config list`` reports every one of them (the files and the environment),

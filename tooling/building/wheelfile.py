@@ -1,14 +1,14 @@
 """Write a wheel by copying most members of another one byte-for-byte.
 
-``zipfile`` can only write what it compresses itself, so re-packing a 244 MB
-wheel would inflate and deflate 520 MB of kernels. Here a member that does
+``zipfile`` can only write what it compresses itself, so re-packing a vLLM
+wheel would inflate and deflate every one of its kernels. Here a member that does
 not change is copied as its stored (compressed) bytes under a fresh local
 header; new or changed members are written uncompressed (method "stored").
 Deflating them would make their bytes those of the zlib the running Python
 links: zlib and zlib-ng, for one, write different streams for the same input,
 so one build would give two wheels on two machines. Stored, a member's bytes
-are its content, and the few that a build writes add about 1 MB to a
-233 MiB wheel. Zip64 is not needed for vLLM wheels (a few hundred MB, some
+are its content, and the few that a build writes are small beside the
+kernels. Zip64 is not needed for vLLM wheels (a few hundred MB, some
 thousands of members) and is refused, before anything is written, rather
 than written wrong.
 """

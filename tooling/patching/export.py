@@ -129,7 +129,7 @@ def check_export(upstream: Upstream, series: Series, baselines: Path | None = No
 
     With ``baselines`` (the cache's folder) the scratch tree is a clone of the release's
     cached baseline commit, as ``patch`` and ``build`` make theirs, rather than a copy
-    whose 4,745 files are hashed and committed again on every check."""
+    whose thousands of files are hashed and committed again on every check."""
     with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-export-")) as tmp:
         work = Path(tmp) / "work"
         options = ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs", baselines=baselines)

@@ -2,11 +2,10 @@
 
 The comparison (``serving.reference``) spends most of its time in one drafter pass
 per proposal, a few hundred small kernel launches each: it is bound by one Python
-thread, not by the GPU (1743 passes took 38 s on an H200, 2026-11-30). So the
-runner splits the prompts over several children on the same GPU, and, when the
-engines share a GPU anyway (``SmokeConfig.overlaps``), starts them beside the
-in-process engine: each loads the pair (about 14 s with its imports), then waits
-on stdin for the path of its share of the work. Each child writes counts
+thread, not by the GPU. So the runner splits the prompts over several children on
+the same GPU, and, when the engines share a GPU anyway (``SmokeConfig.overlaps``),
+starts them beside the in-process engine: each loads the pair and its imports
+meanwhile, then waits on stdin for the path of its share of the work. Each child writes counts
 (``serving.agreement.Tally``); their sum is the result one process would give.
 """
 

@@ -26,7 +26,7 @@ def measure_trained(workdir: Path, engines: dict[str, Path], cache_dir: Path) ->
     """Train (or reuse, from ``cache_dir``) the recipe's pair, then measure each engine
     (default: the vLLM this interpreter imports) against the reference."""
     # In a child of this interpreter: its GPU memory is free again when the engines start.
-    # Training takes about 5 minutes on an H200; its progress goes to this terminal.
+    # Training takes minutes; its progress goes to this terminal.
     pair = train_in(Path(sys.executable), TrainRequest(cache_dir=cache_dir, export=workdir))
     if not engines:
         import vllm  # the interpreter's own vLLM

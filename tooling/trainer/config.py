@@ -20,7 +20,7 @@ RECIPE_VERSION = 1
 class RecipeConfig:
     """Every setting that shapes the trained weights and the measurement.
 
-    The defaults are the full GPU recipe (one H200, about 6 minutes); ``PRESETS``
+    The defaults are the full GPU recipe (minutes on one GPU); ``PRESETS``
     holds a tiny CPU variant for tests.
     """
 

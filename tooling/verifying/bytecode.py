@@ -11,7 +11,7 @@ objects are equal when the code, constants, names and line tables are (not the f
 name). A pyc of another interpreter's tag is counted, not checked: this interpreter's
 compiler cannot tell, and the report says so.
 
-Compiling vLLM's 2,000 modules takes seconds on every verify of every install
+Compiling vLLM's thousands of modules takes seconds on every verify of every install
 of the same wheel, so the pairs found equal are kept in the cache
 (``<cache>/bytecode/verified``), keyed by the digest of the magic number, the
 optimization level, the source and the pyc's code (not its header, which holds
