@@ -45,6 +45,8 @@ from .wheelfile import open_wheel
 #: Free space a build needs in its output/scratch folder.
 DISK_FULL_GIB = 30
 DISK_PRECOMPILED_GIB = 3
+#: Seconds each preflight question to the build interpreter may take (a cold torch import).
+PREFLIGHT_TIMEOUT_S = 300
 
 _TORCH_PROBE = (
     "import json, torch; print(json.dumps({'version': torch.__version__, "
@@ -88,11 +90,17 @@ def preflight(tree: Path, options: SourceBuildOptions, python: Path) -> list[str
     if not options.use_precompiled_kernels and find_nvcc() is None:
         problems.append("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
     pinned = pinned_torch(tree)
-    probe = procs.run([str(python), "-c", _TORCH_PROBE])
-    if probe.returncode != 0:
-        problems.append(f"{python} cannot import torch (vLLM builds against torch=={pinned})")
+    try:
+        printed = procs.output(
+            [str(python), "-c", _TORCH_PROBE],
+            what=f"{python} cannot import torch",
+            error=EnvironmentProblem,
+            timeout_s=PREFLIGHT_TIMEOUT_S,
+        )
+    except EnvironmentProblem as e:
+        problems.append(f"{e} (vLLM builds against torch=={pinned})")
     else:
-        torch = json.loads(probe.stdout.strip().splitlines()[-1])
+        torch = json.loads(printed.strip().splitlines()[-1])
         if torch["cuda"] is None:
             problems.append(
                 f"torch {torch['version']} in {python} is a CPU build; vLLM's CUDA build, "
@@ -109,9 +117,15 @@ def preflight(tree: Path, options: SourceBuildOptions, python: Path) -> list[str
                 f"torch {torch['version']} in {python} is not the pinned torch=={pinned}; "
                 "the kernels would not match its ABI"
             )
-    build_ok = procs.run([str(python), "-c", "import build, setuptools_scm"]).returncode == 0
-    if not build_ok:
-        problems.append(f"{python} lacks the `build` and `setuptools-scm` packages")
+    try:
+        procs.output(
+            [str(python), "-c", "import build, setuptools_scm"],
+            what=f"{python} lacks the `build` and `setuptools-scm` packages",
+            error=EnvironmentProblem,
+            timeout_s=PREFLIGHT_TIMEOUT_S,
+        )
+    except EnvironmentProblem as e:
+        problems.append(str(e))
     need = DISK_PRECOMPILED_GIB if options.use_precompiled_kernels else DISK_FULL_GIB
     options.dist_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(options.dist_dir).free / 2**30

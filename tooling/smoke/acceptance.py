@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import procs
 from .serving.acceptance import SPEC
 
 
@@ -170,8 +171,6 @@ def measure_engines(
     result, the table (acceptance.md), the rows (acceptance.json) and the
     plot (acceptance.png) into ``out_dir``.
     """
-    import subprocess
-
     summary = json.loads((trained / "summary.json").read_text())
     reference = summary["reference"]
     prompts = json.loads((trained / "prompts.json").read_text())
@@ -198,25 +197,24 @@ def measure_engines(
                 [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
         }
-        with open(out_dir / f"acceptance-{name}.log", "wb") as log:
-            try:
-                subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "tooling.smoke.serving.acceptance",
-                        "run",
-                        str(out_dir / "acceptance-request.json"),
-                        str(raw),
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=timeout_s,
-                    stdin=subprocess.DEVNULL,
-                )
-            except subprocess.TimeoutExpired:
-                raw.write_text(json.dumps({"ok": False, "error": f"timed out ({timeout_s}s)"}))
+        log = out_dir / f"acceptance-{name}.log"
+        log.unlink(missing_ok=True)  # this run's output only
+        # Its own process group: a time-out stops the engine's core process too.
+        run = procs.run_child(
+            [
+                sys.executable,
+                "-m",
+                "tooling.smoke.serving.acceptance",
+                "run",
+                str(out_dir / "acceptance-request.json"),
+                str(raw),
+            ],
+            log=log,
+            env=env,
+            timeout_s=timeout_s,
+        )
+        if run.timed_out:
+            raw.write_text(json.dumps({"ok": False, "error": f"timed out ({timeout_s}s)"}))
         result = json.loads(raw.read_text()) if raw.is_file() else {"ok": False}
         return figures(name, result, reference_outputs)
 

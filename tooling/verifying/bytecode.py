@@ -23,7 +23,6 @@ time.
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,21 +81,13 @@ def check_bytecode(
     """Compare every pyc ``python`` would load from ``site``/``tops`` with its source; with
     ``kept`` (a cache folder), pairs found equal before are not compiled again."""
     known = kept / "verified" if kept is not None else None
-    try:
-        done = procs.run(
-            [str(python), "-c", _CHECK, str(site), str(known or "-"), *tops], timeout_s=900
-        )
-    except OSError as e:
-        why = e.strerror or e
-        raise EnvironmentProblem(f"cannot run {python} to check bytecode: {why}") from None
-    except subprocess.TimeoutExpired:
-        raise EnvironmentProblem(f"{python} did not finish checking bytecode in 900 s") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EnvironmentProblem(
-            f"{python} could not check bytecode (exit {done.returncode}): {last}"
-        )
-    data = json.loads(done.stdout.strip().splitlines()[-1])
+    out = procs.output(
+        [str(python), "-c", _CHECK, str(site), str(known or "-"), *tops],
+        what=f"{python} could not check bytecode",
+        error=EnvironmentProblem,
+        timeout_s=900,
+    )
+    data = json.loads(out.strip().splitlines()[-1])
     if known is not None and data["verified"]:
         _keep(known, data["verified"])
     return BytecodeCheck(

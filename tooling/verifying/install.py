@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from .. import procs
 from ..fsutil import run_prefix
+
+#: Seconds one ``pip install`` of a wheel may take, bytecode compiling included.
+INSTALL_TIMEOUT_S = 1800
 
 
 def pip_install(
@@ -22,7 +26,7 @@ def pip_install(
 
     --no-deps --no-index: the wheel is what is under test; what it needs comes
     from elsewhere (a .pth to the probe environment, an offline bundle).
-    Returns None on success, else the last line pip printed.
+    Returns None on success, else why not (the last line pip printed).
     """
     cmd = [sys.executable, "-m", "pip"]
     if python is not None:
@@ -35,7 +39,12 @@ def pip_install(
     # pip --python runs pip again under that interpreter: a grandchild, stopped with the
     # group. pip's own temp folders go in one of ours, which goes however pip ends.
     with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-pip-")) as tmp:
-        result = procs.run([*cmd, str(wheel)], env={**os.environ, "TMPDIR": tmp})
+        try:
+            result = procs.run(
+                [*cmd, str(wheel)], timeout_s=INSTALL_TIMEOUT_S, env={**os.environ, "TMPDIR": tmp}
+            )
+        except subprocess.TimeoutExpired:
+            return f"pip did not finish within {INSTALL_TIMEOUT_S}s"
     if result.returncode == 0:
         return None
     return (result.stderr.strip().splitlines() or ["pip failed"])[-1]

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import re
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -444,13 +443,4 @@ def install_into_fresh_env(
 
 def _ask(python: Path, code: str, what: str, error: type[ToolingError]) -> str:
     """What ``python -c code`` prints; a failure is one ``error`` line starting with ``what``."""
-    try:
-        result = procs.run([str(python), "-c", code], timeout_s=120)
-    except OSError as e:
-        raise error(f"{what}: {e.strerror or e}") from None
-    except subprocess.TimeoutExpired:
-        raise error(f"{what}: no answer within 120s") from None
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise error(f"{what}: exit status {result.returncode}: {last}")
-    return result.stdout
+    return procs.output([str(python), "-c", code], what=what, error=error, timeout_s=120)
