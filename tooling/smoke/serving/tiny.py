@@ -36,9 +36,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ...trainer.hybrid import hybrid_config as qwen3_5_config
+
+#: Qwen3.6's own attention head width (a quarter of it rotates).
 HYBRID_ATTENTION_HEAD_DIM = 256
-"""Qwen3.6's own: a quarter of it (64) rotates, as three interleaved M-RoPE sections."""
-HYBRID_MROPE_SECTION = (11, 11, 10)
 SEED_HIDDEN = 5120
 SEED_FFN = 17408
 #: The seed-shaped pair's default width: the whole depth and every head, in 2.3 GB.
@@ -297,62 +298,16 @@ def write_target(out: Path, spec: TinySpec) -> None:
 def hybrid_config(spec: TinySpec) -> dict[str, Any]:
     """config.json contents of the tiny ``Qwen3_5ForConditionalGeneration`` (plain data).
 
-    Every fourth layer is full (gated) attention, the others Gated DeltaNet, as in
-    Qwen3.6. Head counts are even so TP=2 splits them. The multimodal token ids
-    are reserved ids inside the vocabulary; the smoke sends no images.
+    Head counts are even so TP=2 splits them; the smoke sends no images.
     """
-    text = dict(
+    return qwen3_5_config(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.target_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=spec.linear_head_dim,
-        linear_value_head_dim=spec.linear_head_dim,
-        linear_num_key_heads=spec.linear_num_key_heads,
-        linear_num_value_heads=spec.linear_num_value_heads,
-        full_attention_interval=4,
-        layer_types=[
-            "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-            for i in range(spec.target_layers)
-        ],
+        layers=spec.target_layers,
+        attention=(spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim),
+        linear=(spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_head_dim),
         max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10_000_000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": list(HYBRID_MROPE_SECTION),
-            "mrope_interleaved": True,
-        },
-        tie_word_embeddings=False,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    vision = dict(
-        depth=1,
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=2,
-        out_hidden_size=spec.hidden_size,
-        num_position_embeddings=64,
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-    )
-    reserved = spec.vocab_size - 5
-    return dict(
-        architectures=[TARGET_ARCHITECTURES[HYBRID]],
-        model_type="qwen3_5",
-        text_config=text,
-        vision_config=vision,
-        image_token_id=reserved,
-        video_token_id=reserved + 1,
-        vision_start_token_id=reserved + 2,
-        vision_end_token_id=reserved + 3,
-        tie_word_embeddings=False,
     )
 
 
