@@ -17,7 +17,14 @@ from .options import emit, json_option, settings_of
     "--preset",
     default="full",
     show_default=True,
-    help="Settings: full (the GPU recipe, about 5 minutes on an H200) or smoke (tiny, CPU).",
+    help="Settings: full (the GPU recipe, minutes on one GPU) or smoke (tiny, CPU).",
+)
+@click.option(
+    "--arch",
+    type=click.Choice(["qwen3", "hybrid"]),
+    help="Target architecture: qwen3 (attention only, the default presets) or hybrid "
+    "(Qwen3.5/3.6's Gated DeltaNet family at the seed's head geometry); picks that "
+    "architecture's preset of the --preset size.",
 )
 @click.option(
     "--set",
@@ -50,6 +57,7 @@ from .options import emit, json_option, settings_of
 def train_command(
     ctx: click.Context,
     preset: str,
+    arch: str | None,
     overrides: tuple[str, ...],
     python: Path | None,
     out_dir: Path | None,
@@ -61,6 +69,7 @@ def train_command(
     settings = settings_of(ctx)
     request = TrainRequest(
         preset=preset,
+        arch=arch,
         overrides=overrides,
         cache_dir=settings.cache.root,
         out_dir=out_dir,

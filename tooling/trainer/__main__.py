@@ -27,6 +27,7 @@ def _request(argv: list[str]) -> tuple[TrainRequest, Path | None]:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="run the recipe (reuses a finished run)")
     p.add_argument("--preset", default="full")
+    p.add_argument("--arch")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--cache-dir", type=Path)
     p.add_argument("--out-dir", type=Path)
@@ -37,6 +38,7 @@ def _request(argv: list[str]) -> tuple[TrainRequest, Path | None]:
     args = parser.parse_args(argv)
     request = TrainRequest(
         preset=args.preset,
+        arch=args.arch,
         overrides=tuple(args.overrides),
         cache_dir=args.cache_dir,
         out_dir=args.out_dir,

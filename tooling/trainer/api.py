@@ -28,7 +28,7 @@ from ..errors import (
     error_for_exit_code,
 )
 from ..procs import started
-from .config import PRESETS, RecipeConfig, apply_overrides
+from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
 
 #: The ``tooling`` package, which the child imports the trainer from.
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -39,6 +39,8 @@ class TrainRequest:
     """What to train and where: the settings, the cache, and where to copy the small results."""
 
     preset: str = "full"
+    arch: str | None = None
+    """``qwen3`` or ``hybrid``: picks that architecture's preset of the size ``preset`` names."""
     overrides: tuple[str, ...] = ()
     """``KEY=VALUE`` settings over the preset (tuples as comma lists)."""
     cache_dir: Path | None = None
@@ -52,14 +54,28 @@ class TrainRequest:
     force: bool = False
     """Retrain even when a finished run folder exists."""
 
+    def preset_name(self) -> str:
+        """The preset ``preset`` and ``arch`` name together; a bad pair is a TrainSettingsError."""
+        if self.arch is None:
+            name = self.preset
+        elif self.arch not in ARCH_PRESETS:
+            raise TrainSettingsError(
+                f"--arch {self.arch!r}: not one of {', '.join(sorted(ARCH_PRESETS))}"
+            )
+        elif self.preset not in ARCH_PRESETS[self.arch]:
+            sizes = ", ".join(sorted(ARCH_PRESETS[self.arch]))
+            raise TrainSettingsError(f"--preset {self.preset!r} with --arch: not one of {sizes}")
+        else:
+            name = ARCH_PRESETS[self.arch][self.preset]
+        if name not in PRESETS:
+            raise TrainSettingsError(f"--preset {name!r}: not one of {', '.join(sorted(PRESETS))}")
+        return name
+
     def config(self) -> RecipeConfig:
         """The checked settings; a bad preset or override is one TrainSettingsError line."""
-        if self.preset not in PRESETS:
-            raise TrainSettingsError(
-                f"--preset {self.preset!r}: not one of {', '.join(sorted(PRESETS))}"
-            )
+        name = self.preset_name()
         try:
-            cfg = apply_overrides(PRESETS[self.preset], list(self.overrides))
+            cfg = apply_overrides(PRESETS[name], list(self.overrides))
             cfg.validate()
         except ValueError as e:
             raise TrainSettingsError(f"recipe settings: {e}") from None
@@ -68,6 +84,8 @@ class TrainRequest:
     def argv(self) -> list[str]:
         """The child's command line for this request (``python -m tooling.trainer ARGV``)."""
         args = ["train", "--preset", self.preset]
+        if self.arch is not None:
+            args += ["--arch", self.arch]
         for pair in self.overrides:
             args += ["--set", pair]
         for flag, value in (

@@ -6,19 +6,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from dflash.model import DFlashDraftModel
 from safetensors import safe_open
 from tokenizers import Tokenizer
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..errors import TrainingError
 from .common import Log
 
 
 def load_target(path: Path, device: torch.device) -> nn.Module:
-    """The saved target, as vLLM and the reference load it: bf16, eval, frozen."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    """The saved target, as vLLM and the reference load it: bf16, eval, frozen; as the class
+    its config names (the auto class would load a multimodal hybrid as its text model alone)."""
+    config = AutoConfig.from_pretrained(path)
+    cls = getattr(transformers, (config.architectures or [""])[0], AutoModelForCausalLM)
+    model = cls.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model

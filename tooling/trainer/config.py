@@ -12,8 +12,12 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .hybrid import FULL_ATTENTION_INTERVAL
+
 # Bump when the recipe's behaviour changes in a way the settings do not show.
 RECIPE_VERSION = 1
+
+ARCHES = ("qwen3", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,10 @@ class RecipeConfig:
     # Tokenizer.
     vocab_size: int = 8192
 
-    # Target (transformers Qwen3ForCausalLM).
+    # Target: "qwen3" is transformers' attention-only Qwen3ForCausalLM; "hybrid" is
+    # Qwen3_5ForConditionalGeneration, the seed's family (three Gated DeltaNet layers to one
+    # gated attention layer), whose linear-attention heads are the linear_* settings.
+    arch: str = "qwen3"
     target_layers: int = 8
     hidden_size: int = 768
     target_intermediate: int = 2048
@@ -49,6 +56,9 @@ class RecipeConfig:
     target_max_steps: int = 0  # 0: from target_epochs
     target_lr: float = 1e-3
     target_time_cap_s: float = 150.0
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 48
+    linear_head_dim: int = 128
     eval_tokens: int = 262_144
 
     # Drafter data: the target's own greedy continuations of corpus windows.
@@ -71,6 +81,11 @@ class RecipeConfig:
     target_layer_ids: tuple[int, ...] = (1, 4, 6)
     block_size: int = 4
     drafter_intermediate: int = 2048
+    # The drafter's attention heads (0: the target's). The seed's drafter has another KV
+    # shape than its target's attention, which vLLM must then keep in a KV-cache group of its own.
+    draft_num_heads: int = 0
+    draft_num_kv_heads: int = 0
+    draft_head_dim: int = 0
 
     # Drafter training.
     drafter_steps: int = 5000
@@ -94,6 +109,18 @@ class RecipeConfig:
     prompt_len: int = 256
     max_new_tokens: int = 96
     crosscheck_prompts: int = 4  # also run through the minimal uncached loop
+    # Drafted tokens per step the reference measures besides block_size - 1 (a drafter of
+    # block size B serves any K < B).
+    reference_speculative_tokens: tuple[int, ...] = ()
+
+    # Quality floors (0: none). A run short of one ends with TrainingError, naming the figure,
+    # and writes no pair: a lossless check needs a decisive target (near-ties flip under any
+    # change of batch shape), and an acceptance table needs a drafter that drafts.
+    min_target_margin: float = 0.0
+    """Median top-2 logit margin of the target's greedy choices on the checked prompts."""
+    min_acceptance_length: float = 0.0
+    """The reference's mean acceptance length at ``floor_speculative_tokens``."""
+    floor_speculative_tokens: int = 0
 
     # Whole run.
     wall_budget_s: float = 420.0
@@ -131,6 +158,37 @@ class RecipeConfig:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         if self.heldout_fraction + self.draft_fraction >= 1.0:
             raise ValueError("heldout_fraction + draft_fraction must stay below 1")
+        if self.arch not in ARCHES:
+            raise ValueError(f"arch {self.arch!r}: not one of {', '.join(ARCHES)}")
+        if self.arch == "hybrid":
+            attention = self.target_layers // FULL_ATTENTION_INTERVAL
+            if attention < len(self.drafter_layer_types):
+                # vLLM groups KV caches by the smallest layer-type count: fewer target
+                # attention layers than drafter layers splits the drafter over groups.
+                raise ValueError(
+                    f"a hybrid target of {self.target_layers} layers has {attention} attention "
+                    f"layers, fewer than the drafter's {len(self.drafter_layer_types)}"
+                )
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ValueError(
+                    "linear_num_value_heads must be a multiple of linear_num_key_heads"
+                )
+        for k in (*self.reference_speculative_tokens, self.floor_speculative_tokens):
+            if not 0 <= k < self.block_size:
+                raise ValueError(
+                    f"{k} drafted tokens: a block of {self.block_size} drafts 0 to "
+                    f"{self.block_size - 1}"
+                )
+        if self.min_acceptance_length and not self.floor_speculative_tokens:
+            raise ValueError("min_acceptance_length needs floor_speculative_tokens")
+
+    @property
+    def speculative_tokens(self) -> tuple[int, ...]:
+        """Every K the reference measures, block_size - 1 first."""
+        ks = [self.block_size - 1, *self.reference_speculative_tokens]
+        if self.floor_speculative_tokens:
+            ks.append(self.floor_speculative_tokens)
+        return tuple(dict.fromkeys(ks))
 
 
 PRESETS: dict[str, RecipeConfig] = {
@@ -179,7 +237,67 @@ PRESETS: dict[str, RecipeConfig] = {
         wall_budget_s=400.0,
         reserve_s=20.0,
     ),
+    # The seed's family on one H200: Qwen3.6-27B's head geometry (gated attention 24 x 256 over
+    # 4 KV heads; Gated DeltaNet 16 key and 48 value heads of 128) on 24 layers (6 attention),
+    # narrowed in width; z-lab's drafter layout ([sliding x4, full], 32 x 128 heads over 8 KV
+    # heads, another KV shape than the target's) with target_layer_ids spread over the depth
+    # as the seed's [1, 16, 31, 46, 61] are over 64, and blocks of 16 (K up to 15).
+    "hybrid": RecipeConfig(
+        arch="hybrid",
+        target_layers=24,
+        hidden_size=512,
+        target_intermediate=1536,
+        num_heads=24,
+        num_kv_heads=4,
+        head_dim=256,
+        target_batch=32,
+        target_time_cap_s=240.0,
+        data_sequences=16_384,
+        data_time_cap_s=75.0,
+        gen_batch=256,
+        feature_batch=128,
+        drafter_layer_types=(*("sliding_attention",) * 4, "full_attention"),
+        sliding_window=64,
+        target_layer_ids=(1, 6, 11, 16, 21),
+        block_size=16,
+        drafter_intermediate=1536,
+        draft_num_heads=32,
+        draft_num_kv_heads=8,
+        draft_head_dim=128,
+        drafter_batch=32,
+        anchors_per_seq=32,
+        loss_gamma=7.0,
+        drafter_time_cap_s=200.0,
+        crosscheck_prompts=0,
+        reference_speculative_tokens=(7,),
+        min_target_margin=1.0,
+        min_acceptance_length=3.0,
+        floor_speculative_tokens=7,
+        wall_budget_s=840.0,
+        reserve_s=150.0,
+    ),
 }
+# The hybrid recipe at CPU size: every stage, the floors' code paths with floors of zero.
+PRESETS["hybrid-smoke"] = replace(
+    PRESETS["smoke"],
+    arch="hybrid",
+    target_layers=8,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_head_dim=16,
+    drafter_layer_types=("sliding_attention", "full_attention"),
+    target_layer_ids=(1, 3, 5),
+    block_size=8,
+    draft_num_heads=4,
+    draft_num_kv_heads=2,
+    draft_head_dim=32,
+    reference_speculative_tokens=(3,),
+    floor_speculative_tokens=3,
+    crosscheck_prompts=0,
+)
 
 
 def _convert(raw: str, annotation: Any) -> Any:
@@ -218,3 +336,10 @@ def recipe_digest(cfg: RecipeConfig, corpus_digest: str, code_digest: str) -> st
         h.update(part.encode("utf-8"))
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+#: ``--arch``'s presets: the GPU recipe and its CPU-sized smoke, per architecture.
+ARCH_PRESETS = {
+    "qwen3": {"full": "full", "smoke": "smoke"},
+    "hybrid": {"full": "hybrid", "smoke": "hybrid-smoke"},
+}

@@ -20,28 +20,30 @@ import torch
 from dflash.model import DFlashDraftModel, _draft_value, _output_head, _raw_input_embeddings
 from torch import nn
 from torch.nn import functional as F
-from transformers import Qwen3Config
+from transformers import PretrainedConfig, Qwen3Config
 
 from ..errors import TrainingError
 from .common import Budget, Log, lr_factor
 from .config import RecipeConfig
-from .target import TrainResult
+from .target import TrainResult, text_config
 from .torchutil import amp, eval_mode, make_adamw, set_lr
 
 
-def drafter_config(cfg: RecipeConfig, target: Qwen3Config, mask_token_id: int) -> Qwen3Config:
-    """The drafter's Qwen3Config in the reference checkpoint's shape (hybrid SWA, dflash_config)."""
+def drafter_config(cfg: RecipeConfig, target: PretrainedConfig, mask_token_id: int) -> Qwen3Config:
+    """The drafter's Qwen3Config in the reference checkpoint's shape (hybrid SWA, dflash_config),
+    its attention heads the recipe's ``draft_*`` settings where set, else the target's."""
+    text = text_config(target)
     layers = len(cfg.drafter_layer_types)
     return Qwen3Config(
-        vocab_size=target.vocab_size,
-        hidden_size=target.hidden_size,
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
         intermediate_size=cfg.drafter_intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=target.max_position_embeddings,
-        rms_norm_eps=target.rms_norm_eps,
+        num_attention_heads=cfg.draft_num_heads or cfg.num_heads,
+        num_key_value_heads=cfg.draft_num_kv_heads or cfg.num_kv_heads,
+        head_dim=cfg.draft_head_dim or cfg.head_dim,
+        max_position_embeddings=text.max_position_embeddings,
+        rms_norm_eps=text.rms_norm_eps,
         tie_word_embeddings=False,
         layer_types=list(cfg.drafter_layer_types),
         sliding_window=cfg.sliding_window,
@@ -49,7 +51,7 @@ def drafter_config(cfg: RecipeConfig, target: Qwen3Config, mask_token_id: int) -
         use_sliding_window=True,
         max_window_layers=layers,
         architectures=["DFlashDraftModel"],
-        num_target_layers=target.num_hidden_layers,
+        num_target_layers=text.num_hidden_layers,
         block_size=cfg.block_size,
         dflash_config={
             "target_layer_ids": list(cfg.target_layer_ids),

@@ -16,7 +16,7 @@ from torch import nn
 
 from .common import Log
 from .drafter import DrafterData
-from .target import features_and_greedy, greedy_generate
+from .target import features_and_greedy, greedy_generate, text_config
 from .tokenizer import EOT_ID
 
 
@@ -70,7 +70,7 @@ def build_drafter_data(
     capped = done < count
     count = done
     tokens = tokens[:count]
-    width = len(layer_ids) * int(target.config.hidden_size)
+    width = len(layer_ids) * int(text_config(target.config).hidden_size)
     features = torch.empty((count, seq_len, width), dtype=torch.bfloat16, device=device)
     greedy = torch.empty((count, seq_len), dtype=torch.long, device=device)
     for start in range(0, count, feature_batch):

@@ -7,6 +7,7 @@ time is spent.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from ..errors import TrainingError
 from .common import Log
 from .config import RecipeConfig
 from .drafter import build_drafter, check_equivalence, drafter_config
+from .hybrid import FULL_ATTENTION_INTERVAL
 from .reference_accept import dflash_loop_supported, dflash_run, minimal_run
 from .target import build_target, target_config
 from .torchutil import cast_parameters
@@ -27,19 +29,27 @@ def preflight(cfg: RecipeConfig, device: torch.device, log: Log) -> dict[str, An
     Returns the equivalence error and the loops' agreement; raises if the
     multi-block forward does not reproduce the reference forward.
     """
-    tiny = RecipeConfig(
+    # The recipe's architecture and layer ids at toy width: a hybrid target needs a
+    # gated attention layer for each drafter layer (RecipeConfig.validate).
+    layers = max(cfg.target_layer_ids) + 2
+    if cfg.arch == "hybrid":
+        layers = max(layers, FULL_ATTENTION_INTERVAL * len(cfg.drafter_layer_types))
+    tiny = replace(
+        cfg,
         vocab_size=256,
-        target_layers=max(cfg.target_layer_ids) + 2,
+        target_layers=layers,
         hidden_size=64,
         target_intermediate=128,
         num_heads=2,
         num_kv_heads=1,
-        head_dim=cfg.head_dim,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_head_dim=16,
+        draft_num_heads=4 if cfg.draft_num_heads else 0,
+        draft_num_kv_heads=2 if cfg.draft_num_kv_heads else 0,
+        draft_head_dim=cfg.draft_head_dim // 4 if cfg.draft_head_dim else 0,
         max_position_embeddings=512,
-        drafter_layer_types=cfg.drafter_layer_types,
         sliding_window=min(cfg.sliding_window, 8),
-        target_layer_ids=cfg.target_layer_ids,
-        block_size=cfg.block_size,
         drafter_intermediate=128,
     )
     tconf = target_config(tiny, tiny.vocab_size)
@@ -63,7 +73,7 @@ def preflight(cfg: RecipeConfig, device: torch.device, log: Log) -> dict[str, An
     if not diff_bf16 < 1.0:
         raise TrainingError(f"preflight: in bf16 the multi-block forward differs by {diff_bf16}")
     prompt = torch.randint(2, 256, (24,), generator=gen).tolist()
-    supported = dflash_loop_supported()
+    supported = dflash_loop_supported(cfg.arch)
     minimal = minimal_run(target, drafter, prompt, 12)
     agree = None
     if supported:
@@ -71,8 +81,10 @@ def preflight(cfg: RecipeConfig, device: torch.device, log: Log) -> dict[str, An
         agree = ref.output_ids == minimal.output_ids
     else:
         log(
-            "preflight: this transformers lacks DynamicCache.activate_past_recording; "
-            "the reference acceptance will use the minimal uncached loop"
+            "preflight: dflash_generate cannot run here (a hybrid target's recurrent state "
+            "cannot be cut back, or this transformers lacks "
+            "DynamicCache.activate_past_recording); the reference acceptance will use the "
+            "minimal uncached loop"
         )
     log(
         f"preflight: multi-block vs reference forward max |diff| {diff:.2e} "

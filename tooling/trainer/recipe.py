@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import EnvironmentProblem, TrainingError
+from ..errors import EnvironmentProblem, TrainingError, TrainSettingsError
 from ..paths import CacheLayout, default_cache_dir
 from .api import TrainedPair, TrainRequest
 from .common import Log, sha256_file, write_json
@@ -157,9 +157,18 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
     )
     export = request.export
     if final.complete() and not request.force:
-        log(f"cached: {final.root} (pass --force to retrain)")
-        _export(final, export)
-        return TrainedPair.from_summary(json.loads(final.summary.read_text()), cached=True)
+        summary = json.loads(final.summary.read_text())
+        if summary.get("recipe_digest") == digest:
+            log(f"cached: {final.root} (pass --force to retrain)")
+            _export(final, export)
+            return TrainedPair.from_summary(summary, cached=True)
+        if request.out_dir is not None:
+            # The user's folder holds another recipe's pair: neither reused nor replaced.
+            raise TrainSettingsError(
+                f"--out-dir {final.root}: holds the pair of recipe "
+                f"{summary.get('recipe_digest')}, not this recipe's {digest} "
+                "(pass --force to replace it)"
+            )
     _require_packages()
     work = RunPaths(final.root.parent / f".{final.root.name}.tmp-{os.getpid()}")
     shutil.rmtree(work.root, ignore_errors=True)
@@ -209,6 +218,7 @@ def _train_into(
     import numpy as np
     import torch
 
+    from .checked import engine_settings, lossless_prompts
     from .checkpoints import check_saved, load_drafter, load_target, same_weights
     from .drafter import (
         build_drafter,
@@ -219,7 +229,7 @@ def _train_into(
     )
     from .drafter_data import build_drafter_data, sample_windows
     from .preflight import preflight
-    from .reference_accept import reference_summary, select_prompts
+    from .reference_accept import quality_floors, reference_summary, select_prompts
     from .target import build_target, eval_loss, target_config, train_target
     from .tokenizer import (
         EOT_ID,
@@ -253,7 +263,9 @@ def _train_into(
 
     # Tokenizer: trained on the target's training split only.
     train_files = corpus.of_split(TRAIN)
-    tok = train_tokenizer((f.text for f in train_files), cfg.vocab_size)
+    tok = train_tokenizer(
+        (f.text for f in train_files), cfg.vocab_size, qwen3_5=cfg.arch == "hybrid"
+    )
     if tok.get_vocab_size() > cfg.vocab_size:
         raise TrainingError(f"tokenizer has {tok.get_vocab_size()} tokens > {cfg.vocab_size}")
     docs = encode_texts(tok, [f.text for f in corpus.files])
@@ -326,6 +338,11 @@ def _train_into(
             for p in prompts
         ],
     }
+    engine = engine_settings(cfg.max_position_embeddings)
+    checked = lossless_prompts(streams[HELDOUT], cfg.speculative_tokens, engine, cfg.seed + 505)
+    prompts_doc["speculative_tokens"] = list(cfg.speculative_tokens)
+    prompts_doc["engine"] = engine
+    prompts_doc["lossless"] = [c.to_json() for c in checked]
     write_json(work.prompts, prompts_doc)
 
     # Drafter data: the target's greedy continuations (half from files it never saw).
@@ -398,6 +415,7 @@ def _train_into(
     rt, rd = target, drafter
     reference = reference_summary(cfg, rt, rd, prompts, device, log)
     write_json(work.reference, reference.pop("document"))
+    floors = quality_floors(cfg, rt, reference, checked, log)
     lap("reference")
 
     return {
@@ -450,6 +468,7 @@ def _train_into(
         },
         "reload": reload_info,
         "reference": reference,
+        "floors": floors,
         "weights_sha256": {
             "target": sha256_file(work.target / "model.safetensors"),
             "drafter": sha256_file(work.drafter / "model.safetensors"),
@@ -481,7 +500,9 @@ def digest_info(cfg: RecipeConfig, with_tokenizer: bool) -> dict[str, Any]:
     if with_tokenizer:
         from .tokenizer import tokenizer_digest, train_tokenizer
 
-        tok = train_tokenizer((f.text for f in corpus.of_split(TRAIN)), cfg.vocab_size)
+        tok = train_tokenizer(
+            (f.text for f in corpus.of_split(TRAIN)), cfg.vocab_size, qwen3_5=cfg.arch == "hybrid"
+        )
         out["tokenizer_digest"] = tokenizer_digest(tok)
         out["tokenizer_vocab_size"] = tok.get_vocab_size()
     return out

@@ -36,6 +36,8 @@ from dflash.model import (
 )
 from torch import nn
 
+from ..errors import TrainingError
+from .checked import CheckedPrompt
 from .common import Log
 from .config import RecipeConfig
 from .corpus import SourceFile
@@ -97,11 +99,13 @@ class PromptRun:
     time_s: float = 0.0
 
 
-def dflash_loop_supported() -> bool:
-    """Whether the installed transformers has what ``dflash_generate`` calls."""
+def dflash_loop_supported(arch: str = "qwen3") -> bool:
+    """Whether ``dflash_generate`` can run: the installed transformers has what it calls, and
+    the target's cache can be cut back to the accepted tokens, which a Gated DeltaNet's
+    recurrent state cannot (a hybrid target is measured with ``minimal_run``)."""
     from transformers import DynamicCache
 
-    return hasattr(DynamicCache, "activate_past_recording")
+    return arch != "hybrid" and hasattr(DynamicCache, "activate_past_recording")
 
 
 @contextlib.contextmanager
@@ -174,16 +178,21 @@ def dflash_run(
 
 @torch.inference_mode()
 def minimal_run(
-    target: nn.Module, drafter: DFlashDraftModel, prompt: list[int], max_new: int
+    target: nn.Module,
+    drafter: DFlashDraftModel,
+    prompt: list[int],
+    max_new: int,
+    block_size: int | None = None,
 ) -> PromptRun:
     """One prompt through ``dflash_generate``'s greedy algorithm, recomputed without caches.
 
     Each step runs the drafter on the target's features for every position
     before the block and the block ``[last token, mask, ...]``, then verifies with
     a full target forward; features of accepted tokens come from that forward.
+    ``block_size`` (default: the drafter's) is K + 1, as vLLM drafts K tokens a step.
     """
     device = target.device
-    bs = int(drafter.block_size)
+    bs = int(block_size or drafter.block_size)
     mask_id = int(drafter.mask_token_id)
     layer_ids = list(drafter.target_layer_ids)
     scale = float(_draft_value(drafter.config, "input_embedding_scale", 1.0))
@@ -294,18 +303,33 @@ def measure(
     prompts: list[list[int]],
     max_new: int,
     loop: str = "auto",
+    arch: str = "qwen3",
+    speculative_tokens: int | None = None,
 ) -> AcceptanceReport:
     """Speculative-decode every prompt and report acceptance.
 
-    ``loop`` is ``"dflash"``, ``"minimal"`` or ``"auto"`` (dflash's own loop when the
-    installed transformers supports it).
+    ``loop`` is ``"dflash"``, ``"minimal"`` or ``"auto"`` (dflash's own loop where it can
+    run, ``dflash_loop_supported``). ``speculative_tokens`` other than the drafter's
+    block size - 1 needs the minimal loop, which drafts blocks of any size.
     """
+    block = int(drafter.block_size)
+    bs = block if speculative_tokens is None else speculative_tokens + 1
     if loop == "auto":
-        loop = "dflash" if dflash_loop_supported() else "minimal"
-    run = dflash_run if loop == "dflash" else minimal_run
-    runs = [run(target, drafter, p, max_new) for p in prompts]
+        loop = "dflash" if dflash_loop_supported(arch) and bs == block else "minimal"
+    if loop == "dflash":
+        runs = [dflash_run(target, drafter, p, max_new) for p in prompts]
+    else:
+        runs = [minimal_run(target, drafter, p, max_new, bs) for p in prompts]
     name = DFLASH_LOOP if loop == "dflash" else MINIMAL_LOOP
-    return summarise(runs, name, max_new, int(drafter.block_size))
+    return summarise(runs, name, max_new, bs)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def reference_summary(
@@ -321,13 +345,21 @@ def reference_summary(
     Returns the summary; its ``document`` entry is the per-prompt file's content.
     """
     ids = [p.token_ids for p in prompts]
-    report = measure(target, drafter, ids, cfg.max_new_tokens, loop="auto")
-    log(
-        f"reference ({report.loop}): mean acceptance length "
-        f"{report.mean_acceptance_length:.3f}, per position "
-        + ", ".join(f"{x:.3f}" for x in report.acceptance_per_position)
+    reports = {
+        k: measure(target, drafter, ids, cfg.max_new_tokens, arch=cfg.arch, speculative_tokens=k)
+        for k in cfg.speculative_tokens
+    }
+    report = reports[cfg.block_size - 1]
+    for k, r in reports.items():
+        log(
+            f"reference ({r.loop}, K={k}): mean acceptance length "
+            f"{r.mean_acceptance_length:.3f}, per position "
+            + ", ".join(f"{x:.3f}" for x in r.acceptance_per_position)
+        )
+    plain, margins = greedy_generate(
+        target, torch.tensor(ids, device=device), cfg.max_new_tokens, with_margins=True
     )
-    plain = greedy_generate(target, torch.tensor(ids, device=device), cfg.max_new_tokens).tolist()
+    plain = plain.tolist()
     lossless = sum(r.output_ids == g for r, g in zip(report.runs, plain, strict=True))
     cross = [
         minimal_run(target, drafter, p, cfg.max_new_tokens) for p in ids[: cfg.crosscheck_prompts]
@@ -342,17 +374,20 @@ def reference_summary(
                 "id": p.id,
                 "output_ids": r.output_ids,
                 "plain_greedy_ids": g,
+                "plain_greedy_margins": m,
                 "acceptance_lengths": r.produced,
                 "drafted_per_step": r.drafted,
                 "accepted_per_step": r.accepted,
                 "eot_in_output": EOT_ID in r.output_ids,
             }
-            for p, r, g in zip(prompts, report.runs, plain, strict=True)
+            for p, r, g, m in zip(prompts, report.runs, plain, margins.tolist(), strict=True)
         ],
     }
     out = report.summary()
     out.update(
         {
+            "by_speculative_tokens": {str(k): r.summary() for k, r in reports.items()},
+            "plain_greedy_margins": margins.flatten().tolist(),
             "plain_greedy_equal": lossless,
             "crosscheck_minimal_loop": {
                 "prompts": len(cross),
@@ -376,3 +411,52 @@ def run_accept_len(run: PromptRun) -> float:
     """One prompt's mean acceptance length, vLLM's way."""
     drafts = sum(1 for d in run.drafted if d > 0)
     return 1.0 + sum(run.accepted) / max(drafts, 1)
+
+
+def quality_floors(
+    cfg: RecipeConfig,
+    target: nn.Module,
+    reference: dict[str, Any],
+    checked: list[CheckedPrompt],
+    log: Log,
+) -> dict[str, Any]:
+    """The recipe's floors, measured: the target's median top-2 logit margin over its greedy
+    choices on every prompt the acceptance table and the lossless check serve, and the
+    reference's acceptance length at ``floor_speculative_tokens``. Raises TrainingError,
+    naming the figure, when one falls short; returns the figures otherwise."""
+    device = next(target.parameters()).device
+    margins = list(reference["plain_greedy_margins"])
+    for prompt in checked:
+        _, m = greedy_generate(
+            target,
+            torch.tensor([prompt.token_ids], device=device),
+            prompt.max_new_tokens,
+            with_margins=True,
+        )
+        margins += m.flatten().tolist()
+    figures: dict[str, Any] = {
+        "target_median_margin": median(margins),
+        "target_margin_positions": len(margins),
+        "target_positions_within_2e-7": sum(1 for m in margins if m <= 2**-7),
+        "min_target_margin": cfg.min_target_margin,
+    }
+    k = cfg.floor_speculative_tokens
+    if k:
+        by_k = reference["by_speculative_tokens"][str(k)]
+        figures.update(
+            floor_speculative_tokens=k,
+            acceptance_length=by_k["mean_acceptance_length"],
+            min_acceptance_length=cfg.min_acceptance_length,
+        )
+    log(f"floors: {figures}")
+    if figures["target_median_margin"] < cfg.min_target_margin:
+        raise TrainingError(
+            f"target: median top-2 logit margin {figures['target_median_margin']:.3f} over "
+            f"{len(margins)} greedy positions is below the floor {cfg.min_target_margin}"
+        )
+    if k and figures["acceptance_length"] < cfg.min_acceptance_length:
+        raise TrainingError(
+            f"drafter: reference mean acceptance length {figures['acceptance_length']:.3f} at "
+            f"K={k} is below the floor {cfg.min_acceptance_length}"
+        )
+    return figures

@@ -1,4 +1,5 @@
-"""The target: a small transformers Qwen3ForCausalLM trained on the corpus.
+"""The target: a small transformers model trained on the corpus, attention-only
+(``Qwen3ForCausalLM``) or of the seed's hybrid family (``Qwen3_5ForConditionalGeneration``).
 
 Also the target-side tools the drafter needs: greedy continuations and the
 context features (HF ``hidden_states[id + 1]``, the reference's reading).
@@ -8,21 +9,40 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from dflash.model import extract_context_feature
+from torch import nn
 from torch.nn import functional as F
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import PretrainedConfig, Qwen3Config, Qwen3ForCausalLM
 
 from ..errors import TrainingError
 from .common import Budget, Log, lr_factor
 from .config import RecipeConfig
+from .hybrid import hybrid_config
 from .tokenizer import EOT_ID
 from .torchutil import amp, eval_mode, make_adamw, set_lr
 
 
-def target_config(cfg: RecipeConfig, vocab_size: int) -> Qwen3Config:
-    """The target's Qwen3Config: full attention everywhere, untied head."""
+def target_config(cfg: RecipeConfig, vocab_size: int) -> PretrainedConfig:
+    """The target's config: Qwen3 with full attention everywhere, or the hybrid Qwen3.5; the
+    head is untied in both."""
+    if cfg.arch == "hybrid":
+        from transformers import Qwen3_5Config
+
+        return Qwen3_5Config(
+            **hybrid_config(
+                vocab_size=vocab_size,
+                hidden_size=cfg.hidden_size,
+                intermediate_size=cfg.target_intermediate,
+                layers=cfg.target_layers,
+                attention=(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+                linear=(cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_head_dim),
+                max_position_embeddings=cfg.max_position_embeddings,
+                eos_token_id=EOT_ID,
+            )
+        )
     return Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
@@ -41,11 +61,21 @@ def target_config(cfg: RecipeConfig, vocab_size: int) -> Qwen3Config:
     )
 
 
-def build_target(config: Qwen3Config, seed: int, device: torch.device) -> Qwen3ForCausalLM:
+def build_target(config: PretrainedConfig, seed: int, device: torch.device) -> nn.Module:
     """A freshly initialised target (fp32 master weights) on ``device``."""
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    if isinstance(config, Qwen3Config):
+        model: nn.Module = Qwen3ForCausalLM(config)
+    else:
+        from transformers import Qwen3_5ForConditionalGeneration
+
+        model = Qwen3_5ForConditionalGeneration(config)
     return model.to(device)
+
+
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The language model's config (a multimodal config holds it as ``text_config``)."""
+    return getattr(config, "text_config", None) or config
 
 
 class WindowSampler:
@@ -97,7 +127,7 @@ class TrainResult:
 
 
 def train_target(
-    model: Qwen3ForCausalLM, stream: torch.Tensor, cfg: RecipeConfig, log: Log
+    model: nn.Module, stream: torch.Tensor, cfg: RecipeConfig, log: Log
 ) -> TrainResult:
     """Train on windows of ``stream`` (a 1-D token tensor on the model's device).
 
@@ -157,7 +187,7 @@ def train_target(
 
 @torch.inference_mode()
 def eval_loss(
-    model: Qwen3ForCausalLM, stream: torch.Tensor, seq_len: int, max_tokens: int, batch: int
+    model: nn.Module, stream: torch.Tensor, seq_len: int, max_tokens: int, batch: int
 ) -> float:
     """Mean next-token loss (nats) over evenly spread windows of ``stream``."""
     total_windows = (stream.numel() - 1) // seq_len
@@ -186,27 +216,39 @@ def eval_loss(
 
 @torch.inference_mode()
 def greedy_generate(
-    model: Qwen3ForCausalLM, prompts: torch.Tensor, new_tokens: int
-) -> torch.Tensor:
+    model: nn.Module, prompts: torch.Tensor, new_tokens: int, with_margins: bool = False
+) -> Any:
     """The target's greedy continuation (``new_tokens`` ids per row) of equal-length prompts.
 
     A plain KV-cached loop, without ``generate``'s stopping rules: it never stops at EOT.
+    ``with_margins``: also each choice's top-2 logit margin (float32, same shape), what a
+    lossless comparison needs to tell a near-tie from a wrong token.
     """
+    produced: list[torch.Tensor] = []
+    margins: list[torch.Tensor] = []
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
+        if with_margins:
+            top = logits.float().topk(2, dim=-1).values
+            margins.append(top[:, 0] - top[:, 1])
+        nxt = logits.argmax(-1)
+        produced.append(nxt)
+        return nxt
+
     with eval_mode(model):
         out = model(input_ids=prompts, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
-        nxt = out.logits[:, -1].argmax(-1)
-        produced = [nxt]
+        nxt = choose(out.logits[:, -1])
         for _ in range(new_tokens - 1):
             out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True)
-            nxt = out.logits[:, -1].argmax(-1)
-            produced.append(nxt)
-    return torch.stack(produced, dim=1)
+            nxt = choose(out.logits[:, -1])
+    tokens = torch.stack(produced, dim=1)
+    return (tokens, torch.stack(margins, dim=1)) if with_margins else tokens
 
 
 @torch.inference_mode()
 def features_and_greedy(
-    model: Qwen3ForCausalLM, ids: torch.Tensor, layer_ids: list[int]
+    model: nn.Module, ids: torch.Tensor, layer_ids: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Context features and the target's argmax at every position of ``ids`` (one forward).
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..errors import TrainingError
 
@@ -23,12 +23,30 @@ MASK = "<|mask|>"
 SPECIAL_TOKENS = (EOT, MASK)
 EOT_ID = 0
 MASK_ID = 1
+#: Qwen3.5's split before byte-level BPE. transformers loads a ``qwen3_5`` model's tokenizer
+#: as its own ``Qwen3_5Tokenizer``, which keeps the vocabulary and merges of
+#: tokenizer.json but normalizes (NFC) and splits this way: a hybrid target's tokenizer is
+#: trained so, and encodes alike whichever class loads it.
+QWEN3_5_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"""
+    r""" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer with at most ``vocab_size`` tokens, specials at ids 0 and 1."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, qwen3_5: bool = False) -> Tokenizer:
+    """A byte-level BPE tokenizer with at most ``vocab_size`` tokens, specials at ids 0 and 1;
+    ``qwen3_5``: with Qwen3.5's normalizer and split (``QWEN3_5_SPLIT``)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if qwen3_5:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN3_5_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
