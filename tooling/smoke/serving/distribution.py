@@ -128,30 +128,12 @@ class RunningCounter:
         scheduler_cls.schedule = scheduled
 
 
-def run(request: DistributionRequest) -> dict[str, Any]:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import vllm
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.v1.core.sched.scheduler import Scheduler
+def start_engine(request: DistributionRequest) -> tuple[Any, float]:
+    """The request's engine, in this process, and the seconds it took to start."""
+    from vllm import LLM
 
-    every = [
-        *request.alone,
-        *(p for w in request.staggered for p in w.prompts),
-        *request.concurrent,
-    ]
-    ids = {p.name: p.token_ids(request.vocab_size) for p in every}
-    if len(ids) != len(every) or len({tuple(v) for v in ids.values()}) != len(every):
-        raise ValueError("prompt names and token ids must be distinct")
-    recorder = ProposalRecorder(prompt_index={tuple(v): i for i, v in enumerate(ids.values())})
-    names = list(ids)
-    running = RunningCounter()
-    running.install(Scheduler)
     optional: dict[str, Any] = {}
     if request.drafter is not None:
-        from vllm.v1.spec_decode.dflash import DFlashProposer
-
-        install_recorder(DFlashProposer, recorder)
         optional["speculative_config"] = {
             "method": "dflash",
             "model": request.drafter,
@@ -179,7 +161,33 @@ def run(request: DistributionRequest) -> dict[str, Any]:
         **optional,
         **request.engine_args,
     )
-    startup_s = time.monotonic() - started
+    return llm, time.monotonic() - started
+
+
+def run(request: DistributionRequest) -> dict[str, Any]:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import vllm
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    every = [
+        *request.alone,
+        *(p for w in request.staggered for p in w.prompts),
+        *request.concurrent,
+    ]
+    ids = {p.name: p.token_ids(request.vocab_size) for p in every}
+    if len(ids) != len(every) or len({tuple(v) for v in ids.values()}) != len(every):
+        raise ValueError("prompt names and token ids must be distinct")
+    recorder = ProposalRecorder(prompt_index={tuple(v): i for i, v in enumerate(ids.values())})
+    names = list(ids)
+    running = RunningCounter()
+    running.install(Scheduler)
+    if request.drafter is not None:
+        from vllm.v1.spec_decode.dflash import DFlashProposer
+
+        install_recorder(DFlashProposer, recorder)
+    llm, startup_s = start_engine(request)
     engine = llm.llm_engine
     recorder.runner = engine.model_executor.driver_worker.worker.model_runner
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The trained hybrid pair on one GPU host (tooling/smoke/trained_pair.py says what is judged).
+#   trained-hybrid.sh train   start the recipe (tooling train --arch hybrid) in its own session
+#   trained-hybrid.sh wait    wait for it (at most WAIT_S seconds, default 540)
+#   trained-hybrid.sh CALL    the engines of one call (1: the largest K with the plain engine
+#                             and the speed figures; 2: the next K), all at once on one GPU,
+#                             each with its own compile cache and a fixed KV cache; then the
+#                             report of every call so far.
+# Needs host-setup.sh's installs ($ENGINES/patched, stock and the no-<patch> ablations of
+# trained_pair.ABLATED). Writes $OUT/trained-CALL.tar.gz and $OUT/trained-report-CALL.txt.
+# TIME_LIMIT (seconds, default 540) bounds each engine process.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/env.sh"
+step=${1:?usage: trained-hybrid.sh train|wait|CALL}
+cd "$here/../.." || exit 1
+pair=$WORK/hybrid-pair
+runs=$WORK/trained
+case $step in
+  train)
+    mkdir -p "$WORK"
+    PYTHONPATH=$SITE setsid nohup python3 -m tooling.trainer train --arch hybrid \
+      --out-dir "$pair" --export "$WORK/train-out" > "$WORK/train-hybrid.log" 2>&1 < /dev/null &
+    echo "training started (pid $!), log $WORK/train-hybrid.log"
+    exit 0 ;;
+  wait)
+    limit=${WAIT_S:-540}
+    while pgrep -f "tooling.trainer train --arch hybrid" > /dev/null && [ "$limit" -gt 0 ]; do
+      sleep 5; limit=$((limit - 5))
+    done
+    grep -v '^\[transformers\]' "$WORK/train-hybrid.log" | tail -25
+    [ -n "${OUT:-}" ] && cp -r "$WORK/train-out" "$OUT/" 2>/dev/null
+    [ -f "$pair/summary.json" ] || { echo "no trained pair (yet)"; exit 1; }
+    du -sh "$pair"
+    exit 0 ;;
+esac
+call=$step
+: "${OUT:?}"
+limit=${TIME_LIMIT:-540}
+mkdir -p "$runs"
+PYTHONPATH=$SITE python3 -m tooling.smoke.trained_pair plan "$pair" "$runs" > "$runs/variants.txt" || exit 1
+start=$(date +%s)
+while read -r name site variant_call; do
+  [ "$variant_call" = "$call" ] || continue
+  VLLM_CACHE_ROOT=$WORK/vllm-cache-trained-$name PYTHONPATH=$ENGINES/$site:$SITE \
+    timeout --kill-after=15 "$limit" python3 -m tooling.smoke.serving.trained_run \
+    "$runs/$name.in.json" "$runs/$name.out.json" > "$runs/$name.log" 2>&1 &
+done < "$runs/variants.txt"
+wait
+echo "call $call: engines done in $(( $(date +%s) - start ))s"
+PYTHONPATH=$SITE python3 -m tooling.smoke.trained_pair report "$pair" "$runs" --through-call "$call" \
+  > "$OUT/trained-report-$call.txt"
+rc=$?
+cat "$OUT/trained-report-$call.txt"
+tar -czf "$OUT/trained-$call.tar.gz" -C "$WORK" trained train-out
+exit $rc

@@ -1,0 +1,170 @@
+"""The trained hybrid pair's GPU verdicts, judged here on results of the engine's own shape.
+
+The engine side (``tooling.smoke.serving.trained_run``) needs a GPU; these tests give the
+judge the JSON that side writes and check that each verdict can fail.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tooling.smoke import trained_pair as tp
+
+K = 15
+LOSSLESS = [f"k{K}-len{K}", f"k{K}-len{K + 1}", f"k{K}-len{K + 2}", "prefix-a", "to-max-model-len"]
+
+
+def _pair(tmp: Path, reference_length: float = 5.0) -> Path:
+    pair = tmp / "pair"
+    pair.mkdir(parents=True)
+    prompts = {
+        "prompts": [{"token_ids": [5, 6, 7]}, {"token_ids": [8, 9, 10]}],
+        "max_new_tokens": 4,
+        "speculative_tokens": [K],
+        "engine": {"max_model_len": 64, "max_num_batched_tokens": 32, "max_num_seqs": 64},
+        "lossless": [{"name": n, "token_ids": [1, 2], "max_new_tokens": 4} for n in LOSSLESS],
+    }
+    (pair / "prompts.json").write_text(json.dumps(prompts))
+    summary = {
+        "reference": {
+            "by_speculative_tokens": {
+                str(K): {"mean_acceptance_length": reference_length, "acceptance_per_position": []}
+            }
+        }
+    }
+    (pair / "summary.json").write_text(json.dumps(summary))
+    return pair
+
+
+def _completion(tokens: list[int], margin: float = 3.0) -> dict:
+    # The chosen token leads the next best by ``margin`` at every position.
+    return {
+        "tokens": tokens,
+        "logprobs": [{str(t): -0.1, "999": -0.1 - margin} for t in tokens],
+        "finish_reason": "length",
+    }
+
+
+def _result(name: str, k: int, lossless: dict, accepted: int = 40, drafts: int = 10) -> dict:
+    spec = {
+        f"{tp.SPEC}num_drafts": drafts,
+        f"{tp.SPEC}num_draft_tokens": drafts * k,
+        f"{tp.SPEC}num_accepted_tokens": accepted,
+        f"{tp.SPEC}num_accepted_tokens_per_pos": [drafts] * 4 + [0] * (k - 4),
+    }
+    outputs = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    speed = {
+        str(c): [{"seconds": 2.0, "tokens": 100 * c, "most_running": c}]
+        + [{"seconds": 1.0 if k else 3.0, "tokens": 100 * c, "most_running": c}] * 2
+        for c in tp.SPEED_CONCURRENCY
+    }
+    return {
+        "ok": True,
+        "name": name,
+        "startup_s": 100.0,
+        "cudagraph_mode": "FULL_AND_PIECEWISE",
+        "num_speculative_tokens": k,
+        "lossless": lossless,
+        "acceptance": {
+            str(c): {"outputs": outputs, "spec": spec if k else {}, "most_running": c}
+            for c in tp.ACCEPTANCE_CONCURRENCY
+        },
+        "speed": speed if name in ("plain", f"patched-k{K}") else {},
+    }
+
+
+def _run(
+    tmp: Path,
+    stock_lossless: dict | None = None,
+    patched_lossless: dict | None = None,
+    patched_accepted: int = 40,
+) -> tuple[str, bool]:
+    pair = _pair(tmp)
+    work = tmp / "work"
+    chosen = tp.plan(pair, work)
+    clean = {n: _completion([10, 11, 12, 13]) for n in LOSSLESS}
+    garbage = dict(clean)
+    garbage[f"k{K}-len{K + 1}"] = _completion([77, 78, 79, 80])
+    for v in chosen:
+        if v.name == tp.PLAIN:
+            result = _result(v.name, 0, clean)
+        elif v.site == "stock":
+            result = _result(v.name, v.k, stock_lossless if stock_lossless is not None else garbage)
+        elif v.site == "patched":
+            result = _result(v.name, v.k, patched_lossless or clean, accepted=patched_accepted)
+        else:
+            result = _result(v.name, v.k, clean)
+        (work / f"{v.name}.out.json").write_text(json.dumps(result))
+    return tp.report(pair, work)
+
+
+def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: Path) -> None:
+    pair = _pair(tmp_path)
+    chosen = tp.plan(pair, tmp_path / "work")
+    names = [v.name for v in chosen]
+    assert names[0] == "plain" and f"stock-k{K}" in names
+    assert {f"no-{p}-k{K}" for p in tp.ABLATED} <= set(names)
+    request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
+    assert request["engine"]["num_speculative_tokens"] == K
+    assert request["engine"]["drafter"].endswith("drafter")
+    assert [p["name"] for p in request["lossless"]] == LOSSLESS
+    assert request["speed"]["concurrency"] == list(tp.SPEED_CONCURRENCY)
+    assert request["barrier_count"] == len(chosen)
+    plain = json.loads((tmp_path / "work" / "plain.in.json").read_text())
+    assert plain["engine"]["drafter"] is None and plain["speed"] is not None
+
+
+def test_report_passes_when_fixed_is_lossless_and_stock_fails_on_k_plus_1(tmp_path: Path) -> None:
+    text, ok = _run(tmp_path)
+    assert ok, text
+    assert f"| stock-k{K} | FAIL |" in text and f"k{K}-len{K + 1} @ 0: 3.0000" in text
+    assert f"| patched-k{K} | pass |" in text
+    # Speed: 100 tokens/s per request plain (3 s passes), 300 with the drafter (1 s).
+    assert "| 16 | 533 | 1600 | 3.00 |" in text
+
+
+def test_a_difference_at_a_near_tie_is_excused_and_listed_a_larger_one_fails(
+    tmp_path: Path,
+) -> None:
+    def differing(margin: float) -> dict:
+        out = {n: _completion([10, 11, 12, 13]) for n in LOSSLESS}
+        out["prefix-a"] = _completion([10, 11, 99, 98])
+        return out
+
+    tie = tp.TIE_MARGIN
+    plain = {n: _completion([10, 11, 12, 13], margin=tie) for n in LOSSLESS}
+    verdict = tp.lossless(
+        "x", {"ok": True, "lossless": plain}, {"ok": True, "lossless": differing(tie)}
+    )
+    assert verdict.ok and [p.prompt for p in verdict.ties] == ["prefix-a"]
+    plain = {n: _completion([10, 11, 12, 13], margin=2 * tie) for n in LOSSLESS}
+    verdict = tp.lossless(
+        "x", {"ok": True, "lossless": plain}, {"ok": True, "lossless": differing(tie)}
+    )
+    assert not verdict.ok and verdict.failures[0].first_difference == 2
+
+
+def test_stock_passing_or_fixed_failing_is_a_failed_run(tmp_path: Path) -> None:
+    clean = {n: _completion([10, 11, 12, 13]) for n in LOSSLESS}
+    text, ok = _run(tmp_path / "a", stock_lossless=clean)
+    assert not ok and "stock passed the strict lossless check" in text
+    broken = dict(clean)
+    broken["to-max-model-len"] = _completion([10, 11, 12, 50])
+    text, ok = _run(tmp_path / "b", patched_lossless=broken)
+    assert not ok and f"patched-k{K}: strict lossless check not passed" in text
+
+
+def test_fixed_acceptance_below_the_reference_by_more_than_2_percent_fails(tmp_path: Path) -> None:
+    # 1 + 39/10 = 4.9 against the reference's 5.0 is within 2%; 1 + 37/10 = 4.7 is not.
+    assert _run(tmp_path / "a", patched_accepted=39)[1]
+    text, ok = _run(tmp_path / "b", patched_accepted=37)
+    assert not ok and "not within 2% of the reference" in text
+
+
+def test_an_engine_that_did_not_run_is_no_pass(tmp_path: Path) -> None:
+    pair = _pair(tmp_path)
+    work = tmp_path / "work"
+    tp.plan(pair, work)
+    text, ok = tp.report(pair, work)
+    assert not ok and "error: no result" in text

@@ -1,0 +1,444 @@
+"""The trained hybrid pair on vLLM engines: what each engine runs, and the verdicts.
+
+The pair is the recipe's (``tooling train --arch hybrid``): a decisive target, so a strict
+lossless check holds. ``plan`` writes one request per engine
+(``tooling.smoke.serving.trained_run`` runs it); ``judge`` reads the results back:
+
+- **strict lossless**: each checked prompt's greedy completion with the drafter equals the
+  plain engine's; a first difference is excused only where the plain run's top-2 margin is
+  at most ``TIE_MARGIN`` (a near-tie any change of batch shape may flip), and each excuse is
+  listed; the completion is not compared past it;
+- **acceptance**: vLLM's counters, one request at a time and 16 at once, beside the
+  reference package's figure at the same K;
+- **speed**: decode tokens/s with and without the drafter, as the ratio to the plain engine
+  of the same run, the first traffic of each shape apart.
+
+Standard library only; ``python -m tooling.smoke.trained_pair plan|report`` drives it on a
+GPU host (``ci/gpu/trained-hybrid.sh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: A plain run's top-2 logprob margin at or below which a differing greedy token is a tie.
+TIE_MARGIN = 2.0**-7
+#: The fixed wheel's acceptance length may fall this far below the reference's.
+REFERENCE_TOLERANCE = 0.02
+ACCEPTANCE_CONCURRENCY = (1, 16)
+SPEED_CONCURRENCY = (1, 16, 64)
+SPEED_NEW_TOKENS = 128
+GIB = 1 << 30
+SPEC = "vllm:spec_decode_"
+#: Patches whose ablations the acceptance table shows (the three that move acceptance).
+ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One engine of a run: an install (``site`` under the engines folder) and its K."""
+
+    name: str
+    site: str
+    k: int
+    call: int
+    speed: bool = False
+    kv_cache_gib: int = 8
+
+    @property
+    def drafted(self) -> bool:
+        return self.k > 0
+
+
+def variants(ks: tuple[int, ...]) -> list[Variant]:
+    """The engines, one call per K (the seed's K first), the plain engine in the first.
+
+    Speed is measured on the seed's K (the largest) against the plain engine beside it;
+    those two hold the KV cache 64 concurrent requests need (a hybrid target keeps a
+    Gated DeltaNet state per drafted position).
+    """
+    out: list[Variant] = []
+    for call, k in enumerate(sorted(ks, reverse=True), start=1):
+        if call == 1:
+            out.append(Variant(PLAIN, "patched", 0, call, speed=True, kv_cache_gib=12))
+        out.append(
+            Variant(
+                f"patched-k{k}",
+                "patched",
+                k,
+                call,
+                speed=call == 1,
+                kv_cache_gib=56 if call == 1 else 8,
+            )
+        )
+        out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call) for p in ABLATED]
+        out.append(Variant(f"stock-k{k}", "stock", k, call))
+    return out
+
+
+def plan(pair: Path, work: Path) -> list[Variant]:
+    """Write ``work/<variant>.in.json`` for every engine; return the variants."""
+    prompts = json.loads((pair / "prompts.json").read_text())
+    engine = prompts["engine"]
+    chosen = variants(tuple(prompts["speculative_tokens"]))
+    work.mkdir(parents=True, exist_ok=True)
+    for v in chosen:
+        same_call = [o for o in chosen if o.call == v.call]
+        request: dict[str, Any] = {
+            "name": v.name,
+            "engine": {
+                "target": str(pair / "target"),
+                "drafter": str(pair / "drafter") if v.drafted else None,
+                "num_speculative_tokens": v.k,
+                "vocab_size": 0,
+                "max_model_len": engine["max_model_len"],
+                "max_num_seqs": engine["max_num_seqs"],
+                "max_num_batched_tokens": engine["max_num_batched_tokens"],
+                "kv_cache_memory_bytes": v.kv_cache_gib * GIB,
+                "engine_args": {"disable_log_stats": False},
+            },
+            "lossless": prompts["lossless"],
+            "acceptance_prompts": [p["token_ids"] for p in prompts["prompts"]],
+            "acceptance_max_new_tokens": prompts["max_new_tokens"],
+            "acceptance_concurrency": list(ACCEPTANCE_CONCURRENCY),
+            "speed": (
+                {
+                    "concurrency": list(SPEED_CONCURRENCY),
+                    "max_new_tokens": SPEED_NEW_TOKENS,
+                    "lock": str(work / f"speed-{v.call}.lock"),
+                }
+                if v.speed
+                else None
+            ),
+            "barrier": str(work / f"barrier-{v.call}"),
+            "barrier_count": len(same_call),
+        }
+        (work / f"{v.name}.in.json").write_text(json.dumps(request))
+    (work / "variants.json").write_text(json.dumps([asdict(v) for v in chosen], indent=1))
+    return chosen
+
+
+# -- verdicts (pure) ---------------------------------------------------------------------------
+
+
+def top2_margin(position: dict[str, float]) -> float:
+    """The gap between the two best logprobs at one position (inf with one candidate)."""
+    best = sorted(position.values(), reverse=True)
+    return best[0] - best[1] if len(best) > 1 else float("inf")
+
+
+@dataclass
+class PromptVerdict:
+    prompt: str
+    compared: int
+    """Positions compared (up to the first difference, or all)."""
+    first_difference: int | None
+    plain_margin: float | None
+    """The plain run's top-2 margin at the first difference."""
+    tie: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.first_difference is None or self.tie
+
+
+def compare_completion(name: str, plain: dict[str, Any], drafted: dict[str, Any]) -> PromptVerdict:
+    """One checked prompt: where the drafted completion first leaves the plain one, and why."""
+    a, b = plain["tokens"], drafted["tokens"]
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            margin = top2_margin(plain["logprobs"][i]) if i < len(plain["logprobs"]) else None
+            tie = margin is not None and margin <= TIE_MARGIN
+            return PromptVerdict(name, i, i, margin, tie)
+    if len(a) != len(b):
+        return PromptVerdict(name, min(len(a), len(b)), min(len(a), len(b)), None, False)
+    return PromptVerdict(name, len(a), None, None, False)
+
+
+@dataclass
+class LosslessVerdict:
+    engine: str
+    prompts: list[PromptVerdict] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.prompts) and all(p.ok for p in self.prompts)
+
+    @property
+    def failures(self) -> list[PromptVerdict]:
+        return [p for p in self.prompts if not p.ok]
+
+    @property
+    def ties(self) -> list[PromptVerdict]:
+        return [p for p in self.prompts if p.first_difference is not None and p.tie]
+
+
+def lossless(engine: str, plain: dict[str, Any], drafted: dict[str, Any]) -> LosslessVerdict:
+    """The strict check of one drafted engine against the plain engine."""
+    if not plain.get("ok") or not drafted.get("ok"):
+        bad = plain if not plain.get("ok") else drafted
+        return LosslessVerdict(engine, error=str(bad.get("error", "no result")))
+    verdict = LosslessVerdict(engine)
+    for name, result in drafted["lossless"].items():
+        if name not in plain["lossless"]:
+            return LosslessVerdict(engine, error=f"the plain engine did not serve {name}")
+        verdict.prompts.append(compare_completion(name, plain["lossless"][name], result))
+    return verdict
+
+
+@dataclass
+class AcceptanceRow:
+    engine: str
+    k: int
+    concurrency: int
+    drafts: int
+    accepted: int
+    per_position: list[float]
+    most_running: int
+    equal_plain: int
+    prompts: int
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return 1 + self.accepted / self.drafts if self.drafts else None
+
+
+def acceptance_rows(
+    name: str, result: dict[str, Any], plain: dict[str, Any] | None
+) -> list[AcceptanceRow]:
+    rows = []
+    for level, data in result.get("acceptance", {}).items():
+        spec = data["spec"]
+        drafts = int(spec.get(f"{SPEC}num_drafts", 0))
+        per_pos = spec.get(f"{SPEC}num_accepted_tokens_per_pos", []) or []
+        plain_out = (plain or {}).get("acceptance", {}).get("1", {}).get("outputs", [])
+        rows.append(
+            AcceptanceRow(
+                engine=name,
+                k=int(result.get("num_speculative_tokens", 0)),
+                concurrency=int(level),
+                drafts=drafts,
+                accepted=int(spec.get(f"{SPEC}num_accepted_tokens", 0)),
+                per_position=[a / drafts for a in per_pos] if drafts else [],
+                most_running=int(data.get("most_running", 0)),
+                equal_plain=sum(a == b for a, b in zip(data["outputs"], plain_out, strict=False)),
+                prompts=len(data["outputs"]),
+            )
+        )
+    return rows
+
+
+@dataclass
+class SpeedRow:
+    concurrency: int
+    plain_tps: float
+    drafted_tps: float
+    plain_first_s: float
+    drafted_first_s: float
+    plain_steady_s: float
+    drafted_steady_s: float
+    drafted_most_running: int
+
+    @property
+    def ratio(self) -> float:
+        return self.drafted_tps / self.plain_tps if self.plain_tps else 0.0
+
+
+def _steady(passes: list[dict[str, Any]]) -> tuple[float, float]:
+    """Tokens/s and seconds of the passes after the first."""
+    steady = passes[1:] or passes
+    seconds = sum(p["seconds"] for p in steady) / len(steady)
+    tokens = sum(p["tokens"] for p in steady) / len(steady)
+    return (tokens / seconds if seconds else 0.0), seconds
+
+
+def speed_rows(plain: dict[str, Any], drafted: dict[str, Any]) -> list[SpeedRow]:
+    rows = []
+    for level, passes in drafted.get("speed", {}).items():
+        base = plain.get("speed", {}).get(level)
+        if not base:
+            continue
+        p_tps, p_s = _steady(base)
+        d_tps, d_s = _steady(passes)
+        rows.append(
+            SpeedRow(
+                concurrency=int(level),
+                plain_tps=p_tps,
+                drafted_tps=d_tps,
+                plain_first_s=base[0]["seconds"],
+                drafted_first_s=passes[0]["seconds"],
+                plain_steady_s=p_s,
+                drafted_steady_s=d_s,
+                drafted_most_running=max(p.get("most_running", 0) for p in passes),
+            )
+        )
+    return rows
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def load_results(
+    work: Path, through_call: int | None = None
+) -> tuple[list[Variant], dict[str, dict[str, Any]]]:
+    """The variants of calls up to ``through_call`` (all: None) and their results."""
+    chosen = [Variant(**v) for v in json.loads((work / "variants.json").read_text())]
+    if through_call is not None:
+        chosen = [v for v in chosen if v.call <= through_call]
+    results = {}
+    for v in chosen:
+        out = work / f"{v.name}.out.json"
+        results[v.name] = (
+            json.loads(out.read_text()) if out.is_file() else {"ok": False, "error": "no result"}
+        )
+    return chosen, results
+
+
+def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str, bool]:
+    """The tables and whether the run proves what it must: the fixed wheel lossless and within
+    ``REFERENCE_TOLERANCE`` of the reference at each K, stock failing the lossless check."""
+    summary = json.loads((pair / "summary.json").read_text())
+    reference = summary["reference"]["by_speculative_tokens"]
+    chosen, results = load_results(work, through_call)
+    plain = results.get(PLAIN, {"ok": False, "error": "no result"})
+    lines: list[str] = []
+    problems: list[str] = []
+    for v in chosen:
+        r = results[v.name]
+        state = (
+            f"started in {r['startup_s']:.0f}s, {r.get('cudagraph_mode')}"
+            if r.get("ok")
+            else f"error: {r.get('error')}"
+        )
+        lines.append(f"{v.name}: {state}")
+    ks = sorted({v.k for v in chosen if v.drafted}, reverse=True)
+    for k in ks:
+        ref = reference.get(str(k), {})
+        ref_len = ref.get("mean_acceptance_length")
+        lines += [
+            "",
+            f"## Acceptance, K = {k} (reference: the dflash package, HF, one prompt at a time)",
+            "| engine | one at a time | 16 at once (most running) | vs reference | per position (one at a time) | greedy = plain (1 / 16) |",
+            "|---|---|---|---|---|---|",
+            f"| reference | {_fmt(ref_len)} | - | 1.000 | "
+            + ", ".join(f"{x:.2f}" for x in ref.get("acceptance_per_position", []))
+            + " | - |",
+        ]
+        for v in [v for v in chosen if v.k == k]:
+            r = results[v.name]
+            if not r.get("ok"):
+                lines.append(f"| {v.name} | error: {r.get('error')} | | | | |")
+                if v.site == "patched":
+                    problems.append(f"{v.name}: {r.get('error')}")
+                continue
+            rows = {row.concurrency: row for row in acceptance_rows(v.name, r, plain)}
+            one, many = rows.get(1), rows.get(16)
+            ratio = (
+                (one.acceptance_length / ref_len)
+                if one and one.acceptance_length and ref_len
+                else None
+            )
+            lines.append(
+                f"| {v.name} | {_fmt(one.acceptance_length if one else None)} | "
+                f"{_fmt(many.acceptance_length if many else None)} ({many.most_running if many else '-'}) | "
+                f"{_fmt(ratio)} | "
+                + (", ".join(f"{x:.2f}" for x in one.per_position) if one else "-")
+                + f" | {one.equal_plain if one else '-'}/{one.prompts if one else '-'} / "
+                f"{many.equal_plain if many else '-'}/{many.prompts if many else '-'} |"
+            )
+            if v.site == "patched" and (ratio is None or ratio < 1 - REFERENCE_TOLERANCE):
+                problems.append(
+                    f"{v.name}: acceptance length {_fmt(one.acceptance_length if one else None)} is "
+                    f"not within {REFERENCE_TOLERANCE:.0%} of the reference's {_fmt(ref_len)}"
+                )
+    lines += [
+        "",
+        f"## Strict lossless (greedy, each prompt alone; a difference is excused only where the "
+        f"plain run's top-2 margin <= 2^-7 = {TIE_MARGIN:.4f})",
+        "| engine | verdict | prompts | failures (prompt @ position: plain margin) | excused ties |",
+        "|---|---|---|---|---|",
+    ]
+    for v in [v for v in chosen if v.drafted]:
+        verdict = lossless(v.name, plain, results[v.name])
+        if verdict.error:
+            lines.append(f"| {v.name} | error: {verdict.error} | | | |")
+        else:
+            fails = "; ".join(
+                f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}"
+                for p in verdict.failures
+            )
+            ties = "; ".join(
+                f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}"
+                for p in verdict.ties
+            )
+            lines.append(
+                f"| {v.name} | {'pass' if verdict.ok else 'FAIL'} | {len(verdict.prompts)} | "
+                f"{fails or '-'} | {ties or '-'} |"
+            )
+        if v.site == "patched" and not verdict.ok:
+            problems.append(f"{v.name}: strict lossless check not passed")
+        if v.site == "stock" and verdict.error is None and verdict.ok:
+            problems.append(f"{v.name}: stock passed the strict lossless check (it must fail)")
+        if (
+            v.site == "stock"
+            and verdict.error is None
+            and not any(p.prompt.endswith(f"len{v.k + 1}") for p in verdict.failures)
+        ):
+            problems.append(f"{v.name}: stock did not fail on its K+1 prompt")
+    for v in [v for v in chosen if v.speed and v.drafted]:
+        rows = (
+            speed_rows(plain, results[v.name])
+            if plain.get("ok") and results[v.name].get("ok")
+            else []
+        )
+        lines += [
+            "",
+            f"## Decode speed, K = {v.k}, against the plain engine of the same run (steady passes; "
+            "first traffic apart)",
+            "| concurrent | plain tok/s | DFlash tok/s | ratio | first pass plain / DFlash (s) | steady pass plain / DFlash (s) | most running |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in rows:
+            lines.append(
+                f"| {row.concurrency} | {row.plain_tps:.0f} | {row.drafted_tps:.0f} | "
+                f"{row.ratio:.2f} | {row.plain_first_s:.2f} / {row.drafted_first_s:.2f} | "
+                f"{row.plain_steady_s:.2f} / {row.drafted_steady_s:.2f} | {row.drafted_most_running} |"
+            )
+        if not rows:
+            problems.append(f"{v.name}: no speed figures")
+    lines += ["", "verdict: " + ("pass" if not problems else "FAIL"), *problems]
+    return "\n".join(lines) + "\n", not problems
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.trained_pair")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("plan", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("pair", type=Path)
+        p.add_argument("work", type=Path)
+        if name == "report":
+            p.add_argument("--through-call", type=int)
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        for v in plan(args.pair, args.work):
+            print(v.name, v.site, v.call)
+        return 0
+    text, ok = report(args.pair, args.work, args.through_call)
+    print(text, end="")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
