@@ -379,7 +379,23 @@ def _train(*args: str) -> Any:
             ["--preset", "smoke", "--set", "sliding_window=2"],
             "error: recipe settings: sliding_window must be at least block_size\n",
         ),
-        (["--preset", "huge"], "error: --preset 'huge': not one of full, smoke\n"),
+        (
+            ["--preset", "huge"],
+            "error: --preset 'huge': not one of full, hybrid, hybrid-smoke, smoke\n",
+        ),
+        (
+            # vLLM would split the drafter over KV-cache groups and refuse to start.
+            [
+                "--arch",
+                "hybrid",
+                "--set",
+                "target_layers=16",
+                "--set",
+                "target_layer_ids=1,4,7,10,13",
+            ],
+            "error: recipe settings: a hybrid target of 16 layers has 4 attention layers, "
+            "fewer than the drafter's 5\n",
+        ),
     ],
 )
 def test_train_refuses_bad_settings_before_starting_anything(args: list[str], message: str) -> None:

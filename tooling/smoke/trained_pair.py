@@ -329,7 +329,8 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
         lines += [
             "",
             f"## Acceptance, K = {k} (reference: the dflash package, HF, one prompt at a time)",
-            "| engine | one at a time | 16 at once (most running) | vs reference | per position (one at a time) | greedy = plain (1 / 16) |",
+            "| engine | one at a time | 16 at once (most running) | vs reference "
+            "| per position (one at a time) | greedy = plain (1 / 16) |",
             "|---|---|---|---|---|---|",
             f"| reference | {_fmt(ref_len)} | - | 1.000 | "
             + ", ".join(f"{x:.2f}" for x in ref.get("acceptance_per_position", []))
@@ -351,7 +352,8 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
             )
             lines.append(
                 f"| {v.name} | {_fmt(one.acceptance_length if one else None)} | "
-                f"{_fmt(many.acceptance_length if many else None)} ({many.most_running if many else '-'}) | "
+                f"{_fmt(many.acceptance_length if many else None)} "
+                f"({many.most_running if many else '-'}) | "
                 f"{_fmt(ratio)} | "
                 + (", ".join(f"{x:.2f}" for x in one.per_position) if one else "-")
                 + f" | {one.equal_plain if one else '-'}/{one.prompts if one else '-'} / "
@@ -359,14 +361,16 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
             )
             if v.site == "patched" and (ratio is None or ratio < 1 - REFERENCE_TOLERANCE):
                 problems.append(
-                    f"{v.name}: acceptance length {_fmt(one.acceptance_length if one else None)} is "
+                    f"{v.name}: acceptance length "
+                    f"{_fmt(one.acceptance_length if one else None)} is "
                     f"not within {REFERENCE_TOLERANCE:.0%} of the reference's {_fmt(ref_len)}"
                 )
     lines += [
         "",
         f"## Strict lossless (greedy, each prompt alone; a difference is excused only where the "
         f"plain run's top-2 margin <= 2^-7 = {TIE_MARGIN:.4f})",
-        "| engine | verdict | prompts | failures (prompt @ position: plain margin) | excused ties |",
+        "| engine | verdict | prompts | failures (prompt @ position: plain margin) "
+        "| excused ties |",
         "|---|---|---|---|---|",
     ]
     for v in [v for v in chosen if v.drafted]:
@@ -406,14 +410,16 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
             "",
             f"## Decode speed, K = {v.k}, against the plain engine of the same run (steady passes; "
             "first traffic apart)",
-            "| concurrent | plain tok/s | DFlash tok/s | ratio | first pass plain / DFlash (s) | steady pass plain / DFlash (s) | most running |",
+            "| concurrent | plain tok/s | DFlash tok/s | ratio | first pass plain / DFlash (s) "
+            "| steady pass plain / DFlash (s) | most running |",
             "|---|---|---|---|---|---|---|",
         ]
         for row in rows:
             lines.append(
                 f"| {row.concurrency} | {row.plain_tps:.0f} | {row.drafted_tps:.0f} | "
                 f"{row.ratio:.2f} | {row.plain_first_s:.2f} / {row.drafted_first_s:.2f} | "
-                f"{row.plain_steady_s:.2f} / {row.drafted_steady_s:.2f} | {row.drafted_most_running} |"
+                f"{row.plain_steady_s:.2f} / {row.drafted_steady_s:.2f} | "
+                f"{row.drafted_most_running} |"
             )
         if not rows:
             problems.append(f"{v.name}: no speed figures")
