@@ -8,22 +8,25 @@ from pathlib import Path
 import pytest
 
 from tooling.errors import SmokeError
-from tooling.smoke import SmokeConfig
+from tooling.smoke import GpuFacts, SmokeConfig
 from tooling.smoke.request import SmokeRequest, smoke_requested
 
 
 def test_a_dry_run_makes_the_workdir_and_returns_the_plan(tmp_path: Path) -> None:
     workdir = tmp_path / "w"
-    outcome = smoke_requested(
-        SmokeRequest(SmokeConfig(workdir=workdir, tiny=True), tmp_path, dry_run=True)
-    )
+    config = SmokeConfig(workdir=workdir, tiny=True, gpus=GpuFacts(1, 141 * 2**30))
+    outcome = smoke_requested(SmokeRequest(config, tmp_path, dry_run=True))
     assert workdir.is_dir()
     assert outcome.failure is None
     assert outcome.data["ok"] is True
     plan = outcome.data["plan"]
     assert plan["workdir"] == str(workdir)
     assert plan["steps"][0]["step"] == "models"
-    assert f'"workdir": "{workdir}"' in outcome.text
+    # The text is the same plan for people: what runs where, and why.
+    assert outcome.text.splitlines()[0] == f"full smoke of {workdir}/models/target with " + (
+        f"{workdir}/models/drafter"
+    )
+    assert "engines side by side: all 5 engines fit at once" in outcome.text
 
 
 def test_a_stock_site_and_a_stock_wheel_together_are_refused(tmp_path: Path) -> None:

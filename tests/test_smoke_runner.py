@@ -23,8 +23,11 @@ from pathlib import Path
 import pytest
 
 from tooling.errors import SmokeError
-from tooling.smoke import SmokeConfig, Timeouts, describe_plan, format_table, run_smoke
+from tooling.smoke import GpuFacts, SmokeConfig, Timeouts, describe_plan, format_table, run_smoke
 from tooling.smoke.checks import FAIL, INFO, PASS, SKIP
+from tooling.smoke.serving.tiny import TinySpec, hybrid_config, target_config
+
+from .smoke_models import write_model
 
 STANDIN_MAIN = textwrap.dedent(
     """
@@ -152,6 +155,53 @@ STANDIN_MAIN = textwrap.dedent(
     """
 )
 
+STANDIN_LLM = textwrap.dedent(
+    """
+    # vLLM's offline LLM as serving/distribution.py drives it: greedy tokens and top-3
+    # logprobs that are a function of the context alone, so an engine with the drafter
+    # computes what the plain one does. STANDIN_MODE=stock on a hybrid target: a prompt
+    # of exactly K+1 tokens served alone starts from another state (its first token's
+    # distribution is not the plain one's), as stock 0.20.1 does.
+    import json, os
+    from types import SimpleNamespace as NS
+
+    class SamplingParams:
+        def __init__(self, max_tokens=16, logprobs=None, **kw):
+            self.max_tokens, self.logprobs = max_tokens, logprobs
+
+    class LLM:
+        def __init__(self, model, speculative_config=None, **kw):
+            config = json.load(open(os.path.join(model, "config.json")))
+            self.hybrid = "text_config" in config
+            self.vocab = (config.get("text_config") or config)["vocab_size"]
+            self.k = (speculative_config or {}).get("num_speculative_tokens", 0)
+            compilation = NS(cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_capture_sizes=[1])
+            self.llm_engine = NS(
+                model_executor=NS(driver_worker=NS(worker=NS(model_runner=None))),
+                vllm_config=NS(compilation_config=compilation, cache_config=NS(num_gpu_blocks=9)),
+            )
+
+        def _run(self, ids, max_tokens, defect):
+            context, tokens, logprobs = list(ids), [], []
+            for i in range(max_tokens):
+                h = sum((j + 1) * t for j, t in enumerate(context)) % 9973
+                top = [(h + 7 * r + (500 if defect and i == 0 else 0)) % self.vocab
+                       for r in range(3)]
+                logprobs.append({t: NS(logprob=-1.0 - 0.5 * r) for r, t in enumerate(top)})
+                tokens.append(top[0])
+                context.append(top[0])
+            return NS(outputs=[NS(token_ids=tokens, logprobs=logprobs, finish_reason="length")])
+
+        def generate(self, prompts, params, use_tqdm=False):
+            stock = os.environ.get("STANDIN_MODE") == "stock" and self.hybrid and self.k
+            return [
+                self._run(p["prompt_token_ids"], sp.max_tokens,
+                          stock and len(prompts) == 1 and len(p["prompt_token_ids"]) == self.k + 1)
+                for p, sp in zip(prompts, params)
+            ]
+    """
+)
+
 STANDIN_TORCH = textwrap.dedent(
     """
     import os
@@ -183,10 +233,26 @@ def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     root = tmp_path / "site"
     cli = root / "vllm" / "entrypoints" / "cli"
     cli.mkdir(parents=True)
-    (root / "vllm" / "__init__.py").write_text('__version__ = "0.20.1+standin"\n')
+    (root / "vllm" / "__init__.py").write_text(
+        '__version__ = "0.20.1+standin"\nfrom ._llm import LLM, SamplingParams\n'
+    )
+    (root / "vllm" / "_llm.py").write_text(STANDIN_LLM)
     (root / "vllm" / "entrypoints" / "__init__.py").write_text("")
     (cli / "__init__.py").write_text("")
     (cli / "main.py").write_text(STANDIN_MAIN)
+    modules = {
+        "inputs": "def TokensPrompt(prompt_token_ids):\n"
+        "    return dict(prompt_token_ids=prompt_token_ids)\n",
+        "v1/core/sched/scheduler": "class Scheduler:\n    def schedule(self):\n        pass\n",
+        "v1/spec_decode/dflash": "class DFlashProposer:\n"
+        "    def propose(self, next_token_ids):\n        pass\n",
+    }
+    for name, text in modules.items():
+        path = root / "vllm" / f"{name}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in path.relative_to(root).parents:
+            (root / folder / "__init__.py").touch()
+        path.write_text(text)
     # The GPU as the preflight asks torch for it: STANDIN_GPUS devices with
     # STANDIN_FREE_GIB of 140 GiB free each.
     (root / "torch").mkdir()
@@ -194,10 +260,8 @@ def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     monkeypatch.setenv("PYTHONPATH", str(root))
     target = tmp_path / "models" / "target"
     drafter = tmp_path / "models" / "drafter"
-    target.mkdir(parents=True)
-    drafter.mkdir(parents=True)
-    (drafter / "config.json").write_text(json.dumps(DRAFTER_CONFIG))
-    (target / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    write_model(target, target_config(TinySpec.for_arch("qwen3")), 2**20)
+    write_model(drafter, DRAFTER_CONFIG, 2**19)
     return target, drafter
 
 
@@ -232,6 +296,7 @@ def test_fixed_build_passes_server_checks(tmp_path, standin_vllm, monkeypatch) -
         "warm_cache": SKIP,
         "slot_audit": SKIP,
         "concurrent_load": SKIP,
+        "first_tokens": PASS,
     }
     assert report.passed
     assert report.vllm["version"] == "0.20.1+standin"
@@ -269,11 +334,11 @@ def test_overlap_starts_both_servers_first_and_stops_both(
     for pid in map(int, pids.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    # Overlapping engines share a GPU: each gets a fixed KV cache.
-    assert (report.engine["kv_cache_memory_bytes"] is not None) == overlap
+    # Every engine gets a fixed KV cache: engines sharing a GPU cannot profile its memory.
+    assert report.engine["kv_cache_memory_bytes"] == 4 << 30
     for log in ("serve-dflash.log", "serve-plain.log"):
         command = (tmp_path / "smoke" / "logs" / log).read_text().splitlines()[0]
-        assert ("--kv-cache-memory-bytes" in command) == overlap
+        assert "--kv-cache-memory-bytes 4294967296" in command
 
 
 def test_stock_build_fails_fix_checks_but_stays_lossless(tmp_path, standin_vllm, monkeypatch):
@@ -312,10 +377,12 @@ def test_spent_time_limit_still_writes_the_report_and_stops_servers(
     servers = {s.name: s for s in report.steps if s.name.startswith("serve")}
     assert not servers["serve with DFlash"].ok
     assert "time limit is spent" in servers["serve without speculation"].message
-    # The slow server was started, then stopped with its whole group.
-    (pid,) = [int(line) for line in pids.read_text().split()]
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    # The slow servers were started (side by side), then stopped with their whole groups.
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2
+    for pid in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 @pytest.mark.parametrize(
@@ -348,44 +415,50 @@ def test_preflight_stops_a_run_that_cannot_start_in_one_line(
     assert not (tmp_path / "smoke" / "logs" / "serve-dflash.log").exists()
 
 
-def test_no_vllm_is_one_clear_error(tmp_path, monkeypatch) -> None:
+def test_no_vllm_is_one_clear_error(tmp_path, standin_vllm, monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "empty"))
-    drafter = tmp_path / "d"
-    drafter.mkdir()
-    config = _config(tmp_path, tmp_path, drafter)
+    config = _config(tmp_path, *standin_vllm)
     with pytest.raises(SmokeError, match="cannot import vllm"):
         run_smoke(config, notify=lambda m: None)
 
 
 def test_dry_run_plan_lists_every_process(tmp_path) -> None:
-    plan = describe_plan(SmokeConfig(workdir=tmp_path, tiny=True, python="/usr/bin/python3"))
+    h200 = GpuFacts(1, 141 * 2**30)
+    plan = describe_plan(
+        SmokeConfig(workdir=tmp_path, tiny=True, python="/usr/bin/python3", gpus=h200)
+    ).to_json()
     steps = [s["step"] for s in plan["steps"]]
-    # --tiny: both servers start first, to compile while the in-process engine runs,
-    # and the reference's four children load meanwhile, then wait for its proposals.
+    # --tiny: everything fits one GPU at once. The reference's four children start first
+    # and load while the engines compile, then wait for the in-process engine's proposals.
     assert steps == [
         "models",
+        "reference comparison (engine)",
         "serve with DFlash",
         "serve without speculation",
-        "reference comparison (engine)",
+        "first tokens with DFlash",
+        "first tokens without speculation",
         "in-process engine (engine)",
     ]
-    assert plan["steps"][3]["processes"] == 4 and plan["steps"][3]["loads_before_the_engine"]
-    config = SmokeConfig(workdir=tmp_path, tiny=True, overlap_engines=False)
-    serial = describe_plan(config)["steps"]
-    assert [s["step"] for s in serial][1:] == [
-        "in-process engine (engine)",
-        "serve with DFlash",
-        "serve without speculation",
-        "reference comparison (engine)",
+    assert plan["steps"][1]["processes"] == 4 and plan["steps"][1]["loads_before_the_engine"]
+    assert plan["layout"] == "side by side"
+    config = SmokeConfig(workdir=tmp_path, tiny=True, overlap_engines=False, gpus=h200)
+    serial = describe_plan(config).to_json()["steps"]
+    assert [(s["step"], s["wave"]) for s in serial][1:] == [
+        ("serve with DFlash", 1),
+        ("serve without speculation", 2),
+        ("in-process engine (engine)", 3),
+        ("first tokens with DFlash", 4),
+        ("first tokens without speculation", 5),
+        ("reference comparison (engine)", 6),
     ]
-    # One reference process, once the servers are gone: it loads a second target.
-    assert serial[-1]["processes"] == 1 and not serial[-1]["loads_before_the_engine"]
+    # One after another on one GPU, the reference runs last, alone.
+    assert not serial[-1]["loads_before_the_engine"]
     assert all(s["argv"][0] == "/usr/bin/python3" for s in plan["steps"])
     assert plan["steps"][0]["argv"][-2:] == ["--arch", "hybrid"]
-    assert "--speculative-config" in plan["steps"][1]["argv"]
-    assert "--speculative-config" not in plan["steps"][2]["argv"]
+    assert "--speculative-config" in plan["steps"][2]["argv"]
+    assert "--speculative-config" not in plan["steps"][3]["argv"]
     # Compiled graphs unless asked: vLLM's own default.
-    assert "--enforce-eager" not in plan["steps"][1]["argv"]
+    assert "--enforce-eager" not in plan["steps"][2]["argv"]
 
 
 def test_warm_cache_plan_and_its_one_line_errors(tmp_path) -> None:
@@ -398,17 +471,23 @@ def test_warm_cache_plan_and_its_one_line_errors(tmp_path) -> None:
     site = tmp_path / "stock"
     (site / "vllm").mkdir(parents=True)
     (site / "vllm" / "__init__.py").write_text("")
-    config = SmokeConfig(workdir=tmp_path, tiny=True, warm_cache=True, other_site=str(site))
-    steps = [s["step"] for s in describe_plan(config)["steps"]]
+    config = SmokeConfig(
+        workdir=tmp_path,
+        tiny=True,
+        warm_cache=True,
+        other_site=str(site),
+        gpus=GpuFacts(1, 141 * 2**30),
+    )
+    steps = [(s.name, s.wave) for s in describe_plan(config).steps]
     # The warm-cache runs come first: that check is what such a run is for.
     assert steps[:5] == [
-        "models",
-        "reference comparison (warm-A)",
-        "in-process engine (warm-A)",
-        "reference comparison (warm-B)",
-        "in-process engine (warm-B)",
+        ("models", 0),
+        ("reference comparison (warm-A)", 1),
+        ("in-process engine (warm-A)", 1),
+        ("reference comparison (warm-B)", 2),
+        ("in-process engine (warm-B)", 2),
     ]
-    assert steps[-2:] == ["reference comparison (engine)", "in-process engine (engine)"]
+    assert steps[-1] == ("in-process engine (engine)", 3)
 
 
 def test_a_child_past_its_limit_is_named_as_timed_out_not_as_an_exit(tmp_path) -> None:
@@ -425,7 +504,7 @@ def test_a_child_past_its_limit_is_named_as_timed_out_not_as_an_exit(tmp_path) -
 
 
 def test_model_architectures_are_the_pairs_classes(tmp_path) -> None:
-    from tooling.smoke.runner import model_architectures
+    from tooling.smoke.preflight import model_architectures
 
     tiny = SmokeConfig(workdir=tmp_path, tiny=True)
     assert model_architectures(tiny) == ["Qwen3_5ForConditionalGeneration", "DFlashDraftModel"]
@@ -439,3 +518,95 @@ def test_model_architectures_are_the_pairs_classes(tmp_path) -> None:
     # A hub id (no local config): vLLM inspects it itself.
     hub = SmokeConfig(workdir=tmp_path, target="Qwen/Qwen3.6-27B", drafter=str(drafter))
     assert model_architectures(hub) == ["DFlashDraftModel"]
+
+
+def test_the_run_executes_the_plan_a_dry_run_prints(tmp_path, standin_vllm, monkeypatch):
+    """``--dry-run`` and the run make one plan object: the run reports what it executed."""
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    config = _config(tmp_path, *standin_vllm)
+    planned = describe_plan(config).to_json()
+    report = run_smoke(config, notify=lambda m: None)
+    assert report.to_json()["plan"] == planned
+    assert planned["gpus"] == {"count": 1, "total_gib": 140.0}
+    # The steps it recorded are the plan's, in its order (the preflight and models first).
+    ran = [s.name for s in report.steps if s.name not in ("preflight", "models")]
+    assert ran == [s["step"] for s in planned["steps"]]
+
+
+def test_the_users_model_folders_are_never_written(tmp_path, standin_vllm, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {
+            str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for folder in standin_vllm
+            for p in [folder, *folder.rglob("*")]
+        }
+
+    before = snapshot()
+    for folder in standin_vllm:
+        for path in [*folder.rglob("*"), folder]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        report = run_smoke(_config(tmp_path, *standin_vllm), notify=lambda m: None)
+    finally:
+        for folder in standin_vllm:
+            for path in [folder, *folder.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+    assert report.passed
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("mode", ["fixed", "stock"])
+def test_quick_on_a_hybrid_pair_answers_in_one_start(tmp_path, standin_vllm, monkeypatch, mode):
+    """--quick: no server; the first tokens of K, K+1, K+2-token prompts, each alone, with
+    and without the drafter. Stock's (K+1)-token prompts start from another state."""
+    monkeypatch.setenv("STANDIN_MODE", mode)
+    drafter = standin_vllm[1]
+    hybrid = tmp_path / "hybrid"
+    write_model(hybrid, hybrid_config(TinySpec.for_arch("hybrid")), 2**20)
+    config = replace(_config(tmp_path, hybrid, drafter, quick=True), expect=mode)
+    report = run_smoke(config, notify=lambda m: None)
+    status = {c.id: c.status for c in report.checks}
+    first = next(c for c in report.checks if c.id == "first_tokens")
+    assert status.pop("first_tokens") == (PASS if mode == "fixed" else FAIL), first.evidence
+    assert set(status.values()) == {SKIP}
+    assert report.passed  # as expected: stock fails the first tokens on a hybrid target
+    if mode == "stock":
+        assert first.evidence.startswith("1 of 4 prompts off")
+        assert "A3-K+1-0" in first.evidence
+    assert not any(s.name.startswith("serve") for s in report.steps)
+    assert report.to_json()["plan"]["mode"] == "quick"
+
+
+@pytest.mark.parametrize(
+    ("edit", "code", "message"),
+    [
+        ("gpus", 24, "serve with DFlash needs"),
+        ("dflash_config", 23, "the drafter has no dflash_config: not a DFlash drafter"),
+        ("architectures", 23, "name no causal LM"),
+    ],
+)
+def test_bad_input_is_one_line_with_its_own_exit_code(
+    tmp_path, standin_vllm, edit, code, message
+) -> None:
+    from click.testing import CliRunner
+
+    from tooling.cli import main
+
+    target, drafter = standin_vllm
+    args = ["--no-progress", "smoke", "--target", str(target), "--drafter", str(drafter)]
+    args += ["--workdir", str(tmp_path / "w"), "--gpus", "1x141"]
+    if edit == "gpus":
+        args[-1] = "1x4"  # each engine needs at least its 4 GiB KV cache and working memory
+    else:
+        folder = drafter if edit == "dflash_config" else target
+        data = json.loads((folder / "config.json").read_text())
+        data[edit] = None if edit == "dflash_config" else ["Qwen3Model"]
+        (folder / "config.json").write_text(json.dumps(data))
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    # Refused before anything started: no preflight, no server.
+    assert not (tmp_path / "w" / "logs").exists()

@@ -211,14 +211,12 @@ SCRIPT = textwrap.dedent(
 
     # 5. The preflight fills vLLM's model-info cache with what vLLM itself reads back.
     import tempfile
-    from tooling.smoke.runner import _PREFLIGHT
+    from tooling.smoke.serving import preflight
     from vllm.model_executor.models import registry
     cache = tempfile.mkdtemp()
     os.environ["VLLM_CACHE_ROOT"] = cache
     archs = ["Qwen3ForCausalLM", "DFlashDraftModel"]
-    argv, sys.argv = sys.argv, ["-c", os.path.join(cache, "preflight.json"), json.dumps(archs)]
-    exec(_PREFLIGHT, {})
-    sys.argv = argv
+    preflight.main([os.path.join(cache, "preflight.json"), json.dumps(archs)])
 
     def no_subprocess(fn):
         raise AssertionError("vLLM inspected a model class in a subprocess")

@@ -111,6 +111,19 @@ class SmokeError(ToolingError):
     exit_code = 17
 
 
+class SmokePairError(SmokeError):
+    """The model pair given to the smoke is not one it can serve (a drafter without
+    ``dflash_config``, a target that is not a causal LM, weights it cannot size)."""
+
+    exit_code = 23
+
+
+class SmokeCapacityError(SmokeError):
+    """The model pair does not fit the GPUs the smoke can use."""
+
+    exit_code = 24
+
+
 class EnvironmentProblem(ToolingError):
     """A required tool (nvcc, uv, GPU) is missing on this machine."""
 

@@ -47,16 +47,32 @@ from .options import emit, json_option, settings_of
 @click.option(
     "--time-limit",
     type=float,
-    default=540,
-    show_default=True,
-    help="Seconds for the whole run; every step is bounded.",
+    help="Seconds for the whole run (default: none; every step has its own limit, "
+    "scaled to the first engine's measured start).",
 )
 @click.option(
     "--tiny-arch",
-    type=click.Choice(["hybrid", "qwen3"]),
+    type=click.Choice(["hybrid", "seed", "qwen3"]),
     default="hybrid",
     show_default=True,
-    help="--tiny target: Qwen3.5/3.6-family hybrid, or attention-only Qwen3.",
+    help="--tiny target: Qwen3.5/3.6-family hybrid, the seed-shaped hybrid (Qwen3.6-27B's "
+    "depth and heads, hidden width narrowed), or attention-only Qwen3.",
+)
+@click.option(
+    "--tiny-hidden-size",
+    type=int,
+    help="With --tiny-arch seed: the hidden width (5120 is the seed's own).",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Only the checks one start of the engines answers (aux layers, windows, slot audit, "
+    "first tokens of K..K+2-token prompts): a yes/no in one start.",
+)
+@click.option(
+    "--gpus",
+    metavar="COUNTxGIB",
+    help="Plan for these GPUs (e.g. 2x141) instead of those the serving interpreter sees.",
 )
 @click.option("--enforce-eager", is_flag=True, help="Eager mode (default: compiled + CUDA graphs).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="e.g. fp8.")
@@ -87,11 +103,12 @@ from .options import emit, json_option, settings_of
 @click.option(
     "--sequential",
     is_flag=True,
-    help="Start the two servers and the in-process engine one after another "
-    "(default with --tiny: at once, on one GPU, each with a fixed KV cache; "
-    "always so without --tiny).",
+    help="Start the engines one after another (default: side by side when they fit the "
+    "GPUs at once, each with a fixed KV cache).",
 )
-@click.option("--dry-run", is_flag=True, help="Print the commands a run would start.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan a run would execute, starting no engine."
+)
 @click.option(
     "--trained",
     is_flag=True,
@@ -120,8 +137,11 @@ def smoke_command(
     num_speculative_tokens: int,
     gpu_memory_utilization: float,
     kv_cache_memory_bytes: int | None,
-    time_limit: float,
+    time_limit: float | None,
     tiny_arch: str,
+    tiny_hidden_size: int | None,
+    quick: bool,
+    gpus: str | None,
     enforce_eager: bool,
     kv_cache_dtype: str,
     tensor_parallel_size: int,
@@ -137,7 +157,7 @@ def smoke_command(
     engines: tuple[str, ...],
 ) -> None:
     """Serve a target with a DFlash drafter on a GPU and check every fix at run time."""
-    from ..smoke import EngineSettings, SmokeConfig, Timeouts
+    from ..smoke import EngineSettings, GpuFacts, SmokeConfig, Timeouts
     from ..smoke.request import SmokeRequest, smoke_requested
 
     settings = settings_of(ctx)
@@ -162,6 +182,9 @@ def smoke_command(
         run_fidelity=not no_fidelity,
         expect=expect,
         tiny_arch=tiny_arch,
+        tiny_hidden_size=tiny_hidden_size,
+        quick=quick,
+        gpus=GpuFacts.parse(gpus) if gpus else None,
         load=not no_load,
         audit=not no_audit,
         warm_cache=warm_cache,

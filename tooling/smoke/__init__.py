@@ -5,7 +5,8 @@ The public API (the Click command is a thin layer over it):
 - :class:`SmokeConfig` (with :class:`EngineSettings`, :class:`Timeouts`): what to run.
 - :func:`run_smoke` -> :class:`SmokeReport`: run it; ``report.passed``,
   ``report.to_json()``, ``report.summary_line()``; :func:`format_table` for people.
-- :func:`describe_plan`: the commands a run would start (a dry run).
+- :func:`describe_plan` -> :class:`SmokePlan`: what a run would start, where and when (a dry
+  run); ``run_smoke`` executes that same plan (``plan.plan_smoke``, pure).
 - ``request.smoke_requested``: what the command runs (the wheel under test installed first, then
   the trained pair's table, a dry run, or the run).
 - :func:`build_serve_command`, :class:`ServeOptions`: the ``vllm serve`` argv.
@@ -14,18 +15,23 @@ Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectati
 and ``client`` (``vllm serve`` and its HTTP API; their process groups always stop, through
 ``tooling.procs``),
 ``metrics`` (``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``checks`` (pure
-verdicts), ``report`` (table, JSON, plot), ``load`` (the concurrent bursts), ``acceptance`` (the
-trained pair's table), ``runner`` (the order), ``site`` (the wheel under test installed),
+verdicts), ``verdicts`` (the run's checks from its observations), ``report`` (table, JSON,
+plot), ``load`` (the concurrent bursts), ``observe`` (what a server is asked), ``acceptance``
+(the trained pair's table), ``pair`` (the pair's sizes and refusals), ``plan`` (the plan),
+``preflight`` (vLLM and the GPUs, before anything starts), ``runner`` (the plan executed),
+``distribution`` (the first-token comparison), ``site`` (the wheel under test installed),
 ``reference_pool`` (the reference comparison's children: started early, work handed out late).
 ``serving/`` runs inside the serving interpreter: ``engine_run`` (in-process vLLM, GPU),
-``reference`` (the reference ``dflash`` recomputation), ``tiny`` (seeded tiny models),
-``acceptance`` (one engine's acceptance on the trained pair).
+``distribution`` (one engine's first tokens), ``reference`` (the reference ``dflash``
+recomputation), ``tiny`` (seeded tiny models), ``preflight``, ``acceptance`` (one engine's
+acceptance on the trained pair).
 """
 
 from __future__ import annotations
 
 from .checks import CheckResult
-from .config import EngineSettings, SmokeConfig, Timeouts
+from .config import EngineSettings, GpuFacts, SmokeConfig, Timeouts
+from .plan import SmokePlan
 from .report import SmokeReport, format_table
 from .runner import describe_plan, run_smoke
 from .server import ServeOptions, build_serve_command
@@ -33,8 +39,10 @@ from .server import ServeOptions, build_serve_command
 __all__ = [
     "CheckResult",
     "EngineSettings",
+    "GpuFacts",
     "ServeOptions",
     "SmokeConfig",
+    "SmokePlan",
     "SmokeReport",
     "Timeouts",
     "build_serve_command",

@@ -1,4 +1,4 @@
-"""The six smoke checks as pure functions: observations in, a verdict with evidence out.
+"""The smoke checks as pure functions: observations in, a verdict with evidence out.
 
 Nothing here runs a process or touches the network, so each verdict can be
 tested on captured observations.
@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from .client import Completion
+from .distribution import Report
 from .metrics import SpecDecodeStats
 
 
@@ -43,6 +44,7 @@ ACCEPTANCE = "acceptance"
 WARM_CACHE = "warm_cache"
 SLOT_AUDIT = "slot_audit"
 LOAD = "concurrent_load"
+FIRST_TOKENS = "first_tokens"
 
 TITLES = {
     LOSSLESS: "lossless greedy output",
@@ -54,6 +56,7 @@ TITLES = {
     WARM_CACHE: "warm compile cache keeps fidelity",
     SLOT_AUDIT: "first-pass slots in own blocks",
     LOAD: "concurrent load through the server",
+    FIRST_TOKENS: "lossless first tokens of K..K+2-token prompts",
 }
 ORDER = (
     LOSSLESS,
@@ -65,6 +68,7 @@ ORDER = (
     WARM_CACHE,
     SLOT_AUDIT,
     LOAD,
+    FIRST_TOKENS,
 )
 
 
@@ -434,3 +438,25 @@ def check_acceptance(stats: SpecDecodeStats | None, minimum: float | None) -> Ch
         return CheckResult(ACCEPTANCE, INFO, evidence, details)
     status = PASS if length >= minimum else FAIL
     return CheckResult(ACCEPTANCE, status, f"{evidence}; minimum {minimum:.3f}", details)
+
+
+def check_first_tokens(report: Report) -> CheckResult:
+    """Prompts of K, K+1, K+2 (and 3(K+1)) tokens, each served alone with and without the
+    drafter: the first token's top-k logprobs agree within what two plain runs differ by."""
+    rows = [r for r in report.rows if r.workload == "alone"]
+    failed = [r for r in rows if r.verdict != "pass"]
+    tolerance = f"tolerance {report.tolerance:.4f} (plain noise {report.noise:.4f})"
+    details = report.to_json()
+    if report.failures and not rows:
+        return CheckResult(FIRST_TOKENS, ERROR, "; ".join(report.failures), details)
+    if report.failures:
+        worst = "; ".join(f"{r.prompt}: {r.evidence}" for r in failed[:3])
+        return CheckResult(
+            FIRST_TOKENS,
+            FAIL,
+            f"{len(failed)} of {len(rows)} prompts off, {tolerance}: {worst}",
+            details,
+        )
+    return CheckResult(
+        FIRST_TOKENS, PASS, f"{len(rows)} prompts served alone within {tolerance}", details
+    )

@@ -63,14 +63,11 @@ FIDELITY_TEXTS: tuple[str, ...] = (
 FIDELITY_LENGTHS: tuple[int, ...] = (48, 56, 64, 72)
 
 
-TINY_ARCHS = ("hybrid", "qwen3")
-
-OVERLAP_KV_CACHE_BYTES = 4 << 30
-"""Each engine's fixed KV cache when the three start at once without ``kv_cache_memory_bytes``."""
+TINY_ARCHS = ("hybrid", "seed", "qwen3")
 
 REFERENCE_SHARDS = 4
-"""Reference children when the models are small: its drafter passes are bound by one
-Python thread each, and an H200 host has 16 cores or more."""
+"""The most reference children: its drafter passes are bound by one Python thread each,
+so several split the work where the GPU holds that many copies of the pair."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +89,7 @@ class EngineSettings:
     """vLLM's ``--disable-custom-all-reduce`` for the servers (NCCL all-reduce instead).
     On 0.20.1, stock and patched alike, a hybrid target's DFlash server at TP=2 dies
     capturing CUDA graphs (an illegal memory access reported by the custom all-reduce);
-    with this flag, or with ``--enforce-eager``, it serves (H200 x2, 2026-11-30)."""
+    with this flag, or with ``--enforce-eager``, it serves."""
     max_num_seqs: int = 8
     """Small, so the concurrent batches queue and requests finish out of order."""
     kv_cache_memory_bytes: int | None = None
@@ -105,17 +102,47 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds each step may take; each is further cut to what the overall limit leaves."""
+    """The floors of each step's limit, in seconds; the plan (``plan.Deadlines``) raises them
+    in proportion to the first engine's measured start, and ``total`` cuts every one."""
 
-    total: float = 540.0
+    total: float | None = None
+    """The whole run; None: no overall limit beyond each step's own."""
     tiny: float = 180.0
     server_start: float = 300.0
     request: float = 60.0
     server_stop: float = 30.0
     engine_run: float = 300.0
+    """An in-process child's work once its engine has started."""
     reference: float = 240.0
     load: float = 180.0
     """One concurrent burst against a server, all its requests."""
+
+
+#: The share of a GPU's memory the plan fills; the rest is for what it cannot see.
+USABLE_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """The GPUs a run plans for: how many, and each one's total memory in bytes."""
+
+    count: int
+    total_bytes: int
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.total_bytes * USABLE_SHARE)
+
+    @classmethod
+    def parse(cls, text: str) -> GpuFacts:
+        """``COUNTxGIB``, e.g. ``2x141``."""
+        count, sep, gib = text.lower().partition("x")
+        try:
+            if not sep or int(count) < 1 or float(gib) <= 0:
+                raise ValueError
+            return cls(int(count), int(float(gib) * 2**30))
+        except ValueError:
+            raise SmokeError(f"--gpus {text!r}: expected COUNTxGIB, e.g. 2x141") from None
 
 
 @dataclass(frozen=True)
@@ -138,9 +165,8 @@ class SmokeConfig:
     """Count a draft whose reference logit is this close to the best as agreeing (0: exact).
 
     One bf16 ulp of a logit in [1, 2): compiled graphs fuse and round differently
-    from the eager reference, and on an H200 (2026-11-30, compiled, tiny pair) every
-    one of the 10 mismatches in 5226 draft tokens had a margin of 2^-8 or 2^-7,
-    while stock 0.20.1's 1991 mismatches were mostly far off. The exact agreement
+    from the eager reference, so a correct drafter's rare mismatches sit one or two
+    ulps from the best logit, while a defect's are far off. The exact agreement
     stays in the report.
     """
     lossless_tie_tolerance: float = 2**-5
@@ -149,11 +175,10 @@ class SmokeConfig:
 
     Spec decoding verifies K+1 tokens per step through other kernels than plain
     decoding (a hybrid target's GDN layers especially), and each path rounds its bf16
-    logits. On an H200 (2026-11-30, hybrid tiny pair) every first difference sat
-    within 0.0156 of the best logit in bf16 (0.0234 with fp8 KV), on stock 0.20.1 as
-    on this wheel, against a spread (standard deviation) of the logits there that the
-    check reports beside it. A lost or wrong token is not a near tie of the target's
-    own logits.
+    logits, so a first difference between two correct paths is a near tie of the best
+    logit (a few bf16 steps), on stock 0.20.1 as on this wheel; the check reports the
+    spread of the logits there beside it. A lost or wrong token is not a near tie of
+    the target's own logits.
     """
     reference_dtype: str = "auto"
     """dtype of the reference run: ``auto`` (the checkpoint's), ``float32``, ``bfloat16``."""
@@ -164,7 +189,15 @@ class SmokeConfig:
     """``fixed``: all checks must pass; ``stock``: lossless must pass and checks 2-5 fail."""
     tiny_arch: str = "hybrid"
     """``hybrid``: a Qwen3.5/3.6-family target (Gated DeltaNet + gated attention);
-    ``qwen3``: the attention-only Qwen3 target."""
+    ``seed``: the same with Qwen3.6-27B's depth, heads and vocabulary and z-lab's drafter
+    layout, only the hidden width narrowed; ``qwen3``: the attention-only Qwen3 target."""
+    tiny_hidden_size: int | None = None
+    """The seed-shaped pair's hidden width (None: the generator's default)."""
+    quick: bool = False
+    """Only the checks one start of the engines answers: aux layers, windows, slot audit
+    and the first tokens of K, K+1 and K+2-token prompts."""
+    gpus: GpuFacts | None = None
+    """The GPUs to plan for; None: those the serving interpreter sees."""
     fidelity_context: str = "auto"
     """Where the reference drafter takes its context features: ``target`` (the HF
     target's hidden states), ``engine`` (the ones vLLM handed its drafter), or
@@ -178,35 +211,16 @@ class SmokeConfig:
     other_site: str | None = None
     """A folder with another vLLM build (stock, or fix 1 skipped) for the warm-cache check."""
     overlap_engines: bool | None = None
-    """Start both servers before the in-process engine runs, on one GPU, so their
-    compile and warm-up overlap (most of a tiny run is engine start-up). None: so
-    with ``tiny`` (three copies of a real model rarely fit one GPU). Each engine then
-    gets a fixed KV cache (``kv_cache_memory_bytes``, else OVERLAP_KV_CACHE_BYTES),
-    since vLLM's memory profiling fails while a neighbour frees memory. The load
-    figures are still measured one server at a time, the engine gone."""
-
-    @property
-    def overlaps(self) -> bool:
-        """Whether the servers start before the in-process engine (``overlap_engines``)."""
-        return self.tiny if self.overlap_engines is None else self.overlap_engines
-
-    @property
-    def reference_shards(self) -> int:
-        """How many reference children split the comparison. With ``overlaps`` (the
-        models are small enough for three engines on one GPU) four, started beside the
-        in-process engine; else one, started once the servers have stopped, since it
-        loads a second copy of the target."""
-        return REFERENCE_SHARDS if self.overlaps else 1
+    """None: the plan starts the engines side by side when they fit the GPUs at once (each
+    with a fixed KV cache, since vLLM's memory profiling fails while a neighbour frees
+    memory), else one after another; False: one after another (``--sequential``). The
+    load figures are measured one server at a time either way."""
 
     def engine_settings(self, hybrid: bool) -> EngineSettings:
-        """The flags every engine of the run gets: vLLM picks a hybrid target's block
-        size; overlapping engines get a fixed KV cache."""
-        engine = self.engine
+        """The flags every engine of the run gets: vLLM picks a hybrid target's block size."""
         if hybrid:
-            engine = replace(engine, block_size=None)
-        if self.overlaps and engine.kv_cache_memory_bytes is None:
-            engine = replace(engine, kv_cache_memory_bytes=OVERLAP_KV_CACHE_BYTES)
-        return engine
+            return replace(self.engine, block_size=None)
+        return self.engine
 
     def validate(self) -> None:
         """Raise SmokeError when the model choice is contradictory."""
@@ -220,6 +234,10 @@ class SmokeConfig:
             raise SmokeError(f"fidelity gate {self.fidelity_gate} is not in (0, 1]")
         if self.tiny_arch not in TINY_ARCHS:
             raise SmokeError(f"--tiny-arch {self.tiny_arch!r}: choose {' or '.join(TINY_ARCHS)}")
+        if self.tiny_hidden_size is not None and not (self.tiny and self.tiny_arch == "seed"):
+            raise SmokeError("--tiny-hidden-size goes with --tiny --tiny-arch seed")
+        if self.quick and self.warm_cache:
+            raise SmokeError("--quick runs one start of the engines: drop --warm-cache")
         if self.fidelity_context not in ("auto", "target", "engine"):
             raise SmokeError(f"fidelity context {self.fidelity_context!r}: auto, target or engine")
         if self.warm_cache and not self.other_site:

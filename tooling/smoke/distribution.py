@@ -227,11 +227,24 @@ VARIANTS = [
 ]
 
 
-def request_for(v: Variant, target: str, drafter: str) -> dict[str, Any]:
+def smoke_variants(k: int, plain_kv_gib: float, dflash_kv_gib: float) -> list[Variant]:
+    """The smoke's first-token check: the plain engine (its prompts alone, then together:
+    the noise) and the DFlash engine at the smoke's K."""
+    return [
+        Variant("plain", "patched", 0, plain_kv_gib, [f"A{k}", "together"]),
+        Variant(f"dflash-k{k}", "patched", k, dflash_kv_gib, [f"A{k}"]),
+    ]
+
+
+def request_for(
+    v: Variant, target: str, drafter: str, per_length: int = 3, **engine: Any
+) -> dict[str, Any]:
+    """The engine request of ``v``; ``engine`` overrides the request's engine fields
+    (``max_model_len``, ``vocab_size``, ``engine_args``, ...)."""
     alone: list[dict[str, Any]] = []
-    for k in (3, 15):
-        if f"A{k}" in v.workloads:
-            alone += first_token_prompts(k)
+    for workload in v.workloads:
+        if workload.startswith("A"):
+            alone += first_token_prompts(int(workload[1:]), per_length)
     if "E" in v.workloads:
         alone.append(to_max_len_prompt())
     return {
@@ -247,6 +260,7 @@ def request_for(v: Variant, target: str, drafter: str) -> dict[str, Any]:
         "together": "together" in v.workloads,
         "staggered": staggered_waves() if "B" in v.workloads else [],
         "concurrent": concurrent_prompts() if "C" in v.workloads else [],
+        **engine,
     }
 
 

@@ -5,7 +5,6 @@ stage's one entry for the command.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from ..errors import SmokeError
 from .config import SmokeConfig
+from .plan import render
 from .report import format_table
 from .runner import describe_plan, run_smoke
 from .site import install_for_smoke, parse_engines, put_first
@@ -71,7 +71,7 @@ def smoke_requested(
         config = replace(config, other_site=str(stock_site.resolve()))
     if request.dry_run:
         plan = describe_plan(config)
-        return SmokeOutcome({"ok": True, "plan": plan}, json.dumps(plan, indent=2, default=str))
+        return SmokeOutcome({"ok": True, "plan": plan.to_json()}, render(plan))
     report = run_smoke(config, notify=notify)
     return SmokeOutcome(
         report.to_json(), format_table(report), None if report.passed else report.summary_line()

@@ -42,7 +42,8 @@ from ...trainer.hybrid import hybrid_config as qwen3_5_config
 HYBRID_ATTENTION_HEAD_DIM = 256
 SEED_HIDDEN = 5120
 SEED_FFN = 17408
-#: The seed-shaped pair's default width: the whole depth and every head, in 2.3 GB.
+#: The seed-shaped pair's default width: the whole depth and every head, small enough to
+#: generate and serve beside its copies on one GPU.
 SEED_TEST_HIDDEN = 512
 
 MANIFEST = "tiny.json"
@@ -62,7 +63,7 @@ MASK_TOKEN = "<|dflash_mask|>"
 
 @dataclass(frozen=True)
 class TinySpec:
-    """Shapes of the tiny pair (the ones that loaded in vLLM 0.20.1 on an H200)."""
+    """Shapes of the tiny pair (ones vLLM 0.20.1 loads)."""
 
     seed: int = 0
     arch: str = QWEN3
@@ -279,11 +280,7 @@ def write_target(out: Path, spec: TinySpec) -> None:
     if spec.is_hybrid:
         write_hybrid_target(out, spec)
     else:
-        config = Qwen3Config(
-            num_hidden_layers=spec.target_layers,
-            architectures=[TARGET_ARCHITECTURES[QWEN3]],
-            **_qwen3_common(spec),
-        )
+        config = Qwen3Config(**target_config(spec))
         torch.manual_seed(spec.seed)
         Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
     wrapped = PreTrainedTokenizerFast(
@@ -293,6 +290,17 @@ def write_target(out: Path, spec: TinySpec) -> None:
         model_max_length=spec.max_position_embeddings,
     )
     wrapped.save_pretrained(out)
+
+
+def target_config(spec: TinySpec) -> dict[str, Any]:
+    """config.json contents of the target (plain data, as the generator builds it)."""
+    if spec.is_hybrid:
+        return hybrid_config(spec)
+    return dict(
+        num_hidden_layers=spec.target_layers,
+        architectures=[TARGET_ARCHITECTURES[QWEN3]],
+        **_qwen3_common(spec),
+    )
 
 
 def hybrid_config(spec: TinySpec) -> dict[str, Any]:
@@ -322,14 +330,14 @@ def write_hybrid_target(out: Path, spec: TinySpec) -> None:
     model.save_pretrained(out)
 
 
-def write_drafter(out: Path, spec: TinySpec) -> None:
-    """A seeded random reference ``DFlashDraftModel`` with hybrid sliding/full layers, in bf16."""
-    import torch
-    from dflash.model import DFlashDraftModel
-    from transformers import Qwen3Config
-
+def drafter_config(spec: TinySpec) -> dict[str, Any]:
+    """The drafter's config (plain data): Qwen3 layers, sliding then full, and dflash_config."""
     layer_types = list(spec.draft_layer_types)
-    config = Qwen3Config(
+    common = _qwen3_common(spec)
+    if spec.draft_attention is not None:
+        heads, kv_heads, head_dim = spec.draft_attention
+        common.update(num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim)
+    return dict(
         num_hidden_layers=len(layer_types),
         layer_types=layer_types,
         sliding_window=spec.sliding_window,
@@ -337,20 +345,24 @@ def write_drafter(out: Path, spec: TinySpec) -> None:
         use_sliding_window=True,
         max_window_layers=len(layer_types),
         architectures=[DRAFTER_ARCHITECTURE],
-        **_qwen3_common(spec),
+        **common,
+        num_target_layers=spec.target_layers,
+        block_size=spec.block_size,
+        dflash_config={
+            "target_layer_ids": list(spec.target_layer_ids),
+            "mask_token_id": spec.mask_token_id,
+            "block_size": spec.block_size,
+        },
     )
-    if spec.draft_attention is not None:
-        heads, kv_heads, head_dim = spec.draft_attention
-        config.num_attention_heads = heads
-        config.num_key_value_heads = kv_heads
-        config.head_dim = head_dim
-    config.num_target_layers = spec.target_layers
-    config.block_size = spec.block_size
-    config.dflash_config = {
-        "target_layer_ids": list(spec.target_layer_ids),
-        "mask_token_id": spec.mask_token_id,
-        "block_size": spec.block_size,
-    }
+
+
+def write_drafter(out: Path, spec: TinySpec) -> None:
+    """A seeded random reference ``DFlashDraftModel`` with hybrid sliding/full layers, in bf16."""
+    import torch
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(**drafter_config(spec))
     torch.manual_seed(spec.seed + 1)
     model = DFlashDraftModel(config).to(torch.bfloat16)
     model.save_pretrained(out)

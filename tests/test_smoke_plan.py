@@ -1,0 +1,227 @@
+"""The smoke's plan (``plan.plan_smoke``) for the pairs it is given, from configs and declared
+sizes only: the tiny pair, the seed-shaped pair narrow and at full width, and a pair the size
+of Qwen3.6-27B with z-lab's drafter, on one and on two GPUs. The 27B-sized weights are
+safetensors headers that declare the sizes; no file holds them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tooling.errors import SmokeCapacityError, SmokePairError, exit_code_for
+from tooling.smoke import EngineSettings, GpuFacts, SmokeConfig
+from tooling.smoke.pair import GIB, read_pair, safetensors_bytes
+from tooling.smoke.plan import Layout, Limit, Mode, Role, plan_smoke, render
+from tooling.smoke.runner import pair_facts
+from tooling.smoke.serving.tiny import TinySpec, drafter_config, hybrid_config
+
+from .smoke_models import write_model
+
+GB = 10**9
+H200 = 141 * GB
+
+
+def gpus(count: int) -> GpuFacts:
+    return GpuFacts(count, H200)
+
+
+@pytest.fixture
+def pair27(tmp_path: Path) -> tuple[Path, Path]:
+    """Qwen3.6-27B's config (the seed's geometry) with 55 GB declared over 4 shards, and
+    z-lab's drafter layout with 3.5 GB."""
+    spec = TinySpec.for_arch("seed", hidden_size=5120)
+    target, drafter = tmp_path / "Qwen3.6-27B", tmp_path / "Qwen3.6-27B-DFlash"
+    write_model(target, hybrid_config(spec), 55 * GB, shards=4)
+    write_model(drafter, drafter_config(spec), int(3.5 * GB))
+    return target, drafter
+
+
+def config(tmp_path: Path, **kw) -> SmokeConfig:
+    return SmokeConfig(workdir=tmp_path / "w", python="python3", **kw)
+
+
+K15 = EngineSettings(num_speculative_tokens=15)
+
+
+def roles(plan, wave: int) -> dict[str, tuple[int, ...]]:
+    return {str(s.role): s.gpus for s in plan.waves()[wave]}
+
+
+def test_the_tiny_pair_runs_side_by_side_on_one_gpu(tmp_path) -> None:
+    c = config(tmp_path, tiny=True)
+    plan = plan_smoke(c, pair_facts(c), gpus(1))
+    assert plan.layout == Layout.SIDE_BY_SIDE and plan.mode == Mode.FULL
+    # Wave 0 writes the models; every engine and the reference then start at once.
+    assert [s.name for s in plan.waves()[0]] == ["models"]
+    # (test_smoke_runner's dry-run test names them in their start order.)
+    assert [str(s.role) for s in plan.waves()[1]][0] == "reference"
+    assert len(plan.waves()) == 2
+    assert all(s.gpus == (0,) for s in plan.waves()[1])
+    assert plan.reference.placement == "beside the engines" and plan.reference.shards == 4
+    # Engines sharing a GPU each get a fixed KV cache.
+    engines = [s for s in plan.steps if s.role not in ("models", "reference")]
+    assert all(s.kv_cache_memory_bytes == 4 * GIB for s in engines)
+    assert all(status == "run" for check, status in plan.checks.items() if check != "warm_cache")
+
+
+def test_the_narrow_seed_shaped_pair_at_k15_fits_one_gpu_side_by_side(tmp_path) -> None:
+    c = config(tmp_path, tiny=True, tiny_arch="seed", engine=K15)
+    plan = plan_smoke(c, pair_facts(c), gpus(1))
+    assert 2.0 < plan.pair["target_gib"] < 2.5
+    assert plan.layout == Layout.SIDE_BY_SIDE
+    # K = 15: the engines with the drafter keep 48 Gated DeltaNet states for each of the
+    # 16 verified positions of each of 8 sequences; the plain ones one per sequence.
+    kv = {str(s.role): s.kv_cache_memory_bytes for s in plan.steps if s.role != "models"}
+    assert kv["serve-dflash"] == kv["engine"] == kv["first-tokens-dflash"] > 16 * GIB
+    assert kv["serve-plain"] == kv["first-tokens-plain"] == 4 * GIB
+    assert plan.steps[0].argv[-2:] == ("--arch", "seed")
+    # The first tokens of K, K+1, K+2 (and 3(K+1))-token prompts, three of each.
+    lengths = sorted(set(plan.prompts["first_tokens"].values()))
+    assert lengths == [15, 16, 17, 48]
+    assert len(plan.prompts["first_tokens"]) == 12
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_seed_shaped_pair_at_full_width_runs_one_after_another(tmp_path, count) -> None:
+    c = config(tmp_path, tiny=True, tiny_arch="seed", tiny_hidden_size=5120, engine=K15)
+    plan = plan_smoke(c, pair_facts(c), gpus(count))
+    # About 56 GB of weights, counted from the generator's own configs.
+    total = plan.pair["target_gib"] + plan.pair["drafter_gib"]
+    assert 50 * GB / GIB < total < 60 * GB / GIB
+    assert plan.steps[0].argv[-2:] == ("--hidden-size", "5120")
+    assert plan.layout == Layout.ONE_AFTER_ANOTHER
+    engines = [s for s in plan.steps if s.role not in ("models", "reference")]
+    if count == 1:
+        assert len(plan.waves()) == 7  # six waves of one process each, after the models
+        assert all(s.gpus == (0,) for s in engines)
+        assert plan.reference.placement == "after the engines"
+    else:
+        assert roles(plan, 1) == {"serve-dflash": (0,), "serve-plain": (1,)}
+        assert roles(plan, 2) == {"first-tokens-dflash": (1,), "engine": (0,)}
+        assert roles(plan, 3) == {"reference": (1,), "first-tokens-plain": (0,)}
+        assert plan.reference.placement == "own GPU"
+
+
+def test_a_27b_sized_pair_is_planned_from_its_config_and_declared_sizes(pair27, tmp_path):
+    target, drafter = pair27
+    pair = read_pair(str(target), str(drafter))
+    assert pair.target.weight_bytes == 55 * GB and pair.drafter.weight_bytes == int(3.5 * GB)
+    assert pair.target.hybrid and pair.target.multimodal
+    assert pair.target.attention_layers == 16 and pair.target.recurrent_layers == 48
+    c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
+    one = plan_smoke(c, pair, gpus(1))
+    assert one.layout == Layout.ONE_AFTER_ANOTHER and "one at a time" in one.why
+    assert [str(w[0].role) for w in one.waves()[1:]] == [
+        "serve-dflash",
+        "serve-plain",
+        "engine",
+        "first-tokens-dflash",
+        "first-tokens-plain",
+        "reference",
+    ]
+    # Held twice, the target fits one GPU: the reference compares every prompt, after.
+    assert one.reference.placement == "after the engines"
+    assert one.reference.prompts == (0, 1, 2, 3)
+    assert "--language-model-only" in one.step(Role.SERVE_DFLASH).argv
+    two = plan_smoke(c, pair, gpus(2))
+    assert "2 at a time, one GPU each" in two.why
+    assert len(two.waves()) == 4
+    # The first start is not measured yet: its limit grows with the weights.
+    assert two.deadlines.first_start_s > one.deadlines.start.floor_s + 400
+
+
+def test_a_target_too_large_to_hold_twice_is_compared_on_a_stated_subset(tmp_path) -> None:
+    spec = TinySpec.for_arch("seed", hidden_size=5120)
+    target, drafter = tmp_path / "t", tmp_path / "d"
+    write_model(target, hybrid_config(spec), 70 * GB)
+    write_model(drafter, drafter_config(spec), int(3.5 * GB))
+    c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
+    plan = plan_smoke(c, read_pair(str(target), str(drafter)), gpus(1))
+    assert plan.reference.placement == "after the engines"
+    assert plan.reference.prompts == (0, 1)
+    assert "too large to hold twice" in plan.reference.why
+    assert "on 2 of the 4 fidelity prompts" in render(plan)
+
+
+def test_quick_plans_the_checks_of_one_start(tmp_path, pair27) -> None:
+    c = config(tmp_path, tiny=True, quick=True)
+    plan = plan_smoke(c, pair_facts(c), gpus(1))
+    assert plan.mode == Mode.QUICK and len(plan.waves()) == 2
+    assert {str(s.role) for s in plan.waves()[1]} == {
+        "engine",
+        "first-tokens-dflash",
+        "first-tokens-plain",
+    }
+    ran = [check for check, status in plan.checks.items() if status == "run"]
+    assert ran == ["aux_layers", "drafter_windows", "slot_audit", "first_tokens"]
+    assert plan.reference.placement == "not run"
+    assert len(plan.prompts["first_tokens"]) == 4  # one prompt of each length
+
+
+def test_deadlines_are_multiples_of_the_measured_start_with_a_floor(tmp_path) -> None:
+    c = config(tmp_path, tiny=True)
+    d = plan_smoke(c, pair_facts(c), gpus(1)).deadlines
+    assert d.total_s is None
+    assert d.request.seconds(None) == d.request.floor_s == 60
+    assert d.request.seconds(252.0) == pytest.approx(126.0)
+    assert d.start_s(None) == d.first_start_s and d.start_s(252.0) == pytest.approx(504.0)
+    assert d.child_s(Limit(10.0, 1.0), 100.0) == pytest.approx(d.start.floor_s + 100.0)
+
+
+def test_a_pair_too_large_for_the_gpus_is_one_line_with_its_figures(pair27, tmp_path):
+    target, drafter = pair27
+    c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
+    with pytest.raises(SmokeCapacityError) as e:
+        plan_smoke(c, read_pair(str(target), str(drafter)), GpuFacts(1, 80 * GIB))
+    assert str(e.value).startswith("serve with DFlash needs 81.2 GiB on each of 1 GPU(s)")
+    assert "72.0 GiB usable of 80.0 GiB" in str(e.value) and "\n" not in str(e.value)
+    assert exit_code_for(e.value) == 24
+    with pytest.raises(SmokeCapacityError, match="--tensor-parallel-size 2 needs 2 GPUs; 1"):
+        tp2 = replace(c, engine=replace(K15, tensor_parallel_size=2))
+        plan_smoke(tp2, read_pair(str(target), str(drafter)), gpus(1))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            ("target", "architectures", ["Qwen3Model"]),
+            r"Qwen3.6-27B: the target's architectures \['Qwen3Model'\] name no causal LM",
+        ),
+        (("drafter", "dflash_config", None), "the drafter has no dflash_config"),
+    ],
+)
+def test_a_pair_the_smoke_cannot_serve_is_refused_in_one_line(
+    pair27, tmp_path, edit, message
+) -> None:
+    role, key, value = edit
+    folder = pair27[0] if role == "target" else pair27[1]
+    data = json.loads((folder / "config.json").read_text())
+    if value is None:
+        del data[key]
+    else:
+        data[key] = value
+    (folder / "config.json").write_text(json.dumps(data))
+    with pytest.raises(SmokePairError, match=message) as e:
+        read_pair(str(pair27[0]), str(pair27[1]))
+    assert exit_code_for(e.value) == 23 and "\n" not in str(e.value)
+
+
+def test_weights_without_safetensors_are_refused(tmp_path) -> None:
+    spec = TinySpec.for_arch("hybrid")
+    target, drafter = tmp_path / "t", tmp_path / "d"
+    write_model(target, hybrid_config(spec), GB)
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps(drafter_config(spec)))
+    with pytest.raises(SmokePairError, match=r"d: no safetensors weights to size the model by$"):
+        read_pair(str(target), str(drafter))
+    assert safetensors_bytes(target / "model-00000-of-00001.safetensors") == GB
+
+
+def test_gpus_option_is_parsed_or_refused() -> None:
+    assert GpuFacts.parse("2x141") == GpuFacts(2, 141 * GIB)
+    with pytest.raises(Exception, match=r"--gpus '2': expected COUNTxGIB"):
+        GpuFacts.parse("2")

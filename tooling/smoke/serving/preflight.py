@@ -1,0 +1,72 @@
+"""Which vLLM the serving interpreter imports, whether the reference imports, and the GPUs.
+
+``python -m tooling.smoke.serving.preflight OUT.json ARCHS_JSON`` writes
+``{"version", "location", "dflash_error", "gpus", "gpu_error", "modelinfo_error"}``;
+it exits non-zero (no OUT) when vLLM does not import. ``--gpus-only`` in place of
+ARCHS_JSON asks torch for the GPUs alone (a dry run's plan, no vLLM needed).
+
+vLLM inspects each model class in a subprocess of its own (an import of vLLM and
+torch, in each of the run's engines at once) unless ``VLLM_CACHE_ROOT/modelinfos``
+holds the answer, keyed by the hash of the model's module. The run's cache starts
+empty; answered here, where vLLM is imported already, every engine reads it. Best
+effort: vLLM asks itself otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def gpus() -> dict[str, Any]:
+    """Each visible GPU's free and total bytes, or why torch cannot say."""
+    try:
+        import torch
+
+        return {
+            "gpus": [
+                dict(zip(("free", "total"), torch.cuda.mem_get_info(i), strict=True))
+                for i in range(torch.cuda.device_count())
+            ]
+        }
+    except Exception as e:
+        return {"gpus": None, "gpu_error": f"{type(e).__name__}: {e}"}
+
+
+def preflight(architectures: list[str]) -> dict[str, Any]:
+    import vllm
+
+    out: dict[str, Any] = {
+        "version": vllm.__version__,
+        "location": str(Path(vllm.__file__).parent),
+    }
+    try:
+        import dflash.model  # noqa: F401  (the reference the fidelity check compares with)
+
+        out["dflash_error"] = None
+    except Exception as e:
+        out["dflash_error"] = f"{type(e).__name__}: {e}"
+    out.update(gpus())
+    try:
+        from vllm.model_executor.models import registry
+
+        registry._run_in_subprocess = lambda fn: fn()
+        for arch in architectures:
+            registry.ModelRegistry.models[arch].inspect_model_cls()
+        out["modelinfo_error"] = None
+    except Exception as e:
+        out["modelinfo_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    result = gpus() if argv[1] == "--gpus-only" else preflight(json.loads(argv[1]))
+    out.write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
