@@ -323,7 +323,8 @@ def test_expect_stock_is_a_negative_control(tmp_path: Path) -> None:
 
 
 def test_lossless_divergences_place_each_first_difference_for_the_reference(tmp_path) -> None:
-    from tooling.smoke.runner import ServerObservations, lossless_divergences
+    from tooling.smoke.observe import ServerObservations
+    from tooling.smoke.verdicts import lossless_divergences
 
     spec = ServerObservations(log=tmp_path / "s.log")
     plain = ServerObservations(log=tmp_path / "p.log")

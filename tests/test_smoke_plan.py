@@ -57,7 +57,7 @@ def test_the_tiny_pair_runs_side_by_side_on_one_gpu(tmp_path) -> None:
     # Wave 0 writes the models; every engine and the reference then start at once.
     assert [s.name for s in plan.waves()[0]] == ["models"]
     # (test_smoke_runner's dry-run test names them in their start order.)
-    assert [str(s.role) for s in plan.waves()[1]][0] == "reference"
+    assert plan.waves()[1][0].role == "reference"
     assert len(plan.waves()) == 2
     assert all(s.gpus == (0,) for s in plan.waves()[1])
     assert plan.reference.placement == "beside the engines" and plan.reference.shards == 4
@@ -113,7 +113,7 @@ def test_a_27b_sized_pair_is_planned_from_its_config_and_declared_sizes(pair27, 
     assert pair.target.attention_layers == 16 and pair.target.recurrent_layers == 48
     c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
     one = plan_smoke(c, pair, gpus(1))
-    assert one.layout == Layout.ONE_AFTER_ANOTHER and "one at a time" in one.why
+    assert one.layout == Layout.ONE_AFTER_ANOTHER and one.why.endswith("in 5 waves")
     assert [str(w[0].role) for w in one.waves()[1:]] == [
         "serve-dflash",
         "serve-plain",
@@ -127,8 +127,9 @@ def test_a_27b_sized_pair_is_planned_from_its_config_and_declared_sizes(pair27, 
     assert one.reference.prompts == (0, 1, 2, 3)
     assert "--language-model-only" in one.step(Role.SERVE_DFLASH).argv
     two = plan_smoke(c, pair, gpus(2))
-    assert "2 at a time, one GPU each" in two.why
-    assert len(two.waves()) == 4
+    assert two.why.endswith("as many at a time as the GPUs hold, in 3 waves")
+    assert len(two.waves()) == 4  # after the models' empty wave 0
+    assert [len(w) for w in two.waves()[1:]] == [2, 2, 2]
     # The first start is not measured yet: its limit grows with the weights.
     assert two.deadlines.first_start_s > one.deadlines.start.floor_s + 400
 
@@ -225,3 +226,17 @@ def test_gpus_option_is_parsed_or_refused() -> None:
     assert GpuFacts.parse("2x141") == GpuFacts(2, 141 * GIB)
     with pytest.raises(Exception, match=r"--gpus '2': expected COUNTxGIB"):
         GpuFacts.parse("2")
+
+
+def test_engines_that_do_not_all_fit_share_what_each_wave_holds(tmp_path) -> None:
+    c = config(tmp_path, tiny=True)
+    plan = plan_smoke(c, pair_facts(c), GpuFacts(1, 20 * GIB))
+    assert plan.layout == Layout.ONE_AFTER_ANOTHER
+    # Two engines of about 7 GiB a wave on 18 GiB usable; the reference after them.
+    assert [len(w) for w in plan.waves()[1:]] == [2, 2, 1, 1]
+    asked = plan_smoke(replace(c, overlap_engines=False), pair_facts(c), gpus(2))
+    assert asked.why.startswith("asked (--sequential)")
+    assert [roles(asked, w) for w in (1, 2)] == [
+        {"serve-dflash": (0,), "serve-plain": (1,)},
+        {"engine": (0,), "first-tokens-dflash": (1,)},
+    ]

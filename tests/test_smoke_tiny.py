@@ -31,6 +31,7 @@ from tooling.paths import REPO_DIR
 from tooling.procs import group_members
 from tooling.smoke import checks
 from tooling.smoke.config import drafter_info_from_config, target_info_from_config
+from tooling.smoke.pair import read_pair, tiny_pair
 from tooling.smoke.reference_pool import reference_pool
 from tooling.smoke.serving.tiny import (
     MANIFEST,
@@ -421,3 +422,15 @@ def test_hybrid_drafter_shares_the_target_attention_shape() -> None:
     drafter = _qwen3_common(spec)
     keys = ("num_attention_heads", "num_key_value_heads", "head_dim")
     assert [text[k] for k in keys] == [drafter[k] for k in keys] == [2, 2, 256]
+
+
+def test_the_plan_counts_the_weights_the_generator_writes(tiny, hybrid) -> None:
+    """The plan sizes a ``--tiny`` pair from its configs before it exists; the generated
+    safetensors hold what it counted (the hybrid's small vision tower is left out)."""
+    for root, arch in ((tiny["root"] / "a", "qwen3"), (hybrid["root"] / "pair", "hybrid")):
+        planned = tiny_pair(arch, None, root)
+        written = read_pair(str(root / "target"), str(root / "drafter"))
+        assert planned.drafter.weight_bytes == written.drafter.weight_bytes, arch
+        ratio = planned.target.weight_bytes / written.target.weight_bytes
+        assert ratio == 1.0 if arch == "qwen3" else 0.8 < ratio <= 1.0, (arch, ratio)
+        assert planned.target.kv_bytes_per_token == written.target.kv_bytes_per_token

@@ -15,13 +15,19 @@
 #            first (A), then stock (B), which must fail it
 #   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
 #   tp2      --tensor-parallel-size 2 --disable-custom-all-reduce (a 2-GPU host)
+#   seed     the seed-shaped pair (Qwen3.6-27B's depth, heads and vocabulary, z-lab's
+#            drafter layout, hidden width narrowed) at K = 15
+#   seed-full  the same at the seed's own hidden width (5120): about 56 GB of weights
+#   quick    --quick: the checks one start of the engines answers
+# `tooling smoke --dry-run --gpus COUNTxGIB` with the same options prints the plan a
+# variant executes (which engines run where, in what order, with which limits).
 # Optional: TIME_LIMIT (seconds, default 540), KV_CACHE_MEMORY_BYTES (a fixed KV cache
 # per engine: no memory profiling, for variants sharing one GPU) with
 # GPU_MEMORY_UTILIZATION (then only the free memory each engine needs at start-up),
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2}
+variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|seed|seed-full|quick}
 : "${PATCHED_SITE:?}" "${OUT:?}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 cd "$here/../.." || exit 1
@@ -43,6 +49,9 @@ case $variant in
   # 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
   # (stock too): the servers use NCCL's (docs/serving.md, "Two GPUs: TP=2").
   tp2) args+=(--tensor-parallel-size 2 --disable-custom-all-reduce) ;;
+  seed) args+=(--tiny-arch seed --num-speculative-tokens 15) ;;
+  seed-full) args+=(--tiny-arch seed --tiny-hidden-size 5120 --num-speculative-tokens 15) ;;
+  quick) args+=(--quick) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
 # SMOKE_ARGS: more `tooling smoke` options for any variant (e.g. --tiny-arch qwen3).

@@ -478,15 +478,18 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
     else:
         layout = Layout.ONE_AFTER_ANOTHER
         board = [_Gpu(usable) for _ in range(gpus.count)]
-        _place_in_turn(engines, gpus.count)
-        why = (
-            "asked (--sequential)"
-            if config.overlap_engines is False
-            else f"the {len(engines)} engines need "
-            f"{sum(e.need * e.tp for e in engines) / GIB:.1f} GiB at once, more than the "
-            f"{gpus.count * usable / GIB:.1f} GiB usable"
-        )
-        why += f": {gpus.count} at a time, one GPU each" if gpus.count > 1 else ": one at a time"
+        asked = config.overlap_engines is False
+        _place_in_turn(engines, gpus.count, usable, share=not asked)
+        waves = max(e.wave for e in engines)
+        if asked:
+            why = "asked (--sequential): one engine a GPU at a time"
+        else:
+            why = (
+                f"the {len(engines)} engines need "
+                f"{sum(e.need * e.tp for e in engines) / GIB:.1f} GiB at once, more than the "
+                f"{gpus.count * usable / GIB:.1f} GiB usable: as many at a time as the GPUs hold"
+            )
+        why += f", in {waves} waves"
 
     reference, ref_step = _plan_reference(
         config, pair, gpus, engines, board if side_by_side else None, ref_need, python, workdir
@@ -580,14 +583,21 @@ def _place_all(engines: list[_Engine], board: list[_Gpu]) -> bool:
     return True
 
 
-def _place_in_turn(engines: list[_Engine], count: int) -> None:
-    """Waves of engines, one GPU (or ``tp``) each, in the engines' order."""
-    wave, free = 1, list(range(count))
+def _place_in_turn(engines: list[_Engine], count: int, usable: int, share: bool) -> None:
+    """Waves in the engines' order: an engine joins the current wave where its GPUs still
+    hold it (``share``: beside the wave's others; else only on a GPU of its own), else it
+    opens the next wave."""
+    wave, board = 1, [_Gpu(usable) for _ in range(count)]
     for e in engines:
-        if len(free) < e.tp:
-            wave, free = wave + 1, list(range(count))
-        e.gpus, e.wave = tuple(free[: e.tp]), wave
-        free = free[e.tp :]
+        need = e.need if share else usable
+        where = _fit(board, need, e.tp, set())
+        if where is None:
+            wave, board = wave + 1, [_Gpu(usable) for _ in range(count)]
+            where = _fit(board, need, e.tp, set())
+            assert where is not None  # every engine fits an empty board (checked before)
+        for i in where:
+            board[i].used += need
+        e.gpus, e.wave = where, wave
 
 
 def _plan_reference(

@@ -3,9 +3,10 @@
 The comparison (``serving.reference``) spends most of its time in one drafter pass
 per proposal, a few hundred small kernel launches each: it is bound by one Python
 thread, not by the GPU. So the runner splits the prompts over several children on
-the same GPU, and, when the engines share a GPU anyway (``SmokeConfig.overlaps``),
-starts them beside the in-process engine: each loads the pair and its imports
-meanwhile, then waits on stdin for the path of its share of the work. Each child writes counts
+one GPU where it holds that many copies of the pair, and, where the plan places them
+beside the engines (``plan.Step.loads_before_the_engine``), starts them with the
+engines: each loads the pair, then waits on stdin for the path of its share of the
+work. Each child writes counts
 (``serving.agreement.Tally``); their sum is the result one process would give.
 """
 

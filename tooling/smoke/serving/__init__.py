@@ -1,8 +1,10 @@
 """Code that runs inside the SERVING interpreter (the GPU host's, with the vLLM under test, torch
 and the reference ``dflash``), started by the runner as ``python -m tooling.smoke.serving.X``:
-``engine_run`` (in-process vLLM: drafts, windows, the slot audit), ``reference`` (the reference
-``dflash`` recomputation), ``tiny`` (seeded tiny models), ``acceptance``
-(one engine's acceptance on the trained pair), ``child`` (their JSON in/out protocol),
+``engine_run`` (in-process vLLM: drafts, windows, the slot audit), ``distribution`` (one
+engine's greedy tokens with top-k logprobs), ``reference`` (the reference ``dflash``
+recomputation), ``tiny`` (seeded tiny models), ``preflight`` (which vLLM, the GPUs),
+``acceptance`` (one engine's acceptance on the trained pair), ``child`` (their JSON in/out
+protocol),
 and two pure modules shared with the toolchain: ``slotaudit`` (the audit's verdicts) and
 ``agreement`` (the reference comparison's counts, which the runner sums over its shards).
 """
