@@ -9,10 +9,11 @@ has one series per counter.
 
 from __future__ import annotations
 
-import math
-import re
+import io
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.parser import text_fd_to_metric_families
 
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
@@ -20,13 +21,6 @@ SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-
-_SAMPLE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
-    r"(?:\{(?P<labels>.*)\})?"
-    r"\s+(?P<value>\S+)(?:\s+\S+)?$"
-)
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
 
 @dataclass(frozen=True)
@@ -36,45 +30,37 @@ class Sample:
     value: float
 
 
-def _unescape(value: str) -> str:
-    return value.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+class _NumberedLines(io.StringIO):
+    """The text, line by line, remembering the line the parser read last (its errors do
+    not say which)."""
 
+    number = 0
+    line = ""
 
-def _parse_labels(text: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    pos = 0
-    while pos < len(text):
-        match = _LABEL.match(text, pos)
-        if not match:
-            raise ValueError(f"bad label set {{{text}}}")
-        labels[match.group(1)] = _unescape(match.group(2))
-        pos = match.end()
-    return labels
+    # typeshed gives StringIO both IOBase's bytes and TextIOBase's str here.
+    def __next__(self) -> str:  # type: ignore[override]
+        self.line = super().__next__()
+        self.number += 1
+        return self.line
 
 
 def parse_prometheus(text: str) -> list[Sample]:
-    """Every sample of a Prometheus text exposition; comments and blank lines skipped.
+    """Every sample of a Prometheus text exposition, parsed by prometheus_client (what
+    vLLM exports its metrics with).
 
-    Raises ValueError on a line that is neither.
+    Raises ValueError naming the first line that is not Prometheus text.
     """
-    samples = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            raise ValueError(f"line {number}: not a Prometheus sample: {line[:120]}")
-        raw = match.group("value")
-        value = {"+Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}.get(raw)
-        samples.append(
-            Sample(
-                name=match.group("name"),
-                labels=_parse_labels(match.group("labels") or ""),
-                value=float(raw) if value is None else value,
-            )
-        )
-    return samples
+    lines = _NumberedLines(text)
+    try:
+        return [
+            Sample(s.name, dict(s.labels), float(s.value))
+            for family in text_fd_to_metric_families(lines)
+            for s in family.samples
+        ]
+    except ValueError:
+        raise ValueError(
+            f"line {lines.number}: not Prometheus text: {lines.line.strip()[:120]}"
+        ) from None
 
 
 def _counter(samples: list[Sample], name: str) -> list[Sample]:
