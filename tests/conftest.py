@@ -13,10 +13,8 @@ once by the tool itself (what ``tooling fetch`` would do), then linked.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -29,86 +27,26 @@ from tooling.fetching.bases import Base, BaseCatalog, load_bases
 from tooling.fetching.fetch import FetchOptions, fetch_pypi
 from tooling.fetching.upstream import Upstream, fetch_upstream
 from tooling.fsutil import locked
-from tooling.patching.apply import ApplyOptions, SeriesReport, apply_series
+from tooling.patching.apply import SeriesReport, apply_series
 from tooling.patching.series import Series, load_series
-from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
+from tooling.paths import CacheLayout, default_cache_dir
 from tooling.probe_env import ensure_probe_env, ensure_reference_dflash, probe_python_from_env
 
 from . import zlibs
-
-PATCHES = REPO_DIR / "patches"
+from .helpers import PATCHES, apply_options, link_artifacts, seed_bytecode
 
 #: Names the user's cache for the session's processes (xdist workers included), whose
 #: ``$VLLM_DFLASH_CACHE`` names the session's own.
 USER_CACHE_VAR = "TOOLING_TESTS_USER_CACHE"
 
 
-def link_artifacts(user: CacheLayout, session: CacheLayout) -> None:
-    """Symlink the user's artifacts and unpacked sources into ``session`` (once each).
-
-    The tool never writes into either: it moves a bad artifact aside by
-    renaming it (the link), and unpacks a source tree only where none is.
-    """
-    for folder in (user.artifacts, user.sources):
-        for entry in sorted(folder.glob("[!.]*")) if folder.is_dir() else ():
-            link = session.root / folder.name / entry.name
-            if not link.is_symlink():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(entry)
-
-
-def seed_bytecode(user: CacheLayout, session: CacheLayout) -> None:
-    """Hard-link the user's compiled modules (torch's, vLLM's) into the session's cache.
-
-    Importing torch and vLLM from source takes a probe run 20 s longer. Python
-    replaces a stale ``.pyc`` by renaming a new file over it, so the user's copy
-    is never written. Modules of temp folders (work trees of runs gone) stay out.
-    """
-    pycache = user.root / "pycache"
-    seeded = session.root / "pycache"
-    if not pycache.is_dir():
-        return
-    temp = pycache / Path(tempfile.gettempdir()).resolve().relative_to("/")
-    # Once per session: pytest-xdist's workers share the controller's session cache.
-    with locked(seeded):
-        if seeded.exists():
-            return
-        shutil.copytree(
-            pycache,
-            seeded,
-            ignore=lambda folder, names: [n for n in names if Path(folder, n) == temp],
-            copy_function=_hardlink,
-        )
-
-
-def _hardlink(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system: a copy
-        shutil.copy2(src, dst)
-
-
-def bytecode_env() -> dict[str, str]:
-    """Environment for a child interpreter a test starts on vLLM, dflash or the repo: its
-    bytecode goes to the session's cache (as the probe harness sends it), never beside the
-    sources, some of which are the user's cache."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONPYCACHEPREFIX": str(default_cache_dir() / "pycache")}
-
-
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return  # the controller made the session cache; its environment came along
-    # ``--dist loadscope`` sorts the modules by how many tests each has, which put the
-    # longest ones (few tests, minutes of real installs and probe runs) last, on one worker
-    # while the other idled. LONGEST_FIRST orders them instead, and this keeps that order.
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
     # The torch of a child (the trainer, the tiny models, the reference) computes with one
     # thread per core by default; next to the other workers' children that oversubscribes
-    # the cores, and OpenMP's waiting threads spin: on this 2-core machine the trainer's
-    # smoke recipe took 35 s and 39 CPU-s beside one busy process, 18 s and 17 with one
-    # thread. Each worker's children get their share of the cores (a value set outside stays).
+    # the cores, and OpenMP's waiting threads spin. Each worker's children get their share of
+    # the cores (a value set outside stays).
     workers = getattr(config.option, "numprocesses", None)
     workers = workers if isinstance(workers, int) and workers > 0 else 1
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -175,8 +113,8 @@ def probe_python(user_cache: CacheLayout, cache: CacheLayout) -> Path:
     """The CPU interpreter with torch, transformers and vLLM's imports: $TOOLING_PROBE_PYTHON
     (``make test`` sets it), else the one ``tooling probe-env`` makes once in the user's cache.
 
-    Through ``cache``, the session's bytecode is seeded before any child of it starts:
-    torch and transformers compiled again from source cost a child 20 s.
+    Through ``cache``, the session's bytecode is seeded before any child of it starts, so
+    that no child compiles torch and transformers again from source.
     """
     return probe_python_from_env() or ensure_probe_env(user_cache)
 
@@ -200,17 +138,6 @@ def upstream_0220(catalog: BaseCatalog, fetch_release: Callable[..., Upstream]) 
     return fetch_release(catalog.get("0.22.0"))
 
 
-def apply_options(probe_python: Path | None, cache: CacheLayout, **kw) -> ApplyOptions:
-    """The session's options; its probe cache starts empty, so each tree's first probe runs."""
-    return ApplyOptions(
-        probe_python=probe_python,
-        pycache=cache.root / "pycache",
-        probe_cache=cache.probes,
-        baselines=cache.baselines,
-        **kw,
-    )
-
-
 @pytest.fixture(scope="session")
 def patched_0201(
     tmp_path_factory,
@@ -219,7 +146,7 @@ def patched_0201(
     probe_python: Path,
     cache: CacheLayout,
 ) -> SeriesReport:
-    """The series applied to 0.20.1 with probes before and after (about 30 s)."""
+    """The series applied to 0.20.1 with probes before and after."""
     work = tmp_path_factory.mktemp("patched") / "vllm-0.20.1"
     return apply_series(upstream_0201, series, work, apply_options(probe_python, cache))
 
@@ -269,129 +196,3 @@ def other_libz(request: pytest.FixtureRequest) -> Path:
                 )
             zlibs.build_zlib_ng(folder)
     return folder
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def touched_upstream(
-    upstream: Upstream, series: Series, dst: Path, extra: tuple[str, ...] = ()
-) -> Upstream:
-    """``upstream`` whose source is only the files the series touches (the ledger's
-    ``files``) and ``extra``, copied to ``dst``.
-
-    The engine applies, reports and builds file by file, so a conflict, an offset, a
-    refusal or a partial build reads as it does on the whole release, without checking
-    out its 4,745 files (and deleting them again later).
-    """
-    for rel in sorted({f for patch in series.patches for f in patch.files} | set(extra)):
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(upstream.source_dir / rel, dst / rel)
-    return dataclasses.replace(upstream, source_dir=dst)
-
-
-def run_on_tree(
-    python: Path,
-    tree: Path,
-    tmp: Path,
-    script: str,
-    argument: str,
-    *,
-    timeout: float,
-    unset: tuple[str, ...] = (),
-) -> dict:
-    """Run ``script`` in ``python`` with ``tree``'s vLLM first on its path (CPU only).
-
-    The script gets ``argument`` and the path of the JSON file it must write,
-    which is returned parsed; ``unset`` names environment variables it must not see.
-    """
-    import json
-
-    assert (tree / "vllm").is_dir(), tree
-    script_path, out = tmp / "script.py", tmp / "out.json"
-    script_path.write_text(script)
-    env = {
-        **bytecode_env(),
-        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-        "OMP_NUM_THREADS": "1",
-        # The probe harness's scratch folders go to the test's tmp, not /tmp.
-        "TMPDIR": str(tmp),
-    }
-    for name in unset:
-        env.pop(name, None)
-    result = subprocess.run(
-        [str(python), str(script_path), argument, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=tmp,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
-#: Fixtures that need the real 244 MB artifacts, the CPU probe environment or both (or, for
-#: ``other_libz``, a download and a C build).
-HEAVY_FIXTURES = frozenset(
-    {
-        "cache",
-        "fetch_options",
-        "fetch_release",
-        "probe_python",
-        "dflash_path",
-        "upstream_0201",
-        "upstream_0220",
-        "patched_0201",
-        "patched_0220",
-        "built_wheel",
-        "other_libz",
-        "smoke_run",
-    }
-)
-
-
-#: The modules that keep one worker longest (seconds of tests and fixtures on two workers,
-#: measured 2026-12-01), longest first. The scheduler hands modules out in collection order
-#: (``pytest_configure`` turns off pytest-xdist's reordering by test count), so these go
-#: first, the short ones fill in at the end, and the two workers finish together. Any
-#: other module runs after these, in file order: a missing name costs time, never a test.
-LONGEST_FIRST = (
-    "test_verify_stock",  # 74 s
-    "test_reliability",  # 74 s
-    "test_verify",  # 65 s
-    "test_probe_cache",  # 54 s
-    "test_smoke_tiny",  # 52 s
-    "test_trainer",  # 45 s
-    "test_apply",  # 31 s
-    "test_probes",  # 30 s
-    "test_smoke_vllm_cpu",  # 29 s
-    "test_drafter_refusals",  # 25 s
-    "test_session_cache",  # 24 s
-    "test_bundle",  # 21 s
-    "test_build",  # 16 s
-    "test_smoke_runner",  # 13 s
-    "test_export",  # 11 s
-    "test_probe_host",  # 10 s
-    "test_fetch",  # 8 s
-    "test_smoke_server",  # 8 s
-)
-
-
-def _module_rank(item: pytest.Item) -> int:
-    name = Path(str(item.fspath)).stem
-    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test that reaches a heavy fixture (``make check`` skips them),
-    and put the longest modules first (a stable sort: tests keep their order in a module)."""
-    for item in items:
-        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
-    items.sort(key=_module_rank)

@@ -27,7 +27,7 @@ from tooling.patching.hunks import parse_diff
 from tooling.patching.series import load_series
 from tooling.probes import ABSENT, PRESENT
 
-from .conftest import PATCHES, apply_options, touched_upstream
+from .helpers import PATCHES, apply_options, touched_upstream
 
 
 @pytest.mark.parametrize(
@@ -47,6 +47,7 @@ def test_decide(forward, reverse, probe, expected):
     assert decide(forward, reverse, probe) == expected
 
 
+@pytest.mark.slow
 def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
     assert patched_0201.ok
     for outcome in patched_0201.outcomes:
@@ -73,6 +74,7 @@ def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
     assert set(after["dflash-lookahead-slots"]["details"]["outside"].values()) == {0}
 
 
+@pytest.mark.slow
 def test_0201_one_commit_per_patch_with_trailers(patched_0201, series):
     repo = git.Repo(patched_0201.work_dir)
     commits = worktree.series_commits(repo)
@@ -82,6 +84,7 @@ def test_0201_one_commit_per_patch_with_trailers(patched_0201, series):
     assert not repo.is_dirty(untracked_files=True)
 
 
+@pytest.mark.slow
 def test_0220_offset_is_superseded_not_reapplied(patched_0220):
     report = patched_0220
     offset = report.outcome("dflash-layer-id-offset")
@@ -106,6 +109,7 @@ def touched(tmp_path, upstream_0201: Upstream, series) -> Upstream:
     return touched_upstream(upstream_0201, series, tmp_path / "base")
 
 
+@pytest.mark.slow
 def test_conflict_names_patch_file_hunk_and_line(tmp_path, touched, series, cache):
     tree = touched.source_dir
     target = tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
@@ -121,6 +125,7 @@ def test_conflict_names_patch_file_hunk_and_line(tmp_path, touched, series, cach
     assert [o.status for o in report.outcomes[1:]] == [NOT_ATTEMPTED] * (len(series.patches) - 1)
 
 
+@pytest.mark.slow
 def test_keep_going_reports_every_later_patch(tmp_path, touched, series, cache):
     tree = touched.source_dir
     target = tree / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
@@ -138,6 +143,7 @@ def test_keep_going_reports_every_later_patch(tmp_path, touched, series, cache):
     assert statuses == {p.id: CONFLICT if p.id in conflicting else APPLIED for p in series.patches}
 
 
+@pytest.mark.slow
 def test_lines_that_moved_are_reported_with_the_offset(tmp_path, touched, series, cache):
     tree = touched.source_dir
     runner = "vllm/v1/worker/gpu_model_runner.py"
@@ -162,6 +168,7 @@ def test_lines_that_moved_are_reported_with_the_offset(tmp_path, touched, series
     assert committed[moved_to - 1 : moved_to - 1 + len(hunk.new_lines)] == list(hunk.new_lines)
 
 
+@pytest.mark.slow
 def test_already_applied_patch_is_detected(tmp_path, touched, series, cache):
     tree = touched.source_dir
     repo = git.Repo.init(tree)
@@ -187,6 +194,7 @@ def test_digest_mismatch_is_refused(tmp_path):
         load_series(folder / "series.toml")
 
 
+@pytest.mark.slow
 def test_corrupt_patch_file_is_refused_by_name(tmp_path, touched, cache):
     folder = ledger_copy(tmp_path)
     patch = folder / "0001-dflash-layer-id-offset.patch"
@@ -211,6 +219,7 @@ def test_missing_patch_file_is_refused(tmp_path):
         load_series(folder / "series.toml")
 
 
+@pytest.mark.slow
 def test_git_source_end_to_end(tmp_path, touched, series, cache, catalog):
     """A local git repository of the real 0.20.1 files the series touches, tagged, fetched
     and patched."""

@@ -33,7 +33,7 @@ from tooling.errors import BuildError, IntegrityError
 from tooling.patching import worktree
 from tooling.patching.apply import apply_series
 
-from .conftest import apply_options, touched_upstream
+from .helpers import apply_options, touched_upstream
 
 OFFICIAL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 
@@ -61,6 +61,7 @@ def raw(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
         return f.read(info.compress_size)
 
 
+@pytest.mark.slow
 def test_identity_keeps_platform_and_build_tag(built_wheel, series):
     label = f"0.20.1+dflash.{len(series.patches)}.{series.digest[:8]}"
     assert built_wheel.version == label
@@ -73,6 +74,7 @@ def test_identity_keeps_platform_and_build_tag(built_wheel, series):
     assert f"Version: {label}" in metadata.splitlines()
 
 
+@pytest.mark.slow
 def test_unchanged_members_are_the_official_bytes(built_wheel, upstream_0201, touched):
     with zipfile.ZipFile(upstream_0201.wheel) as off, zipfile.ZipFile(built_wheel.path) as out:
         ours = {i.filename: i for i in out.infolist()}
@@ -94,6 +96,7 @@ def test_unchanged_members_are_the_official_bytes(built_wheel, upstream_0201, to
         assert "vllm/_C.abi3.so" in big
 
 
+@pytest.mark.slow
 def test_record_is_valid_and_patched_files_are_the_work_tree_heads(
     built_wheel, patched_0201, touched
 ):
@@ -105,6 +108,7 @@ def test_record_is_valid_and_patched_files_are_the_work_tree_heads(
                 assert data == worktree.read_blob(repo, "HEAD", info.filename)
 
 
+@pytest.mark.slow
 def test_manifest_and_sbom(built_wheel, upstream_0201, series, touched):
     with zipfile.ZipFile(built_wheel.path) as zf:
         info = f"vllm-{built_wheel.version}.dist-info"
@@ -140,6 +144,7 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series, touched):
     assert applied == len(series.patches)
 
 
+@pytest.mark.slow
 def test_vllm_reports_the_stamped_version(built_wheel, upstream_0201):
     """vllm.__version__ (what vLLM keys compiled graphs and /version by) is the build's."""
     with zipfile.ZipFile(built_wheel.path) as zf, zipfile.ZipFile(upstream_0201.wheel) as off:
@@ -160,6 +165,7 @@ def test_stamp_refuses_a_version_module_it_does_not_know():
         stamp_version("__version__ = '0.20.1'\n", "0.20.1+dflash.6.abc")
 
 
+@pytest.mark.slow
 def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_0201, series, patched_0201):
     again = build_precompiled(
         upstream_0201,
@@ -171,6 +177,7 @@ def test_two_builds_are_byte_identical(tmp_path, built_wheel, upstream_0201, ser
     assert again.path.read_bytes() == built_wheel.path.read_bytes()
 
 
+@pytest.mark.slow
 def test_members_the_build_writes_are_stored(built_wheel, touched):
     """The patched files and the rewritten .dist-info are stored: deflated, their bytes would
     be those of the zlib the building Python links, and differ by machine."""
@@ -192,6 +199,7 @@ _ZLIB_OF_CHILD = (
 )
 
 
+@pytest.mark.slow
 def test_another_zlib_builds_the_same_wheel(tmp_path, patched_0201, other_libz):
     """The same build by the same interpreter linked to two zlibs whose deflate differs
     (this Python's, and zlib-ng's libz.so.1 put in front): the same bytes."""
@@ -219,6 +227,7 @@ def test_another_zlib_builds_the_same_wheel(tmp_path, patched_0201, other_libz):
     assert built["linked"] == built["other"]
 
 
+@pytest.mark.slow
 def test_a_build_without_probes_does_not_depend_on_the_trees_history(tmp_path, patched_0201):
     """The patched tree was probed when it was made: a --no-probes build on it records none
     of those verdicts, and writes the wheel a --no-probes build on a fresh tree writes."""
@@ -262,6 +271,7 @@ def build_without_probes(work_dir: Path, dist: Path, env: dict[str, str]) -> dic
     return out
 
 
+@pytest.mark.slow
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
     # Patch 5 is written on patch 2's lines: leaving out patch 2 means leaving out both.
     skip = ["dflash-fp8-kv-cache", "dflash-swa-config"]
@@ -292,6 +302,7 @@ def test_build_tag_mode(series):
         plan_identity(OFFICIAL, series, build_tag="dflash")
 
 
+@pytest.mark.slow
 def test_patch_touching_compiled_code_is_refused(tmp_path, upstream_0201, series, cache):
     kernel_file = "csrc/activation_kernels.cu"
     upstream = touched_upstream(upstream_0201, series, tmp_path / "base", (kernel_file,))
@@ -314,6 +325,7 @@ def test_patch_touching_compiled_code_is_refused(tmp_path, upstream_0201, series
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_source_that_differs_from_the_wheel_is_refused(tmp_path, upstream_0201, series, cache):
     upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
     target = upstream.source_dir / "vllm" / "config" / "speculative.py"
@@ -323,6 +335,7 @@ def test_source_that_differs_from_the_wheel_is_refused(tmp_path, upstream_0201, 
         build_precompiled(upstream, series, report, BuildOptions(dist_dir=tmp_path / "d"))
 
 
+@pytest.mark.slow
 def test_corrupt_official_wheel_and_missing_wheel(tmp_path, upstream_0201, series, patched_0201):
     broken = tmp_path / OFFICIAL
     with open(upstream_0201.wheel, "rb") as src:
@@ -345,6 +358,7 @@ def test_corrupt_official_wheel_and_missing_wheel(tmp_path, upstream_0201, serie
     assert not list((tmp_path / "d").glob("*.whl")) if (tmp_path / "d").exists() else True
 
 
+@pytest.mark.slow
 def test_unwritable_dist_is_a_build_error(tmp_path, upstream_0201, series, patched_0201):
     blocker = tmp_path / "dist"
     blocker.write_text("a file where the folder should be")
@@ -352,6 +366,7 @@ def test_unwritable_dist_is_a_build_error(tmp_path, upstream_0201, series, patch
         build_precompiled(upstream_0201, series, patched_0201, BuildOptions(dist_dir=blocker))
 
 
+@pytest.mark.slow
 def test_full_disk_leaves_nothing_behind(tmp_path, patched_0201, upstream_0201):
     """A write that fails half-way (file size limit standing in for a full disk)."""
     dist = tmp_path / "dist"

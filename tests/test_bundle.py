@@ -206,6 +206,7 @@ def test_missing_wheel_is_one_clear_error(tmp_path: Path) -> None:
         read_present(tmp_path / "absent.txt")
 
 
+@pytest.mark.slow
 def test_resolution_matches_the_release_lock(tmp_path: Path, upstream_0201) -> None:
     """uv on the official 0.20.1 wheel + torch==2.11.0 gives the recorded closure (network)."""
     official = upstream_0201.wheel

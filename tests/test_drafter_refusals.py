@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_on_tree
+from .helpers import run_on_tree
 
 pytestmark = pytest.mark.slow
 

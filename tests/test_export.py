@@ -17,9 +17,10 @@ from tooling.patching.apply import apply_series
 from tooling.patching.export import check_export, export_patches, render_patches
 from tooling.patching.series import load_series
 
-from .conftest import PATCHES, apply_options, touched_upstream
+from .helpers import PATCHES, apply_options, touched_upstream
 
 
+@pytest.mark.slow
 def test_export_round_trips_byte_for_byte(patched_0201, series):
     rendered = render_patches(git.Repo(patched_0201.work_dir))
     assert [name for name, _ in rendered] == [p.file.name for p in series.patches]
@@ -27,11 +28,13 @@ def test_export_round_trips_byte_for_byte(patched_0201, series):
         assert data == patch.file.read_bytes()
 
 
+@pytest.mark.slow
 def test_check_passes_on_the_committed_series(upstream_0201, series, cache):
     result = check_export(upstream_0201, series, cache.baselines)
     assert result.patches and result.drifted == []
 
 
+@pytest.mark.slow
 def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201, cache):
     """A hand edit git still accepts (stale line numbers) is not what export would write."""
     folder = tmp_path / "patches"
@@ -49,6 +52,7 @@ def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201, cache):
     assert [(p.file, p.state) for p in result.drifted] == [(patch.name, "updated")]
 
 
+@pytest.mark.slow
 def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstream_0201, cache):
     folder = tmp_path / "patches"
     shutil.copytree(PATCHES, folder)
@@ -72,6 +76,7 @@ def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstre
     assert reloaded.get(last.id).sha256 == sha256_file(exported)
 
 
+@pytest.mark.slow
 def test_cli_export_check_exit_code_on_drift(tmp_path, cache):
     folder = tmp_path / "patches"
     shutil.copytree(PATCHES, folder)

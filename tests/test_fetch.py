@@ -41,7 +41,7 @@ from tooling.fetching.fetch import (
 )
 from tooling.paths import CacheLayout
 
-from .conftest import PATCHES
+from .helpers import PATCHES, wait_until
 
 
 def make_sdist(version: str, *, escape: bool = False, padding: int = 0) -> bytes:
@@ -190,6 +190,7 @@ def test_downloaded_bytes_not_matching_the_pin_leave_nothing(tmp_path, sdist_byt
     assert list((tmp_path / "cache" / "pypi").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_corrupted_cached_copy_of_the_real_sdist_is_removed(tmp_path, catalog, fetch_release):
     real = fetch_release(catalog.get("0.20.1"), with_wheel=False).sdist
     opts = options(tmp_path, "http://127.0.0.1:9/simple/", offline=True)
@@ -306,6 +307,7 @@ def test_a_full_disk_during_a_download_names_the_cache_folder(tmp_path):
     assert list((tmp_path / "cache" / "pypi").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_real_pinned_artifacts_fetch_and_unpack(upstream_0201, cache):
     """Both artifacts sit in the cache under their names, as patches/bases.toml pins them
     (read here as plain TOML), and the sdist is unpacked under its digest, byte for byte."""
@@ -393,10 +395,7 @@ def test_a_download_killed_midway_leaves_a_part_the_next_fetch_removes(tmp_path,
     common += ["--index-url", idx.url, "--no-progress", "fetch"]
     try:
         proc = subprocess.Popen([sys.executable, "-m", "tooling", *common])
-        deadline = time.monotonic() + 120
-        while not list(pypi.glob(".vllm-9.9.9.tar.gz.*.part")):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: list(pypi.glob(".vllm-9.9.9.tar.gz.*.part")), "a part file", alive=proc)
         proc.kill()
         proc.wait()
         hold.set()

@@ -77,6 +77,7 @@ def answer_of(run: ProbeRun):
     return run.wait()[PROBE[0]]
 
 
+@pytest.mark.slow
 def test_an_identical_tree_elsewhere_is_answered_without_an_interpreter(setting):
     s = setting
     run = start_probes(s.target(s.trees[1]), PROBE)
@@ -92,6 +93,7 @@ def test_an_identical_tree_elsewhere_is_answered_without_an_interpreter(setting)
     assert run.vllm_version == s.version == "0.20.1"
 
 
+@pytest.mark.slow
 def test_one_byte_of_an_imported_file_makes_it_probe_again(setting, tmp_path):
     s = setting
     tree = shutil.copytree(s.trees[0], tmp_path / "tree", symlinks=True)
@@ -108,6 +110,7 @@ def test_one_byte_of_an_imported_file_makes_it_probe_again(setting, tmp_path):
     assert s.runs() == before + 1
 
 
+@pytest.mark.slow
 def test_a_newer_list_of_other_imports_does_not_hide_the_one_that_matches(setting):
     """Lists are tried newest first; what one of them hashed must not leak into the next."""
     s = setting
@@ -126,6 +129,7 @@ def test_a_newer_list_of_other_imports_does_not_hide_the_one_that_matches(settin
         newer.unlink()
 
 
+@pytest.mark.slow
 def test_a_module_added_to_an_imported_package_makes_it_probe_again(setting, tmp_path):
     """A new file could be what an import now finds (or what one that failed finds)."""
     s = setting
@@ -135,6 +139,7 @@ def test_a_module_added_to_an_imported_package_makes_it_probe_again(setting, tmp
         assert not run.cached and run.process is not None
 
 
+@pytest.mark.slow
 def test_a_changed_probe_source_makes_it_probe_again(setting, tmp_path, monkeypatch):
     s = setting
     probes = shutil.copytree(
@@ -149,6 +154,7 @@ def test_a_changed_probe_source_makes_it_probe_again(setting, tmp_path, monkeypa
         assert not run.cached and run.process is not None
 
 
+@pytest.mark.slow
 def test_the_bypass_variable_probes_again(setting, monkeypatch):
     s = setting
     monkeypatch.setenv(probe_cache.BYPASS_VAR, "1")
@@ -156,6 +162,7 @@ def test_the_bypass_variable_probes_again(setting, monkeypatch):
         assert not run.cached and run.process is not None
 
 
+@pytest.mark.slow
 def test_a_corrupt_cache_is_ignored_and_replaced(setting, tmp_path):
     s = setting
     kept = [*s.kept.glob("*/verdicts/*.json"), *s.kept.glob("*/lists/*.json")]
@@ -173,9 +180,11 @@ def test_a_corrupt_cache_is_ignored_and_replaced(setting, tmp_path):
     json.loads((s.kept / "stat-memo.json").read_text())
 
 
+@pytest.mark.slow
 def test_unknown_verdicts_are_never_kept(setting, tmp_path):
     """The toolchain's interpreter has no torch: vLLM does not import, the probe reads
-    unknown; a run past its time limit reads unknown too. Neither is kept."""
+    unknown; a run past its time limit (an interpreter that never finishes) reads unknown
+    too. Neither is kept."""
     s = setting
     kept_before = sorted(s.kept.glob("*/verdicts/*.json"))
     python, starts = counting_python(tmp_path, Path(sys.executable))
@@ -185,7 +194,10 @@ def test_unknown_verdicts_are_never_kept(setting, tmp_path):
     assert started(starts) == 2
     tree = shutil.copytree(s.trees[0], tmp_path / "tree", symlinks=True)
     (tree / IMPORTED).write_bytes((tree / IMPORTED).read_bytes() + b"\n")
-    (result,) = start_probes(s.target(tree), PROBE, timeout_s=0.5).wait().values()
+    hangs = tmp_path / "hangs"
+    hangs.write_text("#!/bin/sh\nexec sleep 300\n")
+    hangs.chmod(0o755)
+    (result,) = start_probes(s.target(tree, hangs), PROBE, timeout_s=0.5).wait().values()
     assert result.status == UNKNOWN and "timed out" in result.evidence
     assert sorted(s.kept.glob("*/verdicts/*.json")) == kept_before
 
@@ -210,6 +222,7 @@ def test_the_first_level_key_follows_the_environment_vllm_reads(tmp_path):
     assert folder({"VLLM_USE_V2_MODEL_RUNNER": "1"}, "/trees/a", "/tmp/run1") != plain
 
 
+@pytest.mark.slow
 def test_a_forked_run_keeps_verdicts_a_fresh_run_finds(setting, tmp_path):
     """A run a ``ProbeHost`` forked reports the imports of a fresh interpreter: its verdicts
     answer a fresh run on a copy of the tree, and they are the fresh run's own."""

@@ -8,6 +8,8 @@ import pytest
 from tooling.probe_host import ProbeHost
 from tooling.probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, run_probes
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def probe_release(catalog, fetch_release, probe_python, cache):

@@ -28,7 +28,7 @@ from tooling.paths import PACKAGE_DIR
 from tooling.probes import probe_modules
 from tooling.registry import LEDGER, load_registry, registry
 
-from .conftest import PATCHES
+from .helpers import PATCHES
 
 NEW_PROBE = """
 from .result import PRESENT, ProbeResult

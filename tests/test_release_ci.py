@@ -176,6 +176,7 @@ def test_upstream_since_is_the_lowest_release_by_version_order():
     assert upstream_since(status, "other") is None
 
 
+@pytest.mark.slow
 def test_release_notes_from_the_real_build(built_wheel, series, patched_0201, patched_0220):
     status = status_json(patched_0201, patched_0220)
     assert upstream_since(status, "dflash-layer-id-offset") == "0.22.0"
@@ -194,6 +195,7 @@ def test_release_notes_from_the_real_build(built_wheel, series, patched_0201, pa
     assert "## Dropped: already upstream in this base\n\n- none" in notes
 
 
+@pytest.mark.slow
 def test_write_release_checksums(tmp_path, built_wheel, series, patched_0201):
     dist = tmp_path / "dist"
     dist.mkdir()

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 
 from tooling.paths import REPO_DIR, default_cache_dir
 
-from .conftest import git
+from .helpers import git, wait_until
 
 #: The session's cache (conftest points $VLLM_DFLASH_CACHE at it before tests are collected).
 CACHE = default_cache_dir()
@@ -65,14 +64,7 @@ def fresh_cache(tmp_path: Path, *files: str) -> Path:
     return cache
 
 
-def wait_for(predicate, what: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
+@pytest.mark.slow
 @needs_artifacts
 def test_two_builds_at_once_share_the_work_tree_safely(tmp_path, probe_python):
     """B starts while A waits for its base probes; neither may patch the other's tree."""
@@ -80,7 +72,7 @@ def test_two_builds_at_once_share_the_work_tree_safely(tmp_path, probe_python):
     a = tooling("build", "--json", "--dist", "dist-a", cwd=tmp_path, env=env)
     work = tmp_path / "build" / "work" / "vllm-0.20.1"
     # A has created its tree and is waiting for the base probes: the moment B used to replace it.
-    wait_for(lambda: (work / ".git" / "refs" / "tags" / "baseline").exists(), "A's work tree")
+    wait_until(lambda: (work / ".git" / "refs" / "tags" / "baseline").exists(), "A's tree", alive=a)
     b = tooling("build", "--json", "--dist", "dist-b", cwd=tmp_path, env=env)
     (code_a, out_a, err_a), (code_b, out_b, err_b) = finish(a), finish(b)
     assert (code_a, code_b) == (0, 0), (err_a, err_b)
@@ -96,6 +88,7 @@ def test_two_builds_at_once_share_the_work_tree_safely(tmp_path, probe_python):
     assert sorted(p.name for p in work.parent.iterdir()) == ["vllm-0.20.1", "vllm-0.20.1.logs"]
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_two_trees_from_one_fresh_cache_do_not_break_each_other(tmp_path):
     """Both unpack the sdist into the same cache; neither may delete it under the other."""
@@ -103,7 +96,7 @@ def test_two_trees_from_one_fresh_cache_do_not_break_each_other(tmp_path):
     env = {"VLLM_DFLASH_CACHE": str(cache), "TOOLING_PROBE_PYTHON": ""}
     a = tooling("patch", "--offline", "--json", "--work-dir", "wa", cwd=tmp_path, env=env)
     # B starts unpacking just after A: A then copies the tree while B finishes its own copy.
-    wait_for(lambda: any((cache / "sources").glob(".sdist-*")), "A unpacking the sdist")
+    wait_until(lambda: any((cache / "sources").glob(".sdist-*")), "A unpacking", alive=a)
     b = tooling("patch", "--offline", "--json", "--work-dir", "wb", cwd=tmp_path, env=env)
     results = [finish(a), finish(b)]
     for code, out, err in results:
@@ -120,6 +113,7 @@ def patch_w(folder: Path) -> tuple[int, str, str]:
     return finish(tooling("patch", "--offline", "--json", "--work-dir", "w", cwd=folder, env=env))
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_path):
     code, out, err = patch_w(tmp_path)
@@ -145,6 +139,7 @@ def test_a_persons_commits_in_the_work_tree_are_moved_aside_not_destroyed(tmp_pa
     assert mine not in git(work, "rev-list", "HEAD")
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_files_vllms_gitignore_hides_in_the_work_tree_are_moved_aside_not_destroyed(tmp_path):
     code, out, err = patch_w(tmp_path)
@@ -187,6 +182,7 @@ def prepared(tmp_path_factory, upstream_0201) -> tuple[Path, dict[str, str], Pat
     return root, env, marker
 
 
+@pytest.mark.slow
 def test_no_probes_runs_no_probe_interpreter_even_when_one_is_configured(prepared):
     root, _, marker = prepared
     assert not marker.exists()
@@ -194,6 +190,7 @@ def test_no_probes_runs_no_probe_interpreter_even_when_one_is_configured(prepare
     assert {p["probe"] for p in out["patches"]} == {None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
 )
@@ -213,7 +210,7 @@ def test_a_signal_during_the_build_leaves_no_part_file(prepared, signum, code):
         cwd=root,
         env=env,
     )
-    wait_for(lambda: any(dist.glob(".*.part")), "the wheel being written", timeout=120)
+    wait_until(lambda: any(dist.glob(".*.part")), "the wheel being written", alive=build)
     build.send_signal(signum)
     got, _, err = finish(build)
     assert got == code, err
@@ -272,6 +269,7 @@ def test_signals_exit_128_plus_their_number(signum, code):
     assert err == f"error: interrupted ({signal.Signals(signum).name})\n"
 
 
+@pytest.mark.slow
 @needs_artifacts
 @pytest.mark.parametrize("kind", ["missing", "not-python"])
 def test_a_probe_interpreter_that_cannot_start_is_a_probe_error(tmp_path, kind):
@@ -287,6 +285,7 @@ def test_a_probe_interpreter_that_cannot_start_is_a_probe_error(tmp_path, kind):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_a_dist_that_is_a_file_is_refused_before_any_work(tmp_path):
     (tmp_path / "dist").write_text("not a folder")
@@ -314,6 +313,7 @@ def test_pip_refusing_a_wheel_shows_pips_error_line(tmp_path):
     assert failure is not None and failure.startswith("ERROR:"), failure
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("epoch", "message"),
     [
@@ -329,6 +329,7 @@ def test_a_bad_source_date_epoch_is_one_line(prepared, epoch, message):
     assert code == 13 and err == f"error: SOURCE_DATE_EPOCH {epoch!r} {message}\n", err
 
 
+@pytest.mark.slow
 def test_release_refuses_a_foreign_wheel_and_a_wheel_outside_dist_before_writing(
     prepared, tmp_path
 ):
@@ -358,6 +359,7 @@ def test_patch_status_json_with_a_broken_series_is_json(tmp_path):
     assert json.loads(out)["exit_code"] == 10
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_without_git_on_path_commands_that_need_none_work(tmp_path):
     path = {"PATH": str(Path(sys.executable).parent)}
@@ -371,6 +373,7 @@ def test_without_git_on_path_commands_that_need_none_work(tmp_path):
     )
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
     tmp_path, probe_python
@@ -407,6 +410,7 @@ def test_a_full_disk_while_the_work_tree_is_made_is_one_line_and_leaves_nothing(
     assert list(scratch.iterdir()) == []
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path, catalog):
     cache = fresh_cache(tmp_path, SDIST)
@@ -427,6 +431,7 @@ def test_a_truncated_cached_wheel_is_named_when_it_is_removed(tmp_path, catalog)
     assert not list(tmp_path.glob("dist/*"))
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_a_wrong_pin_moves_the_right_cached_wheel_aside_and_says_where(tmp_path, catalog):
     """One hex digit off in bases.toml's wheel pin: the build stops (6), and the real official
@@ -482,6 +487,7 @@ def immutable(tmp_path):
         subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
+@pytest.mark.slow
 @needs_artifacts
 def test_a_read_only_cache_is_used_when_it_holds_the_entry_and_named_when_not(
     tmp_path, catalog, immutable

@@ -9,7 +9,7 @@ import pytest
 from tooling.errors import SeriesError
 from tooling.patching.series import load_series
 
-from .conftest import PATCHES
+from .helpers import PATCHES
 
 
 def test_skipping_a_patch_another_is_written_on_names_both():

@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tooling.paths import CacheLayout, default_cache_dir
 
-from .conftest import link_artifacts, seed_bytecode
+from .helpers import link_artifacts, seed_bytecode
+
+pytestmark = pytest.mark.slow
 
 
 def listing(root: Path) -> dict[str, tuple[bool, int, int]]:

@@ -41,7 +41,7 @@ from tooling.smoke.serving.tiny import (
     load_manifest,
 )
 
-from .conftest import bytecode_env
+from .helpers import bytecode_env
 
 CHECK_SCRIPT = textwrap.dedent(
     """
@@ -170,6 +170,7 @@ def tiny(tmp_path_factory, probe_python: Path, dflash_path: Path) -> dict:
     return {"root": root, "check": json.loads((root / "check.json").read_text())}
 
 
+@pytest.mark.slow
 def test_manifest_lists_every_file_with_its_digest(tiny) -> None:
     models = load_manifest(tiny["root"] / "a")
     assert models.spec == TinySpec.for_arch("qwen3")
@@ -187,6 +188,7 @@ def test_manifest_lists_every_file_with_its_digest(tiny) -> None:
         assert sha256_file(tiny["root"] / "a" / rel) == digest
 
 
+@pytest.mark.slow
 def test_drafter_config_is_what_vllm_and_the_reference_read(tiny) -> None:
     config = json.loads((tiny["root"] / "a" / "drafter" / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
@@ -201,6 +203,7 @@ def test_drafter_config_is_what_vllm_and_the_reference_read(tiny) -> None:
     assert info.expected_aux_layers() == (2, 4, 6)
 
 
+@pytest.mark.slow
 def test_models_load_back(tiny) -> None:
     check = tiny["check"]
     assert check["target"] == {"layers": 8, "vocab": 2048, "dtype": "torch.bfloat16", "eos": 0}
@@ -214,6 +217,7 @@ def test_models_load_back(tiny) -> None:
     assert drafter["keys"] == ["fc", "hidden_norm", "layers", "norm"]
 
 
+@pytest.mark.slow
 def test_tokenizer_round_trips(tiny) -> None:
     tok = tiny["check"]["tokenizer"]
     assert tok["size"] == 2048
@@ -223,6 +227,7 @@ def test_tokenizer_round_trips(tiny) -> None:
     assert tok["mask_skipped"]
 
 
+@pytest.mark.slow
 def test_reference_comparison_reproduces_the_reference_loop(tiny) -> None:
     same = tiny["check"]["comparisons"]["same"]
     assert same["compared_tokens"] > 150
@@ -234,6 +239,7 @@ def test_reference_comparison_reproduces_the_reference_loop(tiny) -> None:
     assert all(s >= 0 for s in same["seconds"].values()) and same["seconds"]["drafter"] > 0
 
 
+@pytest.mark.slow
 def test_divergence_margins_are_the_targets_own(tiny) -> None:
     (margin,) = tiny["check"]["comparisons"]["same"]["divergences"]
     chosen = tiny["check"]["same_request"]["outputs"][0][5]
@@ -244,6 +250,7 @@ def test_divergence_margins_are_the_targets_own(tiny) -> None:
     assert margin["spread"] > 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["all_full", "no_offset"])
 def test_stock_like_drafts_fail_the_gate(tiny, mode: str) -> None:
     result = tiny["check"]["comparisons"][mode]
@@ -257,6 +264,7 @@ def test_stock_like_drafts_fail_the_gate(tiny, mode: str) -> None:
     assert f"of {result['mismatches']} mismatches are near ties" in verdict.evidence
 
 
+@pytest.mark.slow
 def test_tie_tolerance_counts_close_logits_as_agreement(tiny) -> None:
     strict = tiny["check"]["comparisons"]["all_full"]
     any_tie = tiny["check"]["comparisons"]["all_full_any_tie"]
@@ -284,6 +292,7 @@ def _pool(tmp_path: Path, setup: dict, probe_python: Path, dflash_path: Path, sh
     )
 
 
+@pytest.mark.slow
 def test_shards_give_what_one_process_gives(tiny, tmp_path, probe_python, dflash_path) -> None:
     """The smoke's path: children that load first, then take their share of the prompts
     from stdin; their summed counts are the one-process result, divergences included."""
@@ -305,6 +314,7 @@ def test_shards_give_what_one_process_gives(tiny, tmp_path, probe_python, dflash
     assert len(sharded["divergences"]) == 1
 
 
+@pytest.mark.slow
 def test_a_shard_that_cannot_load_is_one_line_naming_its_log(
     tiny, tmp_path, probe_python, dflash_path
 ) -> None:
@@ -376,6 +386,7 @@ def hybrid(tmp_path_factory, probe_python: Path, dflash_path: Path) -> dict:
     return {"root": root, "check": json.loads((root / "check.json").read_text())}
 
 
+@pytest.mark.slow
 def test_generation_is_seeded(hybrid) -> None:
     """The same seed gives the same bytes, in another process (torch's and the tokenizer
     trainer's randomness included)."""
@@ -384,6 +395,7 @@ def test_generation_is_seeded(hybrid) -> None:
     assert pair == again and len(pair) >= 6
 
 
+@pytest.mark.slow
 def test_default_pair_is_the_hybrid_family(hybrid) -> None:
     models = load_manifest(hybrid["root"] / "pair")
     assert models.spec == TinySpec.for_arch("hybrid")
@@ -400,6 +412,7 @@ def test_default_pair_is_the_hybrid_family(hybrid) -> None:
     assert drafter_info_from_config(drafter).expected_windows() == [(15, 0)] * 4 + [(-1, -1)]
 
 
+@pytest.mark.slow
 def test_hybrid_engine_context_finds_the_captured_layers(hybrid) -> None:
     right = hybrid["check"]["comparisons"]["right"]
     assert right["context"] == "engine"

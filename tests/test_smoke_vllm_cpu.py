@@ -29,7 +29,7 @@ from tooling.smoke.config import EngineSettings, drafter_info_from_config
 from tooling.smoke.metrics import parse_prometheus, prefix_cache_counters, spec_decode_stats
 from tooling.smoke.server import ServeOptions, build_serve_command
 
-from .conftest import run_on_tree
+from .helpers import run_on_tree
 
 pytestmark = pytest.mark.slow
 
@@ -381,7 +381,7 @@ def test_patched_tree_passes_checks_2_and_3(patched) -> None:
 
 def test_preflight_answers_vllms_model_class_inspection_ahead(stock) -> None:
     """The run's engines then read vLLM's model-info cache instead of each inspecting
-    both classes in a subprocess of its own (41 s of every engine start on an H200)."""
+    both classes in a subprocess of its own, a slow step of every engine start."""
     info = stock["modelinfo"]
     assert info["preflight"]["modelinfo_error"] is None
     assert info["files"] == [

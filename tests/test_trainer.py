@@ -3,8 +3,7 @@
 The recipe needs torch, transformers, tokenizers and the reference ``dflash``
 package, which the project's own environment lacks: those tests run in the
 probe interpreter with ``dflash`` on its path (conftest's ``probe_python`` and
-``dflash_path``). The smoke preset trains a tiny target and drafter on the CPU
-(about 35 s).
+``dflash_path``). The smoke preset trains a tiny target and drafter on the CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from tooling.trainer import config as trainer_config
 from tooling.trainer import corpus
 from tooling.trainer.api import TrainedPair, TrainRequest, train_in
 
-from .conftest import bytecode_env
+from .helpers import bytecode_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,6 +163,7 @@ def _decreasing(curve: list[list[float]]) -> bool:
     return len(values) >= 2 and all(math.isfinite(v) for v in values) and values[-1] < values[0]
 
 
+@pytest.mark.slow
 def test_smoke_recipe_trains_and_measures(smoke_run: dict[str, Any]) -> None:
     s = smoke_run["summary"]
     cfg = trainer_config.PRESETS["smoke"]
@@ -195,6 +195,7 @@ def test_smoke_recipe_trains_and_measures(smoke_run: dict[str, Any]) -> None:
     assert exported == {"summary.json", "prompts.json", "reference.json", "train.log"}
 
 
+@pytest.mark.slow
 def test_smoke_outputs_are_consistent(smoke_run: dict[str, Any]) -> None:
     s = smoke_run["summary"]
     cfg = trainer_config.PRESETS["smoke"]
@@ -214,6 +215,7 @@ def test_smoke_outputs_are_consistent(smoke_run: dict[str, Any]) -> None:
         )
 
 
+@pytest.mark.slow
 def test_smoke_weights_reload_in_vllm_layout(smoke_run: dict[str, Any]) -> None:
     s = smoke_run["summary"]
     script = f"""

@@ -55,6 +55,7 @@ def site_of(python: Path) -> Path:
 NO_TORCH = sys.executable
 
 
+@pytest.mark.slow
 def test_patched_wheel_installs_and_verifies(
     patched_env, built_wheel, patched_0201, upstream_0201, series, cache
 ):
@@ -111,6 +112,7 @@ def bare(python: Path) -> Iterator[Path]:
         aside.rename(deps)
 
 
+@pytest.mark.slow
 def test_site_packages_mode_and_json(patched_env, probe_python):
     with bare(patched_env) as site:
         result = run_cli(
@@ -123,6 +125,7 @@ def test_site_packages_mode_and_json(patched_env, probe_python):
     assert data["identity"]["runtime"] == data["identity"]["stamped"] == data["vllm_version"]
 
 
+@pytest.mark.slow
 def test_probe_python_questions_a_no_deps_install_named_by_python(patched_env, probe_python):
     # Its own interpreter cannot import torch, so no probe can tell.
     with bare(patched_env):
@@ -138,6 +141,7 @@ def test_probe_python_questions_a_no_deps_install_named_by_python(patched_env, p
     assert data["identity"]["runtime"] == data["identity"]["stamped"] == data["vllm_version"]
 
 
+@pytest.mark.slow
 def test_bytecode_python_would_run_instead_of_its_source_is_found(patched_env):
     import importlib._bootstrap_external as bootstrap
     import importlib.util
@@ -187,6 +191,7 @@ print(pyc)
 """
 
 
+@pytest.mark.slow
 def test_bytecode_a_pth_moves_elsewhere_is_checked_and_keys_the_probes(
     patched_env, upstream_0201, tmp_path
 ):
@@ -230,6 +235,7 @@ def test_bytecode_a_pth_moves_elsewhere_is_checked_and_keys_the_probes(
     assert offset["state"] == "absent", offset["evidence"]
 
 
+@pytest.mark.slow
 def test_tampered_file_is_named_with_its_patch(patched_env):
     target = site_of(patched_env) / "vllm" / "model_executor" / "models" / "qwen3_dflash.py"
     original = target.read_bytes()
@@ -253,6 +259,7 @@ def test_tampered_file_is_named_with_its_patch(patched_env):
     assert result.stderr.strip().startswith("error: 1 file(s) differ from RECORD")
 
 
+@pytest.mark.slow
 def test_stray_file_is_reported(patched_env, cache):
     stray = site_of(patched_env) / "vllm" / "sitecustomize_evil.py"
     stray.write_text("print('hi')\n")

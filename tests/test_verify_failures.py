@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from tooling.verifying.verify import (
     read_record,
     verify,
 )
+
+from .helpers import wait_until
 
 
 def _failing_python(tmp_path: Path) -> Path:
@@ -108,17 +109,6 @@ def _running(marker: str) -> list[int]:
     return found
 
 
-def _seen_running(marker: str, pid: int, within_s: float = 10.0) -> bool:
-    """Whether ``pid`` shows up with ``marker``: its environ can read empty while
-    the child is still between its shell and ``exec sleep``."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if _running(marker) == [pid]:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_failed_verify_leaves_no_probe_running(tmp_path, slow_probe):
     """RECORD is missing: verify fails after the probes started, and stops them."""
     target, marker, scratch = slow_probe
@@ -134,7 +124,10 @@ def test_a_failed_verify_leaves_no_probe_running(tmp_path, slow_probe):
 def test_an_interrupted_wait_stops_the_probes(slow_probe):
     target, marker, scratch = slow_probe
     run = start_probes(target, ("layer_offset",))
-    assert run.process is not None and _seen_running(marker, run.process.pid)
+    assert run.process is not None
+    # Its environ can read empty while the child is still between its shell and `exec sleep`.
+    pid = run.process.pid
+    wait_until(lambda: _running(marker) == [pid], "the probe running", alive=run.process)
     with pytest.raises(KeyboardInterrupt), run:
         raise KeyboardInterrupt
     assert _running(marker) == []
@@ -213,11 +206,8 @@ def test_sigterm_while_pip_installs_leaves_nothing_running_or_on_disk(tmp_path):
     proc = subprocess.Popen(verify_cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     left: list[int] = []
     try:
-        deadline = time.monotonic() + 120
         # The verify itself, pip, and pip again under the scratch virtualenv's python.
-        while len(_holding(wheel)) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+        wait_until(lambda: len(_holding(wheel)) >= 3, "pip installing twice", alive=proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         left = _holding(wheel)
@@ -241,10 +231,8 @@ def test_the_folders_of_a_killed_probe_run_are_removed_by_the_next(tmp_path, slo
         [sys.executable, "-m", "tooling", "--cache-dir", str(cache), *probe],
         env={**os.environ, "TMPDIR": str(scratch)},
     )
-    deadline = time.monotonic() + 120
-    while set(_running(marker)) <= {killed.pid}:  # its probe child runs: the folder is there
-        assert killed.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
+    # Its probe child runs: the folder is there.
+    wait_until(lambda: not set(_running(marker)) <= {killed.pid}, "the probe", alive=killed)
     killed.kill()
     killed.wait()
     (left,) = scratch.glob(f"dflash-probes-{killed.pid}-*")

@@ -1,7 +1,7 @@
 """verify on stock installs (0.20.1, 0.22.0), a partial build, and pip --target's layout.
 
-Apart from tests/test_verify.py (our wheel's install) so the two halves, each minutes
-of real installs and probe runs, can go to different pytest-xdist workers. Stock 0.20.1 is
+Apart from tests/test_verify.py (our wheel's install) so the two halves, each of long real
+installs and probe runs, can go to different pytest-xdist workers. Stock 0.20.1 is
 installed once, with ``pip install --target`` as offline GPU hosts install it, and verified
 by its site-packages; the others into virtualenvs as ``verify --wheel`` makes its scratch
 one, and verified by their interpreter. None has bytecode: what they check is the files
@@ -29,8 +29,10 @@ from tooling.verifying.verify import (
     verify,
 )
 
-from .conftest import apply_options, touched_upstream
+from .helpers import apply_options, touched_upstream
 from .verify_helpers import ALL, by_number, run_cli, states
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

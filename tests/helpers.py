@@ -1,0 +1,170 @@
+"""What several test modules share: the patches folder, the session cache's links, the
+environment of child interpreters, options and trees for the patch engine, and running a
+script on a vLLM tree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tooling.fetching.upstream import Upstream
+from tooling.fsutil import locked
+from tooling.patching.apply import ApplyOptions
+from tooling.patching.series import Series
+from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
+
+PATCHES = REPO_DIR / "patches"
+
+#: How long a test waits for what must happen before it goes on: a guard against a hang
+#: only, so far above what a loaded machine needs that no verdict depends on its speed.
+HANG_GUARD_S = 300.0
+
+
+def link_artifacts(user: CacheLayout, session: CacheLayout) -> None:
+    """Symlink the user's artifacts and unpacked sources into ``session`` (once each).
+
+    The tool never writes into either: it moves a bad artifact aside by
+    renaming it (the link), and unpacks a source tree only where none is.
+    """
+    for folder in (user.artifacts, user.sources):
+        for entry in sorted(folder.glob("[!.]*")) if folder.is_dir() else ():
+            link = session.root / folder.name / entry.name
+            if not link.is_symlink():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(entry)
+
+
+def seed_bytecode(user: CacheLayout, session: CacheLayout) -> None:
+    """Hard-link the user's compiled modules (torch's, vLLM's) into the session's cache.
+
+    Compiling torch and vLLM again from source would slow every probe run. Python
+    replaces a stale ``.pyc`` by renaming a new file over it, so the user's copy
+    is never written. Modules of temp folders (work trees of runs gone) stay out.
+    """
+    pycache = user.root / "pycache"
+    seeded = session.root / "pycache"
+    if not pycache.is_dir():
+        return
+    temp = pycache / Path(tempfile.gettempdir()).resolve().relative_to("/")
+    # Once per session: pytest-xdist's workers share the controller's session cache.
+    with locked(seeded):
+        if seeded.exists():
+            return
+        shutil.copytree(
+            pycache,
+            seeded,
+            ignore=lambda folder, names: [n for n in names if Path(folder, n) == temp],
+            copy_function=_hardlink,
+        )
+
+
+def _hardlink(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system: a copy
+        shutil.copy2(src, dst)
+
+
+def bytecode_env() -> dict[str, str]:
+    """Environment for a child interpreter a test starts on vLLM, dflash or the repo: its
+    bytecode goes to the session's cache (as the probe harness sends it), never beside the
+    sources, some of which are the user's cache."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPYCACHEPREFIX": str(default_cache_dir() / "pycache")}
+
+
+def apply_options(probe_python: Path | None, cache: CacheLayout, **kw) -> ApplyOptions:
+    """The session's options; its probe cache starts empty, so each tree's first probe runs."""
+    return ApplyOptions(
+        probe_python=probe_python,
+        pycache=cache.root / "pycache",
+        probe_cache=cache.probes,
+        baselines=cache.baselines,
+        **kw,
+    )
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def touched_upstream(
+    upstream: Upstream, series: Series, dst: Path, extra: tuple[str, ...] = ()
+) -> Upstream:
+    """``upstream`` whose source is only the files the series touches (the ledger's
+    ``files``) and ``extra``, copied to ``dst``.
+
+    The engine applies, reports and builds file by file, so a conflict, an offset, a
+    refusal or a partial build reads as it does on the whole release, without checking
+    out its 4,745 files (and deleting them again later).
+    """
+    for rel in sorted({f for patch in series.patches for f in patch.files} | set(extra)):
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(upstream.source_dir / rel, dst / rel)
+    return dataclasses.replace(upstream, source_dir=dst)
+
+
+def run_on_tree(
+    python: Path,
+    tree: Path,
+    tmp: Path,
+    script: str,
+    argument: str,
+    *,
+    timeout: float,
+    unset: tuple[str, ...] = (),
+) -> dict:
+    """Run ``script`` in ``python`` with ``tree``'s vLLM first on its path (CPU only).
+
+    The script gets ``argument`` and the path of the JSON file it must write,
+    which is returned parsed; ``unset`` names environment variables it must not see.
+    """
+    assert (tree / "vllm").is_dir(), tree
+    script_path, out = tmp / "script.py", tmp / "out.json"
+    script_path.write_text(script)
+    env = {
+        **bytecode_env(),
+        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "OMP_NUM_THREADS": "1",
+        # The probe harness's scratch folders go to the test's tmp, not /tmp.
+        "TMPDIR": str(tmp),
+    }
+    for name in unset:
+        env.pop(name, None)
+    result = subprocess.run(
+        [str(python), str(script_path), argument, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def wait_until(
+    predicate: Callable[[], object], what: str, *, alive: subprocess.Popen | None = None
+) -> None:
+    """Poll until ``predicate`` holds. Fails naming ``what`` when ``alive``, the process
+    that must bring it about, exits first (with what it wrote, where piped), or on a hang."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not predicate():
+        if alive is not None and alive.poll() is not None:
+            pytest.fail(f"{what}: never happened, exit {alive.returncode}: {alive.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: never happened (a hang)")
+        time.sleep(0.05)
