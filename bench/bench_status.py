@@ -22,8 +22,8 @@ from pathlib import Path
 from tooling.fetching.bases import load_bases
 from tooling.patching.series import load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
-from tooling.probe_env import ensure_probe_env
-from tooling.probes import ProbeTarget, run_probes
+from tooling.probing import ProbeTarget, run_probes
+from tooling.probing.env import ensure_probe_env
 from tooling.registry import registry
 
 
@@ -31,7 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
-    cache = CacheLayout(default_cache_dir())
+    cache = CacheLayout(default_cache_dir(os.environ))
     python = ensure_probe_env(cache)
     catalog = load_bases(REPO_DIR / "patches" / "bases.toml")
     tooling = [sys.executable, "-m", "tooling", "--no-progress"]

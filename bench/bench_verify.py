@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from tooling.paths import CacheLayout, default_cache_dir
-from tooling.probe_env import ensure_probe_env
+from tooling.probing.env import ensure_probe_env
 from tooling.verifying.verify import (
     check_files,
     install_into_fresh_env,
@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     wheel = args.wheel or max(Path("dist").glob("vllm-*.whl"), key=lambda p: p.stat().st_mtime)
-    cache = CacheLayout(default_cache_dir())
+    cache = CacheLayout(default_cache_dir(os.environ))
     probe_python = ensure_probe_env(cache)
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
         python = install_into_fresh_env(wheel, probe_python, Path(tmp) / "venv")

@@ -30,7 +30,7 @@ from tooling.fsutil import locked
 from tooling.patching.apply import SeriesReport, apply_series
 from tooling.patching.series import Series, load_series
 from tooling.paths import CacheLayout, default_cache_dir
-from tooling.probe_env import ensure_probe_env, ensure_reference_dflash, probe_python_from_env
+from tooling.probing.env import ensure_probe_env, ensure_reference_dflash, probe_python_from
 
 from . import zlibs
 from .helpers import PATCHES, apply_options, link_artifacts, seed_bytecode
@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     workers = workers if isinstance(workers, int) and workers > 0 else 1
     threads = max(1, (os.cpu_count() or 1) // workers)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    user = CacheLayout(default_cache_dir())
+    user = CacheLayout(default_cache_dir(os.environ))
     session = CacheLayout(Path(tempfile.mkdtemp(prefix="vllm-dflash-test-cache-")))
     config.add_cleanup(lambda: shutil.rmtree(session.root, ignore_errors=True))
     link_artifacts(user, session)
@@ -68,7 +68,7 @@ def user_cache() -> CacheLayout:
 @pytest.fixture(scope="session")
 def cache(user_cache: CacheLayout) -> CacheLayout:
     """This session's cache (``$VLLM_DFLASH_CACHE``, set for every process a test starts)."""
-    session = CacheLayout(default_cache_dir())
+    session = CacheLayout(default_cache_dir(os.environ))
     assert session.root != user_cache.root
     seed_bytecode(user_cache, session)
     return session
@@ -116,7 +116,7 @@ def probe_python(user_cache: CacheLayout, cache: CacheLayout) -> Path:
     Through ``cache``, the session's bytecode is seeded before any child of it starts, so
     that no child compiles torch and transformers again from source.
     """
-    return probe_python_from_env() or ensure_probe_env(user_cache)
+    return probe_python_from(os.environ) or ensure_probe_env(user_cache)
 
 
 @pytest.fixture(scope="session")

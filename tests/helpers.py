@@ -79,7 +79,7 @@ def bytecode_env() -> dict[str, str]:
     bytecode goes to the session's cache (as the probe harness sends it), never beside the
     sources, some of which are the user's cache."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONPYCACHEPREFIX": str(default_cache_dir() / "pycache")}
+    return {**env, "PYTHONPYCACHEPREFIX": str(default_cache_dir(os.environ) / "pycache")}
 
 
 def apply_options(probe_python: Path | None, cache: CacheLayout, **kw) -> ApplyOptions:

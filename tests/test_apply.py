@@ -25,7 +25,7 @@ from tooling.patching.apply import (
 )
 from tooling.patching.hunks import parse_diff
 from tooling.patching.series import load_series
-from tooling.probes import ABSENT, PRESENT
+from tooling.probing import ABSENT, PRESENT
 
 from .helpers import PATCHES, apply_options, touched_upstream
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from tooling.paths import CacheLayout, default_patches_dir
 
 
 def _request(tmp_path: Path, **changes: object) -> WheelRequest:
-    patches = default_patches_dir()
+    patches = default_patches_dir(os.environ)
     fields: dict = {
         "source": SourceRequest(None, "pypi", None, None, False),
         "catalog": load_bases(patches / "bases.toml"),

@@ -10,7 +10,7 @@ import pytest
 
 from tooling.paths import CacheLayout
 from tooling.pipsettings import IndexSettings, parse_pip_config, read_pip_settings
-from tooling.probe_env import REFERENCE_DFLASH, ensure_reference_dflash
+from tooling.probing.env import REFERENCE_DFLASH, ensure_reference_dflash
 
 from .wheels import build_wheel
 

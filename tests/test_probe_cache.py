@@ -19,10 +19,18 @@ from pathlib import Path
 
 import pytest
 
-import tooling.probes
-from tooling import probe_cache
-from tooling.probe_host import ProbeHost
-from tooling.probes import ABSENT, UNKNOWN, ProbeResult, ProbeRun, ProbeTarget, start_probes
+from tooling.cli.environ import NO_PROBE_CACHE, cache_layout
+from tooling.probing import (
+    ABSENT,
+    UNKNOWN,
+    ProbeHost,
+    ProbeResult,
+    ProbeRun,
+    ProbeTarget,
+    package,
+    start_probes,
+)
+from tooling.probing import cache as probe_cache
 
 from .counting import counting_python, started
 
@@ -143,22 +151,24 @@ def test_a_module_added_to_an_imported_package_makes_it_probe_again(setting, tmp
 def test_a_changed_probe_source_makes_it_probe_again(setting, tmp_path, monkeypatch):
     s = setting
     probes = shutil.copytree(
-        tooling.probes._PACKAGE_DIR,
+        package.PACKAGE_DIR,
         tmp_path / "probes",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     source = probes / f"{PROBE[0]}.py"
     source.write_text(source.read_text() + "# one more line\n")
-    monkeypatch.setattr(tooling.probes, "_PACKAGE_DIR", probes)
+    monkeypatch.setattr(package, "PACKAGE_DIR", probes)
     with start_probes(s.target(s.trees[0]), PROBE) as run:
         assert not run.cached and run.process is not None
 
 
 @pytest.mark.slow
-def test_the_bypass_variable_probes_again(setting, monkeypatch):
+def test_the_bypass_variable_probes_again(setting, tmp_path):
+    """The command line reads the variable into a cache whose probe verdicts are unused."""
     s = setting
-    monkeypatch.setenv(probe_cache.BYPASS_VAR, "1")
-    with start_probes(s.target(s.trees[0]), PROBE) as run:
+    layout = cache_layout(None, {NO_PROBE_CACHE: "1", "VLLM_DFLASH_CACHE": str(tmp_path)})
+    assert layout.root == tmp_path and layout.probes is None
+    with start_probes(replace(s.target(s.trees[0]), cache=layout.probes), PROBE) as run:
         assert not run.cached and run.process is not None
 
 

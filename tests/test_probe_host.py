@@ -1,4 +1,4 @@
-"""One interpreter start for the probe runs of one release (``tooling.probe_host``).
+"""One interpreter start for the probe runs of one release (``tooling.probing.host``).
 
 The fast tests run the toolchain's own interpreter against a stand-in ``vllm``
 package: the probes then fail to import vLLM's modules and read unknown, with the
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-import tooling.probe_host
+import tooling.probing.host
 from tooling.fetching.upstream import Upstream
 from tooling.patching.apply import ApplyOptions, apply_series
-from tooling.probe_host import ProbeHost
-from tooling.probes import (
+from tooling.probing import (
     UNKNOWN,
+    ProbeHost,
     ProbeResult,
     ProbeTarget,
     run_probes,
@@ -169,7 +169,7 @@ def test_a_server_whose_preloads_start_a_thread_does_not_fork(tmp_path, interpre
         "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(extra))
-    monkeypatch.setattr(tooling.probe_host, "PRELOAD", ("threader",))
+    monkeypatch.setattr(tooling.probing.host, "PRELOAD", ("threader",))
     target = target_of(stand_in(tmp_path / "tree"), python, tmp_path)
     with ProbeHost(python, target.pycache) as host:
         got = run_probes(target, PROBE, host=host)[PROBE[0]]

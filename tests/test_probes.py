@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tooling.probe_host import ProbeHost
-from tooling.probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, run_probes
+from tooling.probing import ABSENT, PRESENT, ProbeHost, ProbeResult, ProbeTarget, run_probes
 
 pytestmark = pytest.mark.slow
 

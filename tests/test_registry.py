@@ -25,7 +25,7 @@ from tooling.cli import main
 from tooling.errors import SeriesError, VerifyFixMissingError
 from tooling.patching.series import load_series
 from tooling.paths import PACKAGE_DIR
-from tooling.probes import probe_modules
+from tooling.probing import probe_modules
 from tooling.registry import LEDGER, load_registry, registry
 
 from .helpers import PATCHES

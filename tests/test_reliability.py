@@ -21,7 +21,7 @@ from tooling.paths import REPO_DIR, default_cache_dir
 from .helpers import git, wait_until
 
 #: The session's cache (conftest points $VLLM_DFLASH_CACHE at it before tests are collected).
-CACHE = default_cache_dir()
+CACHE = default_cache_dir(os.environ)
 SDIST = "vllm-0.20.1.tar.gz"
 WHEEL = "vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 EPOCH = "1795910400"

@@ -29,7 +29,7 @@ def listing(root: Path) -> dict[str, tuple[bool, int, int]]:
 
 
 def test_every_process_of_the_session_is_pointed_at_the_session_cache(cache, user_cache):
-    assert default_cache_dir() == cache.root
+    assert default_cache_dir(os.environ) == cache.root
     assert os.environ["VLLM_DFLASH_CACHE"] == str(cache.root)
     assert not cache.root.resolve().is_relative_to(user_cache.root.resolve())
 

@@ -26,7 +26,7 @@ from tooling.errors import (
     VllmNotFoundError,
 )
 from tooling.patching import worktree
-from tooling.probes import ProbeTarget
+from tooling.probing import ProbeTarget
 from tooling.registry import registry
 from tooling.verifying.verify import (
     VersionIdentity,

@@ -18,7 +18,7 @@ from tooling.errors import (
     VerifyIntegrityError,
     VllmNotFoundError,
 )
-from tooling.probes import UNKNOWN, ProbeTarget, start_probes
+from tooling.probing import UNKNOWN, ProbeTarget, start_probes
 from tooling.verifying.verify import (
     InstalledDist,
     install_into_fresh_env,

@@ -19,7 +19,7 @@ import pytest
 from tooling.building.build import BuildOptions, build_precompiled
 from tooling.errors import VerifyFixMissingError
 from tooling.patching.apply import apply_series
-from tooling.probes import ProbeTarget
+from tooling.probing import ProbeTarget
 from tooling.verifying.install import pip_install
 from tooling.verifying.verify import (
     check_files,

@@ -7,10 +7,4 @@ The pipeline, one sub-package per stage: ``fetching`` (the pinned upstream) ->
 the Click commands, one module each; the shared helpers stay at this level.
 """
 
-import os
-
-# GitPython refuses to import without a git executable; most commands need none
-# (verify, release, --help), and those that do say so in one line (cli/group.py).
-os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-
 __version__ = "0.1.0"

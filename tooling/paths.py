@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,21 +12,22 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 
 
-def default_patches_dir() -> Path:
-    """``$TOOLING_PATCHES_DIR``, else the ``patches/`` beside this package."""
-    env = os.environ.get("TOOLING_PATCHES_DIR")
+def default_patches_dir(environ: Mapping[str, str]) -> Path:
+    """``environ``'s ``TOOLING_PATCHES_DIR``, else the ``patches/`` beside this package."""
+    env = environ.get("TOOLING_PATCHES_DIR")
     path = Path(env) if env else REPO_DIR / "patches"
     if not path.is_dir():
         raise ConfigError(f"{path}: no patches folder (set TOOLING_PATCHES_DIR)")
     return path
 
 
-def default_cache_dir() -> Path:
-    """``$VLLM_DFLASH_CACHE``, else ``$XDG_CACHE_HOME/vllm-dflash`` (XDG base dirs)."""
-    env = os.environ.get("VLLM_DFLASH_CACHE")
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """``environ``'s ``VLLM_DFLASH_CACHE``, else ``$XDG_CACHE_HOME/vllm-dflash`` (XDG base
+    dirs)."""
+    env = environ.get("VLLM_DFLASH_CACHE")
     if env:
         return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "vllm-dflash"
 
 
@@ -35,6 +36,8 @@ class CacheLayout:
     """The folders inside the cache. Everything here can be deleted and refetched."""
 
     root: Path
+    probe_verdicts: bool = True
+    """False: probe runs neither read nor keep verdicts (``probes`` is None)."""
 
     @property
     def artifacts(self) -> Path:
@@ -68,6 +71,7 @@ class CacheLayout:
         return self.root / "bytecode"
 
     @property
-    def probes(self) -> Path:
-        """Probe verdicts by what the probes imported (``tooling.probe_cache``)."""
-        return self.root / "probes"
+    def probes(self) -> Path | None:
+        """Probe verdicts by what the probes imported (``tooling.probing.cache``); None when
+        they are not used."""
+        return self.root / "probes" if self.probe_verdicts else None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import ConfigError, SeriesError
 from .patching.series import load_series
-from .probes import probe_modules
+from .probing import probe_modules
 
 #: The ledger this toolchain ships (a link to patches/series.toml in a checkout).
 LEDGER = Path(__file__).with_name("series.toml")

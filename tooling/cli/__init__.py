@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from ..fetching.fetch import DEFAULT_INDEX_URL
-from ..paths import CacheLayout, default_cache_dir
+from . import environ
 from .build import build_command
 from .bundle import bundle_command
 from .fetch import fetch_command
@@ -79,7 +79,7 @@ def main(
     configure_logging(verbose, log_file)
     settings = settings_of(ctx)
     settings.debug = debug
-    settings.cache = CacheLayout(cache_dir or default_cache_dir())
+    settings.cache = environ.cache_layout(cache_dir)
     settings.index_url = index_url
     settings.offline = offline
     settings.progress = not no_progress

@@ -10,8 +10,9 @@ from ..building.build import BuildResult
 from ..building.request import WheelRequest, build_requested
 from ..fetching.upstream import SourceRequest
 from ..patching.apply import SeriesReport
-from ..probe_cache import CACHED_NOTE
 from ..report import human_size, table
+from . import environ
+from .environ import CACHED_NOTE
 from .options import base_options, emit, json_option, probe_python_option, settings_of
 from .patch import tell_saved
 
@@ -105,7 +106,7 @@ def build_command(
             mode=mode,
             work_dir=work_dir,
             build_tag=build_tag,
-            probe_python=probe_python,
+            probe_python=environ.probe_python(probe_python),
             probes=not no_probes,
             use_precompiled_kernels=use_precompiled_kernels,
             build_python=build_python,

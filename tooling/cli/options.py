@@ -18,8 +18,9 @@ from ..fetching.upstream import SourceRequest, Upstream, fetch_requested
 from ..patching.apply import ApplyOptions
 from ..patching.request import apply_options
 from ..patching.series import Series, load_series
-from ..paths import CacheLayout, default_cache_dir, default_patches_dir
-from ..probe_env import resolve_probe_python
+from ..paths import CacheLayout
+from ..probing.env import resolve_probe_python
+from . import environ
 
 #: A command function the shared option decorators wrap and hand back.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,7 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Settings:
     """What the group options decided, shared by every command through the Click context."""
 
-    cache: CacheLayout = field(default_factory=lambda: CacheLayout(default_cache_dir()))
+    cache: CacheLayout = field(default_factory=lambda: environ.cache_layout(None))
     patches_dir_option: Path | None = None
     index_url: str = DEFAULT_INDEX_URL
     offline: bool = False
@@ -42,7 +43,7 @@ class Settings:
 
     @property
     def patches_dir(self) -> Path:
-        return self.patches_dir_option or default_patches_dir()
+        return self.patches_dir_option or environ.patches_dir()
 
     def catalog(self) -> BaseCatalog:
         return load_bases(self.patches_dir / "bases.toml")
@@ -68,8 +69,8 @@ class Settings:
         )
 
     def probe_python(self, explicit: Path | None) -> Path | None:
-        """The probes' interpreter (``probe_env.resolve_probe_python``)."""
-        return resolve_probe_python(explicit, self.cache)
+        """The probes' interpreter (``probing.env.resolve_probe_python``)."""
+        return resolve_probe_python(environ.probe_python(explicit), self.cache)
 
     def apply_options(
         self,
@@ -84,7 +85,7 @@ class Settings:
             series,
             self.catalog(),
             self.fetch_options(),
-            probe_python,
+            environ.probe_python(probe_python),
             three_way=three_way,
             keep_going=keep_going,
             probes=probes,

@@ -13,8 +13,9 @@ from ..fetching.upstream import SourceRequest
 from ..patching.apply import SeriesReport
 from ..patching.request import PatchRequest, export_requested, patch_requested
 from ..patching.status import canary
-from ..probe_cache import CACHED_NOTE
 from ..report import table
+from . import environ
+from .environ import CACHED_NOTE
 from .group import ToolingGroup
 from .options import base_options, emit, json_option, probe_python_option, settings_of
 
@@ -122,7 +123,7 @@ def patch_group(
             catalog=settings.catalog(),
             fetch=settings.fetch_options(),
             work_dir=work_dir,
-            probe_python=probe_python,
+            probe_python=environ.probe_python(probe_python),
             three_way=three_way,
             keep_going=keep_going,
         )

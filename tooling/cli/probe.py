@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from ..probe_cache import CACHED_NOTE
-from ..probe_env import ensure_probe_setup
-from ..probes import probe_requested
+from ..probing import probe_requested
+from ..probing.env import ensure_probe_setup
 from ..registry import registry
 from ..report import table
+from . import environ
+from .environ import CACHED_NOTE
 from .options import emit, json_option, settings_of
 from .registry_options import probe_option
 
@@ -36,7 +37,9 @@ def probe_command(
 ) -> None:
     """Run the behavioural probes against a vLLM tree or environment."""
     settings = settings_of(ctx)
-    results = probe_requested(root, python, names or registry().probes, settings.cache)
+    results = probe_requested(
+        root, python, names or registry().probes, settings.cache, environ.probe_python(None)
+    )
     rows = [[r.probe, r.status, r.evidence] for r in results.values()]
     text = table(["probe", "status", "evidence"], rows)
     if any(r.cached for r in results.values()):

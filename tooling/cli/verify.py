@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..probe_cache import CACHED_NOTE
 from ..report import table
+from . import environ
+from .environ import CACHED_NOTE
 from .options import emit, json_option, probe_python_option, settings_of
 from .registry_options import require_option
 
@@ -59,7 +60,7 @@ def verify_command(
             python=python,
             site=site,
             wheel=wheel,
-            probe_python=probe_python,
+            probe_python=environ.probe_python(probe_python),
         )
     )
     dist = report.dist

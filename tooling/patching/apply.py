@@ -25,8 +25,7 @@ from ..fetching.bases import BaseCatalog
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import Upstream, fetch_upstream
 from ..fsutil import atomic_write_text
-from ..probe_host import ProbeHost
-from ..probes import PRESENT, ProbeResult, ProbeTarget, run_probes, start_probes
+from ..probing import PRESENT, ProbeHost, ProbeResult, ProbeTarget, run_probes, start_probes
 from . import worktree
 from .hunks import parse_diff, place_hunk
 from .series import Patch, Series
@@ -234,7 +233,7 @@ def apply_series(
     """Create ``work_dir`` from ``upstream`` and apply ``series`` to it.
 
     The probe runs (the base, a 3-way merge's check, the patched tree) share one
-    interpreter start (``tooling.probe_host``).
+    interpreter start (``tooling.probing.host``).
     """
     host = ProbeHost(options.probe_python, options.pycache) if options.probe_python else None
     with host or contextlib.nullcontext():

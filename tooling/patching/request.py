@@ -14,7 +14,7 @@ from ..fetching.bases import BaseCatalog, load_bases
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import SourceRequest, fetch_requested
 from ..fsutil import locked
-from ..probe_env import resolve_probe_python
+from ..probing.env import resolve_probe_python
 from .apply import ApplyOptions, SeriesReport, apply_series, three_way_preimages
 from .export import ExportResult, check_export, export_patches
 from .series import Series, load_series

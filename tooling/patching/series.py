@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import SeriesError
 from ..fsutil import sha256_file
-from ..probes import probe_modules
+from ..probing import probe_modules
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 

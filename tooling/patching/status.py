@@ -19,7 +19,7 @@ from ..errors import PatchConflictError, ProbeError, ToolingError
 from ..fetching.bases import Base
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import fetch_upstream
-from ..probes import scratch_folder
+from ..probing import scratch_folder
 from .apply import NO_PROBE_PYTHON, ApplyOptions, SeriesReport, apply_series
 from .series import Series
 

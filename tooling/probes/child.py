@@ -5,7 +5,7 @@ Usage: python -m <pkg>.child OUT.json PROBE [PROBE ...]
 vLLM logs to stdout, so results go to a file. A probe that raises becomes
 ``unknown`` with the exception as evidence; the other probes still run. The
 file also lists what the run loaded (``imports``), which the toolchain keys
-its cache of verdicts by (``tooling.probe_cache``).
+its cache of verdicts by (``tooling.probing.cache``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class ProbeResult:
     """How the tree implements the fix, where behaviour can tell (an API name, a KV layout)."""
     details: dict[str, Any] = field(default_factory=dict)
     cached: bool = False
-    """Answered from the toolchain's cache of earlier runs (``tooling.probe_cache``), not by
+    """Answered from the toolchain's cache of earlier runs (``tooling.probing.cache``), not by
     a probe run of its own; never set inside the probed interpreter."""
 
     def to_json(self) -> dict[str, Any]:

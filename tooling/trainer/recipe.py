@@ -82,7 +82,9 @@ def code_digest() -> str:
 
 def trained_root(cache_dir: Path | None) -> Path:
     """Where run folders live: the cache's ``trained/`` (tooling's cache, ``tooling.paths``)."""
-    return CacheLayout(cache_dir if cache_dir is not None else default_cache_dir()).trained
+    return CacheLayout(
+        cache_dir if cache_dir is not None else default_cache_dir(os.environ)
+    ).trained
 
 
 def _load_corpus(cfg: RecipeConfig) -> Corpus:

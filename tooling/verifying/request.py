@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..paths import CacheLayout
-from ..probe_env import resolve_probe_python
-from ..probes import ProbeTarget, scratch_folder
+from ..probing import ProbeTarget, scratch_folder
+from ..probing.env import resolve_probe_python
 from .verify import (
     VerifyReport,
     install_into_fresh_env,

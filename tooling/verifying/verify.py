@@ -32,7 +32,7 @@ from ..errors import (
     VerifyIntegrityError,
     VllmNotFoundError,
 )
-from ..probes import ABSENT, PRESENT, ProbeResult, ProbeTarget, start_probes
+from ..probing import ABSENT, PRESENT, ProbeResult, ProbeTarget, start_probes
 from ..registry import registry
 from .bytecode import BytecodeCheck, check_bytecode
 from .install import pip_install

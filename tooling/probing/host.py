@@ -12,7 +12,7 @@ search path, working folder and bytecode prefix (so its verdicts and the
 imports the probe cache keys them by are the same). The host serves only runs
 of its interpreter and bytecode prefix, whose environment is the one it started
 with in every variable that can change what the probed code does (the probe
-cache's test, ``probe_cache.relevant_env``; the per-run search path and temp
+cache's test, ``cache.relevant_env``; the per-run search path and temp
 folder aside; a forked run gets its whole environment) and whose trees do not
 hold a preloaded package; any other run starts an interpreter of its own, as
 does every run after the server failed or was stopped.
@@ -30,18 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .probe_cache import relevant_env
-from .probes import (
-    ProbeTarget,
-    child_env,
-    copy_probe_package,
-    launch_child,
-    new_run_folder,
-    probe_command,
-    remove_run_folder,
-)
-from .probes.forkserver import REFUSED
-from .procs import stop_group
+from ..probes.forkserver import REFUSED
+from ..procs import stop_group
+from .cache import relevant_env
+from .launch import ProbeTarget, child_env, launch_child, new_run_folder, remove_run_folder
+from .package import copy_probe_package, probe_command
 
 #: Imported once by the server: what every probe run imports anyway, and no vLLM.
 PRELOAD = ("torch", "transformers", "openai", "aiohttp", "networkx", "numpy", "pydantic")
@@ -81,11 +74,10 @@ class ProbeHost:
         """Whether a run on ``target`` can be forked here (before any environment check)."""
         if self._stopped or target.python != self.python or target.pycache != self.pycache:
             return False
-        roots = [*([target.root] if target.root else []), *target.extra_path]
         names = {n.partition(".")[0] for n in PRELOAD}
         return not any(
             (Path(root) / n).exists() or (Path(root) / f"{n}.py").exists()
-            for root in roots
+            for root in target.roots
             for n in names
         )
 

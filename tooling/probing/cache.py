@@ -41,7 +41,8 @@ without an import (a distribution's METADATA) are not listed: they change with
 an install, which changes the installed modules too. Entries are written to a
 temp file and renamed, so processes at once (xdist workers, two builds) are
 safe; an entry that does not read back is ignored and the next run replaces it.
-``TOOLING_NO_PROBE_CACHE=1`` bypasses the cache: neither read nor written.
+A run whose target names no cache folder neither reads nor writes one
+(``TOOLING_NO_PROBE_CACHE=1`` at the command line).
 """
 
 from __future__ import annotations
@@ -56,11 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_output, sha256_bytes, sha256_file
-from .probes.result import ProbeResult, ProbeStatus
+from ..fsutil import atomic_output, sha256_bytes, sha256_file
+from ..probes.result import ProbeResult, ProbeStatus
 
 SCHEMA = 1
-BYPASS_VAR = "TOOLING_NO_PROBE_CACHE"
 #: Files of the probed tree at least this large have their digest remembered by stat.
 MEMO_MIN_SIZE = 1 << 20
 #: A file must have been still this long before its digest is remembered by stat.
@@ -86,18 +86,12 @@ _ENV_PREFIXES = (
 #: Where bytecode is written, not what runs.
 _ENV_IGNORED = frozenset({"PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"})
 _MISSING = "missing"
-#: The line text output adds when verdicts came from the cache.
-CACHED_NOTE = f"probes: answered from the probe cache ({BYPASS_VAR}=1 runs them again)"
 
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of a probe run's environment that can change what the probed code
     (vLLM, torch, transformers and their kin) does."""
     return {k: v for k, v in env.items() if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED}
-
-
-def enabled() -> bool:
-    return not os.environ.get(BYPASS_VAR)
 
 
 @dataclass(frozen=True)

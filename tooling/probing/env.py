@@ -8,20 +8,22 @@ rather than trusted.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Mapping
 from pathlib import Path
 
-from . import procs
-from .errors import EnvironmentProblem, ProbeError
-from .fsutil import locked, sha256_file
-from .paths import REPO_DIR, CacheLayout
-from .pipsettings import uv_pip_install
+from .. import procs
+from ..errors import EnvironmentProblem, ProbeError
+from ..fsutil import locked, sha256_file
+from ..paths import REPO_DIR, CacheLayout
+from ..pipsettings import uv_pip_install
 
 REQUIREMENTS = REPO_DIR / "requirements" / "probe.txt"
+#: The variable naming a probe interpreter to use instead of the cached environment.
+PROBE_PYTHON_VAR = "TOOLING_PROBE_PYTHON"
 _MARKER = ".complete"
 
 
@@ -121,22 +123,20 @@ def check_probe_python(python: Path) -> Path:
     return python
 
 
-def probe_python_from_env() -> Path | None:
-    """``$TOOLING_PROBE_PYTHON`` when set (the Makefile and CI set it)."""
-    value = os.environ.get("TOOLING_PROBE_PYTHON")
+def probe_python_from(environ: Mapping[str, str]) -> Path | None:
+    """``TOOLING_PROBE_PYTHON`` of ``environ`` when set (the Makefile and CI set it)."""
+    value = environ.get(PROBE_PYTHON_VAR)
     return Path(value) if value else None
 
 
 def resolve_probe_python(explicit: Path | None, cache: CacheLayout) -> Path | None:
-    """--probe-python, else $TOOLING_PROBE_PYTHON, else a completed cached probe env.
+    """``explicit`` (--probe-python, else ``$TOOLING_PROBE_PYTHON`` as the command line
+    read it), else a completed cached probe env.
 
     One that cannot start is a ProbeError now, not an "unknown" probe later.
     """
     if explicit:
         return check_probe_python(explicit)
-    from_env = probe_python_from_env()
-    if from_env:
-        return check_probe_python(from_env)
     env = env_dir(cache)
     return python_of(env) if (env / ".complete").is_file() else None
 

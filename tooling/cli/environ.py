@@ -1,0 +1,35 @@
+"""The environment variables the toolchain reads: all of them here, at the command line's
+edge, and handed to the library as values."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..paths import CacheLayout, default_cache_dir, default_patches_dir
+from ..probing.env import probe_python_from
+
+#: Set (to anything but empty): probe verdicts are neither read from nor written to the cache.
+NO_PROBE_CACHE = "TOOLING_NO_PROBE_CACHE"
+#: The line text output adds when verdicts came from the cache.
+CACHED_NOTE = f"probes: answered from the probe cache ({NO_PROBE_CACHE}=1 runs them again)"
+
+
+def cache_layout(cache_dir: Path | None, environ: Mapping[str, str] = os.environ) -> CacheLayout:
+    """The cache at ``cache_dir`` (--cache-dir, which Click fills from ``$VLLM_DFLASH_CACHE``),
+    else the default one; its probe verdicts unused under ``$TOOLING_NO_PROBE_CACHE``."""
+    return CacheLayout(
+        cache_dir or default_cache_dir(environ), probe_verdicts=not environ.get(NO_PROBE_CACHE)
+    )
+
+
+def patches_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$TOOLING_PATCHES_DIR``, else the ``patches/`` beside the package."""
+    return default_patches_dir(environ)
+
+
+def probe_python(explicit: Path | None, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """--probe-python as given, else ``$TOOLING_PROBE_PYTHON``; the library checks either one,
+    and falls back on the cached probe environment."""
+    return explicit or probe_python_from(environ)
