@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 from tooling.fetching.bases import load_bases
+from tooling.patching.registry import registry
 from tooling.patching.series import load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
 from tooling.probing import ProbeTarget, run_probes
 from tooling.probing.env import ensure_probe_env
-from tooling.registry import registry
 
 
 def main() -> int:

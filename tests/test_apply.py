@@ -9,7 +9,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tooling.errors import BuildError, SeriesError
+from tooling.errors import SeriesError, WorkTreeError
 from tooling.fetching.upstream import Upstream
 from tooling.patching import worktree
 from tooling.patching.apply import (
@@ -250,7 +250,7 @@ def test_a_damaged_series_report_names_itself_and_the_way_out(tmp_path, text):
     report = tmp_path / "w" / ".git" / "dflash-series.json"
     report.parent.mkdir(parents=True)
     report.write_text(text)
-    with pytest.raises(BuildError) as e:
+    with pytest.raises(WorkTreeError) as e:
         load_report(tmp_path / "w")
     assert str(e.value).startswith(f"{report}: the work tree's series report is damaged (")
     assert str(e.value).endswith(

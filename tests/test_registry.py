@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tooling import registry as registry_module
 from tooling.cli import main
 from tooling.errors import SeriesError, VerifyFixMissingError
+from tooling.patching import registry as registry_module
+from tooling.patching.registry import LEDGER, load_registry, registry
 from tooling.patching.series import load_series
 from tooling.paths import PACKAGE_DIR
 from tooling.probing import probe_modules
-from tooling.registry import LEDGER, load_registry, registry
 
 from .helpers import PATCHES
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from tooling.building.manifest import MANIFEST_NAME, BuildManifest
 from tooling.cli import main
-from tooling.errors import ArchiveError, BuildError
+from tooling.errors import ArchiveError, ReleaseError
 from tooling.patching.status import BaseStatus
 from tooling.paths import REPO_DIR
 from tooling.release.release import (
@@ -261,7 +261,7 @@ def test_release_names_a_status_json_it_cannot_use_and_writes_nothing(tmp_path, 
     result = CliRunner().invoke(
         main, ["release", "--dist", str(dist), "--status-json", str(status)]
     )
-    assert result.exit_code == BuildError.exit_code, result.output
+    assert result.exit_code == ReleaseError.exit_code, result.output
     assert result.stderr.startswith(f"error: {status}: {why}"), result.stderr
     assert result.stderr.count("\n") == 1
     assert list(dist.iterdir()) == [wheel]

@@ -26,8 +26,8 @@ from tooling.errors import (
     VllmNotFoundError,
 )
 from tooling.patching import worktree
+from tooling.patching.registry import registry
 from tooling.probing import ProbeTarget
-from tooling.registry import registry
 from tooling.verifying.verify import (
     VersionIdentity,
     install_into_fresh_env,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tooling.errors import BuildError, VerifyFixMissingError
+from tooling.patching.registry import registry
 from tooling.paths import CacheLayout
-from tooling.registry import registry
 from tooling.verifying.request import VerifyRequest, verify_requested
 from tooling.verifying.verify import FixState
 

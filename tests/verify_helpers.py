@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tooling.registry import registry
+from tooling.patching.registry import registry
 
 ALL = [fix.number for fix in registry().fixes]
 

@@ -75,6 +75,15 @@ class PatchConflictError(ToolingError):
     exit_code = 11
 
 
+class WorkTreeError(ToolingError):
+    """A git work tree cannot be made (a full disk) or read back (a damaged series report).
+
+    Its code is the one these faults had when the build, which makes most trees, raised them.
+    """
+
+    exit_code = 13
+
+
 class ProbeError(ToolingError):
     """A behavioural probe could not run at all (no interpreter, crash)."""
 
@@ -134,6 +143,16 @@ class BundleError(ToolingError):
     """The offline bundle could not be resolved, downloaded, written or split."""
 
     exit_code = 19
+
+
+class ReleaseError(ToolingError):
+    """The release files cannot be made from what was given: a wheel this toolchain did not
+    build, a file outside --dist, a status matrix it cannot use.
+
+    Its code is the one these faults had when the release raised the build's error.
+    """
+
+    exit_code = 13
 
 
 class CacheWriteError(ToolingError):

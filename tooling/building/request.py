@@ -16,7 +16,7 @@ from ..fetching.bases import BaseCatalog
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import SourceRequest, fetch_requested
 from ..fsutil import locked
-from ..patching.apply import SeriesReport, ensure_patched
+from ..patching.apply import NO_PROBE_PYTHON, SeriesReport, ensure_patched
 from ..patching.request import apply_options
 from ..patching.series import Series
 from ..patching.worktree import default_work_dir
@@ -106,6 +106,8 @@ def build_requested(
         options = apply_options(
             series, request.catalog, request.fetch, request.probe_python, probes=request.probes
         )
+        if request.probes and options.probe_python is None:
+            raise BuildError(NO_PROBE_PYTHON)
         report = ensure_patched(
             upstream, series, work, options, require_probes=request.probes, on_applied=on_applied
         )

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
+from ..patching.registry import registry
 from ..probing import probe_requested
 from ..probing.env import ensure_probe_setup
-from ..registry import registry
 from ..report import table
 from . import environ
 from .environ import CACHED_NOTE

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..registry import Registry, registry
+from ..patching.registry import Registry, registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 

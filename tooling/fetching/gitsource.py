@@ -18,7 +18,7 @@ import git
 
 from ..errors import ArchiveError, CacheMissError, GitSourceError
 from ..fsutil import locked, staging_dir
-from ..patching.worktree import git_error_summary
+from ..gitutil import git_error_summary
 from ..paths import CacheLayout
 from .bases import Base
 from .gitinput import ALLOWED_PROTOCOLS, checked

@@ -20,11 +20,12 @@ from typing import Any
 
 import git
 
-from ..errors import BuildError, PatchConflictError, SeriesError
+from ..errors import PatchConflictError, SeriesError, WorkTreeError
 from ..fetching.bases import BaseCatalog
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import Upstream, fetch_upstream
 from ..fsutil import atomic_write_text
+from ..gitutil import git_error_summary
 from ..probing import PRESENT, ProbeHost, ProbeResult, ProbeTarget, run_probes, start_probes
 from . import worktree
 from .hunks import parse_diff, place_hunk
@@ -205,7 +206,7 @@ def _as_json(result: ProbeResult | None) -> dict[str, Any] | None:
 def create_work_tree(upstream: Upstream, work_dir: Path, baselines: Path | None = None) -> git.Repo:
     """A fresh tree at ``work_dir``; callers sharing it hold ``locked(work_dir)``.
 
-    A write that fails (a full disk) is a BuildError naming the tree; the
+    A write that fails (a full disk) is a WorkTreeError naming the tree; the
     staging folder is already gone by then.
     """
     try:
@@ -223,8 +224,8 @@ def create_work_tree(upstream: Upstream, work_dir: Path, baselines: Path | None 
     except OSError as e:
         reason = e.strerror or str(e)
     except git.GitCommandError as e:
-        reason = worktree.git_error_summary(e)
-    raise BuildError(f"cannot create the work tree {work_dir}: {reason}")
+        reason = git_error_summary(e)
+    raise WorkTreeError(f"cannot create the work tree {work_dir}: {reason}")
 
 
 def apply_series(
@@ -379,7 +380,7 @@ def _try_three_way(
     try:
         commit = worktree.am(repo, patch.file, trailers, three_way=True)
     except git.GitCommandError as e:
-        outcome.message += f"; --3way failed too: {worktree.git_error_summary(e)}"
+        outcome.message += f"; --3way failed too: {git_error_summary(e)}"
         return
     target = options.probe_target(work_dir)
     if target is None:
@@ -408,7 +409,7 @@ def save_report(work_dir: Path, report: SeriesReport) -> None:
 
 def load_report(work_dir: Path) -> SeriesReport | None:
     """The report ``tooling patch`` saved in ``work_dir``; None when there is none, and a
-    BuildError naming it (and the way out) when it does not read back."""
+    WorkTreeError naming it (and the way out) when it does not read back."""
     path = report_path(work_dir)
     if not path.is_file():
         return None
@@ -416,7 +417,7 @@ def load_report(work_dir: Path) -> SeriesReport | None:
         return SeriesReport.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         why = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
-        raise BuildError(
+        raise WorkTreeError(
             f"{path}: the work tree's series report is damaged ({why}); run "
             f"`tooling patch --work-dir {work_dir}` to make the tree again (work of yours "
             "in it is moved aside)"
@@ -471,8 +472,6 @@ def ensure_patched(
     """The applied series for ``upstream`` in ``work_dir`` (locked by the caller): the saved
     report when the tree is current, else the series applied afresh (``on_applied`` sees that
     report first) and PatchConflictError unless every patch went in."""
-    if require_probes and options.probe_python is None:
-        raise BuildError(NO_PROBE_PYTHON)
     if work_dir.is_dir():
         report = reusable_report(work_dir, upstream, series)
         if report is not None and (report.probe_python or not require_probes):

@@ -13,7 +13,6 @@ import io
 import os
 import re
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ import git
 from gitdb import IStream
 
 from ..fsutil import locked, staging_dir
+from ..gitutil import git_error_lines
 
 BASELINE_TAG = "baseline"
 BRANCH = "dflash"
@@ -57,13 +57,6 @@ def _text(value: str | bytes) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
 
 
-def git_error_lines(error: git.GitCommandError) -> list[str]:
-    """git's own complaint, without GitPython's quoting around it."""
-    text = str(error.stderr or error).strip()
-    text = re.sub(r"^stderr: '", "", text).rstrip("'")
-    return [ln.strip() for ln in text.splitlines() if ln.strip()]
-
-
 def default_work_dir(
     version: str, git_commit: str | None = None, skipped: Sequence[str] = ()
 ) -> Path:
@@ -72,20 +65,6 @@ def default_work_dir(
     suffix = f"-git-{git_commit[:12]}" if git_commit else ""
     suffix += "".join(f"-skip-{s}" for s in skipped)
     return Path("build") / "work" / f"vllm-{version}{suffix}"
-
-
-def git_error_summary(error: git.GitCommandError) -> str:
-    """The line of git's complaint that names the problem (not its hints)."""
-    lines = git_error_lines(error)
-    for prefix in ("CONFLICT", "fatal:", "error:"):
-        hits = [ln for ln in lines if ln.startswith(prefix)]
-        if hits:
-            return hits[0]
-    if isinstance(error.status, int) and error.status < 0 and not error.stderr:
-        # Killed before it could complain: a write past the file size limit is SIGXFSZ.
-        sig = signal.Signals(-error.status)
-        return f"git {error.command[1]} was killed by {sig.name} ({signal.strsignal(sig)})"
-    return lines[-1] if lines else "git failed"
 
 
 def git_env(author_date: str | None = None) -> dict[str, str]:

@@ -9,7 +9,7 @@ patch that did not change behaviour is still caught.
 
 The same probes serve ``tooling patch`` (on a source tree), ``tooling build`` and ``tooling
 verify`` (on an installed environment). Which probe proves which fix is the ledger's word
-(``patches/series.toml``, read by ``tooling.registry``).
+(``patches/series.toml``, read by ``tooling.patching.registry``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from packaging.version import Version
 from ..building.build import single_wheel
 from ..building.manifest import MANIFEST_NAME, BuildManifest
 from ..building.wheelfile import check_members, open_wheel, read_member
-from ..errors import BuildError
+from ..errors import ReleaseError
 from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
 from ..patching.series import Series
 from ..report import STATUS_LEGEND, markdown_table, status_cells
@@ -35,7 +35,7 @@ def read_wheel_manifest(wheel: Path) -> BuildManifest:
     with open_wheel(wheel) as zf:
         names = [n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}")]
         if not names:
-            raise BuildError(
+            raise ReleaseError(
                 f"{wheel.name} has no {MANIFEST_NAME}: not a wheel this toolchain built"
             )
         return BuildManifest.from_json(json.loads(read_member(zf, names[0])))
@@ -135,7 +135,7 @@ def write_release(
     extra_files = [_absolute(f) for f in extra_files]
     for f in (wheel, *extra_files):
         if not f.is_relative_to(dist):
-            raise BuildError(f"{f} is not inside --dist {dist}: SHA256SUMS lists --dist only")
+            raise ReleaseError(f"{f} is not inside --dist {dist}: SHA256SUMS lists --dist only")
     # SHA256SUMS would vouch for whatever bytes the wheel has now: they must still read back.
     check_members(wheel)
     manifest = read_wheel_manifest(wheel)
@@ -175,19 +175,19 @@ def release_in(
 def read_status(path: Path) -> dict[str, Any]:
     """``patch status --json``'s matrix from ``path``, the shape the notes read checked first;
     one that is not, or was made without the probes (its conflicts may be superseded
-    patches), is a BuildError naming the file."""
+    patches), is a ReleaseError naming the file."""
     try:
         status = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         why = e.strerror if isinstance(e, OSError) else f"not JSON: {e}"
-        raise BuildError(f"{path}: cannot read the status matrix ({why})") from None
+        raise ReleaseError(f"{path}: cannot read the status matrix ({why})") from None
     if not _is_status(status):
-        raise BuildError(
+        raise ReleaseError(
             f"{path}: not the output of `tooling patch status --json` (no bases, each with "
             "its base and a report of outcomes)"
         )
     if status.get("probed") is False:
-        raise BuildError(
+        raise ReleaseError(
             f"{path}: made with --no-probes, so a patch upstream superseded reads as a "
             "conflict; make it again with the probes"
         )

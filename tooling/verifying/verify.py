@@ -32,8 +32,8 @@ from ..errors import (
     VerifyIntegrityError,
     VllmNotFoundError,
 )
+from ..patching.registry import registry
 from ..probing import ABSENT, PRESENT, ProbeResult, ProbeTarget, start_probes
-from ..registry import registry
 from .bytecode import BytecodeCheck, check_bytecode
 from .install import pip_install
 

@@ -17,12 +17,13 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, SeriesError
-from .patching.series import load_series
-from .probing import probe_modules
+from ..errors import ConfigError, SeriesError
+from ..paths import PACKAGE_DIR
+from ..probing import probe_modules
+from .series import load_series
 
 #: The ledger this toolchain ships (a link to patches/series.toml in a checkout).
-LEDGER = Path(__file__).with_name("series.toml")
+LEDGER = PACKAGE_DIR / "series.toml"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,121 @@
+"""The shape of ``tooling``'s imports, read from the source with ``ast``: no module imports
+itself through others, the stages import only earlier stages, and what runs in another
+interpreter imports nothing of the toolchain around it."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tooling.paths import PACKAGE_DIR
+
+#: The pipeline's stages, in order: each may import the ones before it.
+STAGES = ("fetching", "patching", "building", "verifying", "smoke", "release")
+#: Free to import everything: the command line and the program's entry.
+EDGE = ("cli", "__main__")
+#: Copied into the probed interpreter, where only its own modules are.
+CHILD_ONLY = "probes"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE_DIR.rglob("*.py"):
+        parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imported(name: str, path: Path) -> Iterator[str]:
+    """Every module of ``tooling`` that ``name`` imports, anywhere in it (a function's
+    imports, or those only for type checking, included)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            # ``from . import x`` imports the module x where there is one.
+            targets = [
+                f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module
+                for a in node.names
+            ]
+        else:
+            continue
+        yield from (t for t in targets if t in MODULES and t != name)
+
+
+GRAPH = {name: set(_imported(name, path)) for name, path in MODULES.items()}
+
+
+def _part(name: str) -> str:
+    """The sub-package or top-level module of ``tooling`` that ``name`` belongs to."""
+    return name.split(".")[1] if "." in name else ""
+
+
+def _cycle() -> list[str] | None:
+    """One cycle of the import graph, as the modules along it; None when there is none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        if name in path:
+            return [*path[path.index(name) :], name]
+        if name in done:
+            return None
+        path.append(name)
+        for target in sorted(GRAPH[name]):
+            found = visit(target)
+            if found:
+                return found
+        path.pop()
+        done.add(name)
+        return None
+
+    for name in sorted(GRAPH):
+        found = visit(name)
+        if found:
+            return found
+    return None
+
+
+def test_the_graph_is_read():
+    """The walk finds the modules and the imports it is about, or the checks below hold of
+    nothing."""
+    assert {"tooling.cli", "tooling.probing.run", "tooling.patching.apply"} <= MODULES.keys()
+    assert "tooling.probing.launch" in GRAPH["tooling.probing.run"]
+    assert "tooling.fetching.upstream" in GRAPH["tooling.patching.apply"]
+    assert {_part(n) for n in MODULES} >= {*STAGES, *EDGE, CHILD_ONLY}
+
+
+def test_no_module_imports_itself_through_others():
+    assert _cycle() is None
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_stages_import_only_earlier_stages(module):
+    """A stage imports itself, earlier stages and the shared modules; a shared module (one
+    of no stage) imports no stage; the command line may import anything."""
+    part = _part(module)
+    if part in EDGE:
+        return
+    allowed = STAGES[: STAGES.index(part) + 1] if part in STAGES else ()
+    later = sorted(t for t in GRAPH[module] if _part(t) in STAGES and _part(t) not in allowed)
+    assert not later, f"{module} imports {later}"
+    assert not any(_part(t) in EDGE for t in GRAPH[module]), f"{module} imports the CLI"
+
+
+@pytest.mark.parametrize("module", sorted(n for n in MODULES if _part(n) == CHILD_ONLY))
+def test_the_probes_import_only_each_other(module):
+    outside = sorted(t for t in GRAPH[module] if _part(t) != CHILD_ONLY)
+    assert not outside, f"{module} imports {outside}"
