@@ -20,24 +20,20 @@ import pytest
 from tooling.errors import BundleError
 from tooling.fetching.bases import load_bases
 from tooling.paths import REPO_DIR
-from tooling.release.bundle import (
+from tooling.release.bundle import read_present, write_bundle
+from tooling.release.bundle_plan import (
     DEFAULT_SKIP,
     BundleConfig,
-    Requirement,
     exclude_newer_for,
     is_present,
-    parse_lock,
     parse_present,
     parse_size,
     plan_bundle,
-    platform_tags,
-    read_present,
-    resolve,
     skip_closure,
-    uv_platform,
-    write_bundle,
 )
-from tooling.release.bundle import download as download_wheels
+from tooling.release.download import download as download_wheels
+from tooling.release.download import platform_tags, resolve, uv_platform
+from tooling.release.lock import Requirement, parse_lock
 
 from .wheels import build_wheel
 
@@ -79,7 +75,7 @@ def test_cutoff_of_0201_is_the_one_the_release_lock_used() -> None:
 
 
 def test_a_request_fills_the_bundles_defaults_from_dist_and_base(tmp_path) -> None:
-    from tooling.release.bundle import DEFAULT_EXTRAS
+    from tooling.release.bundle_plan import DEFAULT_EXTRAS
     from tooling.release.request import BundleRequest
 
     dist = tmp_path / "dist"

@@ -1,5 +1,5 @@
 """What ``tooling bundle`` was asked for, carried out: the options turned into a
-:class:`~tooling.release.bundle.BundleConfig` (defaults from the base), then the lock alone
+:class:`~tooling.release.bundle_plan.BundleConfig` (defaults from the base), then the lock alone
 or the whole bundle; the command's one entry.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from ..building.build import single_wheel
 from ..fetching.bases import Base
-from . import bundle
+from . import bundle, bundle_plan
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,10 @@ class BundleRequest:
     download_dir: Path
     """Where wheels are downloaded and kept between runs."""
     exclude_newer: str | None = None
-    python_version: str = bundle.DEFAULT_PYTHON_VERSION
-    platform: str = bundle.DEFAULT_PLATFORM
+    python_version: str = bundle_plan.DEFAULT_PYTHON_VERSION
+    platform: str = bundle_plan.DEFAULT_PLATFORM
     extras: tuple[str, ...] = ()
-    """Wheels added without their dependencies; empty: bundle.DEFAULT_EXTRAS."""
+    """Wheels added without their dependencies; empty: bundle_plan.DEFAULT_EXTRAS."""
     exclude_present: Path | None = None
     split: str | None = None
     """Largest part, e.g. ``60M``; None: no split."""
@@ -37,18 +37,18 @@ class BundleRequest:
     """Only resolve, and write the lock here."""
     progress: bool = True
 
-    def config(self) -> bundle.BundleConfig:
+    def config(self) -> bundle_plan.BundleConfig:
         """The bundle this request describes, every default filled in."""
         wheel = self.wheel or single_wheel(self.dist_dir)
-        return bundle.BundleConfig(
+        return bundle_plan.BundleConfig(
             wheel=wheel.resolve(),
             out_dir=self.out_dir.resolve(),
-            exclude_newer=self.exclude_newer or bundle.exclude_newer_for(self.base),
+            exclude_newer=self.exclude_newer or bundle_plan.exclude_newer_for(self.base),
             python_version=self.python_version,
             platform=self.platform,
-            extras=self.extras or bundle.DEFAULT_EXTRAS,
+            extras=self.extras or bundle_plan.DEFAULT_EXTRAS,
             exclude_present=self.exclude_present,
-            split_bytes=bundle.parse_size(self.split) if self.split else None,
+            split_bytes=bundle_plan.parse_size(self.split) if self.split else None,
             index_url=self.index_url,
             download_dir=self.download_dir,
             progress=self.progress,
@@ -57,8 +57,8 @@ class BundleRequest:
 
 @dataclass(frozen=True)
 class BundleOutcome:
-    config: bundle.BundleConfig
-    plan: bundle.BundlePlan
+    config: bundle_plan.BundleConfig
+    plan: bundle_plan.BundlePlan
     result: bundle.BundleResult | None
     """None when only the lock was written."""
     lock: Path | None
