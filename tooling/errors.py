@@ -75,15 +75,6 @@ class PatchConflictError(ToolingError):
     exit_code = 11
 
 
-class WorkTreeError(ToolingError):
-    """A git work tree cannot be made (a full disk) or read back (a damaged series report).
-
-    Its code is the one these faults had when the build, which makes most trees, raised them.
-    """
-
-    exit_code = 13
-
-
 class ProbeError(ToolingError):
     """A behavioural probe could not run at all (no interpreter, crash)."""
 
@@ -94,6 +85,23 @@ class BuildError(ToolingError):
     """The wheel could not be built (refused mode, mismatched inputs, write failure)."""
 
     exit_code = 13
+
+
+class WorkTreeError(BuildError):
+    """A git work tree cannot be made (a full disk) or read back (a damaged series report).
+
+    The patch stage's own error, with the build's exit code: the build makes most work
+    trees, and stops on these.
+    """
+
+
+class ReleaseError(BuildError):
+    """The release files cannot be made from what was given: a wheel this toolchain did not
+    build, a file outside --dist, a status matrix it cannot use.
+
+    The release stage's own error, with the build's exit code, which scripts that release
+    a build already test for.
+    """
 
 
 class VerifyIntegrityError(ToolingError):
@@ -143,16 +151,6 @@ class BundleError(ToolingError):
     """The offline bundle could not be resolved, downloaded, written or split."""
 
     exit_code = 19
-
-
-class ReleaseError(ToolingError):
-    """The release files cannot be made from what was given: a wheel this toolchain did not
-    build, a file outside --dist, a status matrix it cannot use.
-
-    Its code is the one these faults had when the release raised the build's error.
-    """
-
-    exit_code = 13
 
 
 class CacheWriteError(ToolingError):

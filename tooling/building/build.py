@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import os
 import re
 import time
 import zipfile
@@ -513,9 +512,9 @@ def _recorded(record: dict[str, tuple[str, str]], name: str) -> tuple[str, str]:
 _ZIP_LAST_EPOCH = 4354819199
 
 
-def source_date_epoch() -> int | None:
-    """``$SOURCE_DATE_EPOCH`` as the seconds a wheel's dates can hold, or None when unset."""
-    value = os.environ.get("SOURCE_DATE_EPOCH")
+def source_date_epoch(value: str | None) -> int | None:
+    """``$SOURCE_DATE_EPOCH`` (``value``, as the command line read it) as the seconds a
+    wheel's dates can hold, or None when unset."""
     if not value:
         return None
     if not value.strip().isdigit():

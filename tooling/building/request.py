@@ -45,6 +45,8 @@ class WheelRequest:
     build_python: Path | None = None
     max_jobs: int | None = None
     cuda_arch_list: str = "9.0"
+    source_date_epoch: str | None = None
+    """``$SOURCE_DATE_EPOCH`` as the command line read it (None: unset), checked here."""
 
 
 def unprobed(report: SeriesReport) -> SeriesReport:
@@ -89,7 +91,8 @@ def build_requested(
     """Fetch, patch (``on_applied`` sees a fresh series report) and build ``request``'s wheel."""
     if request.dist_dir.exists() and not request.dist_dir.is_dir():
         raise BuildError(f"--dist {request.dist_dir.resolve()} is a file, not a folder")
-    source_date_epoch()  # refused before any work, not after the tree is made
+    # Refused before any work, not after the tree is made.
+    epoch = source_date_epoch(request.source_date_epoch)
     if request.use_precompiled_kernels and request.mode != "source":
         raise BuildError("--use-precompiled-kernels goes with --mode source")
     series = request.series
@@ -115,7 +118,6 @@ def build_requested(
             # A tree an earlier run probed keeps that run's verdicts; a build without probes
             # records none, or its wheel would depend on the tree's history.
             report = unprobed(report)
-        epoch = source_date_epoch()
         if request.mode == "source":
             from .source_build import SourceBuildOptions, build_from_source
 

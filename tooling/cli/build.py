@@ -112,6 +112,7 @@ def build_command(
             build_python=build_python,
             max_jobs=max_jobs,
             cuda_arch_list=cuda_arch_list,
+            source_date_epoch=environ.source_date_epoch(),
         ),
         on_applied=tell_saved,
     )

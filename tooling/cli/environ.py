@@ -33,3 +33,9 @@ def probe_python(explicit: Path | None, environ: Mapping[str, str] = os.environ)
     """--probe-python as given, else ``$TOOLING_PROBE_PYTHON``; the library checks either one,
     and falls back on the cached probe environment."""
     return explicit or probe_python_from(environ)
+
+
+def source_date_epoch(environ: Mapping[str, str] = os.environ) -> str | None:
+    """``$SOURCE_DATE_EPOCH`` (reproducible-builds.org): the build checks it and dates the
+    wheel by it."""
+    return environ.get("SOURCE_DATE_EPOCH")
