@@ -14,8 +14,9 @@ from tooling.paths import PACKAGE_DIR
 
 #: The pipeline's stages, in order: each may import the ones before it.
 STAGES = ("fetching", "patching", "building", "verifying", "smoke", "release")
-#: Free to import everything: the command line and the program's entry.
-EDGE = ("cli", "__main__")
+#: Free to import everything: the command line, the program's entry, and the program that
+#: renders the canary's page from a run (``python -m tooling.canary_doc``).
+EDGE = ("cli", "__main__", "canary_doc")
 #: Copied into the probed interpreter, where only its own modules are.
 CHILD_ONLY = "probes"
 

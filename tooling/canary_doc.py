@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError, ToolingError, exit_code_for
+from .errors import ReleaseError, ToolingError, exit_code_for
 from .fsutil import atomic_write_text
 from .release.release import read_status
 from .report import STATUS_LEGEND, markdown_table, status_cells
@@ -66,11 +66,11 @@ def render(status: Mapping[str, Any]) -> str:
 
 def read_matrix(path: Path) -> dict[str, Any]:
     """``patch status --json``'s output at ``path``, as ``release`` reads it, with the list of
-    patches the columns are named by; anything else is a BuildError naming the file."""
+    patches the columns are named by; anything else is a ReleaseError naming the file."""
     status = read_status(path)
     patches = status.get("patches")
     if not (isinstance(patches, list) and all(isinstance(p, str) for p in patches)):
-        raise BuildError(
+        raise ReleaseError(
             f"{path}: not the output of `tooling patch status --json` (no list of patches)"
         )
     return status
