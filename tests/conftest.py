@@ -59,6 +59,20 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["VLLM_DFLASH_CACHE"] = str(session.root)
 
 
+#: Every fixture of the real artifacts or the CPU probe environment goes through ``cache``;
+#: ``other_libz`` may build zlib-ng.
+NEEDS_SLOW_MARK = frozenset({"cache", "other_libz"})
+
+
+@pytest.fixture(autouse=True)
+def _slow_tests_are_marked(request: pytest.FixtureRequest) -> None:
+    """``make check`` leaves out the tests marked ``slow`` where they are written; one that
+    reaches these fixtures unmarked would make the fast tier wait on them."""
+    reached = NEEDS_SLOW_MARK & set(request.fixturenames)
+    if reached and request.node.get_closest_marker("slow") is None:
+        pytest.fail(f"uses {', '.join(sorted(reached))}: mark it pytest.mark.slow", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def user_cache() -> CacheLayout:
     """The user's cache: read through the session's links, filled only by the tool itself."""

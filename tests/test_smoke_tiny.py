@@ -437,6 +437,7 @@ def test_hybrid_drafter_shares_the_target_attention_shape() -> None:
     assert [text[k] for k in keys] == [drafter[k] for k in keys] == [2, 2, 256]
 
 
+@pytest.mark.slow
 def test_the_plan_counts_the_weights_the_generator_writes(tiny, hybrid) -> None:
     """The plan sizes a ``--tiny`` pair from its configs before it exists; the generated
     safetensors hold what it counted (the hybrid's small vision tower is left out)."""
