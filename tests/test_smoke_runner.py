@@ -56,6 +56,7 @@ STANDIN_MAIN = textwrap.dedent(
     block = int(args.block_size)
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     print("INFO vLLM API server version stand-in", flush=True)
+    print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
     if spec:
         ids = json.load(open(os.path.join(spec["model"], "config.json")))
         ids = ids["dflash_config"]["target_layer_ids"]
@@ -610,3 +611,32 @@ def test_bad_input_is_one_line_with_its_own_exit_code(
     assert len(result.output.strip().splitlines()) == 1
     # Refused before anything started: no preflight, no server.
     assert not (tmp_path / "w" / "logs").exists()
+
+
+def test_engines_that_do_not_fit_together_run_in_waves_on_their_gpus(
+    tmp_path, standin_vllm, monkeypatch
+) -> None:
+    """Two GPUs that each hold one engine: the servers first, one a GPU, then the
+    first-token engines; each process sees only the GPU the plan gave it."""
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    monkeypatch.setenv("STANDIN_GPUS", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("STANDIN_PIDS", str(pids))
+    config = replace(_config(tmp_path, *standin_vllm), gpus=GpuFacts(2, 8 * 2**30))
+    report = run_smoke(config, notify=lambda m: None)
+    assert report.passed, report.summary_line()
+    plan = report.to_json()["plan"]
+    assert plan["layout"] == "one after another"
+    assert [(s["step"], s["wave"], s["gpus"]) for s in plan["steps"]] == [
+        ("serve with DFlash", 1, [0]),
+        ("serve without speculation", 1, [1]),
+        ("first tokens with DFlash", 2, [0]),
+        ("first tokens without speculation", 2, [1]),
+    ]
+    logs = tmp_path / "smoke" / "logs"
+    assert "CUDA_VISIBLE_DEVICES=0" in (logs / "serve-dflash.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=1" in (logs / "serve-plain.log").read_text()
+    # Both servers were up before the first took a request: one wave.
+    seen = [line.split() for line in Path(f"{pids}.seen").read_text().splitlines()]
+    assert [int(n) for _, n in seen] == [2, 2]
