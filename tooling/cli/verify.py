@@ -60,7 +60,8 @@ def verify_command(
             python=python,
             site=site,
             wheel=wheel,
-            probe_python=environ.probe_python(probe_python),
+            probe_python=probe_python,
+            default_probe_python=environ.probe_python(None),
         )
     )
     dist = report.dist

@@ -38,7 +38,17 @@ class VerifyRequest:
     wheel: Path | None = None
     """A wheel to pip-install into a scratch virtualenv and verify."""
     probe_python: Path | None = None
-    """--probe-python as given (default: $TOOLING_PROBE_PYTHON, else the cached probe env)."""
+    """--probe-python as given: the probes' interpreter, and with ``python`` the one that
+    questions that install."""
+    default_probe_python: Path | None = None
+    """``$TOOLING_PROBE_PYTHON`` as the command line read it: the probes' interpreter where
+    they need one of their own and --probe-python is not given (else the cached probe env).
+    It names a default, not a request: ``python``'s install is still questioned by ``python``.
+    """
+
+    def probes_python(self) -> Path | None:
+        """The interpreter the probes get where they need one of their own (checked)."""
+        return resolve_probe_python(self.probe_python or self.default_probe_python, self.cache)
 
 
 def verify_requested(request: VerifyRequest) -> VerifyReport:
@@ -47,7 +57,7 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
     with scratch_folder("dflash-verify-", pycache) as scratch:
         python = request.python
         if request.wheel is not None:
-            interpreter = resolve_probe_python(request.probe_python, request.cache)
+            interpreter = request.probes_python()
             if interpreter is None:
                 raise BuildError("--wheel needs the probe environment: run `tooling probe-env`")
             # A scratch install's bytecode would be pip's, just written: nothing to check.
@@ -57,7 +67,7 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
         if request.site is not None:
             site = request.site.resolve()
             dist = locate_in_site(site)
-            probes = resolve_probe_python(request.probe_python, request.cache)
+            probes = request.probes_python()
             target = ProbeTarget(
                 python=probes or Path(sys.executable),
                 root=site,
@@ -78,7 +88,7 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
             ):
                 # --python names the vLLM, --probe-python what questions it: a --no-deps
                 # install has no torch of its own, so every probe would read unknown.
-                questioner = resolve_probe_python(request.probe_python, request.cache)
+                questioner = request.probes_python()
                 assert questioner is not None  # given explicitly: checked, or an error
                 target = ProbeTarget(
                     python=questioner, root=dist.site, pycache=pycache, cache=request.cache.probes
