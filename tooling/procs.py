@@ -74,12 +74,13 @@ def start_group(
     env: Mapping[str, str],
     cwd: Path | None = None,
     stdin: int = subprocess.DEVNULL,
+    truncate_log: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` as the leader of a new session, stdout and stderr appended to ``log``;
-    ``stdin=subprocess.PIPE`` to talk to it."""
+    """Start ``cmd`` as the leader of a new session, stdout and stderr appended to ``log``
+    (``truncate_log``: written over); ``stdin=subprocess.PIPE`` to talk to it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     logger.debug("start %s (output in %s)", shown(cmd), log)
-    with open(log, "ab") as out:
+    with open(log, "wb" if truncate_log else "ab") as out:
         # A new session: its own process group (stopped as one) and no
         # controlling terminal, so Ctrl-C reaches only us and we decide.
         return subprocess.Popen(
@@ -91,6 +92,24 @@ def start_group(
             cwd=cwd,
             start_new_session=True,
         )
+
+
+def start_server(
+    cmd: Sequence[str], *, env: Mapping[str, str], cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` as the leader of a new session that is talked to over pipes: requests
+    on its stdin, answers on its stdout, its stderr discarded. It lives until
+    :func:`stop_group` stops it, with whatever it started."""
+    logger.debug("start %s (over pipes)", shown(cmd))
+    return subprocess.Popen(
+        list(cmd),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
 
 
 def group_members(pgid: int) -> list[int] | None:

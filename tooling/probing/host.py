@@ -1,10 +1,9 @@
 """One probe interpreter start for the probe runs of one release.
 
-A probe run spends most of its time importing vLLM's dependencies (torch,
-transformers, openai: about 9 of the 16 s a run takes on a 2-core machine), which
-are the same for the base tree, the patched tree and a 3-way check of one
-release. A ``ProbeHost`` starts the probed interpreter once, on the first run
-that needs one (a run the probe cache answers needs none), as a fork server
+A probe run spends most of its time importing vLLM's dependencies (torch, transformers,
+openai), which are the same for the base tree, the patched tree and a 3-way check of one
+release. A ``ProbeHost`` starts the probed interpreter once, on the first run that needs
+one (a run the probe cache answers needs none), as a fork server
 (``probes/forkserver.py``) that imports those and forks each run from there.
 
 A forked run is the run a fresh interpreter would make: the same environment,
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..probes.forkserver import REFUSED
-from ..procs import stop_group
+from ..procs import start_server, stop_group
 from .cache import relevant_env
 from .launch import ProbeTarget, child_env, launch_child, new_run_folder, remove_run_folder
 from .package import copy_probe_package, probe_command
@@ -111,16 +110,12 @@ class ProbeHost:
         self._folder = folder
         copy_probe_package(folder)
         self._server_env = child_env(ProbeTarget(python=self.python, pycache=self.pycache), folder)
-        # Its stderr is the preloads' warnings only: each run writes to its own log.
-        self._server = subprocess.Popen(
+        # Its stderr is the preloads' warnings only: each run writes to its own log. Its own
+        # process group: stopping it stops the run it forked too.
+        self._server = start_server(
             probe_command(self.python, "forkserver", list(PRELOAD)),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
             env=self._server_env,
             cwd=folder,
-            # Its own process group: stopping it stops the run it forked too.
-            start_new_session=True,
         )
         self.starts += 1
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..fsutil import dead_run_folders, run_prefix
+from ..procs import start_group
 from .package import probe_command
 
 
@@ -90,16 +91,13 @@ def launch_child(
 ) -> subprocess.Popen[bytes]:
     """A probe run in an interpreter of its own, its output in ``log``, leading a process
     group of its own (``ProbeRun.close`` stops the group)."""
-    with open(log, "wb") as log_file:
-        return subprocess.Popen(
-            probe_command(target.python, "child", argv),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=workdir,
-            start_new_session=True,
-        )
+    return start_group(
+        probe_command(target.python, "child", argv),
+        log=log,
+        env=env,
+        cwd=workdir,
+        truncate_log=True,
+    )
 
 
 def child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
@@ -109,7 +107,7 @@ def child_env(target: ProbeTarget, package_parent: Path) -> dict[str, str]:
     if target.pycache is not None:
         # Bytecode goes to our cache, never into the probed tree or site-packages
         # (where it would show up as unexpected files), and makes re-probing
-        # the same tree several times faster.
+        # the same tree faster.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(target.pycache)
     paths = [str(Path(p).resolve()) for p in target.roots]
