@@ -8,6 +8,7 @@ rather than trusted.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from ..errors import EnvironmentProblem, ProbeError
 from ..fsutil import locked, sha256_file
 from ..paths import REPO_DIR, CacheLayout
 from ..pipsettings import uv_pip_install
+
+logger = logging.getLogger(__name__)
 
 REQUIREMENTS = REPO_DIR / "requirements" / "probe.txt"
 #: The variable naming a probe interpreter to use instead of the cached environment.
@@ -52,11 +55,11 @@ def _create_probe_env(env: Path, requirements: Path) -> Path:
         shutil.rmtree(env)
     # Once per machine: say so, and let uv's own progress show (on stderr). uv, given
     # pip's index settings (a CPU torch often comes from the user's find-links or mirror).
-    print(
-        f"probe environment: creating {env} from {requirements.name} "
-        "(once per machine, with uv and pip's index settings)",
-        file=sys.stderr,
-        flush=True,
+    logger.info(
+        "probe environment: creating %s from %s (once per machine, with uv and pip's index "
+        "settings)",
+        env,
+        requirements.name,
     )
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     returncode = _uv_install(python_of(env), ["-r", str(requirements)])
