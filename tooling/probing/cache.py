@@ -1,10 +1,10 @@
 """Probe verdicts kept by what the probes loaded: a tree already probed is not probed again.
 
-A probe run imports torch and vLLM in a fresh interpreter (15-25 s on a 2-core
-machine), and the toolchain probes byte-identical trees again and again (the
-stock and the patched 0.20.1 in ``patch``, ``build``, ``verify``, the canary
-and the tests). A run's verdicts are kept under the cache (``<cache>/probes``),
-keyed in two levels as ccache's manifest mode keys a compile:
+A probe run imports torch and vLLM in a fresh interpreter, which is slow, and the
+toolchain probes byte-identical trees again and again (the stock and the patched
+0.20.1 in ``patch``, ``build``, ``verify``, the canary and the tests). A run's
+verdicts are kept under the cache (``<cache>/probes``), keyed in two levels as
+ccache's manifest mode keys a compile:
 
 - known before the run (the folder): the probes' sources (what is copied into
   the child), the interpreter's path, the probe names, and the child's
