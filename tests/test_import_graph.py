@@ -120,3 +120,94 @@ def test_stages_import_only_earlier_stages(module):
 def test_the_probes_import_only_each_other(module):
     outside = sorted(t for t in GRAPH[module] if _part(t) != CHILD_ONLY)
     assert not outside, f"{module} imports {outside}"
+
+
+#: Run in interpreters of their own, started with the environment they are to read: the
+#: probes, the smoke's serving children, verify's in-install check, and the trainer
+#: (``python -m tooling.trainer`` in the training interpreter).
+CHILD_RUN = (
+    "tooling.probes",
+    "tooling.smoke.serving",
+    "tooling.verifying.inside",
+    "tooling.trainer",
+)
+#: The process environment's variables that the library passes on to its children, adjusted
+#: (the search path, the GPUs a child sees, git's home), or reads as the children do (where
+#: CUDA's compiler is): none of them a setting of the toolchain's own.
+PASSED_ON = {"PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HOME", "CUDA_HOME"}
+
+
+def _environment_reads(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Each use of the process environment in ``tree`` that is not a whole copy for a child
+    (``dict(os.environ)``, ``{**os.environ, ...}``) nor a variable of ``PASSED_ON``: its line
+    and what it reads."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def is_os(node: ast.AST, attr: str) -> bool:
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == attr
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        )
+
+    def key_of(node: ast.AST) -> str | None:
+        return (
+            node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+        )
+
+    def is_dict_call(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "dict"
+        )
+
+    for node in ast.walk(tree):
+        if is_os(node, "getenv"):
+            call = parents[node]
+            key = key_of(call.args[0]) if isinstance(call, ast.Call) and call.args else None
+            if key not in PASSED_ON:
+                yield node.lineno, f"os.getenv({key!r})"
+        if not is_os(node, "environ"):
+            continue
+        up = parents[node]
+        if isinstance(up, ast.Subscript):
+            key = key_of(up.slice)
+        elif isinstance(up, ast.Attribute) and isinstance(parents[up], ast.Call):
+            call = parents[up]
+            key = key_of(call.args[0]) if call.args else None
+        elif is_dict_call(up) or (isinstance(up, ast.IfExp) and is_dict_call(parents[up])):
+            continue  # dict(os.environ), dict(os.environ if base is None else base): a copy
+        elif isinstance(up, ast.Dict) and any(
+            k is None and v is node for k, v in zip(up.keys, up.values, strict=True)
+        ):
+            continue  # {**os.environ, ...}: a copy for a child
+        else:
+            key = None
+        if key not in PASSED_ON:
+            yield node.lineno, f"os.environ[{key!r}]" if key else "os.environ as a whole"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_environment_variables_are_read_at_the_edge(module):
+    """The command line reads the toolchain's variables and hands the library values; code
+    that runs in a child interpreter reads the environment it was started with."""
+    if _part(module) in EDGE or module.startswith(CHILD_RUN):
+        return
+    reads = list(_environment_reads(ast.parse(MODULES[module].read_text(encoding="utf-8"))))
+    assert not reads, f"{module} reads {reads}"
+
+
+def test_an_environment_read_is_found():
+    source = (
+        "import os\n"
+        "a = os.environ.get('TOOLING_X')\n"
+        "b = os.environ['VLLM_DFLASH_CACHE']\n"
+        "c = os.getenv('SOURCE_DATE_EPOCH')\n"
+        "d = f(os.environ)\n"
+        "e = dict(os.environ)\n"
+        "h = dict(os.environ if a is None else a)\n"
+        "g = {**os.environ, 'PYTHONPATH': os.environ.get('PYTHONPATH', '')}\n"
+    )
+    assert sorted(line for line, _ in _environment_reads(ast.parse(source))) == [2, 3, 4, 5]
