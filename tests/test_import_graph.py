@@ -211,3 +211,55 @@ def test_an_environment_read_is_found():
         "g = {**os.environ, 'PYTHONPATH': os.environ.get('PYTHONPATH', '')}\n"
     )
     assert sorted(line for line, _ in _environment_reads(ast.parse(source))) == [2, 3, 4, 5]
+
+
+#: What starts a process other than through ``tooling.procs``.
+_STARTERS = {
+    ("subprocess", "run"),
+    ("subprocess", "Popen"),
+    ("subprocess", "call"),
+    ("subprocess", "check_call"),
+    ("subprocess", "check_output"),
+    ("os", "system"),
+    ("os", "popen"),
+}
+
+
+def _process_starts(tree: ast.AST) -> list[str]:
+    """The calls in ``tree`` that start a process directly (``subprocess.run``, ``os.system``
+    and their kin), or import such a starter by name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if isinstance(owner, ast.Name) and (owner.id, node.func.attr) in _STARTERS:
+                found.append(f"{owner.id}.{node.func.attr} (line {node.lineno})")
+        elif isinstance(node, ast.ImportFrom) and node.module in {"subprocess", "os"}:
+            found += [
+                f"from {node.module} import {a.name} (line {node.lineno})"
+                for a in node.names
+                if (node.module, a.name) in _STARTERS
+            ]
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_processes_start_through_procs(module):
+    """One runner: a time limit, the process group stopped whole and its errors in one place;
+    code that runs in a child interpreter is its own program."""
+    if module == "tooling.procs" or module.startswith(CHILD_RUN):
+        return
+    starts = _process_starts(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+    assert not starts, f"{module} starts processes directly: {starts}"
+
+
+def test_a_direct_process_start_is_found():
+    source = (
+        "import os, subprocess\n"
+        "from subprocess import check_output\n"
+        "subprocess.run(['true'])\n"
+        "p = subprocess.Popen(['true'])\n"
+        "os.system('true')\n"
+        "subprocess.TimeoutExpired('x', 1)\n"
+    )
+    assert len(_process_starts(ast.parse(source))) == 4
