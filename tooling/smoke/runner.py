@@ -321,6 +321,12 @@ def describe_plan(config: SmokeConfig) -> SmokePlan:
 # --- the run --------------------------------------------------------------------------
 
 
+def _progress(message: str) -> None:
+    """A progress line where the caller takes none (``smoke --json``): a log line on stderr,
+    marked as the smoke's among the other lines there."""
+    logger.info("[smoke] %s", message)
+
+
 def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
     """Run every planned check and return the report (also written to
     ``workdir/report.json``).
@@ -331,7 +337,7 @@ def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
     propagates.
     """
     pair = pair_facts(config)
-    run = _Run(config, notify or logger.info)
+    run = _Run(config, notify or _progress)
     run.workdir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(run.cache, ignore_errors=True)
     with sigterm_as_interrupt():
