@@ -401,7 +401,7 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
         ):
             problems.append(f"{v.name}: stock did not fail on its K+1 prompt")
     for v in [v for v in chosen if v.speed and v.drafted]:
-        rows = (
+        speeds = (
             speed_rows(plain, results[v.name])
             if plain.get("ok") and results[v.name].get("ok")
             else []
@@ -414,14 +414,14 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
             "| steady pass plain / DFlash (s) | most running |",
             "|---|---|---|---|---|---|---|",
         ]
-        for row in rows:
+        for row in speeds:
             lines.append(
                 f"| {row.concurrency} | {row.plain_tps:.0f} | {row.drafted_tps:.0f} | "
                 f"{row.ratio:.2f} | {row.plain_first_s:.2f} / {row.drafted_first_s:.2f} | "
                 f"{row.plain_steady_s:.2f} / {row.drafted_steady_s:.2f} | "
                 f"{row.drafted_most_running} |"
             )
-        if not rows:
+        if not speeds:
             problems.append(f"{v.name}: no speed figures")
     lines += ["", "verdict: " + ("pass" if not problems else "FAIL"), *problems]
     return "\n".join(lines) + "\n", not problems
