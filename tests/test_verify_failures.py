@@ -231,8 +231,16 @@ def test_the_folders_of_a_killed_probe_run_are_removed_by_the_next(tmp_path, slo
         [sys.executable, "-m", "tooling", "--cache-dir", str(cache), *probe],
         env={**os.environ, "TMPDIR": str(scratch)},
     )
-    # Its probe child runs: the folder is there.
-    wait_until(lambda: not set(_running(marker)) <= {killed.pid}, "the probe", alive=killed)
+    # Its probe child runs: the folder is there. (Importing GitPython runs `git version`
+    # before the folder is made: a child of the run, but not the probe.)
+    wait_until(
+        lambda: (
+            any(scratch.glob(f"dflash-probes-{killed.pid}-*"))
+            and not set(_running(marker)) <= {killed.pid}
+        ),
+        "the probe",
+        alive=killed,
+    )
     killed.kill()
     killed.wait()
     (left,) = scratch.glob(f"dflash-probes-{killed.pid}-*")
