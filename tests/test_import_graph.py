@@ -189,14 +189,25 @@ def _environment_reads(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield node.lineno, f"os.environ[{key!r}]" if key else "os.environ as a whole"
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_environment_variables_are_read_at_the_edge(module):
+def _own_process(*, edge: bool) -> dict[str, ast.AST]:
+    """The parsed modules that run in the toolchain's own process (``edge``: with the command
+    line's)."""
+    return {
+        name: ast.parse(path.read_text(encoding="utf-8"))
+        for name, path in MODULES.items()
+        if (edge or _part(name) not in EDGE) and not name.startswith(CHILD_RUN)
+    }
+
+
+def test_environment_variables_are_read_at_the_edge():
     """The command line reads the toolchain's variables and hands the library values; code
     that runs in a child interpreter reads the environment it was started with."""
-    if _part(module) in EDGE or module.startswith(CHILD_RUN):
-        return
-    reads = list(_environment_reads(ast.parse(MODULES[module].read_text(encoding="utf-8"))))
-    assert not reads, f"{module} reads {reads}"
+    library = _own_process(edge=False)
+    assert "tooling.probing.env" in library and "tooling.cli.environ" not in library
+    reads = {
+        name: found for name, tree in library.items() if (found := list(_environment_reads(tree)))
+    }
+    assert not reads
 
 
 def test_an_environment_read_is_found():
@@ -243,14 +254,17 @@ def _process_starts(tree: ast.AST) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_processes_start_through_procs(module):
+def test_processes_start_through_procs():
     """One runner: a time limit, the process group stopped whole and its errors in one place;
     code that runs in a child interpreter is its own program."""
-    if module == "tooling.procs" or module.startswith(CHILD_RUN):
-        return
-    starts = _process_starts(ast.parse(MODULES[module].read_text(encoding="utf-8")))
-    assert not starts, f"{module} starts processes directly: {starts}"
+    library = _own_process(edge=True)
+    assert {"tooling.procs", "tooling.cli.build"} <= library.keys()
+    starts = {
+        name: found
+        for name, tree in library.items()
+        if name != "tooling.procs" and (found := _process_starts(tree))
+    }
+    assert not starts
 
 
 def test_a_direct_process_start_is_found():
