@@ -6,8 +6,12 @@
 #                             and the speed figures; 2: the next K), all at once on one GPU,
 #                             each with its own compile cache and a fixed KV cache; then the
 #                             report of every call so far.
-# Needs host-setup.sh's installs ($ENGINES/patched, stock and the no-<patch> ablations of
-# trained_pair.ABLATED). Writes $OUT/trained-CALL.tar.gz and $OUT/trained-report-CALL.txt.
+# Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations of
+# trained_pair.ABLATED, with the patches written on them (ABLATIONS="dflash-layer-id-offset
+# dflash-swa-config,dflash-fp8-kv-cache eagle-cache-drop"); the recipe trains with the bundle's
+# dflash and, where the bundle has them (--extra flash-linear-attention==0.6.0 --extra
+# fla-core==0.6.0), flash-linear-attention's Gated DeltaNet kernels.
+# Writes $OUT/trained-CALL.tar.gz and $OUT/trained-report-CALL.txt.
 # TIME_LIMIT (seconds, default 540) bounds each engine process.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,8 +22,13 @@ pair=$WORK/hybrid-pair
 runs=$WORK/trained
 case $step in
   train)
-    mkdir -p "$WORK"
-    PYTHONPATH=$SITE setsid nohup python3 -m tooling.trainer train --arch hybrid \
+    mkdir -p "$WORK/train-extras"
+    # install.sh installs vLLM's dependencies; the trainer's own extras are unpacked beside.
+    for wheel in "$WORK"/joined/payload/bundle/wheels/{dflash,flash_linear_attention,fla_core}-*.whl; do
+      [ -f "$wheel" ] && python3 -m zipfile -e "$wheel" "$WORK/train-extras"
+    done
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=$WORK/train-extras:$SITE \
+      setsid nohup python3 -m tooling.trainer train --arch hybrid \
       --out-dir "$pair" --export "$WORK/train-out" > "$WORK/train-hybrid.log" 2>&1 < /dev/null &
     echo "training started (pid $!), log $WORK/train-hybrid.log"
     exit 0 ;;

@@ -305,124 +305,145 @@ def load_results(
     return chosen, results
 
 
+Section = tuple[list[str], list[str]]
+"""A report section: its lines, and the problems it found (none: it proves its part)."""
+
+
+def _per_position(values: list[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in values) or "-"
+
+
+def acceptance_section(
+    k: int, reference: dict[str, Any], chosen: list[Variant], results: dict[str, dict[str, Any]]
+) -> Section:
+    """The acceptance table at one K; the fixed wheel must be within REFERENCE_TOLERANCE."""
+    ref_len = reference.get("mean_acceptance_length")
+    lines = [
+        "",
+        f"## Acceptance, K = {k} (reference: the dflash package, HF, one prompt at a time)",
+        "| engine | one at a time | 16 at once (most running) | vs reference "
+        "| per position (one at a time) | greedy = plain (1 / 16) |",
+        "|---|---|---|---|---|---|",
+        f"| reference | {_fmt(ref_len)} | - | 1.000 | "
+        f"{_per_position(reference.get('acceptance_per_position', []))} | - |",
+    ]
+    problems: list[str] = []
+    plain = results.get(PLAIN)
+    for v in [v for v in chosen if v.k == k]:
+        r = results[v.name]
+        if not r.get("ok"):
+            lines.append(f"| {v.name} | error: {r.get('error')} | | | | |")
+            if v.site == "patched":
+                problems.append(f"{v.name}: {r.get('error')}")
+            continue
+        rows = {row.concurrency: row for row in acceptance_rows(v.name, r, plain)}
+        one, many = rows.get(1), rows.get(16)
+        one_len = one.acceptance_length if one else None
+        ratio = one_len / ref_len if one_len and ref_len else None
+        lines.append(
+            f"| {v.name} | {_fmt(one_len)} | "
+            f"{_fmt(many.acceptance_length if many else None)} "
+            f"({many.most_running if many else '-'}) | {_fmt(ratio)} | "
+            f"{_per_position(one.per_position if one else [])} | "
+            f"{one.equal_plain if one else '-'}/{one.prompts if one else '-'} / "
+            f"{many.equal_plain if many else '-'}/{many.prompts if many else '-'} |"
+        )
+        if v.site == "patched" and (ratio is None or ratio < 1 - REFERENCE_TOLERANCE):
+            problems.append(
+                f"{v.name}: acceptance length {_fmt(one_len)} is not within "
+                f"{REFERENCE_TOLERANCE:.0%} of the reference's {_fmt(ref_len)}"
+            )
+    return lines, problems
+
+
+def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> Section:
+    """The strict check of every drafted engine: the fixed wheel passes, stock fails on K+1."""
+    plain = results.get(PLAIN, {"ok": False, "error": "no result"})
+    lines = [
+        "",
+        "## Strict lossless (greedy, each prompt alone; a difference is excused only where the "
+        f"plain run's top-2 margin <= 2^-7 = {TIE_MARGIN:.4f})",
+        "| engine | verdict | prompts | failures (prompt @ position: plain margin) "
+        "| excused ties |",
+        "|---|---|---|---|---|",
+    ]
+    problems: list[str] = []
+
+    def where(prompts: list[PromptVerdict]) -> str:
+        return "; ".join(
+            f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}" for p in prompts
+        )
+
+    for v in [v for v in chosen if v.drafted]:
+        verdict = lossless(v.name, plain, results[v.name])
+        if verdict.error:
+            lines.append(f"| {v.name} | error: {verdict.error} | | | |")
+        else:
+            lines.append(
+                f"| {v.name} | {'pass' if verdict.ok else 'FAIL'} | {len(verdict.prompts)} | "
+                f"{where(verdict.failures) or '-'} | {where(verdict.ties) or '-'} |"
+            )
+        if v.site == "patched" and not verdict.ok:
+            problems.append(f"{v.name}: strict lossless check not passed")
+        if v.site != "stock" or verdict.error is not None:
+            continue
+        if verdict.ok:
+            problems.append(f"{v.name}: stock passed the strict lossless check (it must fail)")
+        elif not any(p.prompt.endswith(f"len{v.k + 1}") for p in verdict.failures):
+            problems.append(f"{v.name}: stock did not fail on its K+1 prompt")
+    return lines, problems
+
+
+def speed_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> Section:
+    """Decode speed with and without the drafter, as ratios to the plain engine of the run."""
+    plain = results.get(PLAIN, {"ok": False})
+    lines: list[str] = []
+    problems: list[str] = []
+    for v in [v for v in chosen if v.speed and v.drafted]:
+        drafted = results[v.name]
+        rows = speed_rows(plain, drafted) if plain.get("ok") and drafted.get("ok") else []
+        lines += [
+            "",
+            f"## Decode speed, K = {v.k}, against the plain engine of the same run "
+            "(steady passes; first traffic apart)",
+            "| concurrent | plain tok/s | DFlash tok/s | ratio | first pass plain / DFlash (s) "
+            "| steady pass plain / DFlash (s) | most running |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {row.concurrency} | {row.plain_tps:.0f} | {row.drafted_tps:.0f} | "
+            f"{row.ratio:.2f} | {row.plain_first_s:.2f} / {row.drafted_first_s:.2f} | "
+            f"{row.plain_steady_s:.2f} / {row.drafted_steady_s:.2f} | "
+            f"{row.drafted_most_running} |"
+            for row in rows
+        ]
+        if not rows:
+            problems.append(f"{v.name}: no speed figures")
+    return lines, problems
+
+
 def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str, bool]:
     """The tables and whether the run proves what it must: the fixed wheel lossless and within
     ``REFERENCE_TOLERANCE`` of the reference at each K, stock failing the lossless check."""
     summary = json.loads((pair / "summary.json").read_text())
     reference = summary["reference"]["by_speculative_tokens"]
     chosen, results = load_results(work, through_call)
-    plain = results.get(PLAIN, {"ok": False, "error": "no result"})
     lines: list[str] = []
-    problems: list[str] = []
     for v in chosen:
         r = results[v.name]
-        state = (
-            f"started in {r['startup_s']:.0f}s, {r.get('cudagraph_mode')}"
+        lines.append(
+            f"{v.name}: started in {r['startup_s']:.0f}s, {r.get('cudagraph_mode')}"
             if r.get("ok")
-            else f"error: {r.get('error')}"
+            else f"{v.name}: error: {r.get('error')}"
         )
-        lines.append(f"{v.name}: {state}")
-    ks = sorted({v.k for v in chosen if v.drafted}, reverse=True)
-    for k in ks:
-        ref = reference.get(str(k), {})
-        ref_len = ref.get("mean_acceptance_length")
-        lines += [
-            "",
-            f"## Acceptance, K = {k} (reference: the dflash package, HF, one prompt at a time)",
-            "| engine | one at a time | 16 at once (most running) | vs reference "
-            "| per position (one at a time) | greedy = plain (1 / 16) |",
-            "|---|---|---|---|---|---|",
-            f"| reference | {_fmt(ref_len)} | - | 1.000 | "
-            + ", ".join(f"{x:.2f}" for x in ref.get("acceptance_per_position", []))
-            + " | - |",
-        ]
-        for v in [v for v in chosen if v.k == k]:
-            r = results[v.name]
-            if not r.get("ok"):
-                lines.append(f"| {v.name} | error: {r.get('error')} | | | | |")
-                if v.site == "patched":
-                    problems.append(f"{v.name}: {r.get('error')}")
-                continue
-            rows = {row.concurrency: row for row in acceptance_rows(v.name, r, plain)}
-            one, many = rows.get(1), rows.get(16)
-            ratio = (
-                (one.acceptance_length / ref_len)
-                if one and one.acceptance_length and ref_len
-                else None
-            )
-            lines.append(
-                f"| {v.name} | {_fmt(one.acceptance_length if one else None)} | "
-                f"{_fmt(many.acceptance_length if many else None)} "
-                f"({many.most_running if many else '-'}) | "
-                f"{_fmt(ratio)} | "
-                + (", ".join(f"{x:.2f}" for x in one.per_position) if one else "-")
-                + f" | {one.equal_plain if one else '-'}/{one.prompts if one else '-'} / "
-                f"{many.equal_plain if many else '-'}/{many.prompts if many else '-'} |"
-            )
-            if v.site == "patched" and (ratio is None or ratio < 1 - REFERENCE_TOLERANCE):
-                problems.append(
-                    f"{v.name}: acceptance length "
-                    f"{_fmt(one.acceptance_length if one else None)} is "
-                    f"not within {REFERENCE_TOLERANCE:.0%} of the reference's {_fmt(ref_len)}"
-                )
-    lines += [
-        "",
-        f"## Strict lossless (greedy, each prompt alone; a difference is excused only where the "
-        f"plain run's top-2 margin <= 2^-7 = {TIE_MARGIN:.4f})",
-        "| engine | verdict | prompts | failures (prompt @ position: plain margin) "
-        "| excused ties |",
-        "|---|---|---|---|---|",
+    sections = [
+        acceptance_section(k, reference.get(str(k), {}), chosen, results)
+        for k in sorted({v.k for v in chosen if v.drafted}, reverse=True)
     ]
-    for v in [v for v in chosen if v.drafted]:
-        verdict = lossless(v.name, plain, results[v.name])
-        if verdict.error:
-            lines.append(f"| {v.name} | error: {verdict.error} | | | |")
-        else:
-            fails = "; ".join(
-                f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}"
-                for p in verdict.failures
-            )
-            ties = "; ".join(
-                f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}"
-                for p in verdict.ties
-            )
-            lines.append(
-                f"| {v.name} | {'pass' if verdict.ok else 'FAIL'} | {len(verdict.prompts)} | "
-                f"{fails or '-'} | {ties or '-'} |"
-            )
-        if v.site == "patched" and not verdict.ok:
-            problems.append(f"{v.name}: strict lossless check not passed")
-        if v.site == "stock" and verdict.error is None and verdict.ok:
-            problems.append(f"{v.name}: stock passed the strict lossless check (it must fail)")
-        if (
-            v.site == "stock"
-            and verdict.error is None
-            and not any(p.prompt.endswith(f"len{v.k + 1}") for p in verdict.failures)
-        ):
-            problems.append(f"{v.name}: stock did not fail on its K+1 prompt")
-    for v in [v for v in chosen if v.speed and v.drafted]:
-        speeds = (
-            speed_rows(plain, results[v.name])
-            if plain.get("ok") and results[v.name].get("ok")
-            else []
-        )
-        lines += [
-            "",
-            f"## Decode speed, K = {v.k}, against the plain engine of the same run (steady passes; "
-            "first traffic apart)",
-            "| concurrent | plain tok/s | DFlash tok/s | ratio | first pass plain / DFlash (s) "
-            "| steady pass plain / DFlash (s) | most running |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for row in speeds:
-            lines.append(
-                f"| {row.concurrency} | {row.plain_tps:.0f} | {row.drafted_tps:.0f} | "
-                f"{row.ratio:.2f} | {row.plain_first_s:.2f} / {row.drafted_first_s:.2f} | "
-                f"{row.plain_steady_s:.2f} / {row.drafted_steady_s:.2f} | "
-                f"{row.drafted_most_running} |"
-            )
-        if not speeds:
-            problems.append(f"{v.name}: no speed figures")
+    sections += [lossless_section(chosen, results), speed_section(chosen, results)]
+    problems = [p for _, found in sections for p in found]
+    for section_lines, _ in sections:
+        lines += section_lines
     lines += ["", "verdict: " + ("pass" if not problems else "FAIL"), *problems]
     return "\n".join(lines) + "\n", not problems
 

@@ -18,10 +18,8 @@ import numpy as np
 
 #: The longest context the check serves (shorter where the target's positions end sooner).
 MAX_MODEL_LEN = 2048
-#: Tokens each checked completion runs, unless it runs to ``max_model_len``.
-NEW_TOKENS = 48
-#: Tokens the prefix-cache prompts share (whole 16-token blocks).
-SHARED_PREFIX = 256
+#: vLLM's KV-cache block: the prefix-cache prompts share whole blocks.
+BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -50,9 +48,14 @@ def engine_settings(max_position_embeddings: int) -> dict[str, int]:
 
 
 def lossless_prompts(
-    stream: np.ndarray, speculative_tokens: tuple[int, ...], engine: dict[str, int], seed: int
+    stream: np.ndarray,
+    speculative_tokens: tuple[int, ...],
+    engine: dict[str, int],
+    new_tokens: int,
+    seed: int,
 ) -> list[CheckedPrompt]:
-    """The check's prompts, windows of ``stream`` (held-out tokens) at seeded offsets."""
+    """The check's prompts, windows of ``stream`` (held-out tokens) at seeded offsets, each
+    run for ``new_tokens`` but the last, which runs to ``max_model_len``."""
     rng = np.random.default_rng(seed)
 
     def window(length: int) -> list[int]:
@@ -67,27 +70,28 @@ def lossless_prompts(
             (2, "K+2"),
         ):
             length = k + extra
-            out.append(CheckedPrompt(f"k{k}-len{length}", window(length), NEW_TOKENS, why))
+            out.append(CheckedPrompt(f"k{k}-len{length}", window(length), new_tokens, why))
     chunk = engine["max_num_batched_tokens"]
     out.append(
         CheckedPrompt(
             f"chunk-tail-{chunk + 1}",
             window(chunk + 1),
-            NEW_TOKENS,
+            new_tokens,
             "its last chunked-prefill piece is one token",
         )
     )
-    first = window(SHARED_PREFIX + 48)
-    other = window(48)
+    shared = engine["max_num_batched_tokens"] // 4 // BLOCK * BLOCK
+    first = window(shared + BLOCK)
+    other = window(BLOCK)
     out += [
-        CheckedPrompt("prefix-a", first, NEW_TOKENS, "fills the prefix cache"),
+        CheckedPrompt("prefix-a", first, new_tokens, "fills the prefix cache"),
         CheckedPrompt(
             "prefix-b",
-            first[:SHARED_PREFIX] + other,
-            NEW_TOKENS,
-            f"its first {SHARED_PREFIX} tokens hit the prefix cache",
+            first[:shared] + other,
+            new_tokens,
+            f"its first {shared} tokens hit the prefix cache",
         ),
-        CheckedPrompt("prefix-a-again", first, NEW_TOKENS, "every whole block hits the cache"),
+        CheckedPrompt("prefix-a-again", first, new_tokens, "every whole block hits the cache"),
     ]
     length = engine["max_model_len"] * 3 // 4
     out.append(

@@ -112,6 +112,7 @@ class RecipeConfig:
     # Drafted tokens per step the reference measures besides block_size - 1 (a drafter of
     # block size B serves any K < B).
     reference_speculative_tokens: tuple[int, ...] = ()
+    lossless_new_tokens: int = 48  # per prompt of the lossless check (but the one to the end)
 
     # Quality floors (0: none). A run short of one ends with TrainingError, naming the figure,
     # and writes no pair: a lossless check needs a decisive target (near-ties flip under any
@@ -250,11 +251,13 @@ PRESETS: dict[str, RecipeConfig] = {
         num_heads=24,
         num_kv_heads=4,
         head_dim=256,
-        target_batch=32,
-        target_time_cap_s=240.0,
-        data_sequences=16_384,
-        data_time_cap_s=75.0,
-        gen_batch=256,
+        # Small batches: without flash-linear-attention's kernels, transformers' reference
+        # Gated DeltaNet keeps every chunk's state for the backward pass.
+        target_batch=8,
+        target_time_cap_s=330.0,
+        data_sequences=8192,
+        data_time_cap_s=60.0,
+        gen_batch=128,
         feature_batch=128,
         drafter_layer_types=(*("sliding_attention",) * 4, "full_attention"),
         sliding_window=64,
@@ -267,7 +270,7 @@ PRESETS: dict[str, RecipeConfig] = {
         drafter_batch=32,
         anchors_per_seq=32,
         loss_gamma=7.0,
-        drafter_time_cap_s=200.0,
+        drafter_time_cap_s=150.0,
         crosscheck_prompts=0,
         reference_speculative_tokens=(7,),
         min_target_margin=1.0,
@@ -281,6 +284,8 @@ PRESETS: dict[str, RecipeConfig] = {
 PRESETS["hybrid-smoke"] = replace(
     PRESETS["smoke"],
     arch="hybrid",
+    max_position_embeddings=256,
+    lossless_new_tokens=8,
     target_layers=8,
     num_heads=2,
     num_kv_heads=1,

@@ -19,6 +19,7 @@ import platform
 import shutil
 import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,13 @@ def _versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
     }
-    try:
-        from importlib.metadata import version
-
-        out["dflash"] = version("dflash")
-    except Exception:  # a source checkout on PYTHONPATH has no metadata
-        out["dflash"] = "unknown"
+    # dflash unpacked onto PYTHONPATH has no metadata; flash-linear-attention is optional
+    # (a hybrid target trains on transformers' reference Gated DeltaNet without it).
+    for name, dist in (("dflash", "dflash"), ("flash_linear_attention", "flash-linear-attention")):
+        try:
+            out[name] = version(dist)
+        except PackageNotFoundError:
+            out[name] = "unknown" if name == "dflash" else "absent"
     if torch.cuda.is_available():
         out["device"] = torch.cuda.get_device_name(0)
     return out
@@ -231,7 +233,13 @@ def _train_into(
     )
     from .drafter_data import build_drafter_data, sample_windows
     from .preflight import preflight
-    from .reference_accept import quality_floors, reference_summary, select_prompts
+    from .reference_accept import (
+        drafter_floor,
+        plain_greedy,
+        reference_summary,
+        select_prompts,
+        target_floor,
+    )
     from .target import build_target, eval_loss, target_config, train_target
     from .tokenizer import (
         EOT_ID,
@@ -341,11 +349,17 @@ def _train_into(
         ],
     }
     engine = engine_settings(cfg.max_position_embeddings)
-    checked = lossless_prompts(streams[HELDOUT], cfg.speculative_tokens, engine, cfg.seed + 505)
+    checked = lossless_prompts(
+        streams[HELDOUT], cfg.speculative_tokens, engine, cfg.lossless_new_tokens, cfg.seed + 505
+    )
     prompts_doc["speculative_tokens"] = list(cfg.speculative_tokens)
     prompts_doc["engine"] = engine
     prompts_doc["lossless"] = [c.to_json() for c in checked]
     write_json(work.prompts, prompts_doc)
+    # The target's floor first: a target that is not decisive makes the rest worthless.
+    plain = plain_greedy(cfg, target, prompts, checked)
+    floors = target_floor(cfg, plain, log)
+    lap("target_floor")
 
     # Drafter data: the target's greedy continuations (half from files it never saw).
     rng = np.random.default_rng(cfg.seed + 404)
@@ -415,9 +429,9 @@ def _train_into(
     if not (target_equal and drafter_equal):
         raise TrainingError(f"saved models do not reload identically: {reload_info}")
     rt, rd = target, drafter
-    reference = reference_summary(cfg, rt, rd, prompts, device, log)
+    reference = reference_summary(cfg, rt, rd, plain, prompts, device, log)
     write_json(work.reference, reference.pop("document"))
-    floors = quality_floors(cfg, rt, reference, checked, log)
+    floors.update(drafter_floor(cfg, reference, log))
     lap("reference")
 
     return {

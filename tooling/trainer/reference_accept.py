@@ -332,10 +332,87 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+@dataclass(frozen=True)
+class PlainGreedy:
+    """The target's own greedy continuations of the acceptance prompts, with each choice's
+    top-2 logit margin, and the margins of the lossless check's prompts."""
+
+    tokens: list[list[int]]
+    margins: list[list[float]]
+    checked_margins: dict[str, list[float]]
+
+    def all_margins(self) -> list[float]:
+        return [m for row in self.margins for m in row] + [
+            m for row in self.checked_margins.values() for m in row
+        ]
+
+
+@torch.inference_mode()
+def plain_greedy(
+    cfg: RecipeConfig, target: nn.Module, prompts: list[Prompt], checked: list[CheckedPrompt]
+) -> PlainGreedy:
+    """Greedy runs of the target alone on every prompt the pair's checks serve."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([p.token_ids for p in prompts], device=device)
+    tokens, margins = greedy_generate(target, ids, cfg.max_new_tokens, with_margins=True)
+    checked_margins = {}
+    for prompt in checked:
+        _, m = greedy_generate(
+            target,
+            torch.tensor([prompt.token_ids], device=device),
+            prompt.max_new_tokens,
+            with_margins=True,
+        )
+        checked_margins[prompt.name] = m[0].tolist()
+    return PlainGreedy(tokens.tolist(), margins.tolist(), checked_margins)
+
+
+def target_floor(cfg: RecipeConfig, plain: PlainGreedy, log: Log) -> dict[str, Any]:
+    """The target's median top-2 logit margin over its greedy choices on every prompt the
+    acceptance table and the lossless check serve. Raises TrainingError below
+    ``min_target_margin`` (before any drafter time is spent); returns the figures."""
+    margins = plain.all_margins()
+    figures: dict[str, Any] = {
+        "target_median_margin": median(margins),
+        "target_margin_positions": len(margins),
+        "target_positions_within_2e-7": sum(1 for m in margins if m <= 2**-7),
+        "min_target_margin": cfg.min_target_margin,
+    }
+    log(f"target floor: {figures}")
+    if figures["target_median_margin"] < cfg.min_target_margin:
+        raise TrainingError(
+            f"target: median top-2 logit margin {figures['target_median_margin']:.3f} over "
+            f"{len(margins)} greedy positions is below the floor {cfg.min_target_margin}"
+        )
+    return figures
+
+
+def drafter_floor(cfg: RecipeConfig, reference: dict[str, Any], log: Log) -> dict[str, Any]:
+    """The reference's mean acceptance length at ``floor_speculative_tokens``. Raises
+    TrainingError below ``min_acceptance_length``; returns the figures."""
+    k = cfg.floor_speculative_tokens
+    if not k:
+        return {}
+    length = reference["by_speculative_tokens"][str(k)]["mean_acceptance_length"]
+    figures = {
+        "floor_speculative_tokens": k,
+        "acceptance_length": length,
+        "min_acceptance_length": cfg.min_acceptance_length,
+    }
+    log(f"drafter floor: {figures}")
+    if length < cfg.min_acceptance_length:
+        raise TrainingError(
+            f"drafter: reference mean acceptance length {length:.3f} at K={k} is below the "
+            f"floor {cfg.min_acceptance_length}"
+        )
+    return figures
+
+
 def reference_summary(
     cfg: RecipeConfig,
     target: nn.Module,
     drafter: DFlashDraftModel,
+    plain_run: PlainGreedy,
     prompts: list[Prompt],
     device: torch.device,
     log: Log,
@@ -356,10 +433,7 @@ def reference_summary(
             f"{r.mean_acceptance_length:.3f}, per position "
             + ", ".join(f"{x:.3f}" for x in r.acceptance_per_position)
         )
-    plain, margins = greedy_generate(
-        target, torch.tensor(ids, device=device), cfg.max_new_tokens, with_margins=True
-    )
-    plain = plain.tolist()
+    plain, margins = plain_run.tokens, plain_run.margins
     lossless = sum(r.output_ids == g for r, g in zip(report.runs, plain, strict=True))
     cross = [
         minimal_run(target, drafter, p, cfg.max_new_tokens) for p in ids[: cfg.crosscheck_prompts]
@@ -380,14 +454,14 @@ def reference_summary(
                 "accepted_per_step": r.accepted,
                 "eot_in_output": EOT_ID in r.output_ids,
             }
-            for p, r, g, m in zip(prompts, report.runs, plain, margins.tolist(), strict=True)
+            for p, r, g, m in zip(prompts, report.runs, plain, margins, strict=True)
         ],
     }
     out = report.summary()
     out.update(
         {
             "by_speculative_tokens": {str(k): r.summary() for k, r in reports.items()},
-            "plain_greedy_margins": margins.flatten().tolist(),
+            "plain_greedy_margins": [m for row in margins for m in row],
             "plain_greedy_equal": lossless,
             "crosscheck_minimal_loop": {
                 "prompts": len(cross),
@@ -411,52 +485,3 @@ def run_accept_len(run: PromptRun) -> float:
     """One prompt's mean acceptance length, vLLM's way."""
     drafts = sum(1 for d in run.drafted if d > 0)
     return 1.0 + sum(run.accepted) / max(drafts, 1)
-
-
-def quality_floors(
-    cfg: RecipeConfig,
-    target: nn.Module,
-    reference: dict[str, Any],
-    checked: list[CheckedPrompt],
-    log: Log,
-) -> dict[str, Any]:
-    """The recipe's floors, measured: the target's median top-2 logit margin over its greedy
-    choices on every prompt the acceptance table and the lossless check serve, and the
-    reference's acceptance length at ``floor_speculative_tokens``. Raises TrainingError,
-    naming the figure, when one falls short; returns the figures otherwise."""
-    device = next(target.parameters()).device
-    margins = list(reference["plain_greedy_margins"])
-    for prompt in checked:
-        _, m = greedy_generate(
-            target,
-            torch.tensor([prompt.token_ids], device=device),
-            prompt.max_new_tokens,
-            with_margins=True,
-        )
-        margins += m.flatten().tolist()
-    figures: dict[str, Any] = {
-        "target_median_margin": median(margins),
-        "target_margin_positions": len(margins),
-        "target_positions_within_2e-7": sum(1 for m in margins if m <= 2**-7),
-        "min_target_margin": cfg.min_target_margin,
-    }
-    k = cfg.floor_speculative_tokens
-    if k:
-        by_k = reference["by_speculative_tokens"][str(k)]
-        figures.update(
-            floor_speculative_tokens=k,
-            acceptance_length=by_k["mean_acceptance_length"],
-            min_acceptance_length=cfg.min_acceptance_length,
-        )
-    log(f"floors: {figures}")
-    if figures["target_median_margin"] < cfg.min_target_margin:
-        raise TrainingError(
-            f"target: median top-2 logit margin {figures['target_median_margin']:.3f} over "
-            f"{len(margins)} greedy positions is below the floor {cfg.min_target_margin}"
-        )
-    if k and figures["acceptance_length"] < cfg.min_acceptance_length:
-        raise TrainingError(
-            f"drafter: reference mean acceptance length {figures['acceptance_length']:.3f} at "
-            f"K={k} is below the floor {cfg.min_acceptance_length}"
-        )
-    return figures

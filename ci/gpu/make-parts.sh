@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Here, on the build machine: the parts host-setup.sh joins on the GPU host.
+#   make-parts.sh OUT_DIR [PART_SIZE_BYTES]   (default 60 MiB, under the transfer limit)
+# The payload is what host-setup.sh reads: bundle/ (the contents of the one folder
+# `tooling bundle` writes) and the vLLM sdist the ablations are built from. The bundle
+# carries the toolchain's GPU-host extras: the reference dflash, GitPython for the
+# offline builds, and flash-linear-attention for the hybrid recipe's training.
+set -euo pipefail
+out=${1:?usage: make-parts.sh OUT_DIR [PART_SIZE_BYTES]}
+size=${2:-62914560}
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../.."
+cache=${VLLM_DFLASH_CACHE:-$HOME/.cache/vllm-dflash}
+wheel=$(ls "$cache"/pypi/vllm-0.20.1-*.whl)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+.venv/bin/tooling --no-progress bundle --wheel "$wheel" --out "$work/bundle" \
+  --exclude-present ci/gpu/h200-image-packages.txt --extra dflash==0.1.0 \
+  --extra GitPython==3.1.45 --extra gitdb==4.0.12 --extra smmap==5.0.2 \
+  --extra flash-linear-attention==0.6.0 --extra fla-core==0.6.0
+mkdir -p "$work/payload"
+mv "$work"/bundle/vllm-*-bundle-* "$work/payload/bundle"
+cp "$cache/pypi/vllm-0.20.1.tar.gz" "$work/payload/"
+.venv/bin/python - "$work/payload" "$out" "$size" <<'PY'
+import sys
+from pathlib import Path
+
+from tooling.release.split import split_bundle
+
+print(split_bundle(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), show_progress=False)[0])
+PY
+ls -l "$out"
