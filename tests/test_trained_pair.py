@@ -168,3 +168,29 @@ def test_an_engine_that_did_not_run_is_no_pass(tmp_path: Path) -> None:
     tp.plan(pair, work)
     text, ok = tp.report(pair, work)
     assert not ok and "error: no result" in text
+
+
+def test_trained_hybrid_names_the_installs_it_lacks_before_training(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tooling.cli import main
+    from tooling.errors import SmokeError
+
+    patched = tmp_path / "patched"
+    patched.mkdir()
+    result = CliRunner().invoke(
+        main,
+        [
+            "smoke",
+            "--trained-hybrid",
+            "--engine",
+            f"patched={patched}",
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+    )
+    assert result.exit_code == SmokeError.exit_code
+    missing = ", ".join(sorted(["stock", *(f"no-{p}" for p in tp.ABLATED)]))
+    assert result.stderr == f"error: --trained-hybrid needs --engine NAME=DIR for {missing}\n"
+    # Refused before any training: nothing was written but the work folder.
+    assert [p.name for p in (tmp_path / "work").iterdir()] == []

@@ -115,11 +115,18 @@ from .options import emit, json_option, settings_of
     help="Acceptance table on the trained pair (trains it when not cached).",
 )
 @click.option(
+    "--trained-hybrid",
+    is_flag=True,
+    help="On the hybrid recipe's trained pair (trained when not cached): acceptance at each "
+    "K, one request at a time and 16 at once, the strict lossless check and decode speed; "
+    "needs --engine for patched, stock and each no-<patch> ablation.",
+)
+@click.option(
     "--engine",
     "engines",
     multiple=True,
     metavar="NAME=DIR",
-    help="With --trained: a vLLM install to measure (repeatable).",
+    help="With --trained or --trained-hybrid: a vLLM install to measure (repeatable).",
 )
 @json_option
 @click.pass_context
@@ -154,6 +161,7 @@ def smoke_command(
     sequential: bool,
     dry_run: bool,
     trained: bool,
+    trained_hybrid: bool,
     engines: tuple[str, ...],
 ) -> None:
     """Serve a target with a DFlash drafter on a GPU and check every fix at run time."""
@@ -198,6 +206,7 @@ def smoke_command(
             wheel=wheel,
             stock_wheel=stock_wheel,
             trained=trained,
+            trained_hybrid=trained_hybrid,
             engines=engines,
             dry_run=dry_run,
         ),

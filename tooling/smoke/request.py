@@ -17,6 +17,10 @@ from .report import format_table
 from .runner import describe_plan, run_smoke
 from .site import install_for_smoke, parse_engines, put_first
 
+#: Each engine process of ``--trained-hybrid`` (start, the checks, speed) ends within this,
+#: unless --time-limit says otherwise.
+TRAINED_ENGINE_LIMIT_S = 900.0
+
 
 @dataclass(frozen=True)
 class SmokeRequest:
@@ -30,8 +34,10 @@ class SmokeRequest:
     """Another vLLM wheel to install for the warm-cache check."""
     trained: bool = False
     """The acceptance table on the trained pair instead of the smoke run."""
+    trained_hybrid: bool = False
+    """The hybrid pair's acceptance, strict lossless check and speed instead of the smoke run."""
     engines: tuple[str, ...] = ()
-    """With ``trained``: ``NAME=DIR`` vLLM installs to measure."""
+    """With ``trained`` or ``trained_hybrid``: ``NAME=DIR`` vLLM installs to measure."""
     dry_run: bool = False
 
 
@@ -63,6 +69,20 @@ def smoke_requested(
             measured.data,
             measured.table,
             f"engines failed to run: {failed} (logs in {workdir})" if failed else None,
+        )
+    if request.trained_hybrid:
+        from .trained import measure_trained_hybrid
+
+        hybrid = measure_trained_hybrid(
+            workdir,
+            parse_engines(request.engines),
+            request.cache_dir,
+            config.timeouts.total or TRAINED_ENGINE_LIMIT_S,
+        )
+        return SmokeOutcome(
+            hybrid.data,
+            hybrid.text,
+            None if hybrid.ok else f"the trained hybrid pair's checks failed (see {workdir})",
         )
     if request.stock_wheel is not None and config.other_site is not None:
         raise SmokeError("give --stock-site or --stock-wheel, not both")
