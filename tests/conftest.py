@@ -29,11 +29,11 @@ from tooling.fetching.upstream import Upstream, fetch_upstream
 from tooling.fsutil import locked
 from tooling.patching.apply import SeriesReport, apply_series
 from tooling.patching.series import Series, load_series
-from tooling.paths import CacheLayout, default_cache_dir
+from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
 from tooling.probing.env import ensure_probe_env, ensure_reference_dflash, probe_python_from
 
 from . import zlibs
-from .helpers import PATCHES, apply_options, link_artifacts, seed_bytecode
+from .helpers import PATCHES, apply_options, bytecode_env, link_artifacts, seed_bytecode
 
 #: Names the user's cache for the session's processes (xdist workers included), whose
 #: ``$VLLM_DFLASH_CACHE`` names the session's own.
@@ -210,3 +210,14 @@ def other_libz(request: pytest.FixtureRequest) -> Path:
                 )
             zlibs.build_zlib_ng(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def probe_env(probe_python: Path, dflash_path: Path) -> tuple[str, dict[str, str]]:
+    """The probe interpreter, and an environment where it imports tooling and dflash."""
+    env = bytecode_env()
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_DIR), str(dflash_path), env.get("PYTHONPATH", "")) if p
+    )
+    env["TOKENIZERS_PARALLELISM"] = "true"
+    return str(probe_python), env

@@ -12,7 +12,6 @@ import ast
 import itertools
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +31,6 @@ from tooling.errors import (
 from tooling.trainer import config as trainer_config
 from tooling.trainer import corpus
 from tooling.trainer.api import TrainedPair, TrainRequest, train_in
-
-from .helpers import bytecode_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,17 +108,6 @@ def test_overrides_and_digest() -> None:
 
 
 # --- the recipe in the probe interpreter ------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def probe_env(probe_python: Path, dflash_path: Path) -> tuple[str, dict[str, str]]:
-    """The probe interpreter, and an environment where it imports tooling and dflash."""
-    env = bytecode_env()
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), str(dflash_path), env.get("PYTHONPATH", "")) if p
-    )
-    env["TOKENIZERS_PARALLELISM"] = "true"
-    return str(probe_python), env
 
 
 def _run(
@@ -341,115 +327,6 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             found.append((node.level, node.module or ""))
     return found
-
-
-#: The hybrid recipe at its CPU size, cut to a few steps: the shapes, files and floors, not
-#: the quality, are under test.
-HYBRID_QUICK = (
-    "target_max_steps=3",
-    "drafter_steps=3",
-    "data_sequences=16",
-    "num_prompts=2",
-)
-
-
-@pytest.fixture(scope="module")
-def hybrid_run(
-    tmp_path_factory: pytest.TempPathFactory, probe_env: tuple[str, dict[str, str]]
-) -> dict[str, Any]:
-    python, env = probe_env
-    out = tmp_path_factory.mktemp("hybrid") / "pair"
-    request = TrainRequest(preset="smoke", arch="hybrid", overrides=HYBRID_QUICK, out_dir=out)
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("PYTHONPATH", "TOKENIZERS_PARALLELISM"):
-            mp.setenv(key, env[key])
-        pair = train_in(Path(python), request)
-    return {"python": python, "env": env, "out": out, "pair": pair}
-
-
-@pytest.mark.slow
-def test_hybrid_recipe_writes_a_pair_of_the_seeds_family(hybrid_run: dict[str, Any]) -> None:
-    out = hybrid_run["out"]
-    target = json.loads((out / "target" / "config.json").read_text())
-    assert target["architectures"] == ["Qwen3_5ForConditionalGeneration"]
-    text = target["text_config"]
-    assert text["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + [
-        "linear_attention"
-    ] * 3 + ["full_attention"]
-    drafter = json.loads((out / "drafter" / "config.json").read_text())
-    assert drafter["layer_types"] == ["sliding_attention", "full_attention"]
-    # Another KV shape than the target's attention, as the seed's drafter has.
-    assert (drafter["num_key_value_heads"], drafter["head_dim"]) != (
-        text["num_key_value_heads"],
-        text["head_dim"],
-    )
-    assert drafter["dflash_config"]["target_layer_ids"] == [1, 3, 5]
-    assert drafter["block_size"] == 8
-    prompts = json.loads((out / "prompts.json").read_text())
-    engine = prompts["engine"]
-    checked = {p["name"]: p for p in prompts["lossless"]}
-    for k in (3, 7):
-        for length in (k, k + 1, k + 2):
-            assert len(checked[f"k{k}-len{length}"]["token_ids"]) == length
-    tail = checked[f"chunk-tail-{engine['max_num_batched_tokens'] + 1}"]
-    assert len(tail["token_ids"]) == engine["max_num_batched_tokens"] + 1
-    a, b = checked["prefix-a"]["token_ids"], checked["prefix-b"]["token_ids"]
-    shared = engine["max_num_batched_tokens"] // 4
-    assert a[:shared] == b[:shared] and a != b and checked["prefix-a-again"]["token_ids"] == a
-    last = checked["to-max-model-len"]
-    assert len(last["token_ids"]) + last["max_new_tokens"] == engine["max_model_len"]
-    summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["reference"]["by_speculative_tokens"]) == {"7", "3"}
-    floors = summary["floors"]
-    assert floors["target_margin_positions"] == 2 * 16 + sum(
-        p["max_new_tokens"] for p in prompts["lossless"]
-    )
-    assert floors["floor_speculative_tokens"] == 3
-    # transformers loads a qwen3_5 target's tokenizer as its own class; it must encode alike.
-    assert summary["reload"]["tokenizer_roundtrip"] is True
-
-
-@pytest.mark.slow
-def test_a_hybrid_target_short_of_its_floor_is_exit_22_and_no_pair(
-    hybrid_run: dict[str, Any], tmp_path: Path
-) -> None:
-    out = tmp_path / "pair"
-    request = TrainRequest(
-        preset="smoke",
-        arch="hybrid",
-        overrides=(*HYBRID_QUICK, "min_target_margin=100"),
-        out_dir=out,
-        export=tmp_path / "export",
-    )
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("PYTHONPATH", "TOKENIZERS_PARALLELISM"):
-            mp.setenv(key, hybrid_run["env"][key])
-        with pytest.raises(TrainingError, match="median top-2 logit margin .* below the floor 100"):
-            train_in(Path(hybrid_run["python"]), request)
-    assert not out.exists() and not list(tmp_path.glob(".pair.tmp-*"))
-    assert "target floor" in (tmp_path / "export" / "train.log").read_text()
-
-
-@pytest.mark.slow
-def test_an_out_dir_holding_another_recipes_pair_is_neither_reused_nor_replaced(
-    hybrid_run: dict[str, Any],
-) -> None:
-    out = hybrid_run["out"]
-    before = (out / "summary.json").read_bytes()
-    result = _train(
-        "--python",
-        hybrid_run["python"],
-        "--preset",
-        "smoke",
-        "--arch",
-        "hybrid",
-        "--out-dir",
-        str(out),
-        *(f"--set={o}" for o in (*HYBRID_QUICK, "seed=1")),
-    )
-    assert result.exit_code == TrainSettingsError.exit_code
-    assert "holds the pair of recipe" in result.stderr and "--force" in result.stderr
-    assert (out / "summary.json").read_bytes() == before
 
 
 def test_trainer_imports_nothing_else_from_tooling() -> None:
