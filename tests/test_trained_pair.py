@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tooling.smoke import trained_pair as tp
 
 K = 15
@@ -194,3 +196,21 @@ def test_trained_hybrid_names_the_installs_it_lacks_before_training(tmp_path: Pa
     assert result.stderr == f"error: --trained-hybrid needs --engine NAME=DIR for {missing}\n"
     # Refused before any training: nothing was written but the work folder.
     assert [p.name for p in (tmp_path / "work").iterdir()] == []
+
+
+def test_a_call_on_a_host_names_the_installs_its_engines_folder_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tooling.errors import SmokeError
+    from tooling.smoke import trained
+
+    root = tmp_path / "engines"
+    for site in ("patched", "stock", f"no-{tp.ABLATED[0]}"):
+        (root / site).mkdir(parents=True)
+    pair = _pair(tmp_path)
+    work = tmp_path / "work"
+    code = trained.main(["run-call", str(pair), str(work), "1", "--engines-root", str(root)])
+    assert code == SmokeError.exit_code
+    lacking = ", ".join(sorted(f"no-{p}" for p in tp.ABLATED[1:]))
+    assert capsys.readouterr().err == f"error: {root} lacks {lacking}\n"
+    assert not work.exists()

@@ -2,10 +2,9 @@
 # The trained hybrid pair on one GPU host (tooling/smoke/trained_pair.py says what is judged).
 #   trained-hybrid.sh train   start the recipe (tooling train --arch hybrid) in its own session
 #   trained-hybrid.sh wait    wait for it (at most WAIT_S seconds, default 540)
-#   trained-hybrid.sh CALL    the engines of one call (1: the largest K with the plain engine
-#                             and the speed figures; 2: the next K), all at once on one GPU,
-#                             each with its own compile cache and a fixed KV cache; then the
-#                             report of every call so far.
+#   trained-hybrid.sh CALL    one call of `tooling smoke --trained-hybrid` (1: the largest K
+#                             with the plain engine and the speed figures; 2: the next K), its
+#                             engines at once on one GPU; then the report of every call so far.
 # Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations of
 # trained_pair.ABLATED, with the patches written on them (ABLATIONS="dflash-layer-id-offset
 # dflash-swa-config,dflash-fp8-kv-cache eagle-cache-drop"); the recipe trains with the bundle's
@@ -45,21 +44,12 @@ case $step in
 esac
 call=$step
 : "${OUT:?}"
-limit=${TIME_LIMIT:-540}
 mkdir -p "$runs"
-PYTHONPATH=$SITE python3 -m tooling.smoke.trained_pair plan "$pair" "$runs" > "$runs/variants.txt" || exit 1
 start=$(date +%s)
-while read -r name site variant_call; do
-  [ "$variant_call" = "$call" ] || continue
-  VLLM_CACHE_ROOT=$WORK/vllm-cache-trained-$name PYTHONPATH=$ENGINES/$site:$SITE \
-    timeout --kill-after=15 "$limit" python3 -m tooling.smoke.serving.trained_run \
-    "$runs/$name.in.json" "$runs/$name.out.json" > "$runs/$name.log" 2>&1 &
-done < "$runs/variants.txt"
-wait
-echo "call $call: engines done in $(( $(date +%s) - start ))s"
-PYTHONPATH=$SITE python3 -m tooling.smoke.trained_pair report "$pair" "$runs" --through-call "$call" \
-  > "$OUT/trained-report-$call.txt"
+PYTHONPATH=$SITE python3 -m tooling.smoke.trained run-call "$pair" "$runs" "$call" \
+  --engines-root "$ENGINES" --time-limit "${TIME_LIMIT:-540}" > "$OUT/trained-report-$call.txt"
 rc=$?
+echo "call $call: done in $(( $(date +%s) - start ))s"
 cat "$OUT/trained-report-$call.txt"
 tar -czf "$OUT/trained-$call.tar.gz" -C "$WORK" trained train-out
 exit $rc

@@ -4,15 +4,19 @@ the same for the hybrid recipe's pair, with the strict lossless check and decode
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import procs
 from ..errors import SmokeError
 from ..trainer.api import TrainRequest, train_in
+from . import trained_pair
 from .acceptance import measure_engines, table_markdown
 
 
@@ -52,34 +56,19 @@ class TrainedHybrid:
     ok: bool
 
 
-def measure_trained_hybrid(
-    workdir: Path, engines: dict[str, Path], cache_dir: Path, time_limit_s: float
-) -> TrainedHybrid:
-    """Train (or reuse) the hybrid recipe's pair, then run every engine of
-    ``trained_pair.variants`` on it, one call (one K) at a time, the engines of a call side by
-    side on this GPU, and judge them (``trained_pair.report``).
-
-    ``engines`` names a vLLM install for every site the variants use (``patched``, ``stock``
-    and ``no-<patch>`` for each of ``trained_pair.ABLATED``); a missing one is refused before
-    any training.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .. import procs
-    from . import trained_pair
-
+def _missing_sites(engines: dict[str, Path]) -> list[str]:
+    """The installs ``trained_pair.variants`` use that ``engines`` does not name."""
     sites = {"patched", "stock", *(f"no-{p}" for p in trained_pair.ABLATED)}
-    missing = sorted(sites - set(engines))
-    if missing:
-        raise SmokeError(f"--trained-hybrid needs --engine NAME=DIR for {', '.join(missing)}")
-    pair = train_in(
-        Path(sys.executable), TrainRequest(arch="hybrid", cache_dir=cache_dir, export=workdir)
-    )
-    work = workdir / "trained"
-    chosen = trained_pair.plan(pair.output_dir, work)
+    return sorted(sites - set(engines))
+
+
+def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: float) -> None:
+    """Serve every variant of ``call`` (planned in ``work``) at once on this GPU, each in a
+    process of its own with ``engines[site]`` first on its path and a compile cache of its own
+    (so no engine reads another's compiled graphs), each stopped at ``time_limit_s``."""
+    chosen = [v for v in trained_pair.load_variants(work) if v.call == call]
 
     def serve(variant: trained_pair.Variant) -> procs.ChildResult:
-        # The variant's own compile cache, so no engine reads another's compiled graphs.
         path = os.pathsep.join(
             filter(None, [str(engines[variant.site]), os.environ.get("PYTHONPATH")])
         )
@@ -101,10 +90,31 @@ def measure_trained_hybrid(
             timeout_s=time_limit_s,
         )
 
+    with ThreadPoolExecutor(max_workers=max(len(chosen), 1)) as pool:
+        list(pool.map(serve, chosen))
+
+
+def measure_trained_hybrid(
+    workdir: Path, engines: dict[str, Path], cache_dir: Path, time_limit_s: float
+) -> TrainedHybrid:
+    """Train (or reuse) the hybrid recipe's pair, then run every engine of
+    ``trained_pair.variants`` on it, one call (one K) at a time, and judge them
+    (``trained_pair.report``).
+
+    ``engines`` names a vLLM install for every site the variants use (``patched``, ``stock``
+    and ``no-<patch>`` for each of ``trained_pair.ABLATED``); a missing one is refused before
+    any training.
+    """
+    missing = _missing_sites(engines)
+    if missing:
+        raise SmokeError(f"--trained-hybrid needs --engine NAME=DIR for {', '.join(missing)}")
+    pair = train_in(
+        Path(sys.executable), TrainRequest(arch="hybrid", cache_dir=cache_dir, export=workdir)
+    )
+    work = workdir / "trained"
+    chosen = trained_pair.plan(pair.output_dir, work)
     for call in sorted({v.call for v in chosen}):
-        batch = [v for v in chosen if v.call == call]
-        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            list(pool.map(serve, batch))
+        run_call(work, engines, call, time_limit_s)
     text, ok = trained_pair.report(pair.output_dir, work)
     data = {
         "ok": ok,
@@ -114,3 +124,32 @@ def measure_trained_hybrid(
         "report": text,
     }
     return TrainedHybrid(data, text, ok)
+
+
+def main(argv: list[str]) -> int:
+    """``run-call PAIR WORK CALL --engines-root DIR``: one call of ``--trained-hybrid`` on a
+    GPU host whose commands are bounded in time (``ci/gpu/trained-hybrid.sh``), an install
+    per site as ``DIR/<site>``; then the report of every call so far. Exit 0 when it passes."""
+    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.trained")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run-call")
+    p.add_argument("pair", type=Path)
+    p.add_argument("work", type=Path)
+    p.add_argument("call", type=int)
+    p.add_argument("--engines-root", type=Path, required=True)
+    p.add_argument("--time-limit", type=float, default=540.0)
+    args = parser.parse_args(argv)
+    engines = {d.name: d for d in args.engines_root.iterdir() if d.is_dir()}
+    missing = _missing_sites(engines)
+    if missing:
+        print(f"error: {args.engines_root} lacks {', '.join(missing)}", file=sys.stderr)
+        return SmokeError.exit_code
+    trained_pair.plan(args.pair, args.work)
+    run_call(args.work, engines, args.call, args.time_limit)
+    text, ok = trained_pair.report(args.pair, args.work, args.call)
+    print(text, end="")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

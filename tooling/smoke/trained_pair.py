@@ -13,8 +13,9 @@ lossless check holds. ``plan`` writes one request per engine
 - **speed**: decode tokens/s with and without the drafter, as the ratio to the plain engine
   of the same run, the first traffic of each shape apart.
 
-Standard library only; ``python -m tooling.smoke.trained_pair plan|report`` drives it on a
-GPU host (``ci/gpu/trained-hybrid.sh``).
+Standard library only. ``tooling smoke --trained-hybrid`` runs it (``smoke/trained.py``; on
+a host whose commands are bounded in time, one call at a time: ``ci/gpu/trained-hybrid.sh``);
+``python -m tooling.smoke.trained_pair plan|report`` writes the requests or reads a run back.
 """
 
 from __future__ import annotations
@@ -289,11 +290,16 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def load_variants(work: Path) -> list[Variant]:
+    """The variants ``plan`` wrote into ``work``."""
+    return [Variant(**v) for v in json.loads((work / "variants.json").read_text())]
+
+
 def load_results(
     work: Path, through_call: int | None = None
 ) -> tuple[list[Variant], dict[str, dict[str, Any]]]:
     """The variants of calls up to ``through_call`` (all: None) and their results."""
-    chosen = [Variant(**v) for v in json.loads((work / "variants.json").read_text())]
+    chosen = load_variants(work)
     if through_call is not None:
         chosen = [v for v in chosen if v.call <= through_call]
     results = {}
