@@ -56,6 +56,10 @@ class RecipeConfig:
     target_max_steps: int = 0  # 0: from target_epochs
     target_lr: float = 1e-3
     target_time_cap_s: float = 150.0
+    # More training at the schedule's last rate while the target is not yet decisive
+    # (min_target_margin), checked every target_check_every_s; 0: none.
+    target_extra_time_s: float = 0.0
+    target_check_every_s: float = 60.0
     linear_num_key_heads: int = 16
     linear_num_value_heads: int = 48
     linear_head_dim: int = 128
@@ -254,7 +258,8 @@ PRESETS: dict[str, RecipeConfig] = {
         # Small batches: without flash-linear-attention's kernels, transformers' reference
         # Gated DeltaNet keeps every chunk's state for the backward pass.
         target_batch=8,
-        target_time_cap_s=330.0,
+        target_time_cap_s=300.0,
+        target_extra_time_s=180.0,
         data_sequences=8192,
         data_time_cap_s=60.0,
         gen_batch=128,
@@ -276,7 +281,7 @@ PRESETS: dict[str, RecipeConfig] = {
         min_target_margin=1.0,
         min_acceptance_length=3.0,
         floor_speculative_tokens=7,
-        wall_budget_s=840.0,
+        wall_budget_s=900.0,
         reserve_s=150.0,
     ),
 }

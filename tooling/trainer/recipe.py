@@ -235,12 +235,13 @@ def _train_into(
     from .preflight import preflight
     from .reference_accept import (
         drafter_floor,
+        median,
         plain_greedy,
         reference_summary,
         select_prompts,
         target_floor,
     )
-    from .target import build_target, eval_loss, target_config, train_target
+    from .target import build_target, eval_loss, greedy_generate, target_config, train_target
     from .tokenizer import (
         EOT_ID,
         MASK_ID,
@@ -298,6 +299,11 @@ def _train_into(
     )
     lap("tokenizer")
 
+    # Held-out prompts for the reference and for vLLM.
+    heldout_files = corpus.of_split(HELDOUT)
+    prompts = select_prompts(
+        heldout_files, split_docs[HELDOUT], cfg.num_prompts, cfg.prompt_len, cfg.seed + 303
+    )
     # Target.
     tconf = target_config(cfg, cfg.vocab_size)
     target = build_target(tconf, cfg.seed, device)
@@ -306,7 +312,15 @@ def _train_into(
         f"attention {getattr(target.config, '_attn_implementation', '?')}"
     )
     on_device = {s: torch.from_numpy(streams[s].astype(np.int64)).to(device) for s in SPLITS}
-    tres = train_target(target, on_device[TRAIN], cfg, log)
+
+    def decisiveness() -> float:
+        ids = torch.tensor([p.token_ids for p in prompts], device=device)
+        _, margins = greedy_generate(target, ids, cfg.max_new_tokens, with_margins=True)
+        return median(margins.flatten().tolist())
+
+    tres = train_target(
+        target, on_device[TRAIN], cfg, log, decisiveness if cfg.min_target_margin else None
+    )
     lap("target_train")
     # Saved in bf16, then loaded back: everything after this (drafter data, losses, the
     # reference) uses exactly the target vLLM will load. Only parameters are cast: RoPE's
@@ -325,11 +339,6 @@ def _train_into(
     del on_device
     lap("target_eval_save")
 
-    # Held-out prompts for the reference and for vLLM.
-    heldout_files = corpus.of_split(HELDOUT)
-    prompts = select_prompts(
-        heldout_files, split_docs[HELDOUT], cfg.num_prompts, cfg.prompt_len, cfg.seed + 303
-    )
     prompts_doc = {
         "format": 1,
         "recipe_digest": digest,
@@ -460,6 +469,9 @@ def _train_into(
             "steps": tres.steps,
             "max_steps": tres.max_steps,
             "epochs_seen": tres.extra.get("epochs_seen"),
+            "main_phase_steps": tres.extra.get("main_phase_steps"),
+            "main_phase_s": tres.extra.get("main_phase_s"),
+            "margin_checks": tres.extra.get("margin_checks"),
             "time_s": round(tres.time_s, 2),
             "time_capped": tres.time_capped,
             "final_train_loss": tres.final_loss,

@@ -8,6 +8,7 @@ context features (HF ``hidden_states[id + 1]``, the reference's reading).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +119,7 @@ class TrainResult:
     time_s: float
     time_capped: bool
     curve: list[tuple[int, float]] = field(default_factory=list)
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final_loss(self) -> float:
@@ -126,12 +127,26 @@ class TrainResult:
         return self.curve[-1][1] if self.curve else float("nan")
 
 
+#: How much above the floor the in-training margin must be to stop: the final check is on the
+#: bf16 model as saved, and on more prompts.
+DECISIVE_HEADROOM = 1.1
+
+
 def train_target(
-    model: nn.Module, stream: torch.Tensor, cfg: RecipeConfig, log: Log
+    model: nn.Module,
+    stream: torch.Tensor,
+    cfg: RecipeConfig,
+    log: Log,
+    decisiveness: Callable[[], float] | None = None,
 ) -> TrainResult:
     """Train on windows of ``stream`` (a 1-D token tensor on the model's device).
 
-    Returns the phase summary; the model is trained in place.
+    The main phase follows the learning-rate schedule to ``target_time_cap_s`` (or the step
+    count). Then, given ``decisiveness`` (the median top-2 logit margin of the model's greedy
+    choices) and ``target_extra_time_s``, training goes on at the schedule's last rate, checked
+    every ``target_check_every_s``, until the margin clears ``min_target_margin`` with
+    ``DECISIVE_HEADROOM`` or the extra time is spent: the recipe asks for a decisive target,
+    not a number of steps. Returns the phase summary; the model is trained in place.
     """
     device = stream.device
     seq = cfg.target_seq_len
@@ -151,11 +166,10 @@ def train_target(
     running = torch.zeros((), device=device)
     count = 0
     step = 0
-    model.train()
-    while not budget.done(step):
-        set_lr(
-            opt, cfg.target_lr * lr_factor(budget.progress(step), cfg.warmup_frac, cfg.min_lr_ratio)
-        )
+
+    def train_step(lr: float, last: bool) -> None:
+        nonlocal count, step
+        set_lr(opt, lr)
         starts = sampler.next(cfg.target_batch).to(device, non_blocking=True)
         x = stream[starts[:, None] + offsets]
         with amp(device):
@@ -164,24 +178,55 @@ def train_target(
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        running += loss.detach().float()
+        running.add_(loss.detach().float())
         count += 1
         step += 1
-        if step % cfg.log_every == 0 or budget.done(step):
+        if step % cfg.log_every == 0 or last:
             value = float((running / count).item())  # one sync per log line, not per step
             curve.append((step, value))
             running.zero_()
             count = 0
-            log(f"target step {step}/{max_steps} loss {value:.4f} ({budget.elapsed():.1f}s)")
+            of = f"/{max_steps}" if step <= max_steps else " (until decisive)"
+            log(f"target step {step}{of} loss {value:.4f} ({budget.elapsed():.1f}s)")
             if not math.isfinite(value):
                 raise TrainingError(f"target loss is {value} at step {step}")
+
+    model.train()
+    while not budget.done(step):
+        progress = budget.progress(step)
+        train_step(
+            cfg.target_lr * lr_factor(progress, cfg.warmup_frac, cfg.min_lr_ratio),
+            budget.done(step + 1),
+        )
+    main_steps, main_s = step, budget.elapsed()
+    checks: list[tuple[float, float]] = []
+    if decisiveness is not None and cfg.target_extra_time_s > 0:
+        goal = cfg.min_target_margin * DECISIVE_HEADROOM
+        extra = Budget(1 << 62, cfg.target_extra_time_s)
+        while True:
+            with eval_mode(model):
+                margin = decisiveness()
+            checks.append((round(budget.elapsed(), 1), margin))
+            log(f"target: median greedy margin {margin:.3f} (goal {goal:.3f})")
+            if margin >= goal or extra.done(0):
+                break
+            left = extra.time_s - extra.elapsed()
+            block = Budget(1 << 62, max(min(cfg.target_check_every_s, left), 1e-3))
+            model.train()
+            while not block.done(0):
+                train_step(cfg.target_lr * cfg.min_lr_ratio, False)
     return TrainResult(
         steps=step,
         max_steps=max_steps,
         time_s=budget.elapsed(),
-        time_capped=budget.time_capped(step),
+        time_capped=budget.time_capped(main_steps),
         curve=curve,
-        extra={"epochs_seen": step * cfg.target_batch / sampler.windows_per_epoch},
+        extra={
+            "epochs_seen": step * cfg.target_batch / sampler.windows_per_epoch,
+            "main_phase_steps": main_steps,
+            "main_phase_s": main_s,
+            "margin_checks": checks,
+        },
     )
 
 
