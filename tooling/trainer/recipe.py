@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -235,13 +236,12 @@ def _train_into(
     from .preflight import preflight
     from .reference_accept import (
         drafter_floor,
-        median,
         plain_greedy,
         reference_summary,
         select_prompts,
         target_floor,
     )
-    from .target import build_target, eval_loss, greedy_generate, target_config, train_target
+    from .target import build_target, eval_loss, target_config, train_target
     from .tokenizer import (
         EOT_ID,
         MASK_ID,
@@ -314,9 +314,7 @@ def _train_into(
     on_device = {s: torch.from_numpy(streams[s].astype(np.int64)).to(device) for s in SPLITS}
 
     def decisiveness() -> float:
-        ids = torch.tensor([p.token_ids for p in prompts], device=device)
-        _, margins = greedy_generate(target, ids, cfg.max_new_tokens, with_margins=True)
-        return median(margins.flatten().tolist())
+        return statistics.median(plain_greedy(cfg, target, prompts, []).all_margins())
 
     tres = train_target(
         target, on_device[TRAIN], cfg, log, decisiveness if cfg.min_target_margin else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -324,14 +325,6 @@ def measure(
     return summarise(runs, name, max_new, bs)
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 @dataclass(frozen=True)
 class PlainGreedy:
     """The target's own greedy continuations of the acceptance prompts, with each choice's
@@ -373,7 +366,7 @@ def target_floor(cfg: RecipeConfig, plain: PlainGreedy, log: Log) -> dict[str, A
     ``min_target_margin`` (before any drafter time is spent); returns the figures."""
     margins = plain.all_margins()
     figures: dict[str, Any] = {
-        "target_median_margin": median(margins),
+        "target_median_margin": statistics.median(margins),
         "target_margin_positions": len(margins),
         "target_positions_within_2e-7": sum(1 for m in margins if m <= 2**-7),
         "min_target_margin": cfg.min_target_margin,
