@@ -7,6 +7,9 @@ parts=${1:?usage: host-setup.sh PARTS_DIR}
 mkdir -p "$WORK" "$ENGINES" "$VLLM_DFLASH_CACHE/pypi"
 python3 "$parts/join.py" "$WORK/joined"
 payload=$WORK/joined/payload
+[ -f "$payload/bundle/install.sh" ] && [ -f "$payload/vllm-0.20.1.tar.gz" ] || {
+  echo "error: $payload: expected bundle/install.sh and vllm-0.20.1.tar.gz (parts made by make-parts.sh)" >&2
+  exit 2; }
 sh "$payload/bundle/install.sh" --target "$SITE" > "$WORK/install.log" 2>&1 || {
   tail -20 "$WORK/install.log"; exit 1; }
 official=$(ls "$payload"/bundle/wheels/vllm-0.20.1-*.whl)
@@ -25,16 +28,22 @@ python3 -m tooling --offline --no-progress build --dist "$WORK/dist" "${probes[@
 install() { python3 -m pip install --quiet --no-deps --no-index --target "$ENGINES/$1" "$2"; }
 install stock "$official"
 install patched "$(ls "$WORK"/dist/vllm-*.whl)"
-# One ablation per patch: it and every patch written on it (series.toml `requires`),
-# as comma-joined ids; the engine is named after the first.
+# One ablation per patch (ABLATIONS: these ids, empty: none; unset: every patch of the
+# series): it and every patch written on it (series.toml `requires`), as comma-joined ids;
+# the engine is named after the first.
 all=$(python3 - <<'PY'
-import tomllib
+import os, tomllib
 patches = tomllib.load(open("patches/series.toml", "rb"))["patch"]
-for p in patches:
-    print(",".join([p["id"]] + [q["id"] for q in patches if p["id"] in q.get("requires", [])]))
+known = [p["id"] for p in patches]
+given = os.environ.get("ABLATIONS")
+asked = known if given is None else [a.split(",")[0] for a in given.split()]
+for pid in asked:
+    if pid not in known:
+        raise SystemExit(f"error: ABLATIONS: {pid} is not a patch of the series")
+    print(",".join([pid] + [q["id"] for q in patches if pid in q.get("requires", [])]))
 PY
 )
-for ablation in ${ABLATIONS-$all}; do
+for ablation in $all; do
   name=${ablation%%,*}
   skips=()
   for id in ${ablation//,/ }; do skips+=(--skip "$id"); done

@@ -6,8 +6,8 @@
 #                             with the plain engine and the speed figures; 2: the next K), its
 #                             engines at once on one GPU; then the report of every call so far.
 # Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations of
-# trained_pair.ABLATED, with the patches written on them (ABLATIONS="dflash-layer-id-offset
-# dflash-swa-config,dflash-fp8-kv-cache eagle-cache-drop"); the recipe trains with the bundle's
+# trained_pair.ABLATED (ABLATIONS="dflash-layer-id-offset dflash-swa-config
+# eagle-cache-drop"); the recipe trains with the bundle's
 # dflash and, where the bundle has them (--extra flash-linear-attention==0.6.0 --extra
 # fla-core==0.6.0), flash-linear-attention's Gated DeltaNet kernels.
 # Writes $OUT/trained-CALL.tar.gz and $OUT/trained-report-CALL.txt.
