@@ -107,6 +107,7 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     names = [v.name for v in chosen]
     assert names[0] == "plain" and f"stock-k{K}" in names
     assert {f"no-{p}-k{K}" for p in tp.ABLATED} <= set(names)
+    assert {v.site for v in chosen} == set(tp.SITES)
     request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
     assert request["engine"]["num_speculative_tokens"] == K
     assert request["engine"]["drafter"].endswith("drafter")

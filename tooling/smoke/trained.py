@@ -58,8 +58,7 @@ class TrainedHybrid:
 
 def _missing_sites(engines: dict[str, Path]) -> list[str]:
     """The installs ``trained_pair.variants`` use that ``engines`` does not name."""
-    sites = {"patched", "stock", *(f"no-{p}" for p in trained_pair.ABLATED)}
-    return sorted(sites - set(engines))
+    return sorted(set(trained_pair.SITES) - set(engines))
 
 
 def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: float) -> None:

@@ -39,6 +39,8 @@ SPEC = "vllm:spec_decode_"
 #: Patches whose ablations the acceptance table shows (the three that move acceptance).
 ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
 PLAIN = "plain"
+#: The vLLM installs the variants run on: the fixed wheel, stock, and one ablation each.
+SITES = ("patched", "stock", *(f"no-{p}" for p in ABLATED))
 
 
 @dataclass(frozen=True)

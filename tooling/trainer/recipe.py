@@ -436,7 +436,7 @@ def _train_into(
     if not (target_equal and drafter_equal):
         raise TrainingError(f"saved models do not reload identically: {reload_info}")
     rt, rd = target, drafter
-    reference = reference_summary(cfg, rt, rd, plain, prompts, device, log)
+    reference = reference_summary(cfg, rt, rd, plain, prompts, log)
     write_json(work.reference, reference.pop("document"))
     floors.update(drafter_floor(cfg, reference, log))
     lap("reference")

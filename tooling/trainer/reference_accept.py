@@ -407,7 +407,6 @@ def reference_summary(
     drafter: DFlashDraftModel,
     plain_run: PlainGreedy,
     prompts: list[Prompt],
-    device: torch.device,
     log: Log,
 ) -> dict[str, Any]:
     """Reference acceptance on the prompts, plain greedy outputs and a loop cross-check.

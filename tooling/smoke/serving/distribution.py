@@ -128,6 +128,19 @@ class RunningCounter:
         scheduler_cls.schedule = scheduled
 
 
+def greedy_params(max_tokens: int, logprobs: int | None) -> Any:
+    """Greedy sampling for exactly ``max_tokens`` token ids (no stop at EOS, no text)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=logprobs,
+    )
+
+
 def start_engine(request: DistributionRequest) -> tuple[Any, float]:
     """The request's engine, in this process, and the seconds it took to start."""
     from vllm import LLM
@@ -167,7 +180,6 @@ def start_engine(request: DistributionRequest) -> tuple[Any, float]:
 def run(request: DistributionRequest) -> dict[str, Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import vllm
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -192,13 +204,7 @@ def run(request: DistributionRequest) -> dict[str, Any]:
     recorder.runner = engine.model_executor.driver_worker.worker.model_runner
 
     def params(prompt: Prompt, logprobs: int | None) -> Any:
-        return SamplingParams(
-            temperature=0.0,
-            max_tokens=prompt.max_tokens,
-            ignore_eos=True,
-            detokenize=False,
-            logprobs=logprobs,
-        )
+        return greedy_params(prompt.max_tokens, logprobs)
 
     def generate(prompts: list[Prompt], logprobs: int | None) -> dict[str, Any]:
         outputs = llm.generate(

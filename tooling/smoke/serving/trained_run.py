@@ -27,7 +27,13 @@ from typing import Any
 
 from .acceptance import SPEC, _counters, _delta
 from .child import exit_now, serve
-from .distribution import DistributionRequest, RunningCounter, _result, start_engine
+from .distribution import (
+    DistributionRequest,
+    RunningCounter,
+    _result,
+    greedy_params,
+    start_engine,
+)
 
 #: Passes per speed level: the first traffic, then the steady ones.
 SPEED_PASSES = 3
@@ -65,20 +71,12 @@ class TrainedRunRequest:
         return cls(**values)
 
 
-def _params(max_tokens: int, logprobs: int | None) -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(
-        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, logprobs=logprobs
-    )
-
-
 def _generate(llm: Any, prompts: list[list[int]], max_tokens: int, logprobs: int | None) -> list:
     from vllm.inputs import TokensPrompt
 
     return llm.generate(
         [TokensPrompt(prompt_token_ids=p) for p in prompts],
-        _params(max_tokens, logprobs),
+        greedy_params(max_tokens, logprobs),
         use_tqdm=False,
     )
 
