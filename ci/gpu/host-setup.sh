@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Join the carried parts, install vLLM's dependencies, build and install every engine variant.
+#   host-setup.sh PARTS_DIR [all|install|build]
+# `install` stops once vLLM's dependencies are in $SITE (enough for trained-hybrid.sh train,
+# which can then run while `build` makes the engines' installs).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-parts=${1:?usage: host-setup.sh PARTS_DIR}
+parts=${1:?usage: host-setup.sh PARTS_DIR [all|install|build]}
+step=${2:-all}
 mkdir -p "$WORK" "$ENGINES" "$VLLM_DFLASH_CACHE/pypi"
-python3 "$parts/join.py" "$WORK/joined"
 payload=$WORK/joined/payload
-[ -f "$payload/bundle/install.sh" ] && [ -f "$payload/vllm-0.20.1.tar.gz" ] || {
-  echo "error: $payload: expected bundle/install.sh and vllm-0.20.1.tar.gz (parts made by make-parts.sh)" >&2
-  exit 2; }
-sh "$payload/bundle/install.sh" --target "$SITE" > "$WORK/install.log" 2>&1 || {
-  tail -20 "$WORK/install.log"; exit 1; }
+if [ "$step" != build ]; then
+  python3 "$parts/join.py" "$WORK/joined"
+  [ -f "$payload/bundle/install.sh" ] && [ -f "$payload/vllm-0.20.1.tar.gz" ] || {
+    echo "error: $payload: expected bundle/install.sh and vllm-0.20.1.tar.gz (parts made by make-parts.sh)" >&2
+    exit 2; }
+  sh "$payload/bundle/install.sh" --target "$SITE" > "$WORK/install.log" 2>&1 || {
+    tail -20 "$WORK/install.log"; exit 1; }
+fi
+[ "$step" = install ] && exit 0
 official=$(ls "$payload"/bundle/wheels/vllm-0.20.1-*.whl)
 cp "$official" "$payload"/vllm-0.20.1.tar.gz "$VLLM_DFLASH_CACHE/pypi/"
 export PYTHONPATH=$SITE
