@@ -22,13 +22,24 @@ runs=$WORK/trained
 case $step in
   train)
     mkdir -p "$WORK/train-extras"
+    # TRAIN_ARGS: more recipe options (--set KEY=VALUE ...).
+    read -r -a more <<< "${TRAIN_ARGS:-}"
     # install.sh installs vLLM's dependencies; the trainer's own extras are unpacked beside.
     for wheel in "$WORK"/joined/payload/bundle/wheels/{dflash,flash_linear_attention,fla_core}-*.whl; do
       [ -f "$wheel" ] && python3 -m zipfile -e "$wheel" "$WORK/train-extras"
     done
+    # TRAIN_WHEELS: more wheels for the recipe alone (flash-linear-attention's gated backward
+    # refuses Hopper under Triton < 3.7.1, older than vLLM's torch brings); pip keeps their
+    # programs executable.
+    if [ -n "${TRAIN_WHEELS:-}" ]; then
+      read -r -a wheels <<< "$TRAIN_WHEELS"
+      python3 -m pip install --quiet --no-deps --no-index --upgrade --target "$WORK/train-extras" \
+        "${wheels[@]}" || exit 1
+    fi
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=$WORK/train-extras:$SITE \
       setsid nohup python3 -m tooling.trainer train --arch hybrid \
-      --out-dir "$pair" --export "$WORK/train-out" > "$WORK/train-hybrid.log" 2>&1 < /dev/null &
+      --out-dir "$pair" --export "$WORK/train-out" "${more[@]}" \
+      > "$WORK/train-hybrid.log" 2>&1 < /dev/null &
     echo "training started (pid $!), log $WORK/train-hybrid.log"
     exit 0 ;;
   wait)
