@@ -74,8 +74,10 @@ def test_hybrid_recipe_writes_a_pair_of_the_seeds_family(hybrid_run: dict[str, A
     tail = checked[f"chunk-tail-{engine['max_num_batched_tokens'] + 1}"]
     assert len(tail["token_ids"]) == engine["max_num_batched_tokens"] + 1
     a, b = checked["prefix-a"]["token_ids"], checked["prefix-b"]["token_ids"]
-    shared = engine["max_num_batched_tokens"] // 4
-    assert a[:shared] == b[:shared] and a != b and checked["prefix-a-again"]["token_ids"] == a
+    # Several of a hybrid engine's attention blocks (hundreds of tokens each) are shared.
+    shared = engine["max_num_batched_tokens"]
+    assert a[:shared] == b[:shared] and a[shared:] != b[shared:]
+    assert checked["prefix-a-again"]["token_ids"] == a
     last = checked["to-max-model-len"]
     assert len(last["token_ids"]) + last["max_new_tokens"] == engine["max_model_len"]
     summary = json.loads((out / "summary.json").read_text())

@@ -29,7 +29,8 @@ from typing import Any
 
 #: A plain run's top-2 logprob margin at or below which a differing greedy token is a tie.
 TIE_MARGIN = 2.0**-7
-#: The fixed wheel's acceptance length may fall this far below the reference's.
+#: The fixed wheel's acceptance length may differ this much from the reference's, either way:
+#: both count vLLM's way (the last step drafts a whole block), so more is a disagreement too.
 REFERENCE_TOLERANCE = 0.02
 ACCEPTANCE_CONCURRENCY = (1, 16)
 SPEED_CONCURRENCY = (1, 16, 64)
@@ -39,6 +40,11 @@ SPEC = "vllm:spec_decode_"
 #: Patches whose ablations the acceptance table shows (the three that move acceptance).
 ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
 PLAIN = "plain"
+PLAIN_PREFIX = "plain-prefix"
+#: The recipe's prompts that share a prefix (``trainer/checked.py``).
+PREFIX_PROMPTS = "prefix-"
+#: The one of them that fills the cache.
+FIRST_PREFIX_PROMPT = "prefix-a"
 #: The vLLM installs the variants run on: the fixed wheel, stock, and one ablation each.
 SITES = ("patched", "stock", *(f"no-{p}" for p in ABLATED))
 
@@ -53,6 +59,9 @@ class Variant:
     call: int
     speed: bool = False
     kv_cache_gib: int = 8
+    prefix_caching: bool = False
+    """vLLM's prefix caching on (off by default for a hybrid target): this engine serves only
+    the prefix-cache prompts, against the plain engine with prefix caching."""
 
     @property
     def drafted(self) -> bool:
@@ -64,10 +73,13 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
 
     Speed is measured on the seed's K (the largest) against the plain engine beside it;
     those two hold the KV cache 64 concurrent requests need (a hybrid target keeps a
-    Gated DeltaNet state per drafted position).
+    Gated DeltaNet state per drafted position). The last call adds the prefix-caching pair
+    (plain and the fixed wheel at the seed's K): vLLM leaves prefix caching off for a hybrid
+    target unless asked, so the other engines never hit the cache.
     """
     out: list[Variant] = []
-    for call, k in enumerate(sorted(ks, reverse=True), start=1):
+    ordered = sorted(ks, reverse=True)
+    for call, k in enumerate(ordered, start=1):
         if call == 1:
             out.append(Variant(PLAIN, "patched", 0, call, speed=True, kv_cache_gib=12))
         out.append(
@@ -82,7 +94,23 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
         )
         out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call) for p in ABLATED]
         out.append(Variant(f"stock-k{k}", "stock", k, call))
+    last = len(ordered)
+    out += [
+        Variant(PLAIN_PREFIX, "patched", 0, last, prefix_caching=True),
+        Variant(f"patched-k{ordered[0]}-prefix", "patched", ordered[0], last, prefix_caching=True),
+    ]
     return out
+
+
+def batched_tokens(engine: dict[str, Any], k: int) -> int:
+    """``max_num_batched_tokens`` for an engine drafting ``k`` tokens: vLLM keeps ``k - 1``
+    slots per sequence for a parallel drafter out of it, and schedules the rest, so every
+    engine of the check schedules the recipe's tokens per step (and chunks prompts alike)."""
+    return int(engine["max_num_batched_tokens"]) + int(engine["max_num_seqs"]) * max(k - 1, 0)
+
+
+def is_prefix_prompt(name: str) -> bool:
+    return name.startswith(PREFIX_PROMPTS)
 
 
 def plan(pair: Path, work: Path) -> list[Variant]:
@@ -93,6 +121,9 @@ def plan(pair: Path, work: Path) -> list[Variant]:
     work.mkdir(parents=True, exist_ok=True)
     for v in chosen:
         same_call = [o for o in chosen if o.call == v.call]
+        engine_args: dict[str, Any] = {"disable_log_stats": False}
+        if v.prefix_caching:
+            engine_args["enable_prefix_caching"] = True
         request: dict[str, Any] = {
             "name": v.name,
             "engine": {
@@ -102,14 +133,18 @@ def plan(pair: Path, work: Path) -> list[Variant]:
                 "vocab_size": 0,
                 "max_model_len": engine["max_model_len"],
                 "max_num_seqs": engine["max_num_seqs"],
-                "max_num_batched_tokens": engine["max_num_batched_tokens"],
+                "max_num_batched_tokens": batched_tokens(engine, v.k),
                 "kv_cache_memory_bytes": v.kv_cache_gib * GIB,
-                "engine_args": {"disable_log_stats": False},
+                "engine_args": engine_args,
             },
-            "lossless": prompts["lossless"],
+            "lossless": [
+                p
+                for p in prompts["lossless"]
+                if is_prefix_prompt(p["name"]) or not v.prefix_caching
+            ],
             "acceptance_prompts": [p["token_ids"] for p in prompts["prompts"]],
             "acceptance_max_new_tokens": prompts["max_new_tokens"],
-            "acceptance_concurrency": list(ACCEPTANCE_CONCURRENCY),
+            "acceptance_concurrency": [] if v.prefix_caching else list(ACCEPTANCE_CONCURRENCY),
             "speed": (
                 {
                     "concurrency": list(SPEED_CONCURRENCY),
@@ -196,6 +231,18 @@ def lossless(engine: str, plain: dict[str, Any], drafted: dict[str, Any]) -> Los
     return verdict
 
 
+def cache_misses(engine: str, result: dict[str, Any]) -> list[str]:
+    """The prefix-cache prompts served after another with the same prefix that found nothing
+    in the cache: there the check proves nothing about prefix caching."""
+    return [
+        f"{engine}: {name} found no tokens in the prefix cache"
+        for name, served in result.get("lossless", {}).items()
+        if is_prefix_prompt(name)
+        and name != FIRST_PREFIX_PROMPT
+        and not served.get("num_cached_tokens")
+    ]
+
+
 @dataclass
 class AcceptanceRow:
     engine: str
@@ -247,6 +294,7 @@ class SpeedRow:
     drafted_first_s: float
     plain_steady_s: float
     drafted_steady_s: float
+    plain_most_running: int
     drafted_most_running: int
 
     @property
@@ -279,6 +327,7 @@ def speed_rows(plain: dict[str, Any], drafted: dict[str, Any]) -> list[SpeedRow]
                 drafted_first_s=passes[0]["seconds"],
                 plain_steady_s=p_s,
                 drafted_steady_s=d_s,
+                plain_most_running=max(p.get("most_running", 0) for p in base),
                 drafted_most_running=max(p.get("most_running", 0) for p in passes),
             )
         )
@@ -356,7 +405,15 @@ def acceptance_section(
             f"{one.equal_plain if one else '-'}/{one.prompts if one else '-'} / "
             f"{many.equal_plain if many else '-'}/{many.prompts if many else '-'} |"
         )
-        if v.site == "patched" and (ratio is None or ratio < 1 - REFERENCE_TOLERANCE):
+        for row in rows.values():
+            if row.most_running < row.concurrency:
+                problems.append(
+                    f"{v.name}: at most {row.most_running} of {row.concurrency} requests ran at "
+                    "once (the engine's tokens per step or KV cache held them back)"
+                )
+        if v.site == "patched" and (
+            ratio is None or round(abs(ratio - 1), 9) > REFERENCE_TOLERANCE
+        ):
             problems.append(
                 f"{v.name}: acceptance length {_fmt(one_len)} is not within "
                 f"{REFERENCE_TOLERANCE:.0%} of the reference's {_fmt(ref_len)}"
@@ -366,7 +423,8 @@ def acceptance_section(
 
 def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> Section:
     """The strict check of every drafted engine: the fixed wheel passes, stock fails on K+1."""
-    plain = results.get(PLAIN, {"ok": False, "error": "no result"})
+    missing = {"ok": False, "error": "no result"}
+    plain = results.get(PLAIN, missing)
     lines = [
         "",
         "## Strict lossless (greedy, each prompt alone; a difference is excused only where the "
@@ -383,7 +441,8 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
         )
 
     for v in [v for v in chosen if v.drafted]:
-        verdict = lossless(v.name, plain, results[v.name])
+        base = results.get(PLAIN_PREFIX, missing) if v.prefix_caching else plain
+        verdict = lossless(v.name, base, results[v.name])
         if verdict.error:
             lines.append(f"| {v.name} | error: {verdict.error} | | | |")
         else:
@@ -393,6 +452,8 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
             )
         if v.site == "patched" and not verdict.ok:
             problems.append(f"{v.name}: strict lossless check not passed")
+        if v.prefix_caching and verdict.error is None:
+            problems += cache_misses(v.name, results[v.name]) + cache_misses(PLAIN_PREFIX, base)
         if v.site != "stock" or verdict.error is not None:
             continue
         if verdict.ok:
@@ -415,18 +476,25 @@ def speed_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> 
             f"## Decode speed, K = {v.k}, against the plain engine of the same run "
             "(steady passes; first traffic apart)",
             "| concurrent | plain tok/s | DFlash tok/s | ratio | first pass plain / DFlash (s) "
-            "| steady pass plain / DFlash (s) | most running |",
+            "| steady pass plain / DFlash (s) | most running plain / DFlash |",
             "|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {row.concurrency} | {row.plain_tps:.0f} | {row.drafted_tps:.0f} | "
             f"{row.ratio:.2f} | {row.plain_first_s:.2f} / {row.drafted_first_s:.2f} | "
             f"{row.plain_steady_s:.2f} / {row.drafted_steady_s:.2f} | "
-            f"{row.drafted_most_running} |"
+            f"{row.plain_most_running} / {row.drafted_most_running} |"
             for row in rows
         ]
         if not rows:
             problems.append(f"{v.name}: no speed figures")
+        problems += [
+            f"speed at {row.concurrency} concurrent: at most {who} {ran} ran at once, so the "
+            "row is not a figure at that concurrency"
+            for row in rows
+            for who, ran in (("plain", row.plain_most_running), (v.name, row.drafted_most_running))
+            if ran < row.concurrency
+        ]
     return lines, problems
 
 
@@ -440,7 +508,10 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
     for v in chosen:
         r = results[v.name]
         lines.append(
-            f"{v.name}: started in {r['startup_s']:.0f}s, {r.get('cudagraph_mode')}"
+            f"{v.name}: started in {r['startup_s']:.0f}s, {r.get('cudagraph_mode')}, "
+            f"{r.get('max_num_scheduled_tokens', '-')} tokens per step, "
+            f"attention block {r.get('block_size', '-')}, prefix caching "
+            f"{r.get('mamba_cache_mode', '-') if r.get('enable_prefix_caching') else 'off'}"
             if r.get("ok")
             else f"{v.name}: error: {r.get('error')}"
         )

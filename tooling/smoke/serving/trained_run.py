@@ -6,7 +6,8 @@ per process, the way users run vLLM (compiled, CUDA graphs). ``tooling.smoke.tra
 plans the requests and judges the results. Workloads, each optional:
 
 - ``lossless``: the recipe's checked prompts, each served alone in order (so the prefix-cache
-  prompts find what the earlier ones left), greedy, with the top-2 logprobs per position;
+  prompts find what the earlier ones left), greedy, with the top-2 logprobs per position and
+  the tokens the prefix cache gave;
 - ``acceptance``: the recipe's held-out prompts at each concurrency (groups of that many
   requests at once), with vLLM's spec-decode counters over each pass;
 - ``speed``: decode throughput at each concurrency, three passes each: the first is the
@@ -167,7 +168,10 @@ def run(request: TrainedRunRequest) -> dict[str, Any]:
         lossless: dict[str, Any] = {}
         for prompt in request.lossless:
             done = _generate(llm, [prompt["token_ids"]], prompt["max_new_tokens"], 2)
-            lossless[prompt["name"]] = _result(done[0])
+            lossless[prompt["name"]] = {
+                **_result(done[0]),
+                "num_cached_tokens": done[0].num_cached_tokens or 0,
+            }
         acceptance = _acceptance(llm, request, running) if request.acceptance_concurrency else {}
     finally:
         # An engine that failed must not keep the others waiting.
@@ -182,6 +186,10 @@ def run(request: TrainedRunRequest) -> dict[str, Any]:
         "startup_s": startup_s,
         "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
         "num_gpu_blocks": config.cache_config.num_gpu_blocks,
+        "block_size": config.cache_config.block_size,
+        "enable_prefix_caching": bool(config.cache_config.enable_prefix_caching),
+        "mamba_cache_mode": config.cache_config.mamba_cache_mode,
+        "max_num_scheduled_tokens": config.scheduler_config.max_num_scheduled_tokens,
         "num_speculative_tokens": request.engine.num_speculative_tokens,
         "lossless": lossless,
         "acceptance": acceptance,
