@@ -147,6 +147,14 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     assert "enable_prefix_caching" not in request["engine"]["engine_args"]
 
 
+def test_each_calls_engines_fit_one_h200_beside_their_working_memory() -> None:
+    chosen = tp.variants((15, 7))
+    for call in {v.call for v in chosen}:
+        engines = [v for v in chosen if v.call == call]
+        # About 2 GiB each for weights, CUDA graphs and activations, of an H200's 139.
+        assert sum(v.kv_cache_gib + 2 for v in engines) <= 125, call
+
+
 def test_the_prefix_cache_pair_serves_only_the_prompts_that_share_a_prefix(
     tmp_path: Path,
 ) -> None:

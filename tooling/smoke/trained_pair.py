@@ -38,6 +38,12 @@ SPEED_NEW_TOKENS = 128
 GIB = 1 << 30
 SPEC = "vllm:spec_decode_"
 #: Patches whose ablations the acceptance table shows (the three that move acceptance).
+#: KV cache per engine, GiB, sized from the engines' own "maximum concurrency" lines on the
+#: recipe's pair (docs/results/2026-12-01-trained-hybrid.md); a call's engines share one GPU.
+KV_GIB = 8
+KV_GIB_SEED_K = 12  # 16 requests at the seed's K
+KV_GIB_SPEED = 48  # 64 requests at the seed's K
+KV_GIB_PLAIN = 12
 ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"
@@ -58,7 +64,7 @@ class Variant:
     k: int
     call: int
     speed: bool = False
-    kv_cache_gib: int = 8
+    kv_cache_gib: int = KV_GIB
     prefix_caching: bool = False
     """vLLM's prefix caching on (off by default for a hybrid target): this engine serves only
     the prefix-cache prompts, against the plain engine with prefix caching."""
@@ -72,16 +78,18 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
     """The engines, one call per K (the seed's K first), the plain engine in the first.
 
     Speed is measured on the seed's K (the largest) against the plain engine beside it;
-    those two hold the KV cache 64 concurrent requests need (a hybrid target keeps a
-    Gated DeltaNet state per drafted position). The last call adds the prefix-caching pair
-    (plain and the fixed wheel at the seed's K): vLLM leaves prefix caching off for a hybrid
-    target unless asked, so the other engines never hit the cache.
+    those two hold the KV cache 64 concurrent requests need, the other engines at that K
+    what 16 need (a hybrid target keeps a Gated DeltaNet state per drafted position, so a
+    request of the seed's K holds several times a smaller K's). The last call adds the
+    prefix-caching pair (plain and the fixed wheel at the seed's K): vLLM leaves prefix
+    caching off for a hybrid target unless asked, so the other engines never hit the cache.
     """
     out: list[Variant] = []
     ordered = sorted(ks, reverse=True)
     for call, k in enumerate(ordered, start=1):
+        kv = KV_GIB_SEED_K if call == 1 else KV_GIB
         if call == 1:
-            out.append(Variant(PLAIN, "patched", 0, call, speed=True, kv_cache_gib=12))
+            out.append(Variant(PLAIN, "patched", 0, call, speed=True, kv_cache_gib=KV_GIB_PLAIN))
         out.append(
             Variant(
                 f"patched-k{k}",
@@ -89,11 +97,11 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
                 k,
                 call,
                 speed=call == 1,
-                kv_cache_gib=56 if call == 1 else 8,
+                kv_cache_gib=KV_GIB_SPEED if call == 1 else kv,
             )
         )
-        out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call) for p in ABLATED]
-        out.append(Variant(f"stock-k{k}", "stock", k, call))
+        out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call, kv_cache_gib=kv) for p in ABLATED]
+        out.append(Variant(f"stock-k{k}", "stock", k, call, kv_cache_gib=kv))
     last = len(ordered)
     out += [
         Variant(PLAIN_PREFIX, "patched", 0, last, prefix_caching=True),
