@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The production-path smoke on one GPU host, one variant per call (each fits one
-# device command of <= 10 minutes; the smoke's own --time-limit stops it first).
+# The production-path smoke on one GPU host, one variant per call (TIME_LIMIT below
+# keeps a variant within a device command of bounded length).
 #   PATCHED_SITE  pip --target folder: the wheel under test + the bundle's deps
 #   STOCK_SITE    pip --target folder holding stock vLLM 0.20.1 (deps from PATCHED_SITE)
 #   OUT           where reports and logs go
@@ -21,7 +21,9 @@
 #   quick    --quick: the checks one start of the engines answers
 # `tooling smoke --dry-run --gpus COUNTxGIB` with the same options prints the plan a
 # variant executes (which engines run where, in what order, with which limits).
-# Optional: TIME_LIMIT (seconds, default 540), KV_CACHE_MEMORY_BYTES (a fixed KV cache
+# Optional: TIME_LIMIT (seconds; unset: the plan's own limits, which scale from the first
+# engine's measured start: run a variant longer than one device command, such as seed-full,
+# under setsid and poll it), KV_CACHE_MEMORY_BYTES (a fixed KV cache
 # per engine: no memory profiling, for variants sharing one GPU) with
 # GPU_MEMORY_UTILIZATION (then only the free memory each engine needs at start-up),
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
@@ -33,8 +35,13 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUF
 cd "$here/../.." || exit 1
 mkdir -p "$OUT"
 site=$PATCHED_SITE
-limit=${TIME_LIMIT:-540}
-args=(--tiny --time-limit "$limit")
+args=(--tiny)
+backstop=()
+if [ -n "${TIME_LIMIT:-}" ]; then
+  args+=(--time-limit "$TIME_LIMIT")
+  # Past the smoke's own limit: SIGTERM makes it stop its children (no report then).
+  backstop=(timeout --kill-after=20 $((${TIME_LIMIT%.*} + 40)))
+fi
 [ -n "${KV_CACHE_MEMORY_BYTES:-}" ] && args+=(--kv-cache-memory-bytes "$KV_CACHE_MEMORY_BYTES")
 [ -n "${GPU_MEMORY_UTILIZATION:-}" ] && args+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
 case $variant in
@@ -58,8 +65,7 @@ esac
 read -r -a more <<< "${SMOKE_ARGS:-}"
 args+=("${more[@]}")
 start=$(date +%s)
-# Backstop past the smoke's own limit: SIGTERM makes it stop its children (no report then).
-PYTHONPATH=$site timeout --kill-after=20 $((${limit%.*} + 40)) \
+PYTHONPATH=$site "${backstop[@]}" \
   python3 -m tooling --no-progress smoke "${args[@]}" \
   --workdir "$OUT/$variant" --json > "$OUT/$variant.json" 2> "$OUT/$variant.err"
 rc=$?
