@@ -113,6 +113,68 @@ def test_prefix_cache_verdicts() -> None:
     assert broken.status == checks.ERROR
 
 
+def test_prefix_prompt_fills_two_of_the_engines_blocks() -> None:
+    # Configured 16-token blocks (the engine states none): the 200-token prompt as ever.
+    assert checks.prefix_prompt_tokens(None, 1024) == 200
+    assert checks.prefix_prompt_tokens(16, 1024) == 200
+    # The seed-shaped pair's engines: 400-token blocks without the drafter, 480 with it.
+    assert checks.prefix_prompt_tokens(400, 1024) == 816
+    assert checks.prefix_prompt_tokens(480, 1024) == 976
+    assert checks.full_block_tokens(976, 480) == 960
+    assert checks.full_block_tokens(816, 400) == 800
+    # A max_model_len that cannot hold the prompt and its answer says so with the figures.
+    with pytest.raises(SmokeError) as caught:
+        checks.prefix_prompt_tokens(480, 512)
+    assert str(caught.value) == (
+        "the repeated prompt needs two 480-token blocks and a 16-token tail (976 tokens) and "
+        "8 to generate: more than max_model_len 512"
+    )
+    with pytest.raises(SmokeError, match="1040 tokens"):
+        checks.prefix_prompt_tokens(512, 1024)
+
+
+def _hybrid_prefix(tokens: int, hits: int, block: int) -> PrefixObservation:
+    return PrefixObservation(
+        prompt_tokens=tokens, hits=hits, queries=tokens, cached_tokens=hits, block_size=block
+    )
+
+
+def test_prefix_cache_on_a_hybrid_target_uses_each_engines_blocks() -> None:
+    plain = _hybrid_prefix(816, 800, 400)
+    fixed = checks.check_prefix_cache(_hybrid_prefix(976, 960, 480), plain, block_size=None)
+    assert fixed.status == checks.PASS
+    assert fixed.evidence == (
+        "repeated 976-token prompt: 960 tokens from the cache with DFlash (full 480-token "
+        "blocks: 960); 800 of a 816-token prompt without speculation (full 400-token blocks: "
+        "800)"
+    )
+    dropped = checks.check_prefix_cache(_hybrid_prefix(976, 480, 480), plain, block_size=None)
+    assert dropped.status == checks.FAIL
+    assert "one block dropped: fix 3 absent" in dropped.evidence
+    nothing = checks.check_prefix_cache(_hybrid_prefix(976, 0, 480), plain, block_size=None)
+    assert nothing.status == checks.FAIL
+    # A control that reuses less than its full blocks: the setup is at fault, not the fix.
+    broken = checks.check_prefix_cache(
+        _hybrid_prefix(976, 960, 480), _hybrid_prefix(816, 400, 400), block_size=None
+    )
+    assert broken.status == checks.ERROR
+    assert "cached 400 of 816 tokens, expected 800" in broken.evidence
+    # The 200-token prompt on 480-token blocks (the run before the prompt was sized):
+    # no block to reuse, so no verdict either way.
+    short = checks.check_prefix_cache(
+        _hybrid_prefix(200, 0, 480), _hybrid_prefix(200, 0, 400), block_size=None
+    )
+    assert short.status == checks.ERROR
+    assert short.evidence == "the repeated 200-token prompt fills no 480-token block: cannot judge"
+    # Neither engine stated its blocks: the control's reuse is the expectation.
+    unknown = PrefixObservation(prompt_tokens=200, hits=192, queries=200, cached_tokens=192)
+    assert checks.check_prefix_cache(unknown, unknown, block_size=None).status == checks.PASS
+    none = PrefixObservation(prompt_tokens=200, hits=0, queries=200, cached_tokens=0)
+    assert checks.check_prefix_cache(unknown, none, block_size=None).evidence == (
+        "no control reuse to compare with (hybrid target)"
+    )
+
+
 def _completion(ids: list[int]) -> Completion:
     return Completion(
         text="x", token_ids=tuple(ids), prompt_tokens=5, cached_tokens=0, finish_reason="length"
@@ -154,6 +216,97 @@ def test_lossless_differences_at_the_targets_ties_are_not_lost_tokens() -> None:
     unknown = checks.check_lossless(same, other, prompts, None, 2**-7)
     assert unknown.status == checks.FAIL
     assert "margins there unknown" in unknown.evidence
+
+
+# The seed-shaped pair on an H200 (64 hybrid layers, K = 15): the six first differences'
+# margins the reference measured, and the noise check 10 measured between two plain runs.
+SEED_MARGINS = [
+    {"spec_gap": 0.0, "plain_gap": 0.015625, "argmax": 161203, "spread": 0.45205777883529663},
+    {"spec_gap": 0.015625, "plain_gap": 0.0, "argmax": 151206, "spread": 0.45193544030189514},
+    {"spec_gap": 0.046875, "plain_gap": 0.0, "argmax": 61146, "spread": 0.45284631848335266},
+    {"spec_gap": 0.0, "plain_gap": 0.0234375, "argmax": 48362, "spread": 0.45125842094421387},
+    {"spec_gap": 0.0390625, "plain_gap": 0.0234375, "argmax": 20705, "spread": 0.4524983167},
+    {"spec_gap": 0.0390625, "plain_gap": 0.0, "argmax": 164, "spread": 0.4529608488082886},
+]
+SEED_NOISE = 0.04682159423828125
+
+
+def _seed_like() -> tuple[list[Completion], list[Completion], list[str]]:
+    spec = [_completion([p, 1, 2, 3]) for p in range(6)]
+    plain = [_completion([p, 1, 9, 3]) for p in range(6)]
+    return spec, plain, [str(p) for p in range(6)]
+
+
+def test_lossless_tie_tolerance_is_the_measured_plain_noise_where_larger() -> None:
+    spec, plain, prompts = _seed_like()
+    floor = SmokeConfig(workdir=Path("w"), tiny=True).lossless_tie_tolerance
+    # With the fixed floor alone the seed-shaped pair failed: 0.0469 and 0.0391 > 2^-5.
+    alone = checks.check_lossless(spec, plain, prompts, SEED_MARGINS, floor)
+    assert alone.status == checks.FAIL
+    assert "(tie tolerance 0.0312 = the floor, plain noise not measured;" in alone.evidence
+    # Two plain runs differ by up to 0.0468 there: every margin is within that.
+    measured = checks.check_lossless(spec, plain, prompts, SEED_MARGINS, floor, SEED_NOISE)
+    assert measured.status == checks.PASS
+    assert (
+        "both tokens within 0.0156, 0.0156, 0.0469, 0.0234, 0.0391, 0.0391 of its best "
+        "(tie tolerance 0.0478 = the measured plain noise 0.0468 + 0.0010 rounding, floor "
+        "0.0312; the logits' spread there 0.45 or more)"
+    ) in measured.evidence
+    assert measured.details["tie_tolerance"]["source"] == "measured plain noise"
+    assert measured.details["tie_tolerance"]["noise"] == SEED_NOISE
+    # A lost token is a draw from the logits' spread: far above the noise, it fails.
+    lost = [*SEED_MARGINS[:5], {"spec_gap": 0.3125, "plain_gap": 0.0, "argmax": 7, "spread": 0.45}]
+    assert checks.check_lossless(spec, plain, prompts, lost, floor, SEED_NOISE).status == (
+        checks.FAIL
+    )
+    # One bf16 step past the noise is not a tie either.
+    past = [{**m, "spec_gap": SEED_NOISE + 2**-6} for m in SEED_MARGINS]
+    assert checks.check_lossless(spec, plain, prompts, past, floor, SEED_NOISE).status == (
+        checks.FAIL
+    )
+    # Noise below the floor (the 8-layer tiny pair) leaves the floor.
+    quiet = checks.check_lossless(spec, plain, prompts, SEED_MARGINS, floor, 2**-6)
+    assert quiet.status == checks.FAIL
+    assert "tie tolerance 0.0312 = the floor, measured plain noise 0.0156" in quiet.evidence
+    assert quiet.details["tie_tolerance"]["source"] == "floor"
+    # A plain first-token run that failed reports NaN noise: not measured.
+    failed = checks.check_lossless(spec, plain, prompts, SEED_MARGINS, floor, float("nan"))
+    assert failed.status == checks.FAIL
+    assert failed.details["tie_tolerance"]["noise"] is None
+
+
+def test_evaluate_hands_check_10s_noise_to_check_1(tmp_path) -> None:
+    from tooling.smoke.config import LOSSLESS_PROMPTS
+    from tooling.smoke.distribution import FLOOR, Report
+    from tooling.smoke.observe import ServerObservations
+    from tooling.smoke.verdicts import evaluate
+
+    spec_completions, plain_completions, _ = _seed_like()
+    assert len(LOSSLESS_PROMPTS) == len(spec_completions)
+    spec = ServerObservations(log=tmp_path / "s.log", completions=spec_completions)
+    plain = ServerObservations(log=tmp_path / "p.log", completions=plain_completions)
+    planned = {c: "not asked" for c in checks.ORDER if c != checks.LOSSLESS}
+
+    def lossless(first_tokens: Report | None) -> checks.CheckResult:
+        results = evaluate(
+            config=SmokeConfig(workdir=tmp_path, tiny=True),
+            planned=planned,
+            info=None,
+            info_error="",
+            spec=spec,
+            plain=plain,
+            engine_result=None,
+            engine_error="",
+            fidelity={"divergences": SEED_MARGINS},
+            fidelity_error="",
+            first_tokens=first_tokens,
+            block_size=None,
+        )
+        return next(r for r in results if r.id == checks.LOSSLESS)
+
+    assert lossless(Report(tolerance=SEED_NOISE, noise=SEED_NOISE)).status == checks.PASS
+    assert lossless(None).status == checks.FAIL
+    assert lossless(Report(tolerance=FLOOR, noise=float("nan"))).status == checks.FAIL
 
 
 def test_fidelity_gate() -> None:

@@ -15,7 +15,7 @@ import math
 import pytest
 
 from tooling.smoke import metrics
-from tooling.smoke.logscan import aux_layers_from_log, aux_layers_from_log_file
+from tooling.smoke.logscan import aux_layers_from_log, aux_layers_from_log_file, block_size_from_log
 
 VLLM_0201_METRICS = """\
 # HELP python_info Python platform information
@@ -211,3 +211,19 @@ def test_aux_layers_from_a_server_log(tmp_path) -> None:
     log.write_text(fixed)
     assert aux_layers_from_log_file(log) == (2, 17, 32, 47, 62)
     assert aux_layers_from_log_file(tmp_path / "missing.log") is None
+
+
+# The seed-shaped pair's servers on an H200 (64 hybrid layers, K = 15): the DFlash engine's
+# recurrent state holds the verified positions too, so its blocks are larger.
+HYBRID_SERVER_LOG = """\
+(APIServer pid=3199) WARNING 12-01 18:58:18 [config.py:367] Mamba cache mode is set to 'align' for Qwen3_5ForConditionalGeneration by default when prefix caching is enabled
+(EngineCore pid=3852) INFO 12-01 18:59:11 [interface.py:606] Setting attention block size to 480 tokens to ensure that attention page size is >= mamba page size.
+(EngineCore pid=3852) INFO 12-01 18:59:11 [interface.py:630] Padding mamba page size by 1.27% to ensure that mamba page size and attention page size are exactly equal.
+"""  # noqa: E501
+
+
+def test_block_size_from_a_hybrid_server_log() -> None:
+    assert block_size_from_log(HYBRID_SERVER_LOG) == 480
+    assert block_size_from_log(HYBRID_SERVER_LOG.replace("480 tokens", "400 tokens")) == 400
+    # An attention-only target keeps the configured size and says nothing.
+    assert block_size_from_log(SERVER_LOG) is None

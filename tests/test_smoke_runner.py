@@ -24,7 +24,7 @@ import pytest
 
 from tooling.errors import SmokeError
 from tooling.smoke import GpuFacts, SmokeConfig, Timeouts, describe_plan, format_table, run_smoke
-from tooling.smoke.checks import FAIL, INFO, PASS, SKIP
+from tooling.smoke.checks import ERROR, FAIL, INFO, PASS, SKIP
 from tooling.smoke.serving.tiny import TinySpec, hybrid_config, target_config
 
 from .smoke_models import write_model
@@ -39,7 +39,8 @@ STANDIN_MAIN = textwrap.dedent(
     for flag in ("--host", "--port", "--served-model-name", "--attention-backend",
                  "--max-model-len", "--gpu-memory-utilization", "--seed", "--block-size",
                  "--kv-cache-dtype", "--tensor-parallel-size", "--max-num-seqs",
-                 "--kv-cache-memory-bytes", "--generation-config", "--speculative-config"):
+                 "--kv-cache-memory-bytes", "--generation-config", "--speculative-config",
+                 "--gdn-prefill-backend"):
         parser.add_argument(flag)
     for flag in ("--enable-prompt-tokens-details", "--enable-prefix-caching",
                  "--no-enable-prefix-caching", "--enforce-eager",
@@ -53,9 +54,17 @@ STANDIN_MAIN = textwrap.dedent(
     # A slow start (compiling), before anything listens.
     time.sleep(float(os.environ.get("STANDIN_DELAY", "0")))
     stock = os.environ.get("STANDIN_MODE") == "stock"
-    block = int(args.block_size)
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     print("INFO vLLM API server version stand-in", flush=True)
+    if args.block_size:
+        block = int(args.block_size)
+    else:
+        # A hybrid target: vLLM sizes the attention blocks to the Mamba page, larger with
+        # the drafter (the seed-shaped pair's figures), and says so before it answers.
+        block = 480 if spec else 400
+        print(f"(EngineCore pid=1) INFO [interface.py:606] Setting attention block size to "
+              f"{block} tokens to ensure that attention page size is >= mamba page size.",
+              flush=True)
     print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
     if spec:
         ids = json.load(open(os.path.join(spec["model"], "config.json")))
@@ -578,6 +587,49 @@ def test_quick_on_a_hybrid_pair_answers_in_one_start(tmp_path, standin_vllm, mon
         assert "A3-K+1-0" in first.evidence
     assert not any(s.name.startswith("serve") for s in report.steps)
     assert report.to_json()["plan"]["mode"] == "quick"
+
+
+@pytest.mark.parametrize("mode", ["fixed", "stock"])
+def test_hybrid_prefix_prompt_fills_two_of_each_engines_blocks(
+    tmp_path, standin_vllm, monkeypatch, mode
+):
+    """A hybrid target's engines state their enlarged blocks in their logs; each server's
+    repeated prompt is two of its blocks and a tail, and stock drops the last one."""
+    monkeypatch.setenv("STANDIN_MODE", mode)
+    hybrid = tmp_path / "hybrid"
+    write_model(hybrid, hybrid_config(TinySpec.for_arch("hybrid")), 2**20)
+    report = run_smoke(_config(tmp_path, hybrid, standin_vllm[1]), notify=lambda m: None)
+    prefix = next(c for c in report.checks if c.id == "prefix_cache")
+    assert prefix.status == (PASS if mode == "fixed" else FAIL), prefix.evidence
+    assert prefix.details["speculative"]["prompt_tokens"] == 976
+    assert prefix.details["speculative"]["block_size"] == 480
+    assert prefix.details["plain"] == {
+        "prompt_tokens": 816,
+        "hits": 800,
+        "queries": 816,
+        "cached_tokens": 800,
+        "block_size": 400,
+    }
+    if mode == "stock":
+        assert "480 tokens from the cache" in prefix.evidence
+        assert "one block dropped: fix 3 absent" in prefix.evidence
+
+
+def test_hybrid_prefix_prompt_too_long_for_max_model_len_is_an_error(
+    tmp_path, standin_vllm, monkeypatch
+):
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    hybrid = tmp_path / "hybrid"
+    write_model(hybrid, hybrid_config(TinySpec.for_arch("hybrid")), 2**20)
+    config = _config(tmp_path, hybrid, standin_vllm[1])
+    config = replace(config, engine=replace(config.engine, max_model_len=512))
+    report = run_smoke(config, notify=lambda m: None)
+    prefix = next(c for c in report.checks if c.id == "prefix_cache")
+    assert prefix.status == ERROR
+    assert prefix.evidence == (
+        "no prefix-cache observation: the repeated prompt needs two 480-token blocks and a "
+        "16-token tail (976 tokens) and 8 to generate: more than max_model_len 512"
+    )
 
 
 @pytest.mark.parametrize(

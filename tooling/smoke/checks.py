@@ -6,12 +6,15 @@ tested on captured observations.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ..errors import SmokeError
 from .client import Completion
-from .distribution import Report
+from .config import PREFIX_MAX_TOKENS, PREFIX_PROMPT_TOKENS, PREFIX_TAIL_TOKENS
+from .distribution import SLACK, Report
 from .metrics import SpecDecodeStats
 
 
@@ -124,20 +127,67 @@ def first_differences(
     return differing
 
 
+@dataclass(frozen=True)
+class TieTolerance:
+    """Check 1's tie tolerance: a fixed floor, or the plain noise the run measured where
+    that is larger."""
+
+    floor: float
+    noise: float | None
+    """The largest first-token logprob difference between two plain runs (check 10);
+    None where the run did not measure it."""
+
+    @property
+    def measured(self) -> bool:
+        return self.noise is not None and math.isfinite(self.noise)
+
+    @property
+    def value(self) -> float:
+        """The margins are differences of bf16 logits, whole bf16 steps; the noise is
+        measured on fp32 log-softmaxes of them, so it reads a step a little short. SLACK
+        covers that, as check 10 reads its own tolerance."""
+        if self.noise is None or not math.isfinite(self.noise):
+            return self.floor
+        return max(self.floor, self.noise + SLACK)
+
+    def describe(self) -> str:
+        if not self.measured:
+            return f"tie tolerance {self.floor:.4f} = the floor, plain noise not measured"
+        if self.value > self.floor:
+            return (
+                f"tie tolerance {self.value:.4f} = the measured plain noise {self.noise:.4f} "
+                f"+ {SLACK:.4f} rounding, floor {self.floor:.4f}"
+            )
+        return f"tie tolerance {self.floor:.4f} = the floor, measured plain noise {self.noise:.4f}"
+
+    def to_json(self) -> dict[str, Any]:
+        source = "floor" if self.value == self.floor else "measured plain noise"
+        return {
+            "value": self.value,
+            "floor": self.floor,
+            "noise": self.noise if self.measured else None,
+            "source": source,
+        }
+
+
 def check_lossless(
     speculative: list[Completion],
     plain: list[Completion],
     prompts: list[str],
     margins: list[dict[str, Any]] | None = None,
     tolerance: float = 0.0,
+    noise: float | None = None,
 ) -> CheckResult:
     """Greedy completions with the drafter equal those without it, prompt by prompt.
 
     ``margins`` (the reference's, one per first difference, in order): how far
     each server's token is below the reference target's best logit there. Where
-    both are within ``tolerance`` the target's own logits tie, so rounding in
+    both are within the tie tolerance the target's own logits tie, so rounding in
     other kernels (spec decoding runs other batch shapes, and a hybrid target's
-    GDN layers other kernels) picks either: that is not a lost token.
+    GDN layers other kernels) picks either: that is not a lost token. The tie
+    tolerance is ``tolerance`` (the floor), or ``noise`` where larger: what two
+    plain runs of the same prompts differ by, as check 10 measured it (None: not
+    measured), since a difference within what plain runs move is a tie too.
     """
     if len(speculative) != len(prompts) or len(plain) != len(prompts):
         return error(
@@ -165,15 +215,17 @@ def check_lossless(
         return CheckResult(
             LOSSLESS, FAIL, f"{evidence}; the target's margins there unknown", details
         )
+    tie = TieTolerance(tolerance, noise)
+    details["tie_tolerance"] = tie.to_json()
     gaps = [max(m["spec_gap"], m["plain_gap"]) for m in margins]
     spreads = [m["spread"] for m in margins if m.get("spread") is not None]
     evidence += (
         "; the target's logits there: both tokens within "
         + ", ".join(f"{g:.4f}" for g in gaps)
-        + f" of its best (tie tolerance {tolerance:.4f}"
+        + f" of its best ({tie.describe()}"
         + (f"; the logits' spread there {min(spreads):.2f} or more)" if spreads else ")")
     )
-    ties = all(g <= tolerance for g in gaps)
+    ties = all(g <= tie.value for g in gaps)
     return CheckResult(LOSSLESS, PASS if ties else FAIL, evidence, details)
 
 
@@ -257,6 +309,9 @@ class PrefixObservation:
     queries: float
     cached_tokens: int | None
     """The second answer's usage.prompt_tokens_details.cached_tokens."""
+    block_size: int | None = None
+    """The engine's block size as its log states it (vLLM enlarges a hybrid target's
+    attention blocks to the Mamba page); None where it states none."""
 
 
 def full_block_tokens(prompt_tokens: int, block_size: int) -> int:
@@ -268,45 +323,83 @@ def full_block_tokens(prompt_tokens: int, block_size: int) -> int:
     return ((prompt_tokens - 1) // block_size) * block_size
 
 
+def prefix_prompt_tokens(block_size: int | None, max_model_len: int) -> int:
+    """The repeated prompt's length on an engine whose log states ``block_size``: two
+    full blocks and a tail, so that one dropped block still leaves one to tell by, and
+    never shorter than PREFIX_PROMPT_TOKENS. SmokeError naming the figures where the
+    prompt and its answer do not fit ``max_model_len``."""
+    if block_size is None:
+        return PREFIX_PROMPT_TOKENS
+    tokens = max(PREFIX_PROMPT_TOKENS, 2 * block_size + PREFIX_TAIL_TOKENS)
+    if tokens + PREFIX_MAX_TOKENS > max_model_len:
+        raise SmokeError(
+            f"the repeated prompt needs two {block_size}-token blocks and a "
+            f"{PREFIX_TAIL_TOKENS}-token tail ({tokens} tokens) and {PREFIX_MAX_TOKENS} to "
+            f"generate: more than max_model_len {max_model_len}"
+        )
+    return tokens
+
+
 def check_prefix_cache(
     speculative: PrefixObservation, plain: PrefixObservation | None, block_size: int | None
 ) -> CheckResult:
     """A repeated prompt gets every full block from the cache with the DFlash drafter on.
 
-    ``block_size`` None (a hybrid target: vLLM sizes attention blocks to the Mamba
-    page) compares with the server without speculation, which must reuse something.
+    ``block_size`` is the configured one; an observation's own (its engine's log) takes
+    its place. Where neither is known (a hybrid target whose engine stated none) the
+    check compares with the server without speculation, which must reuse something.
     """
-    if block_size is None:
-        if plain is None or plain.hits <= 0:
+    size = speculative.block_size or block_size
+    control_size = (plain.block_size or block_size) if plain else None
+    control_expected: int | None
+    if size is None:
+        if plain is None or plain.hits <= 0 or plain.prompt_tokens != speculative.prompt_tokens:
             return error(PREFIX_CACHE, "no control reuse to compare with (hybrid target)")
-        expected = int(plain.hits)
-        block_size = 0
+        expected = control_expected = int(plain.hits)
     else:
-        expected = full_block_tokens(speculative.prompt_tokens, block_size)
+        expected = full_block_tokens(speculative.prompt_tokens, size)
+        control_expected = (
+            full_block_tokens(plain.prompt_tokens, control_size) if plain and control_size else None
+        )
     details: dict[str, Any] = {
         "expected": expected,
         "speculative": asdict(speculative),
         "plain": asdict(plain) if plain else None,
-        "block_size": block_size,
+        "block_size": size or 0,
     }
-    control = f", {plain.hits:.0f} without speculation" if plain else ""
-    if plain is not None and plain.hits != expected:
+    if expected == 0:
+        return CheckResult(
+            PREFIX_CACHE,
+            ERROR,
+            f"the repeated {speculative.prompt_tokens}-token prompt fills no {size}-token "
+            "block: cannot judge",
+            details,
+        )
+    if plain is not None and control_expected is not None and plain.hits != control_expected:
         return CheckResult(
             PREFIX_CACHE,
             ERROR,
             f"control server without speculation cached {plain.hits:.0f} of "
-            f"{plain.prompt_tokens} tokens, expected {expected}: cannot judge",
+            f"{plain.prompt_tokens} tokens, expected {control_expected}: cannot judge",
             details,
         )
-    summary = (
-        f"repeated {speculative.prompt_tokens}-token prompt: {speculative.hits:.0f} tokens "
-        f"from the cache with DFlash{control} (full blocks: {expected})"
-    )
+    summary = f"repeated {speculative.prompt_tokens}-token prompt: {speculative.hits:.0f} tokens "
+    if speculative.block_size is None:
+        control = f", {plain.hits:.0f} without speculation" if plain else ""
+        summary += f"from the cache with DFlash{control} (full blocks: {expected})"
+    else:
+        summary += f"from the cache with DFlash (full {size}-token blocks: {expected})"
+        if plain is not None:
+            summary += (
+                f"; {plain.hits:.0f} of a {plain.prompt_tokens}-token prompt without speculation"
+            )
+            if control_expected is not None:
+                summary += f" (full {control_size}-token blocks: {control_expected})"
     if speculative.hits == expected:
         return CheckResult(PREFIX_CACHE, PASS, summary, details)
-    dropped = block_size and speculative.hits == expected - block_size
+    dropped = size and speculative.hits == expected - size
     hint = " (one block dropped: fix 3 absent)" if dropped else ""
-    if not block_size and speculative.hits < expected:
+    if not size and speculative.hits < expected:
         hint = " (less than without speculation: fix 3 absent?)"
     return CheckResult(PREFIX_CACHE, FAIL, summary + hint, details)
 

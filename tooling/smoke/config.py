@@ -32,7 +32,8 @@ LOSSLESS_PROMPTS: tuple[str, ...] = (
 
 # The repeated prompt for the prefix-cache check: a text distinct from the
 # prompts above, cut to exactly PREFIX_PROMPT_TOKENS tokens by the server's own
-# tokenizer and sent as token ids.
+# tokenizer (repeated to two blocks and a tail on an engine with larger blocks) and
+# sent as token ids.
 PREFIX_PROMPT_TEXT = (
     "Once upon a time, in a village between two mountains, there lived a clockmaker who "
     "repaired every clock in the valley. Each morning she climbed to the tower, wound the "
@@ -42,6 +43,10 @@ PREFIX_PROMPT_TEXT = (
     "fell and the year it was rebuilt in stone. "
 )
 PREFIX_PROMPT_TOKENS = 200
+#: Where vLLM enlarges the blocks (a hybrid target), the prompt is two blocks and this tail.
+PREFIX_TAIL_TOKENS = 16
+#: Tokens each request of the prefix-cache check generates.
+PREFIX_MAX_TOKENS = 8
 
 # Texts for the in-process fidelity run, tokenized there and cut to FIDELITY_LENGTHS:
 # longer than the tiny drafter's window (16), so a sliding layer that attends to
@@ -171,7 +176,9 @@ class SmokeConfig:
     """
     lossless_tie_tolerance: float = 2**-5
     """A first difference between the greedy completions with and without the drafter
-    is a tie when both tokens' logits are this close to the reference target's best.
+    is a tie when both tokens' logits are this close to the reference target's best, or
+    within the plain noise check 10 measured where that is larger (a deep random-weight
+    target's plain runs differ by more than a shallow one's).
 
     Spec decoding verifies K+1 tokens per step through other kernels than plain
     decoding (a hybrid target's GDN layers especially), and each path rounds its bf16

@@ -11,8 +11,9 @@ from typing import Any, Protocol
 
 from ..errors import SmokeError
 from . import client, load, metrics
-from .checks import PrefixObservation
-from .config import LOSSLESS_PROMPTS, PREFIX_PROMPT_TEXT, PREFIX_PROMPT_TOKENS
+from .checks import PrefixObservation, prefix_prompt_tokens
+from .config import LOSSLESS_PROMPTS, PREFIX_MAX_TOKENS, PREFIX_PROMPT_TEXT, PREFIX_PROMPT_TOKENS
+from .logscan import block_size_from_log, read_log
 from .server import SERVED_MODEL_NAME, RunningServer
 
 START = "start"
@@ -101,24 +102,29 @@ def settled_spec_stats(base_url: str, timeout_s: float = 5.0) -> metrics.SpecDec
     return previous
 
 
+def repeated_to(ids: list[int], tokens: int) -> list[int]:
+    """``ids`` repeated and cut to exactly ``tokens`` ids."""
+    return (ids * -(-tokens // len(ids)))[:tokens]
+
+
 def prefix_prompt_ids(base_url: str, model: str, timeout_s: float) -> list[int]:
     """Exactly PREFIX_PROMPT_TOKENS token ids of the prefix text, by the server's tokenizer."""
     ids = client.tokenize(base_url, model, PREFIX_PROMPT_TEXT, timeout_s=timeout_s)
     if not ids:
         raise SmokeError("the server tokenized the prefix prompt to nothing")
-    while len(ids) < PREFIX_PROMPT_TOKENS:
-        ids = ids + ids
-    return ids[:PREFIX_PROMPT_TOKENS]
+    return repeated_to(ids, PREFIX_PROMPT_TOKENS)
 
 
 def observe_prefix_cache(
-    base_url: str, model: str, ids: list[int], *, timeout_s: float
+    base_url: str, model: str, ids: list[int], *, timeout_s: float, block_size: int | None
 ) -> PrefixObservation:
     """Send ``ids`` twice; what the second request got from the prefix cache."""
     before = _prefix_counters(base_url)
-    client.complete(base_url, model, ids, max_tokens=8, timeout_s=timeout_s)
+    client.complete(base_url, model, ids, max_tokens=PREFIX_MAX_TOKENS, timeout_s=timeout_s)
     middle = _wait_for_queries(base_url, before.queries + len(ids), timeout_s=10.0)
-    second = client.complete(base_url, model, ids, max_tokens=8, timeout_s=timeout_s)
+    second = client.complete(
+        base_url, model, ids, max_tokens=PREFIX_MAX_TOKENS, timeout_s=timeout_s
+    )
     after = _wait_for_queries(base_url, middle.queries + len(ids), timeout_s=10.0)
     delta = after.minus(middle)
     return PrefixObservation(
@@ -126,6 +132,7 @@ def observe_prefix_cache(
         hits=delta.hits,
         queries=delta.queries,
         cached_tokens=second.cached_tokens,
+        block_size=block_size,
     )
 
 
@@ -136,9 +143,13 @@ def observe_server(
     prefix_ids: list[int] | None,
     *,
     max_tokens: int,
+    max_model_len: int,
     load: bool,
 ) -> tuple[ServerObservations, list[int] | None]:
-    """Wait for a started server, then every request of the server checks against it."""
+    """Wait for a started server, then every request of the server checks against it.
+
+    ``prefix_ids`` (the prefix text's PREFIX_PROMPT_TOKENS ids, None: tokenize them here)
+    are returned for the next server: the load bursts share them."""
     log = server.log
     obs = ServerObservations(log=log)
     model = SERVED_MODEL_NAME
@@ -167,7 +178,13 @@ def observe_server(
         try:
             limit = budget.limit(REQUEST)
             prefix_ids = prefix_ids or prefix_prompt_ids(url, model, limit)
-            obs.prefix = observe_prefix_cache(url, model, prefix_ids, timeout_s=limit)
+            # The engine states an enlarged block size before it answers: the prompt must
+            # fill two of its blocks, whatever the other server's are.
+            block = block_size_from_log(read_log(log))
+            repeated = repeated_to(prefix_ids, prefix_prompt_tokens(block, max_model_len))
+            obs.prefix = observe_prefix_cache(
+                url, model, repeated, timeout_s=limit, block_size=block
+            )
         except SmokeError as e:
             obs.errors["prefix"] = str(e)
         if drafter is not None:

@@ -507,6 +507,7 @@ def _wave(run: _Run, plan: SmokePlan, steps: list[Step], state: _State) -> None:
                         draft,
                         prefix_ids,
                         max_tokens=run.config.max_tokens,
+                        max_model_len=plan.engine.max_model_len,
                         load=plan.runs(checks.LOAD),
                     )
                 observed.append((s, obs, server, record))

@@ -61,8 +61,9 @@ def evaluate(
     """The verdicts from whatever the steps observed (pure: no I/O). ``planned`` is the
     plan's check id -> ``run`` or why it is skipped.
 
-    ``block_size`` None: a hybrid target, whose prefix reuse is judged against
-    the server without speculation.
+    ``block_size``: the configured one; None (a hybrid target) takes each engine's
+    from its log, or judges prefix reuse against the server without speculation.
+    ``first_tokens`` also gives check 1 the plain noise it measured.
     """
     results: list[CheckResult] = []
 
@@ -84,6 +85,7 @@ def evaluate(
                 list(LOSSLESS_PROMPTS),
                 margins=(fidelity or {}).get("divergences"),
                 tolerance=config.lossless_tie_tolerance,
+                noise=first_tokens.noise if first_tokens else None,
             )
         )
 
