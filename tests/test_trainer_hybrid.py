@@ -91,6 +91,23 @@ def test_hybrid_recipe_writes_a_pair_of_the_seeds_family(hybrid_run: dict[str, A
     assert summary["reload"]["tokenizer_roundtrip"] is True
 
 
+def test_the_targets_time_cap_starts_after_its_first_step(hybrid_run: dict[str, Any]) -> None:
+    out = hybrid_run["out"]
+    summary = json.loads((out / "summary.json").read_text())
+    target = summary["target"]
+    # The first step (on a GPU, the kernels' compile) is timed apart and is one of the main
+    # phase's steps; the cap's clock, main_phase_s, starts after it, so the two fit in the
+    # phase's whole time (time_s, rounded to 0.01 s).
+    assert target["first_step_s"] > 0
+    assert target["steps"] == target["main_phase_steps"] == 3
+    assert target["first_step_s"] + target["main_phase_s"] <= target["time_s"] + 0.005
+    log = (out / "train.log").read_text()
+    first = log.index("target: first step (kernel compile)")
+    assert log.index("target: 3 steps of") < first < log.index("target step 3/3")
+    # Triton decides whether flash-linear-attention's kernels train; the run names it.
+    assert set(summary["versions"]) >= {"flash_linear_attention", "triton"}
+
+
 def test_a_hybrid_target_short_of_its_floor_is_exit_22_and_no_pair(
     hybrid_run: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from .hybrid import FULL_ATTENTION_INTERVAL
 
 # Bump when the recipe's behaviour changes in a way the settings do not show.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 ARCHES = ("qwen3", "hybrid")
 
@@ -258,10 +258,10 @@ PRESETS: dict[str, RecipeConfig] = {
         # Small batches: without flash-linear-attention's kernels, transformers' reference
         # Gated DeltaNet keeps every chunk's state for the backward pass.
         target_batch=8,
-        target_time_cap_s=300.0,
-        target_extra_time_s=180.0,
+        target_time_cap_s=150.0,
+        target_extra_time_s=120.0,
         data_sequences=8192,
-        data_time_cap_s=60.0,
+        data_time_cap_s=45.0,
         gen_batch=128,
         feature_batch=128,
         drafter_layer_types=(*("sliding_attention",) * 4, "full_attention"),
@@ -275,14 +275,15 @@ PRESETS: dict[str, RecipeConfig] = {
         drafter_batch=32,
         anchors_per_seq=32,
         loss_gamma=7.0,
-        drafter_time_cap_s=150.0,
+        drafter_time_cap_s=100.0,
+        num_prompts=16,
         crosscheck_prompts=0,
         reference_speculative_tokens=(7,),
         min_target_margin=1.0,
         min_acceptance_length=3.0,
         floor_speculative_tokens=7,
-        wall_budget_s=900.0,
-        reserve_s=150.0,
+        wall_budget_s=840.0,
+        reserve_s=90.0,
     ),
 }
 # The hybrid recipe at CPU size: every stage, the floors' code paths with floors of zero.

@@ -112,8 +112,14 @@ def _versions() -> dict[str, str]:
         "tokenizers": tokenizers.__version__,
     }
     # dflash unpacked onto PYTHONPATH has no metadata; flash-linear-attention is optional
-    # (a hybrid target trains on transformers' reference Gated DeltaNet without it).
-    for name, dist in (("dflash", "dflash"), ("flash_linear_attention", "flash-linear-attention")):
+    # (a hybrid target trains on transformers' reference Gated DeltaNet without it), and
+    # Triton decides whether its kernels train at all (its gated backward refuses Hopper
+    # under Triton < 3.7.1).
+    for name, dist in (
+        ("dflash", "dflash"),
+        ("flash_linear_attention", "flash-linear-attention"),
+        ("triton", "triton"),
+    ):
         try:
             out[name] = version(dist)
         except PackageNotFoundError:
@@ -467,6 +473,7 @@ def _train_into(
             "steps": tres.steps,
             "max_steps": tres.max_steps,
             "epochs_seen": tres.extra.get("epochs_seen"),
+            "first_step_s": tres.extra.get("first_step_s"),
             "main_phase_steps": tres.extra.get("main_phase_steps"),
             "main_phase_s": tres.extra.get("main_phase_s"),
             "margin_checks": tres.extra.get("margin_checks"),
