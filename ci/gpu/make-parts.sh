@@ -5,6 +5,7 @@
 # `tooling bundle` writes) and the vLLM sdist the ablations are built from. The bundle
 # carries the toolchain's GPU-host extras: the reference dflash, GitPython for the
 # offline builds, and flash-linear-attention for the hybrid recipe's training.
+# train-wheels/ holds the wheels trained-hybrid.sh installs for the recipe alone.
 set -euo pipefail
 out=${1:?usage: make-parts.sh OUT_DIR [PART_SIZE_BYTES]}
 size=${2:-62914560}
@@ -21,6 +22,14 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/payload"
 mv "$work"/bundle/vllm-*-bundle-* "$work/payload/bundle"
 cp "$cache/pypi/vllm-0.20.1.tar.gz" "$work/payload/"
+# Triton 3.7.1 beside the bundle, not in it: vLLM keeps the Triton its torch brings, while
+# flash-linear-attention's gated backward refuses Hopper under Triton < 3.7.1. The hash pins
+# the wheel's bytes.
+echo "triton==3.7.1 --hash=sha256:7e40869937a68206ec70d7f25bb7ec6433cb083f9135e1f36dbd318dc449a728" \
+  > "$work/train-wheels.txt"
+.venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+  --require-hashes --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+  --platform manylinux_2_28_x86_64 -r "$work/train-wheels.txt" -d "$work/payload/train-wheels"
 .venv/bin/python - "$work/payload" "$out" "$size" <<'PY'
 import sys
 from pathlib import Path

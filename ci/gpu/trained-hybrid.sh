@@ -21,18 +21,28 @@ pair=$WORK/hybrid-pair
 runs=$WORK/trained
 case $step in
   train)
-    mkdir -p "$WORK/train-extras"
+    # A fresh folder: no package of an earlier run's wheels stays beside this run's.
+    rm -rf "$WORK/train-extras" && mkdir -p "$WORK/train-extras"
     # TRAIN_ARGS: more recipe options (--set KEY=VALUE ...).
     read -r -a more <<< "${TRAIN_ARGS:-}"
     # install.sh installs vLLM's dependencies; the trainer's own extras are unpacked beside.
     for wheel in "$WORK"/joined/payload/bundle/wheels/{dflash,flash_linear_attention,fla_core}-*.whl; do
       [ -f "$wheel" ] && python3 -m zipfile -e "$wheel" "$WORK/train-extras"
     done
-    # TRAIN_WHEELS: more wheels for the recipe alone (flash-linear-attention's gated backward
-    # refuses Hopper under Triton < 3.7.1, older than vLLM's torch brings); pip keeps their
-    # programs executable.
-    if [ -n "${TRAIN_WHEELS:-}" ]; then
-      read -r -a wheels <<< "$TRAIN_WHEELS"
+    # Wheels for the recipe alone, pip-installed (pip keeps their programs executable): the
+    # payload's train-wheels/ (make-parts.sh: Triton 3.7.1, as flash-linear-attention's gated
+    # backward refuses Hopper under older Triton, and vLLM's torch brings an older one) and
+    # TRAIN_WHEELS, more wheels, each replacing the payload's wheel of its name.
+    read -r -a more_wheels <<< "${TRAIN_WHEELS:-}"
+    wheels=()
+    for wheel in "$WORK"/joined/payload/train-wheels/*.whl; do
+      [ -f "$wheel" ] || {
+        echo "note: no train-wheels/ in the payload (parts of an older make-parts.sh)"; continue; }
+      name=${wheel##*/}
+      [[ " ${more_wheels[*]##*/}" == *" ${name%%-*}-"* ]] || wheels+=("$wheel")
+    done
+    wheels+=("${more_wheels[@]}")
+    if [ ${#wheels[@]} -gt 0 ]; then
       python3 -m pip install --quiet --no-deps --no-index --upgrade --target "$WORK/train-extras" \
         "${wheels[@]}" || exit 1
     fi
