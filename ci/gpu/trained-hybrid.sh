@@ -3,14 +3,18 @@
 #   trained-hybrid.sh train   start the recipe (tooling train --arch hybrid) in its own session
 #   trained-hybrid.sh wait    wait for it (at most WAIT_S seconds, default 540)
 #   trained-hybrid.sh CALL    one call of `tooling smoke --trained-hybrid` (1: the largest K
-#                             with the plain engine and the speed figures; 2: the next K), its
-#                             engines at once on one GPU; then the report of every call so far.
+#                             with the plain engine and the speed figures; 2: the next K and
+#                             the prefix-caching pair), its engines at once on one GPU; then
+#                             the report of every call so far
+#   trained-hybrid.sh chain   wait, then every call, into $WORK/results: longer than one device
+#                             command, so start it under setsid and `collect` now and then
+#   trained-hybrid.sh collect copy what the chain has written so far into $OUT
 # Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations of
 # trained_pair.ABLATED (ABLATIONS="dflash-layer-id-offset dflash-swa-config
-# eagle-cache-drop"); the recipe trains with the bundle's
-# dflash and, where the bundle has them (--extra flash-linear-attention==0.6.0 --extra
-# fla-core==0.6.0), flash-linear-attention's Gated DeltaNet kernels.
-# Writes $OUT/trained-CALL.tar.gz and $OUT/trained-report-CALL.txt.
+# eagle-cache-drop"); the recipe trains with the bundle's dflash and flash-linear-attention
+# and the payload's train-wheels/ (make-parts.sh).
+# Writes $OUT/trained-CALL.tar.gz (results and logs, no compile caches) and
+# $OUT/trained-report-CALL.txt.
 # TIME_LIMIT (seconds, default 540) bounds each engine process.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -62,6 +66,23 @@ case $step in
     [ -f "$pair/summary.json" ] || { echo "no trained pair (yet)"; exit 1; }
     du -sh "$pair"
     exit 0 ;;
+  chain)
+    export OUT=$WORK/results
+    mkdir -p "$OUT"
+    WAIT_S=${WAIT_S:-1200} bash "$here/trained-hybrid.sh" wait || exit 1
+    # One call per K the recipe measured.
+    calls=$(python3 -c "import json, sys; print(len(json.load(open(sys.argv[1]))['speculative_tokens']))" \
+      "$pair/prompts.json") || exit 1
+    for call in $(seq 1 "$calls"); do
+      bash "$here/trained-hybrid.sh" "$call"
+    done
+    exit 0 ;;
+  collect)
+    : "${OUT:?}"
+    cp "$WORK"/results/trained-* "$OUT/" 2>/dev/null
+    tail -5 "$WORK/train-hybrid.log" 2>/dev/null
+    ls -la "$OUT"
+    exit 0 ;;
 esac
 call=$step
 : "${OUT:?}"
@@ -72,5 +93,5 @@ PYTHONPATH=$SITE python3 -m tooling.smoke.trained run-call "$pair" "$runs" "$cal
 rc=$?
 echo "call $call: done in $(( $(date +%s) - start ))s"
 cat "$OUT/trained-report-$call.txt"
-tar -czf "$OUT/trained-$call.tar.gz" -C "$WORK" trained train-out
+tar -czf "$OUT/trained-$call.tar.gz" --exclude='vllm-cache-*' -C "$WORK" trained train-out
 exit $rc
