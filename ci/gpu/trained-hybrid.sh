@@ -79,7 +79,7 @@ case $step in
     exit 0 ;;
   collect)
     : "${OUT:?}"
-    cp "$WORK"/results/trained-* "$OUT/" 2>/dev/null
+    cp -r "$WORK"/results/trained-* "$WORK"/results/train-out "$OUT/" 2>/dev/null
     tail -5 "$WORK/train-hybrid.log" 2>/dev/null
     ls -la "$OUT"
     exit 0 ;;
