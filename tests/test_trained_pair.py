@@ -23,6 +23,9 @@ LOSSLESS = [
     "to-max-model-len",
 ]
 PREFIX = ["prefix-a", "prefix-b"]
+#: The greedy outputs of the acceptance prompts, the reference's and (unless a test says
+#: otherwise) every engine's.
+OUTPUTS = [[1, 2, 3, 4], [5, 6, 7, 8]]
 
 
 def _pair(tmp: Path, reference_length: float = 5.0) -> Path:
@@ -44,6 +47,13 @@ def _pair(tmp: Path, reference_length: float = 5.0) -> Path:
         }
     }
     (pair / "summary.json").write_text(json.dumps(summary))
+    # Per prompt, five drafting steps of which each accepts ``reference_length - 1`` tokens.
+    per_step = int(reference_length - 1)
+    runs = [
+        {"output_ids": out, "drafted_per_step": [K] * 5, "accepted_per_step": [per_step] * 5}
+        for out in OUTPUTS
+    ]
+    (pair / "reference.json").write_text(json.dumps({"by_speculative_tokens": {str(K): runs}}))
     return pair
 
 
@@ -58,15 +68,30 @@ def _completion(tokens: list[int], margin: float = 3.0, cached: int = 0) -> dict
 
 
 def _result(
-    name: str, k: int, lossless: dict, accepted: int = 40, drafts: int = 10, running: int = 0
+    name: str,
+    k: int,
+    lossless: dict,
+    accepted: int = 40,
+    drafts: int = 10,
+    running: int = 0,
+    outputs: list[list[int]] | None = None,
+    per_prompt: list[tuple[int, int]] | None = None,
 ) -> dict:
+    """An engine's results; ``per_prompt``: (drafts, accepted) of each prompt served alone
+    (default: ``drafts`` and ``accepted`` split evenly)."""
     spec = {
         f"{tp.SPEC}num_drafts": drafts,
         f"{tp.SPEC}num_draft_tokens": drafts * k,
         f"{tp.SPEC}num_accepted_tokens": accepted,
         f"{tp.SPEC}num_accepted_tokens_per_pos": [drafts] * 4 + [0] * (k - 4),
     }
-    outputs = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    outputs = outputs or OUTPUTS
+    if per_prompt is None:
+        half = accepted // 2
+        per_prompt = [(drafts // 2, half), (drafts - drafts // 2, accepted - half)]
+    counters = [
+        {f"{tp.SPEC}num_drafts": d, f"{tp.SPEC}num_accepted_tokens": a} for d, a in per_prompt
+    ]
     # ``running``: the most requests the engine ran at once (0: as many as asked).
     speed = {
         str(c): [{"seconds": 2.0, "tokens": 100 * c, "most_running": running or c}]
@@ -81,7 +106,12 @@ def _result(
         "num_speculative_tokens": k,
         "lossless": lossless,
         "acceptance": {
-            str(c): {"outputs": outputs, "spec": spec if k else {}, "most_running": running or c}
+            str(c): {
+                "outputs": outputs,
+                "spec": spec if k else {},
+                "most_running": running or c,
+                **({"per_prompt": counters} if c == 1 and k else {}),
+            }
             for c in tp.ACCEPTANCE_CONCURRENCY
         },
         "speed": speed if name in ("plain", f"patched-k{K}") else {},
@@ -95,6 +125,8 @@ def _run(
     patched_accepted: int = 40,
     patched_running: int = 0,
     cached: int = 1024,
+    patched_outputs: list[list[int]] | None = None,
+    patched_per_prompt: list[tuple[int, int]] | None = None,
 ) -> tuple[str, bool]:
     pair = _pair(tmp)
     work = tmp / "work"
@@ -118,6 +150,8 @@ def _run(
                 patched_lossless or clean,
                 accepted=patched_accepted,
                 running=patched_running,
+                outputs=patched_outputs,
+                per_prompt=patched_per_prompt,
             )
         else:
             result = _result(v.name, v.k, clean)
@@ -231,6 +265,32 @@ def test_fixed_acceptance_off_the_reference_by_more_than_2_percent_fails(tmp_pat
     for accepted in (37, 43):
         text, ok = _run(tmp_path / f"c{accepted}", patched_accepted=accepted)
         assert not ok and "not within 2% of the reference" in text
+
+
+def test_acceptance_is_set_beside_the_reference_on_the_outputs_they_share(tmp_path: Path) -> None:
+    # The second prompt's output left the reference's at a near-tie and accepted more there:
+    # 1 + 60/10 = 7.0 in all, 40% above the reference, but 5.0 = 5.0 on the shared prompt.
+    other = [OUTPUTS[0], [5, 6, 7, 9]]
+    text, ok = _run(
+        tmp_path / "a",
+        patched_accepted=60,
+        patched_outputs=other,
+        patched_per_prompt=[(5, 20), (5, 40)],
+    )
+    assert ok, text
+    assert "| 7.000 | " in text and "| 5.000 / 5.000 (1 of 2) |" in text
+    # The same prompt, accepting less than the reference did: a difference in the drafting.
+    text, ok = _run(
+        tmp_path / "b",
+        patched_accepted=55,
+        patched_outputs=other,
+        patched_per_prompt=[(5, 15), (5, 40)],
+    )
+    assert not ok
+    assert "acceptance length 4.000 is not within 2% of the reference's 5.000 on the 1" in text
+    # No output shared: nothing to set beside the reference.
+    text, ok = _run(tmp_path / "c", patched_outputs=[[9], [9]])
+    assert not ok and "patched-k15: 0 of 2 outputs equal the reference's" in text
 
 
 def test_an_engine_that_did_not_run_is_no_pass(tmp_path: Path) -> None:

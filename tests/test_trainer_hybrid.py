@@ -82,6 +82,12 @@ def test_hybrid_recipe_writes_a_pair_of_the_seeds_family(hybrid_run: dict[str, A
     assert len(last["token_ids"]) + last["max_new_tokens"] == engine["max_model_len"]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["reference"]["by_speculative_tokens"]) == {"7", "3"}
+    # Every K's runs, prompt by prompt, for the engines' acceptance on shared outputs.
+    runs = json.loads((out / "reference.json").read_text())["by_speculative_tokens"]
+    assert set(runs) == {"7", "3"}
+    for k, per_prompt in runs.items():
+        assert len(per_prompt) == len(prompts["prompts"])
+        assert all(set(r["drafted_per_step"]) == {int(k)} for r in per_prompt)
     floors = summary["floors"]
     assert floors["target_margin_positions"] == 2 * 16 + sum(
         p["max_new_tokens"] for p in prompts["lossless"]

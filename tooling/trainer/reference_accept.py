@@ -448,6 +448,20 @@ def reference_summary(
             }
             for p, r, g, m in zip(prompts, report.runs, plain, margins, strict=True)
         ],
+        # Every K's runs, so an engine's acceptance can be set beside the reference's on the
+        # prompts whose outputs the two share.
+        "by_speculative_tokens": {
+            str(k): [
+                {
+                    "id": p.id,
+                    "output_ids": run.output_ids,
+                    "drafted_per_step": run.drafted,
+                    "accepted_per_step": run.accepted,
+                }
+                for p, run in zip(prompts, r.runs, strict=True)
+            ]
+            for k, r in reports.items()
+        },
     }
     out = report.summary()
     out.update(

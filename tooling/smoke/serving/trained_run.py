@@ -36,6 +36,8 @@ from .distribution import (
     start_engine,
 )
 
+#: The counters kept per prompt when prompts are served one at a time.
+PER_PROMPT = (f"{SPEC}num_drafts", f"{SPEC}num_accepted_tokens")
 #: Passes per speed level: the first traffic, then the steady ones.
 SPEED_PASSES = 3
 
@@ -93,17 +95,25 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
         before = _spec(llm)
         running.most = 0
         outputs: list[list[int]] = []
+        per_prompt: list[dict[str, Any]] = []
         for start in range(0, len(prompts), level):
+            ahead = _spec(llm)
             done = _generate(
                 llm, prompts[start : start + level], request.acceptance_max_new_tokens, None
             )
             outputs += [[int(t) for t in o.outputs[0].token_ids] for o in done]
+            if level == 1:
+                behind = _spec(llm)
+                per_prompt.append({k: _delta(behind, ahead, k) for k in PER_PROMPT})
         after = _spec(llm)
         out[str(level)] = {
             "outputs": outputs,
             "spec": {k: _delta(after, before, k) for k in after},
             "most_running": running.most,
         }
+        if per_prompt:
+            # One request at a time: each prompt's own counters.
+            out[str(level)]["per_prompt"] = per_prompt
     return out
 
 
