@@ -9,7 +9,8 @@ lossless check holds. ``plan`` writes one request per engine
   at most ``TIE_MARGIN`` (a near-tie any change of batch shape may flip), and each excuse is
   listed; the completion is not compared past it;
 - **acceptance**: vLLM's counters, one request at a time and 16 at once, beside the
-  reference package's figure at the same K;
+  reference package's figure at the same K, and judged on the prompts whose greedy outputs
+  the engine shares with the reference;
 - **speed**: decode tokens/s with and without the drafter, as the ratio to the plain engine
   of the same run, the first traffic of each shape apart.
 
@@ -566,8 +567,10 @@ def speed_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> 
 
 
 def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str, bool]:
-    """The tables and whether the run proves what it must: the fixed wheel lossless and within
-    ``REFERENCE_TOLERANCE`` of the reference at each K, stock failing the lossless check."""
+    """The tables and whether the run proves what it must: the fixed wheel lossless (the
+    prefix prompts found in the cache where it is on) and within ``REFERENCE_TOLERANCE`` of
+    the reference at each K, stock failing the lossless check, and every figure measured at
+    the concurrency it names."""
     summary = json.loads((pair / "summary.json").read_text())
     reference = summary["reference"]["by_speculative_tokens"]
     reference_runs = json.loads((pair / "reference.json").read_text()).get(
