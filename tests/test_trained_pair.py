@@ -247,6 +247,24 @@ def test_a_difference_at_a_near_tie_is_excused_and_listed_a_larger_one_fails(
     assert not verdict.ok and verdict.failures[0].first_difference == 2
 
 
+def test_a_failure_within_one_bf16_step_still_fails_and_is_named() -> None:
+    clean = {n: _completion([10, 11, 12, 13]) for n in LOSSLESS}
+    broken = dict(clean)
+    broken["to-max-model-len"] = _completion([10, 11, 12, 50])
+    plain = {n: _completion([10, 11, 12, 13], margin=tp.BF16_STEP) for n in LOSSLESS}
+    lines, problems = tp.lossless_section(
+        [tp.Variant("plain", "patched", 0, 1), tp.Variant(f"patched-k{K}", "patched", K, 1)],
+        {
+            "plain": {"ok": True, "lossless": plain},
+            f"patched-k{K}": {"ok": True, "lossless": broken},
+        },
+    )
+    assert problems == [f"patched-k{K}: strict lossless check not passed"]
+    assert any(
+        "to-max-model-len @ 3: 0.0312: the plain margin is at most one bf16" in x for x in lines
+    )
+
+
 def test_stock_passing_or_fixed_failing_is_a_failed_run(tmp_path: Path) -> None:
     clean = {n: _completion([10, 11, 12, 13]) for n in LOSSLESS}
     text, ok = _run(tmp_path / "a", stock_lossless=clean)
