@@ -6,12 +6,13 @@ safetensors headers that declare the sizes; no file holds them."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tooling.errors import SmokeCapacityError, SmokePairError, exit_code_for
+from tooling.errors import SmokeCapacityError, SmokeError, SmokePairError, exit_code_for
 from tooling.smoke import EngineSettings, GpuFacts, SmokeConfig
 from tooling.smoke.pair import GIB, read_pair, safetensors_bytes
 from tooling.smoke.plan import Layout, Limit, Mode, Role, plan_smoke, render
@@ -240,3 +241,45 @@ def test_engines_that_do_not_all_fit_share_what_each_wave_holds(tmp_path) -> Non
         {"serve-dflash": (0,), "serve-plain": (1,)},
         {"engine": (0,), "first-tokens-dflash": (1,)},
     ]
+
+
+def test_the_executor_backend_reaches_the_servers_alone(tmp_path) -> None:
+    """``--distributed-executor-backend ray`` at TP=2 on the seed-shaped pair (the Ray
+    variant's plan): both servers get the flag; the in-process engines run at TP 1 in the
+    smoke's own children, which take no command-line flags of vLLM's."""
+    engine = replace(K15, tensor_parallel_size=2, distributed_executor_backend="ray")
+    c = config(tmp_path, tiny=True, tiny_arch="seed", engine=engine)
+    plan = plan_smoke(c, pair_facts(c), gpus(2))
+    flag = ["--distributed-executor-backend", "ray"]
+    for s in plan.steps:
+        argv = list(s.argv)
+        carries = any(argv[i : i + 2] == flag for i in range(len(argv)))
+        assert carries == (s.role in (Role.SERVE_DFLASH, Role.SERVE_PLAIN)), s.name
+        if s.role in (Role.SERVE_DFLASH, Role.SERVE_PLAIN):
+            assert s.gpus == (0, 1)
+            assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert plan.to_json()["engine"]["distributed_executor_backend"] == "ray"
+    assert "servers: --distributed-executor-backend ray at tensor parallel 2" in render(plan)
+    # vLLM's own choice unless asked: no flag, no line.
+    default = replace(c, engine=replace(engine, distributed_executor_backend=None))
+    plan = plan_smoke(default, pair_facts(default), gpus(2))
+    assert not any("--distributed-executor-backend" in s.argv for s in plan.steps)
+    assert plan.to_json()["engine"]["distributed_executor_backend"] is None
+    assert "servers:" not in render(plan)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            {"quick": True},
+            "--distributed-executor-backend reaches the servers, which --quick does not start",
+        ),
+        ({"backend": "uni"}, "--distributed-executor-backend 'uni': choose mp or ray"),
+    ],
+)
+def test_an_executor_backend_the_run_cannot_use_is_refused(tmp_path, kw, message) -> None:
+    engine = replace(K15, distributed_executor_backend=kw.pop("backend", "ray"))
+    with pytest.raises(SmokeError, match=re.escape(message)) as e:
+        config(tmp_path, tiny=True, engine=engine, **kw).validate()
+    assert exit_code_for(e.value) == 17 and "\n" not in str(e.value)

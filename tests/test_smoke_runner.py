@@ -12,6 +12,7 @@ The in-process fidelity run needs a GPU and is switched off here.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -40,11 +41,11 @@ STANDIN_MAIN = textwrap.dedent(
                  "--max-model-len", "--gpu-memory-utilization", "--seed", "--block-size",
                  "--kv-cache-dtype", "--tensor-parallel-size", "--max-num-seqs",
                  "--kv-cache-memory-bytes", "--generation-config", "--speculative-config",
-                 "--gdn-prefill-backend"):
+                 "--gdn-prefill-backend", "--distributed-executor-backend"):
         parser.add_argument(flag)
     for flag in ("--enable-prompt-tokens-details", "--enable-prefix-caching",
                  "--no-enable-prefix-caching", "--enforce-eager",
-                 "--language-model-only"):
+                 "--language-model-only", "--disable-custom-all-reduce"):
         parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
 
@@ -66,6 +67,7 @@ STANDIN_MAIN = textwrap.dedent(
               f"{block} tokens to ensure that attention page size is >= mamba page size.",
               flush=True)
     print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+    print(f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}", flush=True)
     if spec:
         ids = json.load(open(os.path.join(spec["model"], "config.json")))
         ids = ids["dflash_config"]["target_layer_ids"]
@@ -227,6 +229,39 @@ STANDIN_TORCH = textwrap.dedent(
     """
 )
 
+# vLLM 0.20.1's checks that its Ray executor can start (v1/executor/ray_utils.py: the import
+# at start-up; ray_executor.py: the version and compiled-graph module at the first request).
+STANDIN_RAY_UTILS = textwrap.dedent(
+    """
+    try:
+        import ray
+        ray_import_err = None
+    except ImportError as e:
+        ray = None
+        ray_import_err = str(e)
+
+    def assert_ray_available():
+        if ray is None:
+            raise ValueError(
+                f"Failed to import Ray: {ray_import_err}."
+                "Please install Ray with `pip install ray`."
+            )
+    """
+)
+STANDIN_RAY_EXECUTOR = textwrap.dedent(
+    """
+    import importlib.metadata, importlib.util
+
+    class RayDistributedExecutor:
+        def _check_ray_cgraph_installation(self):
+            found = importlib.metadata.version("ray")
+            if tuple(int(p) for p in found.split(".")) < (2, 43, 0):
+                raise ValueError(f"Ray version 2.43.0 is required, but found {found}")
+            if importlib.util.find_spec("ray.experimental.compiled_dag_ref") is None:
+                raise ValueError("Ray Compiled Graph is not installed.")
+    """
+)
+
 DRAFTER_CONFIG = {
     "architectures": ["DFlashDraftModel"],
     "model_type": "qwen3",
@@ -256,6 +291,8 @@ def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
         "v1/core/sched/scheduler": "class Scheduler:\n    def schedule(self):\n        pass\n",
         "v1/spec_decode/dflash": "class DFlashProposer:\n"
         "    def propose(self, next_token_ids):\n        pass\n",
+        "v1/executor/ray_utils": STANDIN_RAY_UTILS,
+        "v1/executor/ray_executor": STANDIN_RAY_EXECUTOR,
     }
     for name, text in modules.items():
         path = root / "vllm" / f"{name}.py"
@@ -423,6 +460,81 @@ def test_preflight_stops_a_run_that_cannot_start_in_one_line(
     assert "\n" not in str(raised.value) and "vllm-import.log" in str(raised.value)
     # Nothing was started: no server log.
     assert not (tmp_path / "smoke" / "logs" / "serve-dflash.log").exists()
+
+
+def _standin_ray(site: Path, version: str) -> None:
+    """A Ray package on the serving interpreter's path, as far as vLLM's checks look."""
+    (site / "ray" / "experimental").mkdir(parents=True)
+    (site / "ray" / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    (site / "ray" / "experimental" / "__init__.py").write_text("")
+    (site / "ray" / "experimental" / "compiled_dag_ref.py").write_text("")
+    info = site / f"ray-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: ray\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_the_servers_run_on_the_executor_asked_for(
+    tmp_path, standin_vllm, monkeypatch, backend
+) -> None:
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    monkeypatch.setenv("STANDIN_GPUS", "2")
+    # A cluster elsewhere: a Ray server starts an instance of its own instead.
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    _standin_ray(tmp_path / "site", "2.48.0")
+    config = _config(tmp_path, *standin_vllm)
+    engine = replace(
+        config.engine,
+        tensor_parallel_size=2,
+        disable_custom_all_reduce=True,
+        distributed_executor_backend=backend,
+    )
+    report = run_smoke(replace(config, engine=engine), notify=lambda m: None)
+    assert report.passed, report.summary_line()
+    assert report.engine["distributed_executor_backend"] == backend
+    logs = tmp_path / "smoke" / "logs"
+    for log in ("serve-dflash.log", "serve-plain.log"):
+        text = (logs / log).read_text()
+        assert f"--distributed-executor-backend {backend}" in text.splitlines()[0]
+        assert f"RAY_ADDRESS={'local' if backend == 'ray' else '10.0.0.1:6379'}" in text
+    # Only a Ray run asks the serving interpreter about Ray.
+    assert report.vllm.get("ray_version") == ("2.48.0" if backend == "ray" else None)
+
+
+@pytest.mark.parametrize(
+    ("ray", "why"),
+    [
+        (None, "ValueError: Failed to import Ray: No module named 'ray'."),
+        ("2.40.0", "ValueError: Ray version 2.43.0 is required, but found 2.40.0"),
+    ],
+)
+def test_the_ray_executor_without_a_usable_ray_is_refused_before_any_engine(
+    tmp_path, standin_vllm, monkeypatch, ray, why
+) -> None:
+    """The serving interpreter (this one, whose environment has no Ray, or one with a Ray
+    too old for vLLM's executor) is refused in one line naming it, why and the fix."""
+    from click.testing import CliRunner
+
+    from tooling.cli import main
+
+    assert importlib.util.find_spec("ray") is None, "this test needs an environment without Ray"
+    if ray is not None:
+        _standin_ray(tmp_path / "site", ray)
+    monkeypatch.setenv("STANDIN_GPUS", "2")
+    target, drafter = standin_vllm
+    args = ["--no-progress", "smoke", "--target", str(target), "--drafter", str(drafter)]
+    args += ["--workdir", str(tmp_path / "w"), "--no-fidelity", "--tensor-parallel-size", "2"]
+    args += ["--distributed-executor-backend", "ray", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 17, result.output
+    error = json.loads(result.stdout)["error"]
+    assert "\n" not in error and result.stderr.splitlines()[-1] == f"error: {error}"
+    assert error.startswith(
+        f"--distributed-executor-backend ray: vLLM's Ray executor cannot start for "
+        f"{sys.executable} ({why}"
+    )
+    assert "install ray==2.48.0 there (the bundle's --extra ray==2.48.0" in error
+    assert not (tmp_path / "w" / "logs" / "serve-dflash.log").exists()
 
 
 def test_no_vllm_is_one_clear_error(tmp_path, standin_vllm, monkeypatch) -> None:

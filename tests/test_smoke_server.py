@@ -23,6 +23,7 @@ from tooling.smoke.server import (
     build_serve_command,
     child_environment,
     free_port,
+    serve_environment,
     speculative_config,
     started,
 )
@@ -107,6 +108,7 @@ def test_serve_command_for_dflash_server() -> None:
     assert "--enforce-eager" not in cmd
     assert "--kv-cache-memory-bytes" not in cmd
     assert "--disable-custom-all-reduce" not in cmd
+    assert "--distributed-executor-backend" not in cmd  # vLLM's own choice
     assert "--enable-prefix-caching" in cmd
     assert "--enable-prompt-tokens-details" in cmd
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
@@ -130,6 +132,20 @@ def test_serve_command_for_a_shared_gpu_and_a_hybrid_target() -> None:
     assert "--block-size" not in cmd
     assert "--enforce-eager" in cmd
     assert "--language-model-only" in cmd
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_serve_command_and_environment_for_an_executor_backend(backend) -> None:
+    engine = EngineSettings(tensor_parallel_size=2, distributed_executor_backend=backend)
+    options = ServeOptions("t", "d", engine, port=1)
+    cmd = build_serve_command(options, python="py")
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == backend
+    base = {"RAY_ADDRESS": "10.0.0.1:6379", "NCCL_NVLS_ENABLE": "0"}
+    env = serve_environment(options, base)
+    # Ray: an instance of the server's own, whatever cluster the caller names; its workers
+    # inherit the rest (NCCL's settings among them).
+    assert env == {**base, "RAY_ADDRESS": "local" if backend == "ray" else "10.0.0.1:6379"}
+    assert base["RAY_ADDRESS"] == "10.0.0.1:6379"
 
 
 def test_serve_command_without_drafter_keeps_caching_setting() -> None:

@@ -83,6 +83,12 @@ from .options import emit, json_option, settings_of
     help="The servers use NCCL's all-reduce (0.20.1's custom one faults at TP=2 on a hybrid "
     "target with DFlash, stock and patched alike).",
 )
+@click.option(
+    "--distributed-executor-backend",
+    type=click.Choice(["mp", "ray"]),
+    help="The servers' executor (default: vLLM's choice, mp on one host); ray starts a Ray "
+    "instance per server. The in-process engines run at TP 1 without one.",
+)
 @click.option("--no-load", is_flag=True, help="Skip the concurrent bursts against the servers.")
 @click.option("--no-audit", is_flag=True, help="Skip the concurrent audited in-process batch.")
 @click.option(
@@ -153,6 +159,7 @@ def smoke_command(
     kv_cache_dtype: str,
     tensor_parallel_size: int,
     disable_custom_all_reduce: bool,
+    distributed_executor_backend: str | None,
     no_load: bool,
     no_audit: bool,
     warm_cache: bool,
@@ -183,6 +190,7 @@ def smoke_command(
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
             disable_custom_all_reduce=disable_custom_all_reduce,
+            distributed_executor_backend=distributed_executor_backend,
         ),
         timeouts=Timeouts(total=time_limit),
         fidelity_gate=fidelity_gate,

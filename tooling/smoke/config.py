@@ -70,6 +70,11 @@ FIDELITY_LENGTHS: tuple[int, ...] = (48, 56, 64, 72)
 
 TINY_ARCHS = ("hybrid", "seed", "qwen3")
 
+EXECUTOR_BACKENDS = ("mp", "ray")
+RAY_VERSION = "2.48.0"
+"""The Ray a run with ``--distributed-executor-backend ray`` is told to install, and the one
+``ci/gpu/make-parts.sh RAY=1`` bundles: the version vLLM 0.20.1's CUDA test lock pins."""
+
 REFERENCE_SHARDS = 4
 """The most reference children: its drafter passes are bound by one Python thread each,
 so several split the work where the GPU holds that many copies of the pair."""
@@ -95,6 +100,10 @@ class EngineSettings:
     On 0.20.1, stock and patched alike, a hybrid target's DFlash server at TP=2 dies
     capturing CUDA graphs (an illegal memory access reported by the custom all-reduce);
     with this flag, or with ``--enforce-eager``, it serves."""
+    distributed_executor_backend: str | None = None
+    """vLLM's ``--distributed-executor-backend`` for the servers: ``mp``, ``ray``, or None
+    (vLLM's choice: ``mp`` when the GPUs are on this host). The in-process engines run at
+    TP=1 in the smoke's own child, with no executor of workers."""
     max_num_seqs: int = 8
     """Small, so the concurrent batches queue and requests finish out of order."""
     kv_cache_memory_bytes: int | None = None
@@ -243,6 +252,15 @@ class SmokeConfig:
             raise SmokeError(f"--tiny-arch {self.tiny_arch!r}: choose {' or '.join(TINY_ARCHS)}")
         if self.tiny_hidden_size is not None and not (self.tiny and self.tiny_arch == "seed"):
             raise SmokeError("--tiny-hidden-size goes with --tiny --tiny-arch seed")
+        backend = self.engine.distributed_executor_backend
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            choices = " or ".join(EXECUTOR_BACKENDS)
+            raise SmokeError(f"--distributed-executor-backend {backend!r}: choose {choices}")
+        if backend is not None and self.quick:
+            raise SmokeError(
+                "--distributed-executor-backend reaches the servers, which --quick does not "
+                "start: drop one of them"
+            )
         if self.quick and self.warm_cache:
             raise SmokeError("--quick runs one start of the engines: drop --warm-cache")
         if self.fidelity_context not in ("auto", "target", "engine"):

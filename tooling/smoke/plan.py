@@ -258,6 +258,12 @@ def render(plan: SmokePlan) -> str:
         f"{d.request.times:g} x (at least {d.request.floor_s:.0f} s); whole run "
         + ("unbounded" if d.total_s is None else f"{d.total_s:.0f} s"),
     ]
+    backend = plan.engine.distributed_executor_backend
+    if backend is not None:
+        lines.append(
+            f"servers: --distributed-executor-backend {backend} at tensor parallel "
+            f"{plan.engine.tensor_parallel_size} (the in-process engines: TP 1, no executor)"
+        )
     for wave, steps in enumerate(plan.waves()):
         for s in steps:
             where = f"GPU {','.join(map(str, s.gpus))}" if s.gpus else "CPU"

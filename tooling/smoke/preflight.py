@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import SmokeError
 from ..procs import log_tail, run_child
-from .config import GpuFacts, SmokeConfig
+from .config import RAY_VERSION, GpuFacts, SmokeConfig
 from .serving.tiny import TinySpec
 
 MODULE = "tooling.smoke.serving.preflight"
@@ -28,10 +28,10 @@ def run_preflight(
     also fills the run's cache with vLLM's view of the model classes."""
     log = workdir / "logs" / "vllm-import.log"
     out = workdir / "vllm-import.json"
-    archs = json.dumps(model_architectures(config))
-    result = run_child(
-        [python, "-m", MODULE, str(out), archs], log=log, env=env, timeout_s=timeout_s
-    )
+    argv = [python, "-m", MODULE, str(out), json.dumps(model_architectures(config))]
+    if config.engine.distributed_executor_backend == "ray":
+        argv.append("--ray")
+    result = run_child(argv, log=log, env=env, timeout_s=timeout_s)
     if result.returncode != 0 or not out.is_file():
         raise SmokeError(f"{python} cannot import vllm: {log_tail(log)} (log: {log})")
     info: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
@@ -95,6 +95,12 @@ def preflight_problem(info: dict[str, Any], config: SmokeConfig, python: str) ->
     tp = config.engine.tensor_parallel_size
     if len(gpus) < tp:
         return f"--tensor-parallel-size {tp} needs {tp} GPUs; {len(gpus)} visible"
+    if config.engine.distributed_executor_backend == "ray" and info.get("ray_error"):
+        return (
+            f"--distributed-executor-backend ray: vLLM's Ray executor cannot start for {python} "
+            f"({info['ray_error']}): install ray=={RAY_VERSION} there (the bundle's --extra "
+            f"ray=={RAY_VERSION}: ci/gpu/make-parts.sh RAY=1)"
+        )
     if config.gpus is not None and len(gpus) < config.gpus.count:
         return f"--gpus names {config.gpus.count} GPUs; {len(gpus)} visible"
     share = config.engine.gpu_memory_utilization

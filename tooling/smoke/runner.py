@@ -620,7 +620,7 @@ def _engine_request(run: _Run, plan: SmokePlan, step: Step, *, batch: bool) -> d
         "enforce_eager": engine.enforce_eager,
         "kv_cache_dtype": engine.kv_cache_dtype,
         # The in-process engine holds its model runner only at TP=1; the servers
-        # run at the requested TP.
+        # run at the requested TP and executor.
         "tensor_parallel_size": 1,
         "max_num_seqs": engine.max_num_seqs,
         "block_size": engine.block_size,

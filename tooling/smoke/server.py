@@ -110,11 +110,28 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
         cmd.append("--enforce-eager")
     if engine.disable_custom_all_reduce:
         cmd.append("--disable-custom-all-reduce")
+    if engine.distributed_executor_backend is not None:
+        cmd += ["--distributed-executor-backend", engine.distributed_executor_backend]
     if options.drafter is not None:
         spec = speculative_config(options.drafter, engine.num_speculative_tokens)
         cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     cmd += list(options.extra_args)
     return cmd
+
+
+def serve_environment(options: ServeOptions, base: Mapping[str, str]) -> dict[str, str]:
+    """A server's environment: ``base`` (a child environment), and for the Ray executor a
+    Ray instance of the server's own.
+
+    ``ray.init()`` joins the cluster that ``RAY_ADDRESS`` names, or one ``ray start`` left
+    on this host; its workers would then run where the plan did not place them, with that
+    cluster's environment (no PYTHONPATH to the build under test). ``local`` starts a new
+    instance on this server's GPUs, whose workers inherit this environment.
+    """
+    env = dict(base)
+    if options.engine.distributed_executor_backend == "ray":
+        env["RAY_ADDRESS"] = "local"
+    return env
 
 
 def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -232,7 +249,7 @@ def serve(
         cmd,
         base_url=options.base_url,
         log=log,
-        env=child_environment(env),
+        env=serve_environment(options, child_environment(env)),
         stop_grace_s=stop_grace_s,
     ) as server:
         yield server

@@ -1,9 +1,10 @@
 """Which vLLM the serving interpreter imports, whether the reference imports, and the GPUs.
 
-``python -m tooling.smoke.serving.preflight OUT.json ARCHS_JSON`` writes
-``{"version", "location", "dflash_error", "gpus", "gpu_error", "modelinfo_error"}``;
-it exits non-zero (no OUT) when vLLM does not import. ``--gpus-only`` in place of
-ARCHS_JSON asks torch for the GPUs alone (a dry run's plan, no vLLM needed).
+``python -m tooling.smoke.serving.preflight OUT.json ARCHS_JSON [--ray]`` writes
+``{"version", "location", "dflash_error", "gpus", "gpu_error", "modelinfo_error"}``, and
+with ``--ray`` ``"ray_error"`` and ``"ray_version"``; it exits non-zero (no OUT) when vLLM
+does not import. ``--gpus-only`` in place of ARCHS_JSON asks torch for the GPUs alone (a
+dry run's plan, no vLLM needed).
 
 vLLM inspects each model class in a subprocess of its own (an import of vLLM and
 torch, in each of the run's engines at once) unless ``VLLM_CACHE_ROOT/modelinfos``
@@ -35,7 +36,24 @@ def gpus() -> dict[str, Any]:
         return {"gpus": None, "gpu_error": f"{type(e).__name__}: {e}"}
 
 
-def preflight(architectures: list[str]) -> dict[str, Any]:
+def ray_executor() -> dict[str, Any]:
+    """Whether vLLM's Ray executor can start here, by vLLM's own checks: the import of Ray
+    its executor makes at start-up, and the Ray version and compiled-graph module it needs
+    at the first request (after the server has answered /health)."""
+    try:
+        from vllm.v1.executor import ray_utils
+
+        ray_utils.assert_ray_available()
+        from vllm.v1.executor.ray_executor import RayDistributedExecutor
+
+        # An instance method that reads no instance state.
+        RayDistributedExecutor._check_ray_cgraph_installation(None)
+        return {"ray_error": None, "ray_version": ray_utils.ray.__version__}
+    except Exception as e:
+        return {"ray_error": f"{type(e).__name__}: {e}", "ray_version": None}
+
+
+def preflight(architectures: list[str], ray: bool = False) -> dict[str, Any]:
     import vllm
 
     out: dict[str, Any] = {
@@ -58,12 +76,17 @@ def preflight(architectures: list[str]) -> dict[str, Any]:
         out["modelinfo_error"] = None
     except Exception as e:
         out["modelinfo_error"] = f"{type(e).__name__}: {e}"
+    if ray:
+        out.update(ray_executor())
     return out
 
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
-    result = gpus() if argv[1] == "--gpus-only" else preflight(json.loads(argv[1]))
+    if argv[1] == "--gpus-only":
+        result = gpus()
+    else:
+        result = preflight(json.loads(argv[1]), ray="--ray" in argv[2:])
     out.write_text(json.dumps(result), encoding="utf-8")
     return 0
 
