@@ -80,7 +80,8 @@ SCRIPT = textwrap.dedent(
         "max_model_len", "gpu_memory_utilization", "seed", "block_size", "generation_config",
         "enable_prompt_tokens_details", "enable_prefix_caching", "enforce_eager",
         "speculative_config", "kv_cache_dtype", "tensor_parallel_size", "max_num_seqs",
-        "language_model_only", "kv_cache_memory_bytes")}
+        "language_model_only", "kv_cache_memory_bytes", "disable_custom_all_reduce",
+        "distributed_executor_backend")}
         for args in map(parser.parse_args, argvs)]
 
     # 3. A completion answer as vLLM serialises it.
@@ -247,6 +248,8 @@ SERVE_ARGVS = [
                 enforce_eager=True,
                 kv_cache_dtype="fp8",
                 tensor_parallel_size=2,
+                disable_custom_all_reduce=True,
+                distributed_executor_backend="ray",
                 max_num_seqs=4,
                 kv_cache_memory_bytes=4 << 30,
             ),
@@ -319,6 +322,15 @@ def test_vllm_accepts_our_serve_argv(stock) -> None:
     assert production["language_model_only"] is True
     assert production["kv_cache_memory_bytes"] == 4 << 30
     assert args["kv_cache_memory_bytes"] is None
+    assert (production["disable_custom_all_reduce"], args["disable_custom_all_reduce"]) == (
+        True,
+        False,
+    )
+    # vLLM's own choice unless asked (None: mp on one host at TP > 1).
+    assert (production["distributed_executor_backend"], args["distributed_executor_backend"]) == (
+        "ray",
+        None,
+    )
 
 
 def _check_audit_hooks(audit: dict) -> None:

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Here, on the build machine: the parts host-setup.sh joins on the GPU host.
-#   make-parts.sh OUT_DIR [PART_SIZE_BYTES]   (default 60 MiB, under the transfer limit)
+#   [RAY=1] make-parts.sh OUT_DIR [PART_SIZE_BYTES]   (default 60 MiB, under the transfer limit)
 # The payload is what host-setup.sh reads: bundle/ (the contents of the one folder
 # `tooling bundle` writes) and the vLLM sdist the ablations are built from. The bundle
 # carries the toolchain's GPU-host extras: the reference dflash, GitPython for the
 # offline builds, and flash-linear-attention for the hybrid recipe's training.
 # train-wheels/ holds the wheels trained-hybrid.sh installs for the recipe alone.
+# RAY=1 adds Ray (the pin tooling/smoke/config.py RAY_VERSION names), for the smoke's
+# `--distributed-executor-backend ray` (production-smoke.sh ray-tp2): one wheel of about
+# 67 MiB, so one or two parts more; its dependencies are the host's or the bundle's
+# already (--extra adds a wheel without them).
 set -euo pipefail
 out=${1:?usage: make-parts.sh OUT_DIR [PART_SIZE_BYTES]}
 size=${2:-62914560}
@@ -15,10 +19,15 @@ cache=${VLLM_DFLASH_CACHE:-$HOME/.cache/vllm-dflash}
 wheel=$(ls "$cache"/pypi/vllm-0.20.1-*.whl)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+extras=()
+if [ "${RAY:-0}" = 1 ]; then
+  ray=$(.venv/bin/python -c 'from tooling.smoke.config import RAY_VERSION; print(RAY_VERSION)')
+  extras+=(--extra "ray==$ray")
+fi
 .venv/bin/tooling --no-progress bundle --wheel "$wheel" --out "$work/bundle" \
   --exclude-present ci/gpu/h200-image-packages.txt --extra dflash==0.1.0 \
   --extra GitPython==3.1.45 --extra gitdb==4.0.12 --extra smmap==5.0.2 \
-  --extra flash-linear-attention==0.6.0 --extra fla-core==0.6.0
+  --extra flash-linear-attention==0.6.0 --extra fla-core==0.6.0 "${extras[@]}"
 mkdir -p "$work/payload"
 mv "$work"/bundle/vllm-*-bundle-* "$work/payload/bundle"
 cp "$cache/pypi/vllm-0.20.1.tar.gz" "$work/payload/"

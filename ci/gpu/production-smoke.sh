@@ -15,6 +15,8 @@
 #            first (A), then stock (B), which must fail it
 #   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
 #   tp2      --tensor-parallel-size 2 --disable-custom-all-reduce (a 2-GPU host)
+#   ray-tp2  the seed-shaped pair at K = 15, its servers at TP=2 on vLLM's Ray executor
+#            (a 2-GPU host; PATCHED_SITE needs Ray: make-parts.sh RAY=1)
 #   seed     the seed-shaped pair (Qwen3.6-27B's depth, heads and vocabulary, z-lab's
 #            drafter layout, hidden width narrowed) at K = 15
 #   seed-full  the same at the seed's own hidden width (5120): about 56 GB of weights
@@ -29,9 +31,10 @@
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|seed|seed-full|quick}
+variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray-tp2|seed|seed-full|quick}
 : "${PATCHED_SITE:?}" "${OUT:?}"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+# Offline, and NVLink multicast off for every child: the servers' workers, Ray's included.
+. "$here/env.sh"
 cd "$here/../.." || exit 1
 mkdir -p "$OUT"
 site=$PATCHED_SITE
@@ -56,6 +59,10 @@ case $variant in
   # 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
   # (stock too): the servers use NCCL's (docs/serving.md, "Two GPUs: TP=2").
   tp2) args+=(--tensor-parallel-size 2 --disable-custom-all-reduce) ;;
+  # Each server starts a Ray instance of its own; its workers inherit the server's
+  # environment (env.sh's NCCL_NVLS_ENABLE=0 among it).
+  ray-tp2) args+=(--tiny-arch seed --num-speculative-tokens 15 --tensor-parallel-size 2
+    --disable-custom-all-reduce --distributed-executor-backend ray) ;;
   seed) args+=(--tiny-arch seed --num-speculative-tokens 15) ;;
   seed-full) args+=(--tiny-arch seed --tiny-hidden-size 5120 --num-speculative-tokens 15) ;;
   quick) args+=(--quick) ;;
@@ -77,6 +84,6 @@ for c in r.get("checks", []):
     print(f"{c['number']:>2} {c['id']:<16} {c['status']:<5} {c['evidence'][:200]}")
 print(r.get("summary") or r.get("error"))
 PY
-# Nothing may be left running: list any vLLM process this run left behind.
-[ -n "${SHARED_GPU:-}" ] || pgrep -af "vllm.entrypoints|tooling.smoke" || true
+# Nothing may be left running: list any vLLM or Ray process this run left behind.
+[ -n "${SHARED_GPU:-}" ] || pgrep -af "vllm.entrypoints|tooling.smoke|raylet|gcs_server|ray::" || true
 exit $rc
