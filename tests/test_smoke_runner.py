@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tooling.errors import SmokeError
+from tooling.errors import SmokeCapacityError, SmokeError
 from tooling.smoke import GpuFacts, SmokeConfig, Timeouts, describe_plan, format_table, run_smoke
 from tooling.smoke.checks import ERROR, FAIL, INFO, PASS, SKIP
 from tooling.smoke.serving.tiny import TinySpec, hybrid_config, target_config
@@ -441,7 +441,6 @@ def test_spent_time_limit_still_writes_the_report_and_stops_servers(
             {},
             "GPU 0 has 20.0 GiB free of 140.0 GiB; vLLM needs --gpu-memory-utilization 0.3",
         ),
-        ({}, {"tensor_parallel_size": 2}, "--tensor-parallel-size 2 needs 2 GPUs; 1 visible"),
         ({}, {"run_fidelity": True}, "the reference package dflash does not import for"),
     ],
 )
@@ -459,6 +458,19 @@ def test_preflight_stops_a_run_that_cannot_start_in_one_line(
         run_smoke(config, notify=lambda m: None)
     assert "\n" not in str(raised.value) and "vllm-import.log" in str(raised.value)
     # Nothing was started: no server log.
+    assert not (tmp_path / "smoke" / "logs" / "serve-dflash.log").exists()
+
+
+def test_fewer_gpus_than_the_tensor_parallel_size_is_exit_24_as_in_a_dry_run(
+    tmp_path, standin_vllm
+) -> None:
+    from dataclasses import replace
+
+    config = _config(tmp_path, *standin_vllm)
+    config = replace(config, engine=replace(config.engine, tensor_parallel_size=2))
+    needs = "--tensor-parallel-size 2 needs 2 GPUs; 1 visible"
+    with pytest.raises(SmokeCapacityError, match=needs):
+        run_smoke(config, notify=lambda m: None)
     assert not (tmp_path / "smoke" / "logs" / "serve-dflash.log").exists()
 
 
