@@ -96,8 +96,8 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
         running.most = 0
         outputs: list[list[int]] = []
         per_prompt: list[dict[str, Any]] = []
+        ahead = before
         for start in range(0, len(prompts), level):
-            ahead = _spec(llm)
             done = _generate(
                 llm, prompts[start : start + level], request.acceptance_max_new_tokens, None
             )
@@ -105,6 +105,7 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
             if level == 1:
                 behind = _spec(llm)
                 per_prompt.append({k: _delta(behind, ahead, k) for k in PER_PROMPT})
+                ahead = behind
         after = _spec(llm)
         out[str(level)] = {
             "outputs": outputs,
