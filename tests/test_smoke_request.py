@@ -12,11 +12,13 @@ from tooling.smoke import GpuFacts, SmokeConfig
 from tooling.smoke.request import SmokeRequest, smoke_requested
 
 
-def test_a_dry_run_makes_the_workdir_and_returns_the_plan(tmp_path: Path) -> None:
+def test_a_dry_run_returns_the_plan_and_writes_nothing(tmp_path: Path) -> None:
     workdir = tmp_path / "w"
     config = SmokeConfig(workdir=workdir, tiny=True, gpus=GpuFacts(1, 141 * 2**30))
-    outcome = smoke_requested(SmokeRequest(config, tmp_path, dry_run=True))
-    assert workdir.is_dir()
+    # A wheel that is not there: a plan does not install it.
+    request = SmokeRequest(config, tmp_path, wheel=tmp_path / "absent.whl", dry_run=True)
+    outcome = smoke_requested(request)
+    assert list(tmp_path.iterdir()) == []
     assert outcome.failure is None
     assert outcome.data["ok"] is True
     plan = outcome.data["plan"]
@@ -36,6 +38,18 @@ def test_a_stock_site_and_a_stock_wheel_together_are_refused(tmp_path: Path) -> 
         smoke_requested(request)
 
 
+@pytest.mark.parametrize("which", ["trained", "trained_hybrid"])
+def test_a_dry_run_of_the_trained_pairs_is_refused_before_anything_runs(
+    tmp_path: Path, which: str
+) -> None:
+    request = SmokeRequest(
+        SmokeConfig(workdir=tmp_path / "w"), tmp_path / "cache", dry_run=True, **{which: True}
+    )
+    with pytest.raises(SmokeError, match=r"^--dry-run prints a smoke's plan, which --trained "):
+        smoke_requested(request)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_bad_engine_is_refused_before_training(tmp_path: Path) -> None:
     request = SmokeRequest(
         SmokeConfig(workdir=tmp_path / "w"), tmp_path / "cache", trained=True, engines=("bad",)
@@ -43,3 +57,12 @@ def test_a_bad_engine_is_refused_before_training(tmp_path: Path) -> None:
     with pytest.raises(SmokeError, match=r"^--engine 'bad': expected NAME=DIR"):
         smoke_requested(request)
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_dry_run_that_cannot_see_gpus_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    """This interpreter has no GPU (or no torch): the query's own log is gone with its scratch
+    folder, so the line carries its reason."""
+    config = SmokeConfig(workdir=tmp_path / "w", tiny=True)
+    with pytest.raises(SmokeError, match=r"cannot query the GPUs \(.+\): give --gpus COUNTxGIB"):
+        smoke_requested(SmokeRequest(config, tmp_path, dry_run=True))
+    assert list(tmp_path.iterdir()) == []

@@ -57,6 +57,17 @@ def smoke_requested(
     """Run ``request``; ``notify`` hears the smoke run's progress lines."""
     config = request.config
     workdir = config.workdir
+    if request.stock_wheel is not None and config.other_site is not None:
+        raise SmokeError("give --stock-site or --stock-wheel, not both")
+    if request.dry_run:
+        if request.trained or request.trained_hybrid:
+            raise SmokeError(
+                "--dry-run prints a smoke's plan, which --trained and --trained-hybrid do not "
+                "make: drop one of them"
+            )
+        # A plan writes nothing: no workdir, no install of --wheel.
+        plan = describe_plan(config)
+        return SmokeOutcome({"ok": True, "plan": plan.to_json()}, render(plan))
     workdir.mkdir(parents=True, exist_ok=True)
     if request.wheel is not None:
         put_first(install_for_smoke(request.wheel.resolve(), workdir / "site"))
@@ -84,14 +95,9 @@ def smoke_requested(
             hybrid.text,
             None if hybrid.ok else f"the trained hybrid pair's checks failed (see {workdir})",
         )
-    if request.stock_wheel is not None and config.other_site is not None:
-        raise SmokeError("give --stock-site or --stock-wheel, not both")
-    if request.stock_wheel is not None and not request.dry_run:
+    if request.stock_wheel is not None:
         stock_site = install_for_smoke(request.stock_wheel.resolve(), workdir / "stock-site")
         config = replace(config, other_site=str(stock_site.resolve()))
-    if request.dry_run:
-        plan = describe_plan(config)
-        return SmokeOutcome({"ok": True, "plan": plan.to_json()}, render(plan))
     report = run_smoke(config, notify=notify)
     return SmokeOutcome(
         report.to_json(), format_table(report), None if report.passed else report.summary_line()

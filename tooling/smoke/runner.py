@@ -27,6 +27,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -314,7 +315,10 @@ def describe_plan(config: SmokeConfig) -> SmokePlan:
     gpus = config.gpus
     if gpus is None:
         python = config.python or sys.executable
-        gpus = query_gpus(python, config.workdir.resolve(), child_environment(), GPU_QUERY_S)
+        # The query's files go to a scratch folder: a plan writes nothing (a failed query
+        # names the log's last lines).
+        with tempfile.TemporaryDirectory(prefix="smoke-plan-") as scratch:
+            gpus = query_gpus(python, Path(scratch), child_environment(), GPU_QUERY_S)
     return plan_smoke(config, pair, gpus)
 
 
