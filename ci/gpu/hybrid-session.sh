@@ -1,45 +1,82 @@
 #!/usr/bin/env bash
 # One H200 session's GPU work on the seed's family, in the background: longer than one device
 # command, so every step after the install runs under setsid and later commands collect.
-#   hybrid-session.sh start PARTS   join and install the bundle, start the trained hybrid
-#                                   pair's recipe, then the rest below in its own session
+#   hybrid-session.sh start PARTS [STEP ...]  join and install the bundle, start the trained
+#                                   hybrid pair's recipe if `trained` is asked for, then the
+#                                   engines' installs and the STEPs, one after another, in a
+#                                   session of their own
 #   hybrid-session.sh collect       where it stands, and what has finished, into $OUT
-# The rest, one after another while the recipe trains: the engines' installs
-# (host-setup.sh build), the seed-shaped smoke on the fixed wheel (production-smoke.sh seed),
-# the same pair on stock with --quick (--expect stock: its first tokens of K+1-token prompts
-# must be wrong); then the trained pair's calls (trained-hybrid.sh chain), once it is written.
-# The smokes share the GPU with the training: their wall times are upper bounds.
+# STEPs, in the order given (default: seed seed-stock trained, what fits one session's 30
+# device minutes with the recipe's training beside the smokes):
+#   seed        production-smoke.sh seed: the seed-shaped pair at K = 15 on the fixed wheel
+#   seed-stock  the same pair on stock with --quick (--expect stock: its first tokens of
+#               K+1-token prompts must be wrong)
+#   tiny        production-smoke.sh default: the --tiny hybrid default
+#   ray         production-smoke.sh ray: the seed-shaped pair's servers on Ray at TP=1
+#               (parts made with RAY=1 make-parts.sh)
+#   ray-tp2     the same at TP=2 (a 2-GPU host)
+#   seed-full   production-smoke.sh seed-full: the pair at the seed's width, 57 GB on the
+#               host's disk, so with no ablation installs beside it (ask for it without
+#               `trained`)
+#   trained     trained-hybrid.sh chain: the trained pair's calls, once its recipe (started
+#               first, beside the steps before it) has written the pair
+# A smoke beside the training shares the GPU with it: its wall time is an upper bound.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-step=${1:?usage: hybrid-session.sh start PARTS|collect}
+usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|trained ...]|collect"
+step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
 case $step in
   start)
-    parts=${2:?usage: hybrid-session.sh start PARTS}
+    parts=${2:?$usage}
+    shift 2
+    steps=("$@")
+    [ ${#steps[@]} -gt 0 ] || steps=(seed seed-stock trained)
+    for s in "${steps[@]}"; do
+      case $s in
+        seed|seed-stock|tiny|ray|ray-tp2|seed-full|trained) ;;
+        *) echo "error: hybrid-session.sh: unknown step $s ($usage)" >&2; exit 2 ;;
+      esac
+    done
+    [[ " ${steps[*]} " == *" trained "* && " ${steps[*]} " == *" seed-full "* ]] && {
+      echo "error: hybrid-session.sh: seed-full's 57 GB leave no disk for trained's installs: one per session" >&2
+      exit 2; }
     mkdir -p "$session"
     bash "$here/host-setup.sh" "$parts" install || exit 1
-    bash "$here/trained-hybrid.sh" train || exit 1
-    setsid nohup bash "$here/hybrid-session.sh" background "$parts" \
+    if [[ " ${steps[*]} " == *" trained "* ]]; then
+      bash "$here/trained-hybrid.sh" train || exit 1
+    fi
+    setsid nohup bash "$here/hybrid-session.sh" background "$parts" "${steps[@]}" \
       > "$session/session.log" 2>&1 < /dev/null &
-    echo "session started (pid $!), log $session/session.log"
+    echo "session started (pid $!): ${steps[*]}; log $session/session.log"
     ;;
   background)
     parts=${2:?}
+    shift 2
+    # Only the trained pair's calls serve the ablations.
+    ablations=""
+    [[ " $* " == *" trained "* ]] && ablations="dflash-layer-id-offset dflash-swa-config eagle-cache-drop"
     mark "building the engines' installs"
-    PROBES=0 ABLATIONS="dflash-layer-id-offset dflash-swa-config eagle-cache-drop" \
-      bash "$here/host-setup.sh" "$parts" build > "$session/build.log" 2>&1 || {
-      mark "build failed: $session/build.log"; exit 1; }
+    PROBES=0 ABLATIONS=$ablations bash "$here/host-setup.sh" "$parts" build \
+      > "$session/build.log" 2>&1 || { mark "build failed: $session/build.log"; exit 1; }
     export PATCHED_SITE=$ENGINES/patched:$SITE STOCK_SITE=$ENGINES/stock SHARED_GPU=1
-    mark "seed-shaped smoke, fixed wheel"
-    OUT=$session/seed bash "$here/production-smoke.sh" seed > "$session/seed.txt" 2>&1
-    mark "seed-shaped smoke, fixed wheel: exit $?"
-    OUT=$session/seed-stock SMOKE_ARGS="--tiny-arch seed --num-speculative-tokens 15 --quick" \
-      bash "$here/production-smoke.sh" stock > "$session/seed-stock.txt" 2>&1
-    mark "seed-shaped smoke, stock --quick: exit $?"
-    bash "$here/trained-hybrid.sh" chain > "$session/trained.txt" 2>&1
-    mark "trained pair: exit $?"
+    for s in "$@"; do
+      mark "$s"
+      case $s in
+        seed-stock)
+          OUT=$session/seed-stock SMOKE_ARGS="--tiny-arch seed --num-speculative-tokens 15 --quick" \
+            bash "$here/production-smoke.sh" stock > "$session/seed-stock.txt" 2>&1 ;;
+        tiny)
+          OUT=$session/tiny bash "$here/production-smoke.sh" default > "$session/tiny.txt" 2>&1 ;;
+        trained)
+          bash "$here/trained-hybrid.sh" chain > "$session/trained.txt" 2>&1 ;;
+        *)
+          OUT=$session/$s bash "$here/production-smoke.sh" "$s" > "$session/$s.txt" 2>&1 ;;
+      esac
+      mark "$s: exit $?"
+    done
     ;;
   collect)
     : "${OUT:?}"
@@ -53,7 +90,7 @@ case $step in
     ls -la "$OUT"
     ;;
   *)
-    echo "usage: hybrid-session.sh start PARTS|collect" >&2
+    echo "$usage" >&2
     exit 2
     ;;
 esac

@@ -15,8 +15,10 @@
 #            first (A), then stock (B), which must fail it
 #   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
 #   tp2      --tensor-parallel-size 2 --disable-custom-all-reduce (a 2-GPU host)
-#   ray-tp2  the seed-shaped pair at K = 15, its servers at TP=2 on vLLM's Ray executor
-#            (a 2-GPU host; PATCHED_SITE needs Ray: make-parts.sh RAY=1)
+#   ray      the seed-shaped pair at K = 15, its servers on vLLM's Ray executor at TP=1: on
+#            one GPU, Ray's workers and the synchronous spec-decode path Ray brings
+#            (PATCHED_SITE needs Ray: make-parts.sh RAY=1)
+#   ray-tp2  the same at TP=2 (a 2-GPU host)
 #   seed     the seed-shaped pair (Qwen3.6-27B's depth, heads and vocabulary, z-lab's
 #            drafter layout, hidden width narrowed) at K = 15
 #   seed-full  the same at the seed's own hidden width (5120): about 56 GB of weights
@@ -31,7 +33,7 @@
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray-tp2|seed|seed-full|quick}
+variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray|ray-tp2|seed|seed-full|quick}
 : "${PATCHED_SITE:?}" "${OUT:?}"
 # Offline, and NVLink multicast off for every child: the servers' workers, Ray's included.
 . "$here/env.sh"
@@ -61,6 +63,7 @@ case $variant in
   tp2) args+=(--tensor-parallel-size 2 --disable-custom-all-reduce) ;;
   # Each server starts a Ray instance of its own; its workers inherit the server's
   # environment (env.sh's NCCL_NVLS_ENABLE=0 among it).
+  ray) args+=(--tiny-arch seed --num-speculative-tokens 15 --distributed-executor-backend ray) ;;
   ray-tp2) args+=(--tiny-arch seed --num-speculative-tokens 15 --tensor-parallel-size 2
     --disable-custom-all-reduce --distributed-executor-backend ray) ;;
   seed) args+=(--tiny-arch seed --num-speculative-tokens 15) ;;
