@@ -34,6 +34,7 @@ from tooling.release.bundle_plan import (
 from tooling.release.download import download as download_wheels
 from tooling.release.download import platform_tags, resolve, uv_platform
 from tooling.release.lock import Requirement, parse_lock
+from tooling.release.split import split_bundle
 
 from .wheels import build_wheel
 
@@ -375,6 +376,20 @@ def test_join_names_a_corrupt_or_missing_part(local_bundle, tmp_path: Path) -> N
     missing = _join(parts, tmp_path / "dest")
     assert missing.returncode == 1
     assert f"{second.name} is missing" in missing.stderr
+
+
+def test_join_takes_a_thousand_parts_and_more_in_their_order(tmp_path: Path) -> None:
+    """Part names carry three digits at least: part-1000 sorts before part-101 by name,
+    so the join must follow the numbers."""
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    payload = os.urandom(24_000)
+    (bundle / "data.bin").write_bytes(payload)
+    parts_dir, parts = split_bundle(bundle, tmp_path / "parts", 24, show_progress=False)
+    assert len(parts) > 1000
+    joined = _join(parts_dir, tmp_path / "dest")
+    assert joined.returncode == 0, joined.stderr
+    assert (tmp_path / "dest" / "b" / "data.bin").read_bytes() == payload
 
 
 @pytest.mark.slow

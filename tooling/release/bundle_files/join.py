@@ -33,7 +33,11 @@ def main(argv: "list[str]") -> int:
                 value, name = line.split(None, 1)
                 sums[name.strip().lstrip("*")] = value
     archive = next(n for n in sums if n.endswith(".tar"))
-    parts = sorted(n for n in sums if n.startswith(archive + ".part-"))
+    # By number: names carry three digits at least, so part-1000 sorts before part-101.
+    parts = sorted(
+        (n for n in sums if n.startswith(archive + ".part-")),
+        key=lambda n: int(n.rsplit("-", 1)[1]),
+    )
     bad = []
     for name in parts:
         path = os.path.join(HERE, name)
