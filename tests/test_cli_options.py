@@ -86,6 +86,43 @@ def test_bundle_reads_the_wheel_from_dist(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (("--num-speculative-tokens", "0"), "'--num-speculative-tokens': 0 is not in the range"),
+        (("--tensor-parallel-size", "0"), "'--tensor-parallel-size': 0 is not in the range x>=1"),
+        (("--gpu-memory-utilization", "0"), "0.0 is not in the range 0.0<x<=1.0"),
+        (("--gpu-memory-utilization", "1.5"), "1.5 is not in the range 0.0<x<=1.0"),
+        (("--kv-cache-memory-bytes", "-1"), "'--kv-cache-memory-bytes': -1 is not in the range"),
+        (("--time-limit", "0"), "'--time-limit': 0.0 is not in the range x>0.0"),
+        (("--tiny-hidden-size", "0"), "'--tiny-hidden-size': 0 is not in the range x>=1"),
+        (("--min-acceptance-length", "1"), "1.0 is not in the range x>1.0"),
+        (("--fidelity-gate", "0"), "'--fidelity-gate': 0.0 is not in the range 0.0<x<=1.0"),
+    ],
+)
+def test_a_smoke_figure_out_of_range_is_a_usage_error_before_any_plan(tmp_path, args, message):
+    """A zero or negative K or tensor-parallel size used to print a plan with exit 0 (or fail
+    dividing by zero): no engine could serve it."""
+    workdir = tmp_path / "w"
+    result = run(
+        "smoke", "--tiny", "--dry-run", "--gpus", "1x141", "--workdir", str(workdir), *args,
+        "--json",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert message in json.loads(result.stdout)["error"]
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("patch", "status", "--workers", "0"), ("build", "--max-jobs", "0")],
+)
+def test_a_worker_count_below_one_is_a_usage_error(args):
+    result = run(*args, "--json")
+    assert result.exit_code == 2, result.output
+    assert "0 is not in the range x>=1" in json.loads(result.stdout)["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
         (("fetch", "--bogus", "--json"), "No such option '--bogus'"),
         (("fetch", "--json", "--bogus"), "No such option '--bogus'"),
         (
@@ -94,7 +131,7 @@ def test_bundle_reads_the_wheel_from_dist(tmp_path):
         ),
         (("--bogus", "fetch", "--json"), "No such option '--bogus'"),
         (("patch", "--bogus", "status", "--json"), "No such option '--bogus'"),
-        (("patch", "status", "--workers", "many", "--json"), "'many' is not a valid integer."),
+        (("patch", "status", "--workers", "many", "--json"), "'many' is not a valid integer"),
         (("bogus", "--json"), "No such command 'bogus'."),
         (
             ("build", "--ref", "v0.22.0", "--json"),

@@ -73,7 +73,9 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
     type=click.Path(path_type=Path, exists=True),
     help="Source mode: interpreter with a CUDA torch that runs vLLM's build.",
 )
-@click.option("--max-jobs", type=int, help="Source mode: MAX_JOBS for the compiler.")
+@click.option(
+    "--max-jobs", type=click.IntRange(min=1), help="Source mode: MAX_JOBS for the compiler."
+)
 @click.option(
     "--cuda-arch-list", default="9.0", show_default=True, help="Source mode: TORCH_CUDA_ARCH_LIST."
 )

@@ -141,7 +141,9 @@ def patch_group(
     show_default=True,
     help="Comma-separated releases, or all pinned ones.",
 )
-@click.option("--workers", type=int, default=os.cpu_count() or 2, show_default=True)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=os.cpu_count() or 2, show_default=True
+)
 @click.option(
     "--no-probes",
     is_flag=True,

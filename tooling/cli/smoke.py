@@ -34,19 +34,30 @@ from .options import emit, json_option, settings_of
     show_default=True,
     help="stock: a negative control (checks 2-5 must fail).",
 )
-@click.option("--min-acceptance-length", type=float)
-@click.option("--fidelity-gate", type=float, default=0.99, show_default=True)
+# Every step yields at least one token, so a floor of 1 or less could not fail.
+@click.option("--min-acceptance-length", type=click.FloatRange(min=1.0, min_open=True))
+@click.option(
+    "--fidelity-gate",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=0.99,
+    show_default=True,
+)
 @click.option("--no-fidelity", is_flag=True, help="Skip the in-process reference comparison.")
-@click.option("--num-speculative-tokens", type=int, default=3, show_default=True)
-@click.option("--gpu-memory-utilization", type=float, default=0.3, show_default=True)
+@click.option("--num-speculative-tokens", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--gpu-memory-utilization",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=0.3,
+    show_default=True,
+)
 @click.option(
     "--kv-cache-memory-bytes",
-    type=int,
+    type=click.IntRange(min=1),
     help="Fixed KV-cache size per engine, no memory profiling (for runs sharing a GPU).",
 )
 @click.option(
     "--time-limit",
-    type=float,
+    type=click.FloatRange(min=0.0, min_open=True),
     help="Seconds for the whole run (default: none; every step has its own limit, "
     "scaled to the first engine's measured start).",
 )
@@ -60,7 +71,7 @@ from .options import emit, json_option, settings_of
 )
 @click.option(
     "--tiny-hidden-size",
-    type=int,
+    type=click.IntRange(min=1),
     help="With --tiny-arch seed: the hidden width (5120 is the seed's own).",
 )
 @click.option(
@@ -76,7 +87,7 @@ from .options import emit, json_option, settings_of
 )
 @click.option("--enforce-eager", is_flag=True, help="Eager mode (default: compiled + CUDA graphs).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="e.g. fp8.")
-@click.option("--tensor-parallel-size", type=int, default=1, show_default=True)
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--disable-custom-all-reduce",
     is_flag=True,
