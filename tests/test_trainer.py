@@ -389,6 +389,21 @@ def _train(*args: str) -> Any:
             "error: recipe settings: a hybrid target of 16 layers has 4 attention layers, "
             "fewer than the drafter's 5\n",
         ),
+        (
+            ["--set", "block_size=four"],
+            "error: recipe settings: --set 'block_size=four': block_size takes int\n",
+        ),
+        (
+            ["--set", "target_layer_ids=1,x"],
+            "error: recipe settings: --set 'target_layer_ids=1,x': target_layer_ids takes "
+            "tuple[int, ...]\n",
+        ),
+        # Was a ZeroDivisionError (exit 1) checking num_heads % num_kv_heads.
+        (["--set", "num_kv_heads=0"], "error: recipe settings: num_kv_heads 0: must be above 0\n"),
+        (
+            ["--set", "target_time_cap_s=-5"],
+            "error: recipe settings: target_time_cap_s -5.0: must not be negative\n",
+        ),
     ],
 )
 def test_train_refuses_bad_settings_before_starting_anything(args: list[str], message: str) -> None:

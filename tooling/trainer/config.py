@@ -145,6 +145,12 @@ class RecipeConfig:
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work together."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if any(v < 0 for v in _numbers(value)):
+                raise ValueError(f"{f.name} {value}: must not be negative")
+            if f.name in POSITIVE and not value:
+                raise ValueError(f"{f.name} {value}: must be above 0")
         # HF's last hidden state is after the final norm, while vLLM captures the raw
         # residual stream: the two agree only for ids up to num_layers - 2.
         if any(i < 0 or i > self.target_layers - 2 for i in self.target_layer_ids):
@@ -311,6 +317,52 @@ PRESETS["hybrid-smoke"] = replace(
 )
 
 
+#: Sizes and counts a run cannot do without (the other numbers may be 0: none, or off).
+POSITIVE = frozenset(
+    {
+        "vocab_size",
+        "target_layers",
+        "hidden_size",
+        "target_intermediate",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "target_seq_len",
+        "target_batch",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_head_dim",
+        "eval_tokens",
+        "data_prompt_len",
+        "data_gen_len",
+        "data_sequences",
+        "gen_batch",
+        "feature_batch",
+        "data_eval_sequences",
+        "sliding_window",
+        "block_size",
+        "drafter_intermediate",
+        "drafter_steps",
+        "drafter_batch",
+        "anchors_per_seq",
+        "num_prompts",
+        "prompt_len",
+        "max_new_tokens",
+        "lossless_new_tokens",
+        "log_every",
+        "max_file_bytes",
+        "wall_budget_s",
+    }
+)
+
+
+def _numbers(value: Any) -> tuple[Any, ...]:
+    """A setting's numbers: itself, or a tuple's items (no bools, no strings)."""
+    items = value if isinstance(value, tuple) else (value,)
+    return tuple(v for v in items if isinstance(v, int | float) and not isinstance(v, bool))
+
+
 def _convert(raw: str, annotation: Any) -> Any:
     """``raw`` as the field's type (int, float, str, optional int, tuple of int or str)."""
     text = str(annotation)
@@ -336,7 +388,12 @@ def apply_overrides(cfg: RecipeConfig, pairs: list[str]) -> RecipeConfig:
         key = key.strip().replace("-", "_")
         if not sep or key not in names:
             raise ValueError(f"--set {pair!r}: expected KEY=VALUE with KEY one of the settings")
-        changes[key] = _convert(raw.strip(), hints[key])
+        try:
+            changes[key] = _convert(raw.strip(), hints[key])
+        except ValueError:
+            hint = hints[key]
+            kind = hint.__name__ if isinstance(hint, type) else str(hint)
+            raise ValueError(f"--set {pair!r}: {key} takes {kind}") from None
     return replace(cfg, **changes)
 
 
