@@ -212,6 +212,30 @@ def test_a_pair_the_smoke_cannot_serve_is_refused_in_one_line(
     assert exit_code_for(e.value) == 23 and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(("k", "placed"), [(15, True), (16, False)])
+def test_k_is_bounded_by_the_drafters_block(pair27, tmp_path, k, placed) -> None:
+    """z-lab's drafter states block_size 16 at the top level: 15 tokens a step at most (vLLM
+    would serve 16, with a last draft position the drafter never learned)."""
+    c = config(
+        tmp_path,
+        target=str(pair27[0]),
+        drafter=str(pair27[1]),
+        engine=EngineSettings(num_speculative_tokens=k),
+    )
+    pair = pair_facts(c)
+    assert pair.drafter.block_size == 16
+    if placed:
+        assert plan_smoke(c, pair, gpus(2)).engine.num_speculative_tokens == 15
+        return
+    with pytest.raises(SmokePairError) as e:
+        plan_smoke(c, pair, gpus(2))
+    assert str(e.value) == (
+        f"{pair27[1]}: its block_size 16 drafts at most 15 tokens a step; "
+        "--num-speculative-tokens 16 asks for more"
+    )
+    assert exit_code_for(e.value) == 23
+
+
 def test_weights_without_safetensors_are_refused(tmp_path) -> None:
     spec = TinySpec.for_arch("hybrid")
     target, drafter = tmp_path / "t", tmp_path / "d"

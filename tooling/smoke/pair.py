@@ -50,6 +50,9 @@ class ModelFacts:
     vocab_size: int = 0
     multimodal: bool = False
     """A vision tower beside the language model (served with ``--language-model-only``)."""
+    block_size: int | None = None
+    """A DFlash drafter's block, as its config states it: the step's last token and the
+    masks it drafts, so K is at most ``block_size - 1``."""
 
     @property
     def hybrid(self) -> bool:
@@ -172,7 +175,15 @@ def facts_from_config(
         recurrent_state_bytes=_recurrent_state_bytes(text) if linear else 0,
         vocab_size=int(text.get("vocab_size", 0)),
         multimodal="vision_config" in config,
+        block_size=_block_size(config) if drafter else None,
     )
+
+
+def _block_size(config: dict[str, Any]) -> int | None:
+    """A drafter's block size: z-lab's drafters state it at the top level, the reference
+    package's ``dflash_config`` too."""
+    value = config.get("block_size", (config.get("dflash_config") or {}).get("block_size"))
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def refusal(target: dict[str, Any], drafter: dict[str, Any], names: tuple[str, str]) -> str | None:

@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ..errors import SmokeCapacityError
+from ..errors import SmokeCapacityError, SmokePairError
 from . import checks
 from .config import (
     FIDELITY_LENGTHS,
@@ -376,12 +376,19 @@ def _fit(gpus: list[_Gpu], need: int, count: int, exclude: set[int]) -> tuple[in
 
 def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePlan:
     """The plan for ``config``'s run of ``pair`` on ``gpus`` (pure). SmokeCapacityError,
-    one line naming the figures, when an engine does not fit one GPU's usable memory."""
+    one line naming the figures, when an engine does not fit one GPU's usable memory;
+    SmokePairError when K is more than the drafter's block drafts."""
     config.validate()
     python = config.python or sys.executable
     workdir = config.workdir.resolve()
     target_info = TargetInfo(hybrid=pair.target.hybrid, multimodal=pair.target.multimodal)
     base = config.engine_settings(target_info.hybrid)
+    k, block = base.num_speculative_tokens, pair.drafter.block_size
+    if block is not None and k > block - 1:
+        raise SmokePairError(
+            f"{pair.drafter.path}: its block_size {block} drafts at most {block - 1} tokens a "
+            f"step; --num-speculative-tokens {k} asks for more"
+        )
     tp = base.tensor_parallel_size
     if gpus.count < tp:
         raise SmokeCapacityError(
