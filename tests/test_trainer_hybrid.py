@@ -88,10 +88,15 @@ def test_hybrid_recipe_writes_a_pair_of_the_seeds_family(hybrid_run: dict[str, A
     for k, per_prompt in runs.items():
         assert len(per_prompt) == len(prompts["prompts"])
         assert all(set(r["drafted_per_step"]) == {int(k)} for r in per_prompt)
+    # Each place took the most decisive of its seeded windows; the recipe names how near a
+    # tie each chosen completion came (prefix-a-again repeats prefix-a: one completion).
+    choice = prompts["lossless_choice"]
+    assert (choice["candidates"], choice["near_tie"]) == (3, 2**-3)
+    distinct = [p for p in prompts["lossless"] if p["name"] != "prefix-a-again"]
+    assert set(choice["near_ties"]) == {p["name"] for p in distinct}
+    assert all(0 <= choice["near_ties"][p["name"]] <= p["max_new_tokens"] for p in distinct)
     floors = summary["floors"]
-    assert floors["target_margin_positions"] == 2 * 16 + sum(
-        p["max_new_tokens"] for p in prompts["lossless"]
-    )
+    assert floors["target_margin_positions"] == 2 * 16 + sum(p["max_new_tokens"] for p in distinct)
     assert floors["floor_speculative_tokens"] == 3
     # transformers loads a qwen3_5 target's tokenizer as its own class; it must encode alike.
     assert summary["reload"]["tokenizer_roundtrip"] is True

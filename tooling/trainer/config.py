@@ -15,7 +15,7 @@ from typing import Any
 from .hybrid import FULL_ATTENTION_INTERVAL
 
 # Bump when the recipe's behaviour changes in a way the settings do not show.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 ARCHES = ("qwen3", "hybrid")
 
@@ -117,6 +117,7 @@ class RecipeConfig:
     # block size B serves any K < B).
     reference_speculative_tokens: tuple[int, ...] = ()
     lossless_new_tokens: int = 48  # per prompt of the lossless check (but the one to the end)
+    lossless_candidates: int = 16  # seeded windows per prompt, the most decisive kept
 
     # Quality floors (0: none). A run short of one ends with TrainingError, naming the figure,
     # and writes no pair: a lossless check needs a decisive target (near-ties flip under any
@@ -245,6 +246,7 @@ PRESETS: dict[str, RecipeConfig] = {
         prompt_len=32,
         max_new_tokens=16,
         crosscheck_prompts=2,
+        lossless_candidates=3,
         wall_budget_s=400.0,
         reserve_s=20.0,
     ),
@@ -350,6 +352,7 @@ POSITIVE = frozenset(
         "prompt_len",
         "max_new_tokens",
         "lossless_new_tokens",
+        "lossless_candidates",
         "log_every",
         "max_file_bytes",
         "wall_budget_s",

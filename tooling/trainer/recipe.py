@@ -229,7 +229,7 @@ def _train_into(
     import numpy as np
     import torch
 
-    from .checked import engine_settings, lossless_prompts
+    from .checked import NEAR_TIE, choose_decisive, engine_settings, lossless_slots
     from .checkpoints import check_saved, load_drafter, load_target, same_weights
     from .drafter import (
         build_drafter,
@@ -242,6 +242,7 @@ def _train_into(
     from .preflight import preflight
     from .reference_accept import (
         drafter_floor,
+        greedy_margins,
         plain_greedy,
         reference_summary,
         select_prompts,
@@ -320,7 +321,7 @@ def _train_into(
     on_device = {s: torch.from_numpy(streams[s].astype(np.int64)).to(device) for s in SPLITS}
 
     def decisiveness() -> float:
-        return statistics.median(plain_greedy(cfg, target, prompts, []).all_margins())
+        return statistics.median(plain_greedy(cfg, target, prompts, {}).all_margins())
 
     tres = train_target(
         target, on_device[TRAIN], cfg, log, decisiveness if cfg.min_target_margin else None
@@ -362,15 +363,30 @@ def _train_into(
         ],
     }
     engine = engine_settings(cfg.max_position_embeddings)
-    checked = lossless_prompts(
-        streams[HELDOUT], cfg.speculative_tokens, engine, cfg.lossless_new_tokens, cfg.seed + 505
+    slots = lossless_slots(
+        streams[HELDOUT],
+        cfg.speculative_tokens,
+        engine,
+        cfg.lossless_new_tokens,
+        cfg.seed + 505,
+        cfg.lossless_candidates,
+    )
+    chosen = choose_decisive(slots, lambda batch: greedy_margins(target, batch))
+    log(
+        f"lossless prompts: the most decisive of {cfg.lossless_candidates} windows each; "
+        f"greedy choices within {NEAR_TIE} of a tie: {chosen.near_ties}"
     )
     prompts_doc["speculative_tokens"] = list(cfg.speculative_tokens)
     prompts_doc["engine"] = engine
-    prompts_doc["lossless"] = [c.to_json() for c in checked]
+    prompts_doc["lossless"] = [c.to_json() for c in chosen.prompts]
+    prompts_doc["lossless_choice"] = {
+        "candidates": cfg.lossless_candidates,
+        "near_tie": NEAR_TIE,
+        "near_ties": chosen.near_ties,
+    }
     write_json(work.prompts, prompts_doc)
     # The target's floor first: a target that is not decisive makes the rest worthless.
-    plain = plain_greedy(cfg, target, prompts, checked)
+    plain = plain_greedy(cfg, target, prompts, chosen.margins)
     floors = target_floor(cfg, plain, log)
     lap("target_floor")
 

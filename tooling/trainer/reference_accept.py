@@ -342,22 +342,30 @@ class PlainGreedy:
 
 @torch.inference_mode()
 def plain_greedy(
-    cfg: RecipeConfig, target: nn.Module, prompts: list[Prompt], checked: list[CheckedPrompt]
+    cfg: RecipeConfig,
+    target: nn.Module,
+    prompts: list[Prompt],
+    checked_margins: dict[str, list[float]],
 ) -> PlainGreedy:
-    """Greedy runs of the target alone on every prompt the pair's checks serve."""
+    """Greedy runs of the target alone on the acceptance prompts, beside the lossless
+    check's margins (``checked_margins``, measured when its prompts were chosen)."""
     device = next(target.parameters()).device
     ids = torch.tensor([p.token_ids for p in prompts], device=device)
     tokens, margins = greedy_generate(target, ids, cfg.max_new_tokens, with_margins=True)
-    checked_margins = {}
-    for prompt in checked:
-        _, m = greedy_generate(
-            target,
-            torch.tensor([prompt.token_ids], device=device),
-            prompt.max_new_tokens,
-            with_margins=True,
-        )
-        checked_margins[prompt.name] = m[0].tolist()
     return PlainGreedy(tokens.tolist(), margins.tolist(), checked_margins)
+
+
+@torch.inference_mode()
+def greedy_margins(target: nn.Module, prompts: list[CheckedPrompt]) -> list[list[float]]:
+    """Each prompt's greedy top-2 margins, as one batch: the prompts share one length and
+    one completion length."""
+    lengths = {(len(p.token_ids), p.max_new_tokens) for p in prompts}
+    if len(lengths) != 1:
+        raise ValueError(f"one batch takes prompts of one shape, not {sorted(lengths)}")
+    device = next(target.parameters()).device
+    ids = torch.tensor([p.token_ids for p in prompts], device=device)
+    _, margins = greedy_generate(target, ids, prompts[0].max_new_tokens, with_margins=True)
+    return margins.tolist()
 
 
 def target_floor(cfg: RecipeConfig, plain: PlainGreedy, log: Log) -> dict[str, Any]:
