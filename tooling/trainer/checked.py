@@ -12,8 +12,8 @@ Each place in that list takes the most decisive of several seeded windows of its
 the one whose greedy completion, in the recipe's own bf16 run of the target, comes
 nearest a tie the fewest times. vLLM's kernels round otherwise than the recipe's, by a
 bf16 step or two, so a choice within ``NEAR_TIE`` here may flip there without any
-defect; a check on windows free of them can fail only on a defect (or on the ties that
-remain, which the check lists).
+defect; on windows with fewer of them a failure names a defect more often than a rounding
+(the check lists the margin of each).
 """
 
 from __future__ import annotations
@@ -162,12 +162,11 @@ def choose_decisive(
         groups = [_distinct(c) for c in slot.candidates]
         flat = iter(margins_of([p for group in groups for p in group]))
         rows = [[next(flat) for _ in group] for group in groups]
-
-        def rank(i: int, rows: list[list[list[float]]] = rows) -> tuple[int, float, int]:
-            choices = [m for row in rows[i] for m in row]
-            return sum(1 for m in choices if m <= NEAR_TIE), -min(choices), i
-
-        best = min(range(len(groups)), key=rank)
+        ranks = []
+        for i, candidate in enumerate(rows):
+            choices = [m for row in candidate for m in row]
+            ranks.append((sum(1 for m in choices if m <= NEAR_TIE), -min(choices), i))
+        best = min(ranks)[2]
         prompts += slot.candidates[best]
         margins.update({p.name: row for p, row in zip(groups[best], rows[best], strict=True)})
     return Chosen(
