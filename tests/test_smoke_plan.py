@@ -267,9 +267,10 @@ def test_engines_that_do_not_all_fit_share_what_each_wave_holds(tmp_path) -> Non
     ]
 
 
-def test_the_executor_backend_reaches_the_servers_alone(tmp_path) -> None:
+def test_the_executor_backend_reaches_the_dflash_server_alone(tmp_path) -> None:
     """``--distributed-executor-backend ray`` at TP=2 on the seed-shaped pair (the Ray
-    variant's plan): both servers get the flag; the in-process engines run at TP 1 in the
+    variant's plan): the DFlash server gets the flag; the plain server, the control, keeps
+    vLLM's choice (one Ray instance a run); the in-process engines run at TP 1 in the
     smoke's own children, which take no command-line flags of vLLM's."""
     engine = replace(K15, tensor_parallel_size=2, distributed_executor_backend="ray")
     c = config(tmp_path, tiny=True, tiny_arch="seed", engine=engine)
@@ -278,18 +279,18 @@ def test_the_executor_backend_reaches_the_servers_alone(tmp_path) -> None:
     for s in plan.steps:
         argv = list(s.argv)
         carries = any(argv[i : i + 2] == flag for i in range(len(argv)))
-        assert carries == (s.role in (Role.SERVE_DFLASH, Role.SERVE_PLAIN)), s.name
+        assert carries == (s.role == Role.SERVE_DFLASH), s.name
         if s.role in (Role.SERVE_DFLASH, Role.SERVE_PLAIN):
             assert s.gpus == (0, 1)
             assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert plan.to_json()["engine"]["distributed_executor_backend"] == "ray"
-    assert "servers: --distributed-executor-backend ray at tensor parallel 2" in render(plan)
+    assert "DFlash server: --distributed-executor-backend ray at tensor parallel 2" in render(plan)
     # vLLM's own choice unless asked: no flag, no line.
     default = replace(c, engine=replace(engine, distributed_executor_backend=None))
     plan = plan_smoke(default, pair_facts(default), gpus(2))
     assert not any("--distributed-executor-backend" in s.argv for s in plan.steps)
     assert plan.to_json()["engine"]["distributed_executor_backend"] is None
-    assert "servers:" not in render(plan)
+    assert "DFlash server:" not in render(plan)
 
 
 @pytest.mark.parametrize(
@@ -297,7 +298,8 @@ def test_the_executor_backend_reaches_the_servers_alone(tmp_path) -> None:
     [
         (
             {"quick": True},
-            "--distributed-executor-backend reaches the servers, which --quick does not start",
+            "--distributed-executor-backend reaches the DFlash server, which --quick does not "
+            "start",
         ),
         ({"backend": "uni"}, "--distributed-executor-backend 'uni': choose mp or ray"),
     ],

@@ -146,6 +146,10 @@ def test_serve_command_and_environment_for_an_executor_backend(backend) -> None:
     # inherit the rest (NCCL's settings among them).
     assert env == {**base, "RAY_ADDRESS": "local" if backend == "ray" else "10.0.0.1:6379"}
     assert base["RAY_ADDRESS"] == "10.0.0.1:6379"
+    # The plain server, the control, keeps vLLM's choice and the caller's environment.
+    plain = ServeOptions("t", None, engine, port=2)
+    assert "--distributed-executor-backend" not in build_serve_command(plain, python="py")
+    assert serve_environment(plain, base) == base
 
 
 def test_serve_command_without_drafter_keeps_caching_setting() -> None:

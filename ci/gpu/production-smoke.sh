@@ -15,8 +15,8 @@
 #            first (A), then stock (B), which must fail it
 #   fp8      --kv-cache-dtype fp8 (checks 1-4 must pass; fidelity reported)
 #   tp2      --tensor-parallel-size 2 --disable-custom-all-reduce (a 2-GPU host)
-#   ray      the seed-shaped pair at K = 15, its servers on vLLM's Ray executor at TP=1: on
-#            one GPU, Ray's workers and the synchronous spec-decode path Ray brings
+#   ray      the seed-shaped pair at K = 15, its DFlash server on vLLM's Ray executor at
+#            TP=1: on one GPU, Ray's workers and the synchronous spec-decode path Ray brings
 #            (PATCHED_SITE needs Ray: make-parts.sh RAY=1)
 #   ray-tp2  the same at TP=2 (a 2-GPU host)
 #   seed     the seed-shaped pair (Qwen3.6-27B's depth, heads and vocabulary, z-lab's
@@ -61,7 +61,7 @@ case $variant in
   # 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
   # (stock too): the servers use NCCL's (docs/serving.md, "Two GPUs: TP=2").
   tp2) args+=(--tensor-parallel-size 2 --disable-custom-all-reduce) ;;
-  # Each server starts a Ray instance of its own; its workers inherit the server's
+  # The DFlash server starts a Ray instance of its own; its workers inherit the server's
   # environment (env.sh's NCCL_NVLS_ENABLE=0 among it).
   ray) args+=(--tiny-arch seed --num-speculative-tokens 15 --distributed-executor-backend ray) ;;
   ray-tp2) args+=(--tiny-arch seed --num-speculative-tokens 15 --tensor-parallel-size 2

@@ -97,8 +97,9 @@ from .options import emit, json_option, settings_of
 @click.option(
     "--distributed-executor-backend",
     type=click.Choice(["mp", "ray"]),
-    help="The servers' executor (default: vLLM's choice, mp on one host); ray starts a Ray "
-    "instance per server. The in-process engines run at TP 1 without one.",
+    help="The DFlash server's executor (default: vLLM's choice, mp on one host); ray starts "
+    "a Ray instance for it. The plain server keeps vLLM's choice; the in-process engines run "
+    "at TP 1 without one.",
 )
 @click.option("--no-load", is_flag=True, help="Skip the concurrent bursts against the servers.")
 @click.option("--no-audit", is_flag=True, help="Skip the concurrent audited in-process batch.")

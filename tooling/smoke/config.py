@@ -101,9 +101,10 @@ class EngineSettings:
     capturing CUDA graphs (an illegal memory access reported by the custom all-reduce);
     with this flag, or with ``--enforce-eager``, it serves."""
     distributed_executor_backend: str | None = None
-    """vLLM's ``--distributed-executor-backend`` for the servers: ``mp``, ``ray``, or None
-    (vLLM's choice: ``mp`` when the GPUs are on this host). The in-process engines run at
-    TP=1 in the smoke's own child, with no executor of workers."""
+    """vLLM's ``--distributed-executor-backend`` for the DFlash server: ``mp``, ``ray``, or
+    None (vLLM's choice: ``mp`` when the GPUs are on this host). The plain server, the
+    lossless checks' control, keeps vLLM's choice; the in-process engines run at TP=1 in the
+    smoke's own child, with no executor of workers."""
     max_num_seqs: int = 8
     """Small, so the concurrent batches queue and requests finish out of order."""
     kv_cache_memory_bytes: int | None = None
@@ -258,7 +259,7 @@ class SmokeConfig:
             raise SmokeError(f"--distributed-executor-backend {backend!r}: choose {choices}")
         if backend is not None and self.quick:
             raise SmokeError(
-                "--distributed-executor-backend reaches the servers, which --quick does not "
+                "--distributed-executor-backend reaches the DFlash server, which --quick does not "
                 "start: drop one of them"
             )
         if self.quick and self.warm_cache:

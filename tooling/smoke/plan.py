@@ -261,8 +261,9 @@ def render(plan: SmokePlan) -> str:
     backend = plan.engine.distributed_executor_backend
     if backend is not None:
         lines.append(
-            f"servers: --distributed-executor-backend {backend} at tensor parallel "
-            f"{plan.engine.tensor_parallel_size} (the in-process engines: TP 1, no executor)"
+            f"DFlash server: --distributed-executor-backend {backend} at tensor parallel "
+            f"{plan.engine.tensor_parallel_size} (the plain server: vLLM's choice; the "
+            "in-process engines: TP 1, no executor)"
         )
     for wave, steps in enumerate(plan.waves()):
         for s in steps:

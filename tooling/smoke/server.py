@@ -110,13 +110,22 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
         cmd.append("--enforce-eager")
     if engine.disable_custom_all_reduce:
         cmd.append("--disable-custom-all-reduce")
-    if engine.distributed_executor_backend is not None:
-        cmd += ["--distributed-executor-backend", engine.distributed_executor_backend]
+    backend = executor_backend(options)
+    if backend is not None:
+        cmd += ["--distributed-executor-backend", backend]
     if options.drafter is not None:
         spec = speculative_config(options.drafter, engine.num_speculative_tokens)
         cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     cmd += list(options.extra_args)
     return cmd
+
+
+def executor_backend(options: ServeOptions) -> str | None:
+    """The executor a server is asked for: the engine's, for the server with the drafter
+    only. The plain server is the lossless checks' control and keeps vLLM's own choice, so a
+    Ray run starts one Ray instance, not one per server: Ray does not support several local
+    instances on one host."""
+    return options.engine.distributed_executor_backend if options.drafter is not None else None
 
 
 def serve_environment(options: ServeOptions, base: Mapping[str, str]) -> dict[str, str]:
@@ -129,7 +138,7 @@ def serve_environment(options: ServeOptions, base: Mapping[str, str]) -> dict[st
     instance on this server's GPUs, whose workers inherit this environment.
     """
     env = dict(base)
-    if options.engine.distributed_executor_backend == "ray":
+    if executor_backend(options) == "ray":
         env["RAY_ADDRESS"] = "local"
     return env
 
