@@ -112,6 +112,33 @@ def test_a_smoke_figure_out_of_range_is_a_usage_error_before_any_plan(tmp_path, 
 
 @pytest.mark.parametrize(
     "args",
+    [
+        ("fetch", "--base", ""),
+        ("fetch", "--source", "git", "--git-url", ""),
+        ("fetch", "--source", "git", "--ref", " "),
+        ("build", "--base", ""),
+        ("bundle", "--base", ""),
+        ("patch", "status", "--bases", ""),
+    ],
+)
+def test_an_empty_value_is_a_usage_error_not_the_default(tmp_path, args):
+    """`fetch --base ''` fetched the default base and `patch status --bases ''` passed a
+    canary over no release, both with exit 0."""
+    result = run("--offline", "--cache-dir", str(tmp_path / "cache"), *args, "--json")
+    assert result.exit_code == 2, result.output
+    flag = next(a for a in args if a.startswith("--") and a != "--source")
+    assert f"'{flag}': it is empty" in json.loads(result.stdout)["error"]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_release_list_that_names_none_is_refused():
+    result = run("patch", "status", "--bases", " , ", "--json")
+    assert result.exit_code == 4, result.output
+    assert json.loads(result.stdout)["error"] == "releases ' , ' name none: give versions, or all"
+
+
+@pytest.mark.parametrize(
+    "args",
     [("patch", "status", "--workers", "0"), ("build", "--max-jobs", "0")],
 )
 def test_a_worker_count_below_one_is_a_usage_error(args):

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..report import human_size, table
-from .options import emit, json_option, settings_of, wheel_options
+from .options import emit, json_option, nonblank, settings_of, wheel_options
 
 
 @click.command("bundle")
@@ -24,6 +24,7 @@ from .options import emit, json_option, settings_of, wheel_options
     "--base",
     "base_version",
     metavar="VERSION",
+    callback=nonblank,
     help="Resolve dependencies as of this base's release date (default base).",
 )
 @click.option("--exclude-newer", help="Override the resolution cut-off (YYYY-MM-DD).")

@@ -106,6 +106,14 @@ def emit(settings: Settings, data: dict[str, Any], human: str) -> None:
         click.echo(human)
 
 
+def nonblank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A value given as an empty string names nothing: a usage error, not the default the
+    option falls back to when it is left out."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("it is empty: give a value, or leave the option out")
+    return value
+
+
 def json_option(f: F) -> F:
     def callback(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
         ctx.ensure_object(Settings).json = value
@@ -209,6 +217,7 @@ def base_options(f: F) -> F:
         "--base",
         "base_version",
         metavar="VERSION",
+        callback=nonblank,
         help="Pinned upstream vLLM release (default: bases.toml's default).",
     )(g)
     g = click.option(
@@ -218,8 +227,15 @@ def base_options(f: F) -> F:
         show_default=True,
         help="Where the upstream source comes from.",
     )(g)
-    g = click.option("--git-url", metavar="URL", help="git remote (default: bases.toml's).")(g)
-    g = click.option("--ref", metavar="REF", help="git tag or commit (default: the base's tag).")(g)
+    g = click.option(
+        "--git-url", metavar="URL", callback=nonblank, help="git remote (default: bases.toml's)."
+    )(g)
+    g = click.option(
+        "--ref",
+        metavar="REF",
+        callback=nonblank,
+        help="git tag or commit (default: the base's tag).",
+    )(g)
     g = click.option(
         "--allow-moving-ref", is_flag=True, help="Accept a branch name as --ref (not reproducible)."
     )(g)

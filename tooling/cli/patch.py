@@ -17,7 +17,14 @@ from ..report import table
 from . import environ
 from .environ import CACHED_NOTE
 from .group import ToolingGroup
-from .options import base_options, emit, json_option, probe_python_option, settings_of
+from .options import (
+    base_options,
+    emit,
+    json_option,
+    nonblank,
+    probe_python_option,
+    settings_of,
+)
 
 #: The group's own options each subcommand honours; any other given with a subcommand is
 #: refused, never silently ignored.
@@ -139,6 +146,7 @@ def patch_group(
     "bases_spec",
     default="all",
     show_default=True,
+    callback=nonblank,
     help="Comma-separated releases, or all pinned ones.",
 )
 @click.option(

@@ -67,7 +67,11 @@ class BaseCatalog:
         """``all`` (every pinned release, in bases.toml's order) or comma-separated versions."""
         if spec == "all":
             return list(self.bases.values())
-        return self.select([v.strip() for v in spec.split(",") if v.strip()])
+        versions = [v.strip() for v in spec.split(",") if v.strip()]
+        if not versions:
+            # A canary over no release checks nothing: that is no pass.
+            raise UnknownBaseError(f"releases {spec!r} name none: give versions, or all")
+        return self.select(versions)
 
 
 def _artifact(table: dict, where: str) -> Artifact:
