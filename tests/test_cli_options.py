@@ -6,6 +6,7 @@ JSON document too."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -175,3 +176,18 @@ def test_a_usage_error_under_json_is_one_json_document(args, message):
     assert (error["ok"], error["exit_code"]) == (False, 2), error
     assert message in error["error"], error
     assert result.stderr == f"error: {error['error']}\n"
+
+
+def test_probes_that_reach_no_verdict_are_exit_12_after_their_table(tmp_path):
+    """A folder with no vllm/ in it: every probe answers unknown, which used to print the
+    table with exit 0 (ok: true)."""
+    empty = tmp_path / "tree"
+    empty.mkdir()
+    args = ("probe", "--root", str(empty), "--python", sys.executable, "--probe", "layer_offset")
+    result = run("--cache-dir", str(tmp_path / "cache"), *args, "--json")
+    assert result.exit_code == 12, result.output
+    document = json.loads(result.stdout)
+    assert document["ok"] is False
+    assert [r["status"] for r in document["results"]] == ["unknown"]
+    assert result.stderr.startswith("error: 1 of 1 probes reached no verdict; layer_offset: ")
+    assert result.stderr.count("\n") == 1

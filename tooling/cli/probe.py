@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
+from ..errors import ProbeError
 from ..patching.registry import registry
+from ..probes.result import UNKNOWN
 from ..probing import probe_requested
 from ..probing.env import ensure_probe_setup
 from ..report import table
@@ -44,7 +46,14 @@ def probe_command(
     text = table(["probe", "status", "evidence"], rows)
     if any(r.cached for r in results.values()):
         text += "\n" + CACHED_NOTE
-    emit(settings, {"ok": True, "results": [r.to_json() for r in results.values()]}, text)
+    # Present and absent are answers; a probe that reached none is no answer, not a pass.
+    unknown = [r for r in results.values() if r.status == UNKNOWN]
+    emit(settings, {"ok": not unknown, "results": [r.to_json() for r in results.values()]}, text)
+    if unknown:
+        raise ProbeError(
+            f"{len(unknown)} of {len(results)} probes reached no verdict; "
+            f"{unknown[0].probe}: {unknown[0].evidence}"
+        )
 
 
 @click.command("probe-env")
