@@ -66,3 +66,24 @@ def test_a_dry_run_that_cannot_see_gpus_is_one_line_and_writes_nothing(tmp_path:
     with pytest.raises(SmokeError, match=r"cannot query the GPUs \(.+\): give --gpus COUNTxGIB"):
         smoke_requested(SmokeRequest(config, tmp_path, dry_run=True))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_engines_are_installs_named_once_and_only_for_the_trained_pairs(tmp_path: Path) -> None:
+    install = tmp_path / "install"
+    (install / "vllm").mkdir(parents=True)
+    (install / "vllm" / "__init__.py").write_text("")
+    config = SmokeConfig(workdir=tmp_path / "w")
+    cases = [
+        # A folder without vllm in it is no install.
+        ({"trained": True, "engines": (f"a={tmp_path}",)}, r"^--engine 'a=.*': expected NAME=DIR"),
+        (
+            {"trained": True, "engines": (f"a={install}", f"a={install}")},
+            r"^--engine a: named twice",
+        ),
+        # Without a trained pair --engine would be ignored.
+        ({"engines": (f"a={install}",)}, r"^--engine names installs for --trained or "),
+    ]
+    for kw, message in cases:
+        with pytest.raises(SmokeError, match=message):
+            smoke_requested(SmokeRequest(config, tmp_path / "cache", **kw))
+    assert not (tmp_path / "cache").exists()

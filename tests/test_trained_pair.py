@@ -326,7 +326,8 @@ def test_trained_hybrid_names_the_installs_it_lacks_before_training(tmp_path: Pa
     from tooling.errors import SmokeError
 
     patched = tmp_path / "patched"
-    patched.mkdir()
+    (patched / "vllm").mkdir(parents=True)
+    (patched / "vllm" / "__init__.py").write_text("")
     result = CliRunner().invoke(
         main,
         [

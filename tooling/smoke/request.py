@@ -59,6 +59,8 @@ def smoke_requested(
     workdir = config.workdir
     if request.stock_wheel is not None and config.other_site is not None:
         raise SmokeError("give --stock-site or --stock-wheel, not both")
+    if request.engines and not (request.trained or request.trained_hybrid):
+        raise SmokeError("--engine names installs for --trained or --trained-hybrid: add one")
     if request.dry_run:
         if request.trained or request.trained_hybrid:
             raise SmokeError(

@@ -32,7 +32,9 @@ def parse_engines(specs: tuple[str, ...]) -> dict[str, Path]:
     engines: dict[str, Path] = {}
     for spec in specs:
         name, sep, folder = spec.partition("=")
-        if not sep or not name or not Path(folder).is_dir():
+        if not sep or not name or not Path(folder, "vllm", "__init__.py").is_file():
             raise SmokeError(f"--engine {spec!r}: expected NAME=DIR with DIR a folder holding vllm")
+        if name in engines:
+            raise SmokeError(f"--engine {name}: named twice ({engines[name]} and {folder})")
         engines[name] = Path(folder).resolve()
     return engines
