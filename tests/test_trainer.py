@@ -449,3 +449,20 @@ def test_a_childs_exit_code_is_raised_again_as_its_error() -> None:
 
 def _subclasses(cls: type) -> list[type]:
     return [s for c in cls.__subclasses__() for s in (c, *_subclasses(c))]
+
+
+def test_an_out_dir_holding_the_users_files_is_refused_and_kept(tmp_path: Path) -> None:
+    """A finished run replaces its folder whole: ``--out-dir`` on a folder of the user's
+    would have deleted what it held."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (mine / "summary.json").write_text("{}")  # a run's own name is no reason to refuse
+    result = _train("--python", "/bin/false", "--preset", "smoke", "--out-dir", str(mine))
+    assert result.exit_code == TrainSettingsError.exit_code
+    assert result.stderr == (
+        f"error: --out-dir {mine}: holds notes.txt, which no run writes, and a run replaces "
+        "the folder whole: give a new or empty folder\n"
+    )
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "summary.json"]
+    assert (mine / "notes.txt").read_text() == "keep me"

@@ -30,6 +30,19 @@ from ..errors import (
 from ..procs import started
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
 
+#: What a run folder holds (``recipe.RunPaths``).
+RUN_ENTRIES = frozenset(
+    {
+        "target",
+        "drafter",
+        "prompts.json",
+        "reference.json",
+        "summary.json",
+        "recipe.json",
+        "train.log",
+    }
+)
+
 #: The ``tooling`` package, which the child imports the trainer from.
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -70,6 +83,19 @@ class TrainRequest:
         if name not in PRESETS:
             raise TrainSettingsError(f"--preset {name!r}: not one of {', '.join(sorted(PRESETS))}")
         return name
+
+    def check_out_dir(self) -> None:
+        """``out_dir`` is the user's folder, which a finished run replaces whole: one holding
+        anything no run writes is refused before any work."""
+        if self.out_dir is None or not self.out_dir.is_dir():
+            return
+        foreign = sorted(p.name for p in self.out_dir.iterdir() if p.name not in RUN_ENTRIES)
+        if foreign:
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            raise TrainSettingsError(
+                f"--out-dir {self.out_dir}: holds {', '.join(foreign[:3])}{more}, which no run "
+                "writes, and a run replaces the folder whole: give a new or empty folder"
+            )
 
     def config(self) -> RecipeConfig:
         """The checked settings; a bad preset or override is one TrainSettingsError line."""
@@ -172,6 +198,7 @@ def train_in(python: Path, request: TrainRequest) -> TrainedPair:
     The child's log goes to this process's stderr as it runs (minutes on a GPU).
     """
     request.config()  # bad settings are this process's error, before a child starts
+    request.check_out_dir()
     with tempfile.TemporaryDirectory(prefix="dflash-train-") as tmp:
         # The child imports this very package through a link, and nothing else of this
         # interpreter's: ``python`` may be any interpreter with torch.

@@ -159,6 +159,7 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
     """Run the whole recipe in this interpreter (or reuse a complete run folder)."""
     t_start = time.perf_counter()
     cfg = request.config()
+    request.check_out_dir()
     deadline = t_start + cfg.wall_budget_s
     # Nothing here imports torch: a finished run is reused in a second, without it.
     corpus = _load_corpus(cfg)
