@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tooling.errors import BundleError
+from tooling.errors import BundleError, exit_code_for
 from tooling.fetching.bases import load_bases
 from tooling.paths import REPO_DIR
-from tooling.release.bundle import read_present, write_bundle
+from tooling.release.bundle import make_bundle, read_present, write_bundle
 from tooling.release.bundle_plan import (
     DEFAULT_SKIP,
     BundleConfig,
+    default_bundle_name,
     exclude_newer_for,
     is_present,
     parse_present,
@@ -201,6 +202,23 @@ def test_missing_wheel_is_one_clear_error(tmp_path: Path) -> None:
         resolve(config)
     with pytest.raises(BundleError, match="cannot read the exclude-present list"):
         read_present(tmp_path / "absent.txt")
+
+
+@pytest.mark.parametrize("left", ["{name}", "{name}-parts"])
+def test_an_earlier_bundle_in_out_is_refused_before_any_work(tmp_path: Path, left: str) -> None:
+    """The second run into one --out resolved, downloaded and copied everything, then failed
+    renaming onto the first bundle (an unexpected OSError, exit 1)."""
+    wheel = build_wheel(tmp_path, "vllm_standin", "0.20.1+dflash", "sniffio")
+    config = BundleConfig(wheel=wheel, out_dir=tmp_path / "out", exclude_newer="2026-05-06")
+    earlier = config.out_dir / left.format(name=default_bundle_name(config))
+    earlier.mkdir(parents=True)
+    (earlier / "install.sh").write_text("# the user's\n")
+    with pytest.raises(BundleError) as e:
+        make_bundle(config)
+    assert str(e.value) == f"{earlier} exists (an earlier bundle?): move it away, or give --out"
+    assert exit_code_for(e.value) == 19
+    assert [p.name for p in config.out_dir.iterdir()] == [earlier.name]
+    assert (earlier / "install.sh").read_text() == "# the user's\n"
 
 
 @pytest.mark.slow

@@ -156,8 +156,18 @@ def resolve_and_plan(config: BundleConfig) -> tuple[Resolution, BundlePlan]:
     return resolution, plan
 
 
+def refuse_existing(config: BundleConfig) -> None:
+    """An earlier bundle of the same name in ``--out`` is refused before any work: the
+    folder is the user's now, and a finished bundle would not replace it."""
+    name = config.name or default_bundle_name(config)
+    for folder in (config.out_dir / name, config.out_dir / f"{name}-parts"):
+        if folder.exists():
+            raise BundleError(f"{folder} exists (an earlier bundle?): move it away, or give --out")
+
+
 def make_bundle(config: BundleConfig) -> tuple[BundlePlan, BundleResult]:
     """resolve -> plan -> download -> write, as ``tooling bundle`` does."""
+    refuse_existing(config)
     resolution, plan = resolve_and_plan(config)
     if config.download_dir is not None:
         wheels = download(plan, config, config.download_dir)
