@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from pathlib import Path
 
@@ -210,6 +211,26 @@ def test_corrupt_patch_file_is_refused_by_name(tmp_path, touched, cache):
         r"\.patch is not a valid patch \(patch with only garbage",
     ):
         apply_series(touched, series, tmp_path / "w", apply_options(None, cache))
+
+
+@pytest.mark.slow
+def test_a_series_that_fails_half_way_leaves_no_half_patched_tree(tmp_path, touched, cache):
+    """Two patches applied, the third unreadable: the tree this run made goes, so `patch
+    export` cannot take two commits for the series (an interrupted run left one so)."""
+    folder = ledger_copy(tmp_path)
+    patch = folder / "0003-eagle-cache-drop.patch"
+    garbled = re.sub(rb"\n@@ -[0-9, +]+ @@", b"\n@@ garbage @@", patch.read_bytes(), count=1)
+    patch.write_bytes(garbled)
+    from tooling.fsutil import sha256_file
+    from tooling.patching.export import update_ledger
+
+    update_ledger(folder / "series.toml", patch.name, sha256_file(patch))
+    series = load_series(folder / "series.toml")
+    work = tmp_path / "w"
+    with pytest.raises(SeriesError, match=r"eagle-cache-drop: 0003-eagle-cache-drop\.patch is not"):
+        apply_series(touched, series, work, apply_options(None, cache))
+    assert not work.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".w.")] == []
 
 
 def test_missing_patch_file_is_refused(tmp_path):

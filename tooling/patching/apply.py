@@ -26,7 +26,15 @@ from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import Upstream, fetch_upstream
 from ..fsutil import atomic_write_text
 from ..gitutil import git_error_summary
-from ..probing import PRESENT, ProbeHost, ProbeResult, ProbeTarget, run_probes, start_probes
+from ..probing import (
+    PRESENT,
+    ProbeHost,
+    ProbeResult,
+    ProbeRun,
+    ProbeTarget,
+    run_probes,
+    start_probes,
+)
 from . import worktree
 from .hunks import parse_diff, place_hunk
 from .series import Patch, Series
@@ -255,16 +263,38 @@ def _apply_series(
         if probe_target
         else None
     )
+    repo = None
     try:
         saved = worktree.clear_way(work_dir)
         repo = create_work_tree(upstream, work_dir, options.baselines)
         if options.three_way and options.preimages:
             worktree.seed_preimages(repo, list(options.preimages))
+        return _patch_tree(upstream, series, work_dir, options, host, repo, before_run, saved)
     except BaseException:
         # The base probes must not outlive a failed run (nor their temp folder).
         if before_run is not None:
             before_run.close()
+        # A tree this run made is not left half-patched under the real name, where `patch
+        # export` would take it for the series (a conflict is no exception: its tree stays).
+        if repo is not None and work_dir.exists():
+            with contextlib.suppress(OSError):  # the first error is the one to report
+                worktree.discard(work_dir)
         raise
+
+
+def _patch_tree(
+    upstream: Upstream,
+    series: Series,
+    work_dir: Path,
+    options: ApplyOptions,
+    host: ProbeHost | None,
+    repo: git.Repo,
+    before_run: ProbeRun | None,
+    saved: Path | None,
+) -> SeriesReport:
+    """Apply ``series`` to the fresh tree ``repo`` at ``work_dir``, probe it and save the
+    report."""
+    log_dir = options.log_dir or work_dir.parent / f"{work_dir.name}.logs"
     before = before_run.wait() if before_run else None
 
     outcomes: list[PatchOutcome] = []

@@ -158,11 +158,16 @@ def clear_way(work_dir: Path) -> Path | None:
         saved = work_dir.with_name(f"{work_dir.name}.saved-{time.strftime('%Y%m%d-%H%M%S')}")
         os.rename(work_dir, saved)
         return saved
-    # Renamed first, so an interrupted removal never leaves a half tree under the real name.
+    discard(work_dir)
+    return None
+
+
+def discard(work_dir: Path) -> None:
+    """Remove a tree of ours. Renamed first, so an interrupted removal never leaves a half
+    tree under the real name."""
     trash = Path(tempfile.mkdtemp(prefix=f".{work_dir.name}.", suffix=".old", dir=work_dir.parent))
     os.rename(work_dir, trash / work_dir.name)
     shutil.rmtree(trash)
-    return None
 
 
 def create_from_tree(
