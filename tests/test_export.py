@@ -77,6 +77,26 @@ def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstre
 
 
 @pytest.mark.slow
+def test_export_of_a_tree_missing_ledger_patches_writes_nothing(tmp_path, upstream_0201, cache):
+    """A tree whose last commits are gone (a half-made or cut-back tree): export refused,
+    patches/ and the ledger untouched."""
+    folder = tmp_path / "patches"
+    shutil.copytree(PATCHES, folder)
+    series = load_series(folder / "series.toml")
+    upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
+    report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
+    repo = git.Repo(report.work_dir)
+    repo.git.reset("--hard", "HEAD~2")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    gone = [p.file.name for p in series.patches[-2:]]
+    with pytest.raises(
+        SeriesError, match=rf"no commit carries 2 of the ledger's patches \({gone[0]}"
+    ):
+        export_patches(report.work_dir, series)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+@pytest.mark.slow
 def test_cli_export_check_exit_code_on_drift(tmp_path, cache):
     folder = tmp_path / "patches"
     shutil.copytree(PATCHES, folder)

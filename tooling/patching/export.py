@@ -114,6 +114,15 @@ def export_patches(work_dir: Path, series: Series) -> ExportResult:
         )
     rendered = render_patches(repo)
     result = compare(rendered, patches_dir, series)
+    missing = [p.file for p in result.patches if p.state == "missing"]
+    if missing:
+        # Written anyway, patches/ would keep those files and the ledger would still list
+        # them: the export would not be the tree's series. Nothing is written.
+        raise SeriesError(
+            f"{work_dir}: no commit carries {len(missing)} of the ledger's patches "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): finish `tooling "
+            "patch`, or take them out of series.toml first"
+        )
     for (name, data), exported in zip(rendered, result.patches, strict=False):
         if exported.state == "unchanged":
             continue
