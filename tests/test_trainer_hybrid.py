@@ -7,6 +7,9 @@ A module of its own, so the test workers run it beside the attention-only recipe
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,10 @@ from click.testing import CliRunner
 
 from tooling.cli import main
 from tooling.errors import TrainingError, TrainSettingsError
+from tooling.paths import REPO_DIR
 from tooling.trainer.api import TrainRequest, train_in
+
+from .helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -165,3 +171,44 @@ def test_an_out_dir_holding_another_recipes_pair_is_neither_reused_nor_replaced(
     assert result.exit_code == TrainSettingsError.exit_code
     assert "holds the pair of recipe" in result.stderr and "--force" in result.stderr
     assert (out / "summary.json").read_bytes() == before
+
+
+def test_a_recipe_stopped_from_outside_leaves_no_run_folder(
+    tmp_path: Path, probe_env: tuple[str, dict[str, str]]
+) -> None:
+    """``train_in`` stops its child with SIGTERM, as a GPU host's kill does: the run folder
+    holding the weights written so far goes (it was left, hundreds of MB on the seed's
+    recipe), and the exit says why."""
+    python, env = probe_env
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # A drafter phase long enough that the signal lands while the target's weights are
+    # on disk and the drafter is training.
+    slow = (*HYBRID_QUICK[:1], "drafter_steps=100000", "drafter_time_cap_s=900")
+    slow += ("wall_budget_s=1800", "data_sequences=16", "num_prompts=2")
+    command = [python, "-m", "tooling.trainer", "train", "--preset", "smoke", "--arch", "hybrid"]
+    command += [f"--set={o}" for o in slow] + ["--out-dir", str(runs / "pair")]
+    path = os.pathsep.join(p for p in (str(REPO_DIR), env.get("PYTHONPATH", "")) if p)
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as sink:
+        child = subprocess.Popen(
+            command, env={**env, "PYTHONPATH": path}, stdout=subprocess.DEVNULL, stderr=sink
+        )
+    try:
+        wait_until(
+            lambda: (
+                any("drafter:" in log.read_text() for log in runs.glob(".pair.tmp-*/train.log"))
+                and any(runs.glob(".pair.tmp-*/target/*.safetensors"))
+            ),
+            "the drafter's training",
+            alive=child,
+        )
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    err = stderr.read_text()
+    assert child.returncode == 143, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == "error: interrupted (SIGTERM)"
+    assert list(runs.iterdir()) == []

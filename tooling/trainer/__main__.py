@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -49,10 +50,26 @@ def _request(argv: list[str]) -> tuple[TrainRequest, Path | None]:
     return request, args.outcome
 
 
+def _stop(signum: int, _frame: object) -> None:
+    # A second signal while the run folder is removed ends the process at once.
+    signal.signal(signum, signal.SIG_DFL)
+    raise KeyboardInterrupt(signum)
+
+
 def main(argv: list[str]) -> int:
     request, outcome = _request(argv)
+    # Stopped from outside (``train_in`` stopping its child, a GPU host's kill), the run
+    # folder of weights being written is removed, as on any failure.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
     try:
         pair = train(request, Log())
+    except KeyboardInterrupt as e:
+        stopped = signal.Signals(
+            e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        )
+        print(f"error: interrupted ({stopped.name})", file=sys.stderr)
+        return 128 + stopped
     except ToolingError as e:
         if outcome is not None:
             write_outcome(outcome, e)  # train_in reports it, as its own error

@@ -210,6 +210,8 @@ def train_in(python: Path, request: TrainRequest) -> TrainedPair:
         try:
             with started(
                 [*command, "--outcome", str(outcome_file)],
+                # Stopped, the child removes its run folder (weights) before it exits.
+                grace_s=30.0,
                 stdin=subprocess.DEVNULL,
                 # To this process's stderr (fd 2), as the child's log: stdout is our result.
                 stdout=2,
