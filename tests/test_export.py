@@ -52,14 +52,19 @@ def test_check_catches_a_hand_edited_patch(tmp_path, upstream_0201, cache):
     assert [(p.file, p.state) for p in result.drifted] == [(patch.name, "updated")]
 
 
-@pytest.mark.slow
-def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstream_0201, cache):
+def patched_copy(tmp_path, upstream, cache):
+    """A copy of patches/ (its ledger, series and folder) and a work tree made from it."""
     folder = tmp_path / "patches"
     shutil.copytree(PATCHES, folder)
     series = load_series(folder / "series.toml")
-    upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
-    report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
-    repo = git.Repo(report.work_dir)
+    touched = touched_upstream(upstream, series, tmp_path / "base")
+    report = apply_series(touched, series, tmp_path / "w", apply_options(None, cache))
+    return folder, series, report, git.Repo(report.work_dir)
+
+
+@pytest.mark.slow
+def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstream_0201, cache):
+    folder, series, report, repo = patched_copy(tmp_path, upstream_0201, cache)
     # Reword the last patch's message in the work tree, keeping its trailers.
     last = series.patches[-1]
     subject = last.title.split(":", 1)[0] + ":"
@@ -80,12 +85,7 @@ def test_export_writes_an_amended_commit_and_updates_the_ledger(tmp_path, upstre
 def test_export_of_a_tree_missing_ledger_patches_writes_nothing(tmp_path, upstream_0201, cache):
     """A tree whose last commits are gone (a half-made or cut-back tree): export refused,
     patches/ and the ledger untouched."""
-    folder = tmp_path / "patches"
-    shutil.copytree(PATCHES, folder)
-    series = load_series(folder / "series.toml")
-    upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
-    report = apply_series(upstream, series, tmp_path / "w", apply_options(None, cache))
-    repo = git.Repo(report.work_dir)
+    folder, series, report, repo = patched_copy(tmp_path, upstream_0201, cache)
     repo.git.reset("--hard", "HEAD~2")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     gone = [p.file.name for p in series.patches[-2:]]
