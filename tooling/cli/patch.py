@@ -176,7 +176,11 @@ def patch_status(ctx: click.Context, bases_spec: str, workers: int, no_probes: b
         settings.fetch_options(),
         options,
         workers=workers,
-        on_done=lambda r: click.echo(f"  {r.base}: done", err=True) if not settings.json else None,
+        on_done=lambda r: (
+            click.echo(f"  {r.base}: {'done' if r.report else 'no status'}", err=True)
+            if not settings.json
+            else None
+        ),
         require_probes=not no_probes,
     )
     ids = [p.id for p in series.patches]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import PatchConflictError, ProbeError, ToolingError
+from ..errors import PatchConflictError, ProbeError, ToolingError, error_for_exit_code
 from ..fetching.bases import Base
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import fetch_upstream
@@ -29,6 +29,9 @@ class BaseStatus:
     base: str
     report: SeriesReport | None
     error: str | None = None
+    """Why the release has no report (it could not be fetched or patched)."""
+    exit_code: int = ToolingError.exit_code
+    """That error's own exit code."""
 
     def cell(self, patch_id: str) -> str:
         if self.report is None:
@@ -58,7 +61,7 @@ def base_status(
         )
         return BaseStatus(base.version, report)
     except ToolingError as e:
-        return BaseStatus(base.version, None, error=str(e))
+        return BaseStatus(base.version, None, error=str(e), exit_code=e.exit_code)
 
 
 @dataclass
@@ -73,10 +76,17 @@ class Canary:
     and no applied patch was checked by behaviour."""
 
     @property
+    def unchecked(self) -> list[BaseStatus]:
+        """Releases with no status: no answer, which is no pass."""
+        return [r for r in self.results if r.report is None]
+
+    @property
     def ok(self) -> bool:
-        """Newer releases only report; the series' validated base must apply cleanly."""
+        """Newer releases only report; the series' validated base must apply cleanly, and
+        every release must have been looked at."""
         validated = next((r for r in self.results if r.base == self.series.validated_base), None)
-        return validated is None or (validated.report is not None and validated.report.ok)
+        clean = validated is None or (validated.report is not None and validated.report.ok)
+        return clean and not self.unchecked
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +98,13 @@ class Canary:
         }
 
     def raise_unless_ok(self) -> None:
+        if self.unchecked:
+            first = self.unchecked[0]
+            raise error_for_exit_code(
+                first.exit_code,
+                f"{len(self.unchecked)} of {len(self.results)} releases reached no status; "
+                f"{first.base}: {first.error}",
+            )
         if not self.ok:
             raise PatchConflictError(
                 "the series does not apply cleanly on its validated base "
@@ -119,8 +136,13 @@ def canary(
                 on_done(result)
             return result
 
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        try:
             results = list(pool.map(one, bases))
+        finally:
+            # Stopped (a signal), the releases not started yet are dropped: only those
+            # running finish, not every one queued.
+            pool.shutdown(wait=True, cancel_futures=True)
     return Canary(
         series, results, time.perf_counter() - started, probed=options.probe_python is not None
     )
