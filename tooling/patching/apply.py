@@ -269,7 +269,9 @@ def _apply_series(
         repo = create_work_tree(upstream, work_dir, options.baselines)
         if options.three_way and options.preimages:
             worktree.seed_preimages(repo, list(options.preimages))
-        return _patch_tree(upstream, series, work_dir, options, host, repo, before_run, saved)
+        return _patch_tree(
+            upstream, series, work_dir, options, host, repo, before_run, saved, log_dir
+        )
     except BaseException:
         # The base probes must not outlive a failed run (nor their temp folder).
         if before_run is not None:
@@ -291,10 +293,10 @@ def _patch_tree(
     repo: git.Repo,
     before_run: ProbeRun | None,
     saved: Path | None,
+    log_dir: Path,
 ) -> SeriesReport:
     """Apply ``series`` to the fresh tree ``repo`` at ``work_dir``, probe it and save the
     report."""
-    log_dir = options.log_dir or work_dir.parent / f"{work_dir.name}.logs"
     before = before_run.wait() if before_run else None
 
     outcomes: list[PatchOutcome] = []
