@@ -466,3 +466,14 @@ def test_an_out_dir_holding_the_users_files_is_refused_and_kept(tmp_path: Path) 
     )
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "summary.json"]
     assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_the_entries_an_out_dir_may_hold_are_the_run_folders_own() -> None:
+    """``api.RUN_ENTRIES`` (checked in the parent, which imports no recipe) names the files
+    ``recipe.RunPaths`` writes: a new one missing there would refuse a run's own folder."""
+    from tooling.trainer.api import RUN_ENTRIES
+    from tooling.trainer.recipe import RunPaths
+
+    paths = RunPaths(Path("run"))
+    names = [n for n, v in vars(RunPaths).items() if isinstance(v, property)]
+    assert {getattr(paths, n).name for n in names} == RUN_ENTRIES
