@@ -25,14 +25,18 @@ def lr_factor(progress: float, warmup_frac: float, min_ratio: float) -> float:
 
 @dataclass
 class Budget:
-    """A phase's limits: at most ``max_steps`` steps and ``time_s`` seconds.
+    """A phase's limits: at most ``max_steps`` steps and ``time_s`` seconds, but never fewer
+    than ``min_steps`` steps.
 
     Progress is whichever limit is nearer, so the learning-rate schedule still
-    anneals when the clock, not the step count, ends a phase.
+    anneals when the clock, not the step count, ends a phase. A phase whose clock runs out
+    before ``min_steps`` (a slower or shared GPU) anneals over those steps instead: what a
+    phase learns follows its steps, not its seconds.
     """
 
     max_steps: int
     time_s: float
+    min_steps: int = 0
     started: float = field(default_factory=time.perf_counter)
 
     def elapsed(self) -> float:
@@ -43,6 +47,9 @@ class Budget:
         """Fraction of the phase done before ``step`` (0-based)."""
         by_steps = step / max(self.max_steps, 1)
         by_time = self.elapsed() / self.time_s if self.time_s > 0 else 0.0
+        floor = min(self.min_steps, self.max_steps)
+        if step < floor:
+            by_time = min(by_time, step / floor)
         return max(by_steps, by_time)
 
     def done(self, step: int) -> bool:

@@ -100,6 +100,9 @@ class RecipeConfig:
     drafter_lr: float = 1e-3
     loss_gamma: float = 4.0  # position weight exp(-(k-1)/gamma), as in the DFlash paper
     drafter_time_cap_s: float = 180.0
+    # Steps the drafter trains even when the wall budget leaves it less time than the cap:
+    # the acceptance floor depends on steps, and a shared or slower GPU takes fewer a second.
+    drafter_min_steps: int = 0
 
     # Shared optimiser settings.
     weight_decay: float = 0.1
@@ -284,6 +287,7 @@ PRESETS: dict[str, RecipeConfig] = {
         anchors_per_seq=32,
         loss_gamma=7.0,
         drafter_time_cap_s=100.0,
+        drafter_min_steps=300,
         num_prompts=16,
         crosscheck_prompts=0,
         reference_speculative_tokens=(7,),

@@ -265,10 +265,11 @@ def train_drafter(
     opt = make_adamw(drafter, cfg.drafter_lr, cfg.weight_decay)
     weights = position_weights(bs, cfg.loss_gamma, device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 202)
-    budget = Budget(cfg.drafter_steps, time_cap_s)
+    budget = Budget(cfg.drafter_steps, time_cap_s, cfg.drafter_min_steps)
     log(
         f"drafter: {cfg.drafter_steps} steps of {cfg.drafter_batch} sequences x "
-        f"{cfg.anchors_per_seq} blocks, cap {time_cap_s:.0f}s"
+        f"{cfg.anchors_per_seq} blocks, cap {time_cap_s:.0f}s, "
+        f"at least {min(cfg.drafter_min_steps, cfg.drafter_steps)} steps"
     )
     curve: list[tuple[int, float]] = []
     running = torch.zeros(bs, device=device)  # loss, then accuracy per mask position
