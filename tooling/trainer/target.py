@@ -148,7 +148,8 @@ def train_target(
     follows the learning-rate schedule to ``target_time_cap_s`` (or the step count). Then,
     given ``decisiveness`` (the median top-2 logit margin of the model's greedy choices) and
     ``target_extra_time_s``, training goes on at the schedule's last rate, checked every
-    ``target_check_every_s``, until the margin clears ``min_target_margin`` with
+    ``target_check_every_s`` (at least one step between two checks; the extra time counted
+    from the end of the first check), until the margin clears ``min_target_margin`` with
     ``DECISIVE_HEADROOM`` or the extra time is spent: the recipe asks for a decisive target,
     not a number of steps. Returns the phase summary (``time_s``: the whole phase, first
     step included); the model is trained in place.
@@ -218,19 +219,26 @@ def train_target(
     checks: list[tuple[float, float]] = []
     if decisiveness is not None and cfg.target_extra_time_s > 0:
         goal = cfg.min_target_margin * DECISIVE_HEADROOM
-        extra = Budget(1 << 62, cfg.target_extra_time_s)
+        extra: Budget | None = None
         while True:
             with eval_mode(model):
                 margin = decisiveness()
             checks.append((round(time.perf_counter() - started, 1), margin))
             log(f"target: median greedy margin {margin:.3f} (goal {goal:.3f})")
-            if margin >= goal or extra.done(0):
+            if margin >= goal or (extra is not None and extra.done(0)):
                 break
+            # The extra time's clock starts after the first check, as the cap's after the
+            # first step: the first greedy run compiles the decoding kernels, and counted in,
+            # it could spend the whole extra time with no step trained.
+            if extra is None:
+                extra = Budget(1 << 62, cfg.target_extra_time_s)
             left = extra.time_s - extra.elapsed()
-            block = Budget(1 << 62, max(min(cfg.target_check_every_s, left), 1e-3))
+            block = Budget(1 << 62, max(min(cfg.target_check_every_s, left), 1e-3), min_steps=1)
             model.train()
-            while not block.done(0):
+            done_here = 0
+            while not block.done(done_here):
                 train_step(cfg.target_lr * cfg.min_lr_ratio, False)
+                done_here += 1
     return TrainResult(
         steps=step,
         max_steps=max_steps,
