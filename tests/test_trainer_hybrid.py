@@ -103,6 +103,8 @@ def test_hybrid_recipe_writes_a_pair_of_the_seeds_family(hybrid_run: dict[str, A
     assert all(0 <= choice["near_ties"][p["name"]] <= p["max_new_tokens"] for p in distinct)
     floors = summary["floors"]
     assert floors["target_margin_positions"] == 2 * 16 + sum(p["max_new_tokens"] for p in distinct)
+    # The acceptance prompts, which nobody chose for being decisive, meet the floor alone too.
+    assert floors["acceptance_margin_positions"] == 2 * 16
     assert floors["floor_speculative_tokens"] == 3
     # transformers loads a qwen3_5 target's tokenizer as its own class; it must encode alike.
     assert summary["reload"]["tokenizer_roundtrip"] is True
@@ -132,11 +134,14 @@ def test_a_hybrid_target_short_of_its_floor_is_exit_22_and_no_pair(
     request = TrainRequest(
         preset="smoke",
         arch="hybrid",
-        # Trained on while not decisive, checked each second, then refused.
+        # Not decisive, so trained on after its first check, then refused. The extra time is
+        # shorter than any greedy check: its clock starts after the first check (which
+        # compiles the decoding kernels on a GPU), and a check that fails is followed by at
+        # least one step, so a second check comes whatever the machine's speed.
         overrides=(
             *HYBRID_QUICK,
             "min_target_margin=100",
-            "target_extra_time_s=2",
+            "target_extra_time_s=0.001",
             "target_check_every_s=1",
         ),
         out_dir=out,
