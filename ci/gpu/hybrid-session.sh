@@ -85,11 +85,14 @@ case $step in
     : "${OUT:?}"
     cat "$session/session.log" 2>/dev/null
     grep -v '^\[transformers\]' "$WORK/train-hybrid.log" 2>/dev/null | tail -3
-    # A device command brings back at most eight files: the texts to read, the rest packed.
+    # A device command brings back at most eight files of at most 16 MiB: the texts to
+    # read, and the reports packed without the engines' logs, features and compile caches
+    # (with those, one seed-shaped smoke's folder alone is over the limit).
     cp "$session"/*.txt "$OUT/" 2>/dev/null
     cp "$WORK"/results/trained-report-*.txt "$OUT/" 2>/dev/null
-    tar -czf "$OUT/session.tgz" --exclude='vllm-cache*' --exclude='models' -C "$WORK" \
-      session results train-out 2>/dev/null
+    (cd "$WORK" && find session results train-out trained \( -name '*.json' -o -name '*.txt' \) \
+      -size -4M -not -path '*vllm-cache*' 2>/dev/null) |
+      tar -czf "$OUT/reports.tgz" -C "$WORK" -T - 2>/dev/null
     ls -la "$OUT"
     ;;
   *)
