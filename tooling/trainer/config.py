@@ -15,7 +15,7 @@ from typing import Any
 from .hybrid import FULL_ATTENTION_INTERVAL
 
 # Bump when the recipe's behaviour changes in a way the settings do not show.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 ARCHES = ("qwen3", "hybrid")
 
