@@ -19,7 +19,9 @@
 #               host's disk, so with no ablation installs beside it (ask for it without
 #               `trained`)
 #   trained     trained-hybrid.sh chain: the trained pair's calls, once its recipe (started
-#               first, beside the steps before it) has written the pair
+#               first, beside the steps before it) has written the pair; with PAIR_PARTS (a
+#               folder of an earlier session's pair, carried in: trained-hybrid.sh
+#               export-pair, pair-parts.sh) that pair, and no training
 # A smoke beside the training shares the GPU with it: its wall time is an upper bound.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,7 +48,11 @@ case $step in
     mkdir -p "$session"
     bash "$here/host-setup.sh" "$parts" install || exit 1
     if [[ " ${steps[*]} " == *" trained "* ]]; then
-      bash "$here/trained-hybrid.sh" train || exit 1
+      if [ -n "${PAIR_PARTS:-}" ]; then
+        bash "$here/trained-hybrid.sh" import-pair "$PAIR_PARTS" || exit 1
+      else
+        bash "$here/trained-hybrid.sh" train || exit 1
+      fi
     fi
     setsid nohup bash "$here/hybrid-session.sh" background "$parts" "${steps[@]}" \
       > "$session/session.log" 2>&1 < /dev/null &

@@ -9,6 +9,13 @@
 #   trained-hybrid.sh chain   wait, then every call, into $WORK/results: longer than one device
 #                             command, so start it under setsid and `collect` now and then
 #   trained-hybrid.sh collect copy what the chain has written so far into $OUT
+#   trained-hybrid.sh export-pair CALL
+#                             the trained pair into $OUT, four parts of 15 MiB a device
+#                             command (CALL 0, 1, ...: a command brings back 64 MiB), so
+#                             a later session carries it in (pair-parts.sh here) and
+#                             skips the training
+#   trained-hybrid.sh import-pair PARTS
+#                             join and check such carried parts into the pair's folder
 # Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations of
 # trained_pair.ABLATED (ABLATIONS="dflash-layer-id-offset dflash-swa-config
 # eagle-cache-drop"); the recipe trains with the bundle's dflash and flash-linear-attention
@@ -76,6 +83,32 @@ case $step in
     for call in $(seq 1 "$calls"); do
       bash "$here/trained-hybrid.sh" "$call"
     done
+    exit 0 ;;
+  export-pair)
+    call=${2:?usage: trained-hybrid.sh export-pair CALL}
+    : "${OUT:?}"
+    [ -f "$pair/summary.json" ] || { echo "error: no trained pair in $pair" >&2; exit 1; }
+    parts=$WORK/pair-parts
+    if [ ! -f "$parts/SHA256SUMS" ]; then
+      PYTHONPATH=$SITE python3 -c 'import sys; from pathlib import Path
+from tooling.release.split import split_bundle
+split_bundle(Path(sys.argv[1]), Path(sys.argv[2]), 15 << 20, show_progress=False)' \
+        "$pair" "$parts" || exit 1
+    fi
+    mapfile -t names < <(cd "$parts" && ls | grep -- '\.part-' | sort -t- -k2 -n)
+    last=$(( (${#names[@]} + 3) / 4 - 1 ))
+    [ "$call" -le "$last" ] || { echo "error: CALL $call past the last, $last" >&2; exit 2; }
+    for name in "${names[@]:$((call * 4)):4}"; do cp "$parts/$name" "$OUT/"; done
+    [ "$call" -eq 0 ] && cp "$parts/SHA256SUMS" "$parts/join.py" "$OUT/"
+    echo "pair parts: ${#names[@]}, four a command; this was CALL $call of 0..$last"
+    exit 0 ;;
+  import-pair)
+    from=${2:?usage: trained-hybrid.sh import-pair PARTS}
+    [ -e "$pair" ] && { echo "error: $pair is there already" >&2; exit 1; }
+    python3 "$from/join.py" "$WORK/pair-import" > /dev/null || exit 1
+    mv "$WORK/pair-import/$(basename "$pair")" "$pair" || exit 1
+    rm -rf "$WORK/pair-import"
+    echo "trained pair carried in: $(du -sh "$pair" | cut -f1)"
     exit 0 ;;
   collect)
     : "${OUT:?}"
