@@ -18,6 +18,9 @@
 #   seed-full   production-smoke.sh seed-full: the pair at the seed's width, 57 GB on the
 #               host's disk, so with no ablation installs beside it (ask for it without
 #               `trained`)
+#   pair        the recipe alone: wait for it to write the pair (trained-hybrid.sh
+#               export-pair then brings the pair back for a later session); the steps
+#               after it run once it has ended, alone on the GPU
 #   trained     trained-hybrid.sh chain: the trained pair's calls, once its recipe (started
 #               first, beside the steps before it) has written the pair; with PAIR_PARTS (a
 #               folder of an earlier session's pair, carried in: trained-hybrid.sh
@@ -26,7 +29,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|trained ...]|collect"
+usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|pair|trained ...]|collect"
 step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
@@ -38,7 +41,7 @@ case $step in
     [ ${#steps[@]} -gt 0 ] || steps=(seed seed-stock trained)
     for s in "${steps[@]}"; do
       case $s in
-        seed|seed-stock|tiny|ray|ray-tp2|seed-full|trained) ;;
+        seed|seed-stock|tiny|ray|ray-tp2|seed-full|pair|trained) ;;
         *) echo "error: hybrid-session.sh: unknown step $s ($usage)" >&2; exit 2 ;;
       esac
     done
@@ -47,7 +50,7 @@ case $step in
       exit 2; }
     mkdir -p "$session"
     bash "$here/host-setup.sh" "$parts" install || exit 1
-    if [[ " ${steps[*]} " == *" trained "* ]]; then
+    if [[ " ${steps[*]} " == *" trained "* || " ${steps[*]} " == *" pair "* ]]; then
       if [ -n "${PAIR_PARTS:-}" ]; then
         bash "$here/trained-hybrid.sh" import-pair "$PAIR_PARTS" || exit 1
       else
@@ -68,17 +71,23 @@ case $step in
     PROBES=0 ABLATIONS=$ablations bash "$here/host-setup.sh" "$parts" build \
       > "$session/build.log" 2>&1 || { mark "build failed: $session/build.log"; exit 1; }
     export PATCHED_SITE=$ENGINES/patched:$SITE STOCK_SITE=$ENGINES/stock
-    # Beside the recipe's training the GPU holds its processes too; alone, each smoke lists
-    # any vLLM or Ray process it left behind.
-    [[ " $* " == *" trained "* ]] && export SHARED_GPU=1
     for s in "$@"; do
-      mark "$s"
+      # Beside the recipe's training the GPU holds its processes too; alone, each smoke
+      # lists any vLLM or Ray process it left behind.
+      if pgrep -f "tooling.trainer train --arch hybrid" > /dev/null; then
+        export SHARED_GPU=1
+      else
+        unset SHARED_GPU
+      fi
+      mark "$s${SHARED_GPU:+ (beside the training)}"
       case $s in
         seed-stock)
           OUT=$session/seed-stock SMOKE_ARGS="--tiny-arch seed --num-speculative-tokens 15 --quick" \
             bash "$here/production-smoke.sh" stock > "$session/seed-stock.txt" 2>&1 ;;
         tiny)
           OUT=$session/tiny bash "$here/production-smoke.sh" default > "$session/tiny.txt" 2>&1 ;;
+        pair)
+          WAIT_S=${WAIT_S:-1500} bash "$here/trained-hybrid.sh" wait > "$session/pair.txt" 2>&1 ;;
         trained)
           bash "$here/trained-hybrid.sh" chain > "$session/trained.txt" 2>&1 ;;
         *)

@@ -95,7 +95,7 @@ from tooling.release.split import split_bundle
 split_bundle(Path(sys.argv[1]), Path(sys.argv[2]), 15 << 20, show_progress=False)' \
         "$pair" "$parts" || exit 1
     fi
-    mapfile -t names < <(cd "$parts" && ls | grep -- '\.part-' | sort -t- -k2 -n)
+    mapfile -t names < <(cd "$parts" && printf '%s\n' *.part-* | sort -V)
     last=$(( (${#names[@]} + 3) / 4 - 1 ))
     [ "$call" -le "$last" ] || { echo "error: CALL $call past the last, $last" >&2; exit 2; }
     for name in "${names[@]:$((call * 4)):4}"; do cp "$parts/$name" "$OUT/"; done
