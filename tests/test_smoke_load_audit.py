@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tooling.smoke import checks, load
-from tooling.smoke.serving.slotaudit import SlotAudit, audit_first_pass
+from tooling.smoke.serving.slotaudit import SlotAudit, audit_first_pass, boundary_prompt_length
 
 BLOCK = 16
 
@@ -14,12 +14,37 @@ def _slots(blocks_by_position: list[tuple[int, int]]) -> list[int]:
 
 
 def test_slots_in_own_blocks_pass() -> None:
-    owners = {"a": [3, 4], "b": [7]}
-    # Two rows of K+1 = 4 query slots; row a crosses from block 3 into 4.
-    slots = _slots([(3, 14), (3, 15), (4, 0), (4, 1), (7, 2), (7, 3), (7, 4), (7, 5)])
-    audit = audit_first_pass(slots, list(range(8)), ["a", "b"], owners, BLOCK)
-    assert (audit.slots, audit.outside, audit.other_live) == (8, 0, 0)
-    assert checks.check_slot_audit(audit.to_json()).status == checks.PASS
+    owners = {"a": [3, 4], "b": [7, 9]}
+    # Two rows of K+1 = 4 query slots; row a crosses from block 3 into 4, row b's
+    # last slot is the first of its block 9 (position 32).
+    slots = _slots([(3, 14), (3, 15), (4, 0), (4, 1), (7, 13), (7, 14), (7, 15), (9, 0)])
+    positions = [14, 15, 16, 17, 29, 30, 31, 32]
+    audit = audit_first_pass(slots, positions, ["a", "b"], owners, BLOCK)
+    assert (audit.slots, audit.outside, audit.other_live, audit.boundary_rows) == (8, 0, 0, 1)
+    result = checks.check_slot_audit(audit.to_json())
+    assert result.status == checks.PASS
+    assert "1 rows ending on a block's first slot" in result.evidence
+
+
+def test_no_row_ending_on_a_block_boundary_is_no_verdict() -> None:
+    # Every slot in its own block, but no row's last slot opens a block: a K-slot
+    # reservation (stock vLLM) would pass the same passes.
+    owners = {"a": [3, 4]}
+    slots = _slots([(3, 14), (3, 15), (4, 0), (4, 1)])
+    audit = audit_first_pass(slots, [14, 15, 16, 17], ["a"], owners, BLOCK)
+    assert (audit.outside, audit.boundary_rows) == (0, 0)
+    result = checks.check_slot_audit(audit.to_json())
+    assert result.status == checks.ERROR
+    assert "no audited row ended on a block's first slot" in result.evidence
+    assert "\n" not in result.evidence
+    unserved = {"length": None, "block_size": 480, "not_served": "no room"}
+    result = checks.check_slot_audit(audit.to_json(), unserved)
+    assert (
+        result.status == checks.ERROR and "(boundary prompt not served: no room)" in result.evidence
+    )
+    # A padded last slot is no write, so no boundary either.
+    padded = audit_first_pass([*slots[:3], -1], [13, 14, 15, 16], ["a"], owners, BLOCK)
+    assert padded.boundary_rows == 0
 
 
 def test_unreserved_lookahead_into_a_stale_row_is_counted() -> None:
@@ -50,8 +75,30 @@ def test_manager_blocks_larger_than_kernel_blocks() -> None:
 def test_audits_add_up_and_nothing_audited_is_an_error() -> None:
     total = SlotAudit()
     total.add(audit_first_pass([0], [0], ["x"], {}, BLOCK))
-    assert total.unknown_rows == 1 and total.slots == 0
+    assert total.unknown_rows == 1 and total.slots == 0 and total.boundary_rows == 0
     assert checks.check_slot_audit(total.to_json()).status == checks.ERROR
+    total.add(audit_first_pass([3 * BLOCK], [BLOCK], ["a"], {"a": [3]}, BLOCK))
+    total.add(audit_first_pass([4 * BLOCK], [2 * BLOCK], ["a"], {"a": [4]}, BLOCK))
+    assert (total.passes, total.slots, total.boundary_rows) == (3, 2, 2)
+    assert SlotAudit.from_json(total.to_json()) == total
+
+
+def test_boundary_prompt_ends_its_first_pass_on_a_block_s_first_slot() -> None:
+    # The seed-shaped hybrid pair's blocks at K=15, and a tiny pair's.
+    assert boundary_prompt_length(480, 15, 64, 2048) == 465
+    assert boundary_prompt_length(16, 3, 40, 1024) == 13
+    # K >= B: the first m with m*B > K.
+    assert boundary_prompt_length(16, 16, 40, 1024) == 16
+    assert boundary_prompt_length(16, 20, 40, 1024) == 12
+    assert boundary_prompt_length(4, 15, 40, 1024) == 1
+    for block, k in ((480, 15), (16, 3), (16, 16), (4, 15), (7, 5)):
+        length = boundary_prompt_length(block, k, 0, 10**6)
+        assert length is not None and length >= 1 and (length + k) % block == 0
+        assert length - block < 1  # the smallest such length
+    # The prompt and its new tokens must fit max_model_len.
+    assert boundary_prompt_length(480, 15, 35, 500) == 465
+    assert boundary_prompt_length(480, 15, 36, 500) is None
+    assert boundary_prompt_length(480, 15, 64, 400) is None
 
 
 def test_load_items_are_distinct_shared_prefix_prompts() -> None:

@@ -478,15 +478,24 @@ def check_warm_cache(
     )
 
 
-def check_slot_audit(audit: dict[str, Any]) -> CheckResult:
-    """No first-pass query slot outside its request's blocks."""
+def check_slot_audit(audit: dict[str, Any], boundary: dict[str, Any] | None = None) -> CheckResult:
+    """No first-pass query slot outside its request's blocks, over passes that include a
+    row ending on a block's first slot: without one, stock vLLM's K-slot reservation would
+    pass as well, and a verdict the audit could not reach is not a pass. ``boundary``: the
+    run's boundary prompt (``engine_run``), whose reason it was not served is shown."""
     from .serving.slotaudit import SlotAudit, verdict_counts
 
     counts = SlotAudit.from_json(audit)
     if counts.slots == 0:
         return CheckResult(SLOT_AUDIT, ERROR, "no first-pass slot was audited", audit)
-    status = PASS if counts.outside == 0 and counts.other_live == 0 else FAIL
-    return CheckResult(SLOT_AUDIT, status, verdict_counts(counts), audit)
+    if counts.outside or counts.other_live:
+        return CheckResult(SLOT_AUDIT, FAIL, verdict_counts(counts), audit)
+    if counts.boundary_rows == 0:
+        why = "no audited row ended on a block's first slot, so K reserved slots pass as K+1"
+        if boundary and boundary.get("not_served"):
+            why += f" (boundary prompt not served: {boundary['not_served']})"
+        return CheckResult(SLOT_AUDIT, ERROR, f"{why}: {verdict_counts(counts)}", audit)
+    return CheckResult(SLOT_AUDIT, PASS, verdict_counts(counts), audit)
 
 
 def check_load(spec: dict[str, Any], plain: dict[str, Any]) -> CheckResult:

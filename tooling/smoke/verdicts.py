@@ -161,7 +161,8 @@ def evaluate(
     elif engine_result is None or engine_result.get("slot_audit") is None:
         results.append(checks.error(checks.SLOT_AUDIT, f"no in-process run: {engine_error}"))
     else:
-        results.append(checks.check_slot_audit(engine_result["slot_audit"]))
+        audit, boundary = engine_result["slot_audit"], engine_result.get("boundary_prompt")
+        results.append(checks.check_slot_audit(audit, boundary))
 
     # 9. concurrent load through both servers
     if skipped := skip(checks.LOAD):

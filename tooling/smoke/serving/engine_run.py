@@ -10,7 +10,12 @@ After start-up it reads the window each drafter attention layer computes with
 (``impl.sliding_window``) and the aux layers the runner derives from the
 drafter config. The fidelity prompts run one at a time; then (``concurrent``)
 a batch of shared-prefix prompts of several lengths runs at once, with the
-lookahead-slot audit (``slotaudit``) on every first drafter pass.
+lookahead-slot audit (``slotaudit``) on every first drafter pass. That run
+then serves the boundary prompt alone (``slotaudit.boundary_prompt_length``
+tokens, the drafter group's manager block size read from the scheduler): its
+first pass ends on a block's first slot, the one slot a K-slot reservation
+leaves out, which a hybrid target's large blocks seldom meet otherwise. It is
+no fidelity prompt: nothing of it is recorded but the audit.
 
 Rows are matched to prompts by the request's prompt token ids (every prompt
 is distinct), so proposals of a concurrent batch are attributed correctly.
@@ -25,6 +30,7 @@ the snapshot taken for step N is what step N's writes must respect.
 
 Attribute paths checked against vLLM 0.20.1:
 ``LLM.llm_engine.model_executor`` (v1/engine/llm_engine.py, in-process only)
+``LLM.llm_engine.engine_core.engine_core.scheduler`` (core_client.py: InprocClient, core.py)
 ``.driver_worker.worker.model_runner`` (uniproc_executor.py, worker_base.py)
 ``.drafter`` (gpu_model_runner.py: DFlashProposer) ``.model`` (DFlashQwen3ForCausalLM),
 ``DFlashProposer.positions`` (dflash.py: query positions, bonus first),
@@ -37,6 +43,7 @@ whose ``slot_mapping`` the kernel wrote), ``runner.input_batch.req_ids``,
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import random
 import sys
@@ -46,7 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from .child import exit_now, serve
-from .slotaudit import SlotAudit, audit_first_pass
+from .slotaudit import SlotAudit, audit_first_pass, boundary_prompt_length
+
+RANDOM_IDS = (10, 1000)
+"""Token ids of the seeded random prompts: in any tokenizer's vocabulary."""
 
 
 @dataclass
@@ -93,7 +103,8 @@ class ProposalRecorder:
     features: dict[int, dict[int, Any]] | None = None
     """Prompt index -> position -> context feature (CPU float32); None: not recorded."""
     runner: Any = None
-    """The model runner (the proposer keeps no reference to it); set once the engine is up."""
+    """The model runner (the proposer keeps no reference to it); set once the engine is up,
+    None again while the boundary prompt runs."""
 
     def prompt_of(self, runner: Any, request_id: str) -> int:
         state = runner.requests.get(request_id)
@@ -103,7 +114,7 @@ class ProposalRecorder:
     def record(self, proposer: Any, bound: inspect.BoundArguments, drafts: Any) -> None:
         runner = self.runner
         if runner is None:
-            return  # start-up: no request yet
+            return  # start-up (no request yet) or the boundary prompt (no fidelity prompt)
         next_token_ids = bound.arguments["next_token_ids"]
         k = int(drafts.shape[-1])
         rows = drafts.reshape(-1, k).tolist()
@@ -217,7 +228,7 @@ def build_prompts(target: str, texts: list[str], lengths: list[int], seed: int) 
             prompts.append([int(t) for t in ids[:length]])
         else:
             rng = random.Random(seed + i)
-            prompts.append([rng.randrange(10, 1000) for _ in range(length)])
+            prompts.append([rng.randrange(*RANDOM_IDS) for _ in range(length)])
     return prompts
 
 
@@ -312,6 +323,41 @@ class SlotAuditor:
                 self.current["block_sizes"][gid],
             )
         )
+
+
+def serve_boundary_prompt(
+    llm: Any, request: EngineRunInput, prompts: list[list[int]], gid: int
+) -> dict[str, Any]:
+    """Serve the boundary prompt alone; what the result records of it.
+
+    ``gid``: the drafter's KV-cache group, whose manager block size the audit uses.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    block_size = int(SlotAuditor.snapshot(scheduler)["block_sizes"][gid])
+    length = boundary_prompt_length(
+        block_size, request.num_speculative_tokens, request.max_tokens, request.max_model_len
+    )
+    record: dict[str, Any] = {"length": length, "block_size": block_size}
+    if length is None:
+        record["not_served"] = (
+            f"no prompt of m*{block_size} - {request.num_speculative_tokens} tokens leaves "
+            f"{request.max_tokens} new tokens within max_model_len {request.max_model_len}"
+        )
+        return record
+    taken = {tuple(p) for p in prompts}
+    for salt in itertools.count():
+        rng = random.Random(f"boundary prompt {request.seed} {salt}")
+        prompt = [rng.randrange(*RANDOM_IDS) for _ in range(length)]
+        if tuple(prompt) not in taken:
+            break
+    params = SamplingParams(
+        temperature=0.0, max_tokens=request.max_tokens, ignore_eos=True, detokenize=False
+    )
+    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+    return record
 
 
 def _save_features(path: str, features: dict[int, dict[int, Any]]) -> None:
@@ -412,6 +458,11 @@ def run(request: EngineRunInput) -> dict[str, Any]:
         )
         concurrent_s = time.monotonic() - begin
         outputs += [[int(t) for t in r.outputs[0].token_ids] for r in results]
+    spec_decode_metrics = _metrics_summary(llm.get_metrics())
+    boundary = None
+    if concurrent:
+        recorder.runner = None
+        boundary = serve_boundary_prompt(llm, request, prompts, drafter.kv_cache_gid)
     if recorder.features is not None and request.features_path:
         _save_features(request.features_path, recorder.features)
     return {
@@ -430,8 +481,9 @@ def run(request: EngineRunInput) -> dict[str, Any]:
         "unmatched_rows": recorder.unmatched_rows,
         "features_path": request.features_path if recorder.features is not None else None,
         "slot_audit": auditor.audit.to_json(),
+        "boundary_prompt": boundary,
         "num_speculative_tokens": request.num_speculative_tokens,
-        "spec_decode_metrics": _metrics_summary(llm.get_metrics()),
+        "spec_decode_metrics": spec_decode_metrics,
     }
 
 

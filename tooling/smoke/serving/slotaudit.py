@@ -17,6 +17,13 @@ blocks larger than the attention kernel's (``blocks_per_kv_block`` kernel
 blocks per manager block, ids ``b * m + j``), so a kernel slot ``s`` lies in
 manager block ``s // manager_block_size`` either way; the audit works in
 manager blocks.
+
+A K-slot lookahead reservation falls short only where a row's last query slot
+(position last+1+K) is the first slot of a manager block; a pass with no such
+row cannot tell K reserved slots from K+1. Hybrid targets' manager blocks are
+large (sized to the Mamba state), so short prompts seldom end there: the
+audited run serves one prompt of ``boundary_prompt_length`` tokens, whose
+first pass ends there by construction.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ class SlotAudit:
     """Rows whose request the scheduler's snapshot did not list (not audited)."""
     unaudited_passes: int = 0
     """First passes with no scheduler snapshot to audit against."""
+    boundary_rows: int = 0
+    """Audited rows whose last query slot is the first slot of a manager block: the only
+    slot a K-slot reservation leaves without a block."""
     examples: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, other: SlotAudit) -> None:
@@ -58,6 +68,7 @@ class SlotAudit:
         self.null_block += other.null_block
         self.unknown_rows += other.unknown_rows
         self.unaudited_passes += other.unaudited_passes
+        self.boundary_rows += other.boundary_rows
         room = 10 - len(self.examples)
         self.examples += other.examples[: max(room, 0)]
 
@@ -94,6 +105,9 @@ def audit_first_pass(
         if mine is None:
             audit.unknown_rows += 1
             continue
+        last = (row + 1) * width - 1
+        if int(slots[last]) != PADDING_SLOT and int(positions[last]) % block_size == 0:
+            audit.boundary_rows += 1
         for i in range(row * width, (row + 1) * width):
             slot = int(slots[i])
             if slot == PADDING_SLOT:
@@ -122,11 +136,27 @@ def audit_first_pass(
     return audit
 
 
+def boundary_prompt_length(
+    block_size: int, num_speculative_tokens: int, max_tokens: int, max_model_len: int
+) -> int | None:
+    """The shortest prompt whose first pass after its prefill ends on a block's first slot.
+
+    A prompt of L tokens has its last verified position at L-1, so the first pass
+    writes L .. L+K; L = m*B - K puts L+K on the first slot of block m (m the
+    smallest with L >= 1). None when that prompt and ``max_tokens`` new tokens
+    exceed ``max_model_len``.
+    """
+    blocks = num_speculative_tokens // block_size + 1
+    length = blocks * block_size - num_speculative_tokens
+    return length if length + max_tokens <= max_model_len else None
+
+
 def verdict_counts(audit: SlotAudit) -> str:
-    """One line: slots audited, outside, into another live request."""
+    """One line: slots audited, outside, into another live request; rows at a boundary."""
     return (
         f"{audit.outside} of {audit.slots} first-pass query slots outside the request's blocks, "
-        f"{audit.other_live} into another live request's block ({audit.passes} passes"
+        f"{audit.other_live} into another live request's block, {audit.boundary_rows} rows "
+        f"ending on a block's first slot ({audit.passes} passes"
         + (
             f", {audit.unknown_rows} rows and {audit.unaudited_passes} passes unaudited)"
             if audit.unknown_rows or audit.unaudited_passes
