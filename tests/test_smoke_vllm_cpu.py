@@ -12,7 +12,9 @@ patched tree, first on the path:
 - ``install_recorder`` binds to the real ``DFlashProposer.propose``;
 - the slot auditor's hooks bind to the real ``Scheduler.schedule`` (which the
   async scheduler inherits), ``DFlashProposer.set_inputs_first_pass`` and its
-  Triton kernel (interpreted), with an attention and a Mamba KV-cache group.
+  Triton kernel (interpreted), with an attention and a Mamba KV-cache group;
+  the boundary prompt, served alone, fails check 8 on the pristine tree (its
+  last query slot has no block) and passes it on the patched one.
 """
 
 from __future__ import annotations
@@ -185,20 +187,25 @@ SCRIPT = textwrap.dedent(
                 target_hidden_states=torch.zeros(n, 8), token_indices_to_sample=None,
                 cad=cad, num_rejected_tokens_gpu=None)
 
+    def new_scheduler(prompts):
+        scheduler = Scheduler(
+            vllm_config=config, kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(config), block_size=block,
+            log_stats=False)
+        for request_id, ids in prompts.items():
+            scheduler.add_request(Request(
+                request_id=request_id, prompt_token_ids=ids,
+                sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                block_hasher=hasher))
+        return scheduler
+
     auditor = SlotAuditor()
     auditor.install(Scheduler, Runner, DFlashProposer)
     auditor.runner = Runner()
-    scheduler = Scheduler(
-        vllm_config=config, kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(config), block_size=block,
-        log_stats=False)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(block, sha256)
-    for i, length in enumerate((32, 40)):
-        scheduler.add_request(Request(
-            request_id=f"r{i}", prompt_token_ids=list(range(100 * i + 1, 100 * i + 1 + length)),
-            sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
-            block_hasher=hasher))
+    scheduler = new_scheduler(
+        {f"r{i}": list(range(100 * i + 1, 100 * i + 1 + n)) for i, n in enumerate((32, 40))})
     scheduled = scheduler.schedule()
     auditor.runner.propose_draft_token_ids(scheduled)
     out["audit"] = {
@@ -209,6 +216,14 @@ SCRIPT = textwrap.dedent(
         "scheduled": {r.req_id: r.block_ids for r in scheduled.scheduled_new_reqs},
         "counts": auditor.audit.to_json(),
     }
+    # The engine run's boundary prompt, served alone on a fresh scheduler and block
+    # table: its first pass ends on the first slot of block 1.
+    from tooling.smoke.serving.slotaudit import SlotAudit, boundary_prompt_length
+    length = boundary_prompt_length(block, proposer.num_speculative_tokens, 4, 1024)
+    auditor.audit, auditor.runner = SlotAudit(), Runner()
+    scheduler = new_scheduler({"boundary": list(range(500, 500 + length))})
+    auditor.runner.propose_draft_token_ids(scheduler.schedule())
+    out["boundary"] = {"length": length, "counts": auditor.audit.to_json()}
 
     # 5. The preflight fills vLLM's model-info cache with what vLLM itself reads back.
     import tempfile
@@ -357,6 +372,28 @@ def test_slot_audit_hooks_bind_to_the_real_scheduler_and_first_pass(stock) -> No
 
 def test_slot_audit_hooks_bind_on_the_patched_tree(patched) -> None:
     _check_audit_hooks(patched["audit"])
+
+
+def _boundary_verdict(observed: dict) -> checks.CheckResult:
+    boundary = observed["boundary"]
+    assert boundary["length"] == 13  # 16-token blocks, K=3: positions 13..16
+    counts = boundary["counts"]
+    assert (counts["passes"], counts["slots"], counts["boundary_rows"]) == (1, 4, 1)
+    return checks.check_slot_audit(counts)
+
+
+def test_boundary_prompt_fails_the_slot_audit_on_the_stock_tree(stock) -> None:
+    result = _boundary_verdict(stock)
+    assert result.status == checks.FAIL, result.evidence
+    # Stock 0.20.1 reserves no lookahead on a first prefill: one block for 13 tokens.
+    counts = stock["boundary"]["counts"]
+    assert (counts["outside"], counts["null_block"]) == (1, 1)
+    assert [e["position"] for e in counts["examples"]] == [16]
+
+
+def test_boundary_prompt_passes_the_slot_audit_on_the_patched_tree(patched) -> None:
+    result = _boundary_verdict(patched)
+    assert result.status == checks.PASS, result.evidence
 
 
 def test_vllm_completion_answer_parses(stock) -> None:
