@@ -14,9 +14,9 @@ def _slots(blocks_by_position: list[tuple[int, int]]) -> list[int]:
 
 
 def test_slots_in_own_blocks_pass() -> None:
-    owners = {"a": [3, 4], "b": [7, 9]}
+    owners = {"a": [3, 4], "b": [5, 7, 9]}
     # Two rows of K+1 = 4 query slots; row a crosses from block 3 into 4, row b's
-    # last slot is the first of its block 9 (position 32).
+    # last slot is the first of its block 9 (position 32, its third block).
     slots = _slots([(3, 14), (3, 15), (4, 0), (4, 1), (7, 13), (7, 14), (7, 15), (9, 0)])
     positions = [14, 15, 16, 17, 29, 30, 31, 32]
     audit = audit_first_pass(slots, positions, ["a", "b"], owners, BLOCK)
@@ -64,6 +64,40 @@ def test_unreserved_lookahead_into_a_stale_row_is_counted() -> None:
     assert "3 of 4" in result.evidence and "1 into another live" in result.evidence
 
 
+def test_a_slot_in_another_of_the_requests_own_blocks_is_counted() -> None:
+    # Request a owns blocks 3 and 5. Its lookahead's last slot (position 32, a third block
+    # it was not given) reads a stale block-table entry that names block 3, its own first
+    # block: the write lands in a block it owns, over the keys of positions 0..15.
+    owners = {"a": [3, 5]}
+    slots = _slots([(5, 13), (5, 14), (5, 15), (3, 0)])
+    audit = audit_first_pass(slots, [29, 30, 31, 32], ["a"], owners, BLOCK)
+    assert (audit.slots, audit.outside, audit.misplaced, audit.boundary_rows) == (4, 0, 1, 1)
+    assert audit.examples == [
+        {
+            "request": "a",
+            "position": 32,
+            "slot": 48,
+            "block": 3,
+            "expected": None,
+            "owned": [3, 5],
+            "owned_by": [],
+        }
+    ]
+    result = checks.check_slot_audit(audit.to_json())
+    assert result.status == checks.FAIL
+    assert "1 in another of its own blocks" in result.evidence
+    # The same slots where the request's blocks lie in that order pass.
+    fine = audit_first_pass(
+        _slots([(5, 13), (5, 14), (5, 15), (3, 0)]),
+        [29, 30, 31, 32],
+        ["a"],
+        {"a": [1, 5, 3]},
+        BLOCK,
+    )
+    assert (fine.outside, fine.misplaced) == (0, 0)
+    assert SlotAudit.from_json(audit.to_json()) == audit
+
+
 def test_manager_blocks_larger_than_kernel_blocks() -> None:
     # Hybrid: manager block 2 of 64 tokens holds kernel blocks 8..11 of 16 tokens.
     owners = {"a": [2]}
@@ -77,8 +111,8 @@ def test_audits_add_up_and_nothing_audited_is_an_error() -> None:
     total.add(audit_first_pass([0], [0], ["x"], {}, BLOCK))
     assert total.unknown_rows == 1 and total.slots == 0 and total.boundary_rows == 0
     assert checks.check_slot_audit(total.to_json()).status == checks.ERROR
-    total.add(audit_first_pass([3 * BLOCK], [BLOCK], ["a"], {"a": [3]}, BLOCK))
-    total.add(audit_first_pass([4 * BLOCK], [2 * BLOCK], ["a"], {"a": [4]}, BLOCK))
+    total.add(audit_first_pass([3 * BLOCK], [BLOCK], ["a"], {"a": [2, 3]}, BLOCK))
+    total.add(audit_first_pass([4 * BLOCK], [2 * BLOCK], ["a"], {"a": [2, 3, 4]}, BLOCK))
     assert (total.passes, total.slots, total.boundary_rows) == (3, 2, 2)
     assert SlotAudit.from_json(total.to_json()) == total
 

@@ -372,6 +372,10 @@ def test_slot_audit_hooks_bind_to_the_real_scheduler_and_first_pass(stock) -> No
 
 def test_slot_audit_hooks_bind_on_the_patched_tree(patched) -> None:
     _check_audit_hooks(patched["audit"])
+    # With the lookahead reserved, each query slot lies in the very block the request holds
+    # for its position, in the order vLLM's KV-cache manager lists them.
+    counts = patched["audit"]["counts"]
+    assert (counts["outside"], counts["misplaced"], counts["other_live"]) == (0, 0, 0)
 
 
 def _boundary_verdict(observed: dict) -> checks.CheckResult:

@@ -488,7 +488,7 @@ def check_slot_audit(audit: dict[str, Any], boundary: dict[str, Any] | None = No
     counts = SlotAudit.from_json(audit)
     if counts.slots == 0:
         return CheckResult(SLOT_AUDIT, ERROR, "no first-pass slot was audited", audit)
-    if counts.outside or counts.other_live:
+    if counts.outside or counts.other_live or counts.misplaced:
         return CheckResult(SLOT_AUDIT, FAIL, verdict_counts(counts), audit)
     if counts.boundary_rows == 0:
         why = "no audited row ended on a block's first slot, so K reserved slots pass as K+1"

@@ -58,6 +58,10 @@ class SlotAudit:
     boundary_rows: int = 0
     """Audited rows whose last query slot is the first slot of a manager block: the only
     slot a K-slot reservation leaves without a block."""
+    misplaced: int = 0
+    """Slots in a block the writing request owns, but not the one its position falls in: a
+    stale block-table entry that happens to name another of the request's blocks, whose
+    keys and values it overwrites."""
     examples: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, other: SlotAudit) -> None:
@@ -69,6 +73,7 @@ class SlotAudit:
         self.unknown_rows += other.unknown_rows
         self.unaudited_passes += other.unaudited_passes
         self.boundary_rows += other.boundary_rows
+        self.misplaced += other.misplaced
         room = 10 - len(self.examples)
         self.examples += other.examples[: max(room, 0)]
 
@@ -92,7 +97,9 @@ def audit_first_pass(
     ``slots``/``positions``: the query slot mapping and positions, ``len(row_requests)``
     rows of equal width, row-major. ``row_requests``: the request id of each row.
     ``owners``: request id -> the manager block ids it owns at this step (every
-    live request). ``block_size``: the manager's block size for the drafter's group.
+    live request), in the order of the positions they hold. ``block_size``: the manager's
+    block size for the drafter's group. A slot must lie in the block its position falls
+    in, ``owners[request][position // block_size]``.
     """
     audit = SlotAudit(passes=1)
     rows = len(row_requests)
@@ -108,20 +115,26 @@ def audit_first_pass(
         last = (row + 1) * width - 1
         if int(slots[last]) != PADDING_SLOT and int(positions[last]) % block_size == 0:
             audit.boundary_rows += 1
+        ordered = owners[request]
         for i in range(row * width, (row + 1) * width):
             slot = int(slots[i])
             if slot == PADDING_SLOT:
                 continue
             audit.slots += 1
             block = slot // block_size
-            if block in mine:
+            index = int(positions[i]) // block_size
+            if index < len(ordered) and ordered[index] == block:
                 continue
-            audit.outside += 1
-            others = [r for r, blocks in owned.items() if r != request and block in blocks]
-            if others:
-                audit.other_live += 1
-            if block == NULL_BLOCK_ID:
-                audit.null_block += 1
+            others = []
+            if block in mine:
+                audit.misplaced += 1
+            else:
+                audit.outside += 1
+                others = [r for r, blocks in owned.items() if r != request and block in blocks]
+                if others:
+                    audit.other_live += 1
+                if block == NULL_BLOCK_ID:
+                    audit.null_block += 1
             if len(audit.examples) < 10:
                 audit.examples.append(
                     {
@@ -129,7 +142,8 @@ def audit_first_pass(
                         "position": int(positions[i]),
                         "slot": slot,
                         "block": block,
-                        "owned": sorted(mine),
+                        "expected": ordered[index] if index < len(ordered) else None,
+                        "owned": list(ordered),
                         "owned_by": others,
                     }
                 )
@@ -152,10 +166,13 @@ def boundary_prompt_length(
 
 
 def verdict_counts(audit: SlotAudit) -> str:
-    """One line: slots audited, outside, into another live request; rows at a boundary."""
+    """One line: slots audited, outside, into another live request, into another of its own
+    blocks (only when some were); rows at a boundary."""
     return (
         f"{audit.outside} of {audit.slots} first-pass query slots outside the request's blocks, "
-        f"{audit.other_live} into another live request's block, {audit.boundary_rows} rows "
+        f"{audit.other_live} into another live request's block, "
+        + (f"{audit.misplaced} in another of its own blocks, " if audit.misplaced else "")
+        + f"{audit.boundary_rows} rows "
         f"ending on a block's first slot ({audit.passes} passes"
         + (
             f", {audit.unknown_rows} rows and {audit.unaudited_passes} passes unaudited)"
