@@ -219,14 +219,17 @@ def check_lossless(
     details["tie_tolerance"] = tie.to_json()
     gaps = [max(m["spec_gap"], m["plain_gap"]) for m in margins]
     spreads = [m["spread"] for m in margins if m.get("spread") is not None]
-    evidence += (
-        "; the target's logits there: both tokens within "
+    untied = sum(1 for g in gaps if g > tie.value)
+    # The verdict's reason first: a report's table shows the evidence's start.
+    evidence = (
+        f"{len(differing)}/{len(prompts)} greedy completions differ with the drafter, "
+        + (f"{untied} where the target's logits do not tie" if untied else "each at a tie")
+        + f" ({where}); the target's logits there: both tokens within "
         + ", ".join(f"{g:.4f}" for g in gaps)
         + f" of its best ({tie.describe()}"
         + (f"; the logits' spread there {min(spreads):.2f} or more)" if spreads else ")")
     )
-    ties = all(g <= tie.value for g in gaps)
-    return CheckResult(LOSSLESS, PASS if ties else FAIL, evidence, details)
+    return CheckResult(LOSSLESS, FAIL if untied else PASS, evidence, details)
 
 
 def check_aux_layers(
