@@ -207,13 +207,11 @@ def check_lossless(
     where = ", ".join(
         f"prompt {d['prompt']} at token {d['first_difference']}" for d in differing[:3]
     )
-    evidence = (
-        f"{len(differing)}/{len(prompts)} greedy completions differ with the drafter ({where})"
-    )
+    count = f"{len(differing)}/{len(prompts)} greedy completions differ with the drafter"
     details: dict[str, Any] = {"differing": differing, "margins": margins}
     if not margins or len(margins) != len(differing):
         return CheckResult(
-            LOSSLESS, FAIL, f"{evidence}; the target's margins there unknown", details
+            LOSSLESS, FAIL, f"{count} ({where}); the target's margins there unknown", details
         )
     tie = TieTolerance(tolerance, noise)
     details["tie_tolerance"] = tie.to_json()
@@ -222,7 +220,7 @@ def check_lossless(
     untied = sum(1 for g in gaps if g > tie.value)
     # The verdict's reason first: a report's table shows the evidence's start.
     evidence = (
-        f"{len(differing)}/{len(prompts)} greedy completions differ with the drafter, "
+        f"{count}, "
         + (f"{untied} where the target's logits do not tie" if untied else "each at a tie")
         + f" ({where}); the target's logits there: both tokens within "
         + ", ".join(f"{g:.4f}" for g in gaps)
