@@ -105,6 +105,8 @@ split_bundle(Path(sys.argv[1]), Path(sys.argv[2]), 15 << 20, show_progress=False
   import-pair)
     from=${2:?usage: trained-hybrid.sh import-pair PARTS}
     [ -e "$pair" ] && { echo "error: $pair is there already" >&2; exit 1; }
+    # A fresh folder: nothing of an earlier, stopped import joins this one.
+    rm -rf "$WORK/pair-import"
     python3 "$from/join.py" "$WORK/pair-import" > /dev/null || exit 1
     mv "$WORK/pair-import/$(basename "$pair")" "$pair" || exit 1
     rm -rf "$WORK/pair-import"
