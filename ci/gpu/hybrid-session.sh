@@ -100,11 +100,12 @@ case $step in
     : "${OUT:?}"
     cat "$session/session.log" 2>/dev/null
     grep -v '^\[transformers\]' "$WORK/train-hybrid.log" 2>/dev/null | tail -3
-    # A device command brings back at most eight files of at most 16 MiB: the texts to
-    # read, and the reports packed without the engines' logs, features and compile caches
-    # (with those, one seed-shaped smoke's folder alone is over the limit).
-    cp "$session"/*.txt "$OUT/" 2>/dev/null
-    cp "$WORK"/results/trained-report-*.txt "$OUT/" 2>/dev/null
+    # A device command brings back at most eight files of at most 16 MiB: every step's text
+    # in one file to read, and the reports packed without the engines' logs, features and
+    # compile caches (with those, one seed-shaped smoke's folder alone is over the limit).
+    for text in "$session"/*.txt "$WORK"/results/trained-report-*.txt; do
+      [ -f "$text" ] && printf '== %s\n%s\n\n' "${text#"$WORK"/}" "$(cat "$text")"
+    done > "$OUT/texts.txt"
     (cd "$WORK" && find session results train-out trained \( -name '*.json' -o -name '*.txt' \) \
       -size -4M -not -path '*vllm-cache*' 2>/dev/null) |
       tar -czf "$OUT/reports.tgz" -C "$WORK" -T - 2>/dev/null
