@@ -470,7 +470,20 @@ def test_expect_stock_is_a_negative_control(tmp_path: Path) -> None:
     assert not stock.passed  # as a fixed build it fails ...
     stock.expect = "stock"
     assert stock.passed  # ... and it is exactly what stock vLLM does
-    assert stock.summary_line().startswith("smoke behaved as stock vLLM")
+    line = stock.summary_line()
+    assert line.startswith("smoke behaved as stock vLLM: failed 2 aux_layers, 3 drafter_windows,")
+    assert "; output lossless" in line
+    # A quick run on a hybrid target: lossless skipped, the K+1 first tokens wrong. The line
+    # names those failures and claims nothing of the lossless check that did not run.
+    quick = [c for c in _stock_like() if c.id != checks.LOSSLESS]
+    quick.append(checks.CheckResult(checks.LOSSLESS, checks.SKIP, "not in --quick"))
+    quick.append(checks.CheckResult(checks.FIRST_TOKENS, checks.FAIL, "3 of 4 prompts off"))
+    hybrid = _report(tmp_path, quick)
+    hybrid.models["target_info"] = {"hybrid": True}
+    hybrid.expect = "stock"
+    assert hybrid.passed
+    assert "10 first_tokens" in hybrid.summary_line()
+    assert "output lossless" not in hybrid.summary_line()
     fixed_like = _stock_like()
     fixed_like[1] = checks.check_aux_layers((2, 4, 6), (2, 4, 6), "log")
     mixed = _report(tmp_path, fixed_like)
