@@ -56,6 +56,10 @@ def test_a_pair_brought_back_in_several_commands_is_carried_in_whole(tmp_path: P
     assert [p.read_bytes() for p in sorted(first.iterdir())] == [
         p.read_bytes() for p in sorted(again.iterdir())
     ]
+    # A device command's folder can bring more back beside the parts: here the recipe's
+    # reports, as the session's first export did.
+    (first / "train-out").mkdir()
+    (first / "train-out" / "summary.json").write_text("{}")
     carry = tmp_path / "carry"
     subprocess.run(
         ["bash", str(GPU / "pair-parts.sh"), str(carry), str(20 << 20), "--", str(first)],

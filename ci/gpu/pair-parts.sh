@@ -18,8 +18,11 @@ cd "$here/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/in"
+# A device command's folder may hold more than the parts (a report copied beside them): take
+# its plain files only, and let join.py judge which belong.
 for dir in "$@"; do
-  cp "$dir"/* "$work/in/"
+  [ -d "$dir" ] || { echo "error: pair-parts.sh: $dir is not a folder" >&2; exit 2; }
+  find "$dir" -maxdepth 1 -type f -exec cp {} "$work/in/" \;
 done
 # join.py checks every part against SHA256SUMS and the whole archive's digest.
 python3 "$work/in/join.py" "$work/joined" > /dev/null
