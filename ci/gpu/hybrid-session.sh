@@ -57,7 +57,10 @@ case $step in
         bash "$here/trained-hybrid.sh" train || exit 1
       fi
     fi
-    setsid nohup bash "$here/hybrid-session.sh" background "$parts" "${steps[@]}" \
+    # Without this command's OUT: the device hands every command a folder to bring back, and
+    # a step that wrote there from the background would fill a later command's (its eight
+    # files), crowding out what that command was run to bring back.
+    setsid nohup env -u OUT bash "$here/hybrid-session.sh" background "$parts" "${steps[@]}" \
       > "$session/session.log" 2>&1 < /dev/null &
     echo "session started (pid $!): ${steps[*]}; log $session/session.log"
     ;;
