@@ -23,8 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from tooling.errors import SmokeCapacityError, SmokeError
-from tooling.smoke import GpuFacts, SmokeConfig, Timeouts, describe_plan, format_table, run_smoke
+from tooling.errors import SmokeCapacityError, SmokeError, exit_code_for
+from tooling.smoke import (
+    EngineSettings,
+    GpuFacts,
+    SmokeConfig,
+    Timeouts,
+    describe_plan,
+    format_table,
+    run_smoke,
+)
 from tooling.smoke.checks import ERROR, FAIL, INFO, PASS, SKIP
 from tooling.smoke.serving.tiny import TinySpec, hybrid_config, target_config
 
@@ -472,6 +480,30 @@ def test_fewer_gpus_than_the_tensor_parallel_size_is_exit_24_as_in_a_dry_run(
     with pytest.raises(SmokeCapacityError, match=needs):
         run_smoke(config, notify=lambda m: None)
     assert not (tmp_path / "smoke" / "logs" / "serve-dflash.log").exists()
+
+
+def test_a_generated_pair_the_disk_cannot_hold_is_exit_24_before_anything_is_written(
+    tmp_path,
+) -> None:
+    # The seed-shaped pair at a width no disk holds (terabytes of weights): a dry run and a
+    # run both name the figures in one line, and neither creates the workdir.
+    config = SmokeConfig(
+        workdir=tmp_path / "smoke",
+        tiny=True,
+        tiny_arch="seed",
+        tiny_hidden_size=65536,
+        engine=EngineSettings(num_speculative_tokens=15),
+        gpus=GpuFacts(1, 141 * 2**30),
+    )
+    for attempt in (describe_plan, lambda c: run_smoke(c, notify=lambda m: None)):
+        with pytest.raises(SmokeCapacityError) as refused:
+            attempt(config)
+        message = str(refused.value)
+        assert message.startswith(f"{tmp_path / 'smoke' / 'models'}: the generated pair needs ")
+        assert "GiB of weights, 2 for logs and caches); " in message
+        assert message.endswith(" GiB free there") and "\n" not in message
+        assert exit_code_for(refused.value) == 24
+        assert not (tmp_path / "smoke").exists()
 
 
 def _standin_ray(site: Path, version: str) -> None:

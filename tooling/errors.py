@@ -136,7 +136,7 @@ class SmokePairError(SmokeError):
 
 
 class SmokeCapacityError(SmokeError):
-    """The model pair does not fit the GPUs the smoke can use."""
+    """The model pair does not fit the GPUs the smoke can use, or a generated pair the disk."""
 
     exit_code = 24
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import SmokeError
+from ..errors import SmokeCapacityError, SmokeError
 from ..procs import log_tail, sigterm_as_interrupt, start_group, stop_group
 from . import checks, distribution, load, observe
 from .config import (
@@ -308,10 +308,43 @@ def pair_facts(config: SmokeConfig) -> PairFacts:
     return read_pair(config.target, config.drafter)
 
 
+def _pair_to_run(config: SmokeConfig) -> PairFacts:
+    """``pair_facts``, and for a pair the run generates, the disk under the workdir checked
+    against it: what a dry run and a run both refuse before anything starts."""
+    pair = pair_facts(config)
+    if config.tiny:
+        check_models_disk(config.workdir.resolve() / "models", pair)
+    return pair
+
+
+MODELS_DISK_HEADROOM = 2 * GIB
+"""Disk beyond a generated pair's weights: its tokenizer, the run's logs and compile caches."""
+
+
+def check_models_disk(root: Path, pair: PairFacts) -> None:
+    """Refuse a generated pair the disk under ``root`` cannot hold, in one line with both
+    figures, before anything is written: at the seed's width the pair is about 57 GB, and a
+    disk that fills half-way through its weights leaves a broken pair and no verdict."""
+    weights = pair.target.weight_bytes + pair.drafter.weight_bytes
+    need = weights + MODELS_DISK_HEADROOM
+    existing = root
+    while not existing.exists():
+        existing = existing.parent
+    # An earlier run's pair in the same workdir is written over, so its bytes are free too.
+    earlier = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
+    free = shutil.disk_usage(existing).free + earlier
+    if need > free:
+        raise SmokeCapacityError(
+            f"{root}: the generated pair needs {need / GIB:.1f} GiB of disk ({weights / GIB:.1f} "
+            f"GiB of weights, {MODELS_DISK_HEADROOM / GIB:.0f} for logs and caches); "
+            f"{free / GIB:.1f} GiB free there"
+        )
+
+
 def describe_plan(config: SmokeConfig) -> SmokePlan:
     """The plan ``run_smoke`` would execute, starting no engine (``--dry-run``). The GPUs are
     ``config.gpus``, else what torch sees in the serving interpreter."""
-    pair = pair_facts(config)
+    pair = _pair_to_run(config)
     gpus = config.gpus
     if gpus is None:
         python = config.python or sys.executable
@@ -340,7 +373,7 @@ def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
     KeyboardInterrupt (and SIGTERM, turned into it) stops every child first and then
     propagates.
     """
-    pair = pair_facts(config)
+    pair = _pair_to_run(config)
     run = _Run(config, notify or _progress)
     run.workdir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(run.cache, ignore_errors=True)
