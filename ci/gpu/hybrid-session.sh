@@ -76,8 +76,8 @@ case $step in
     export PATCHED_SITE=$ENGINES/patched:$SITE STOCK_SITE=$ENGINES/stock
     for s in "$@"; do
       # Beside the recipe's training the GPU holds its processes too; alone, each smoke
-      # lists any vLLM or Ray process it left behind.
-      if pgrep -f "tooling.trainer train --arch hybrid" > /dev/null; then
+      # lists any vLLM or Ray process it left behind. `pair` only waits for the training.
+      if [ "$s" != pair ] && pgrep -f "tooling.trainer train --arch hybrid" > /dev/null; then
         export SHARED_GPU=1
       else
         unset SHARED_GPU
