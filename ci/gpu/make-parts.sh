@@ -39,12 +39,5 @@ echo "triton==3.7.1 --hash=sha256:7e40869937a68206ec70d7f25bb7ec6433cb083f9135e1
 .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
   --require-hashes --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
   --platform manylinux_2_28_x86_64 -r "$work/train-wheels.txt" -d "$work/payload/train-wheels"
-.venv/bin/python - "$work/payload" "$out" "$size" <<'PY'
-import sys
-from pathlib import Path
-
-from tooling.release.split import split_bundle
-
-print(split_bundle(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), show_progress=False)[0])
-PY
+.venv/bin/python -m tooling.release.split "$work/payload" "$out" "$size"
 ls -l "$out"

@@ -28,8 +28,5 @@ done
 python3 "$work/in/join.py" "$work/joined" > /dev/null
 pair=$(find "$work/joined" -mindepth 1 -maxdepth 1 -type d)
 [ -f "$pair/summary.json" ] || { echo "error: pair-parts.sh: no summary.json in the pair" >&2; exit 1; }
-.venv/bin/python -c 'import sys; from pathlib import Path
-from tooling.release.split import split_bundle
-split_bundle(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), show_progress=False)' \
-  "$pair" "$out" "$size"
+.venv/bin/python -m tooling.release.split "$pair" "$out" "$size" > /dev/null
 ls "$out"

@@ -90,10 +90,8 @@ case $step in
     [ -f "$pair/summary.json" ] || { echo "error: no trained pair in $pair" >&2; exit 1; }
     parts=$WORK/pair-parts
     if [ ! -f "$parts/SHA256SUMS" ]; then
-      PYTHONPATH=$SITE python3 -c 'import sys; from pathlib import Path
-from tooling.release.split import split_bundle
-split_bundle(Path(sys.argv[1]), Path(sys.argv[2]), 15 << 20, show_progress=False)' \
-        "$pair" "$parts" || exit 1
+      PYTHONPATH=$SITE python3 -m tooling.release.split "$pair" "$parts" $((15 << 20)) \
+        > /dev/null || exit 1
     fi
     mapfile -t names < <(cd "$parts" && printf '%s\n' *.part-* | sort -V)
     last=$(( (${#names[@]} + 3) / 4 - 1 ))

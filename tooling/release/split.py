@@ -3,12 +3,14 @@ stream, numbered parts, their ``SHA256SUMS`` and ``join.py`` to check and unpack
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import sys
 import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import BundleError
+from ..errors import BundleError, ToolingError
 from ..fsutil import sha256_file, staging_dir
 from ..progress import progress_bar
 from .files import BundleFile, bundle_file, sums_text
@@ -92,3 +94,27 @@ def split_bundle(
         (tmp / "join.py").write_text(bundle_file("join.py"))
         (tmp / "join.py").chmod(0o755)
     return parts_dir, parts
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tooling.release.split FOLDER PARTS_DIR PART_BYTES``: ``split_bundle`` for
+    the GPU host scripts (``ci/gpu``: the payload, the trained pair); prints the parts
+    folder."""
+    parser = argparse.ArgumentParser(prog="python -m tooling.release.split")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("parts_dir", type=Path)
+    parser.add_argument("part_bytes", type=int)
+    args = parser.parse_args(argv)
+    try:
+        parts_dir, _ = split_bundle(
+            args.folder, args.parts_dir, args.part_bytes, show_progress=False
+        )
+    except ToolingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(parts_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
