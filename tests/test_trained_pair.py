@@ -114,7 +114,7 @@ def _result(
             }
             for c in tp.ACCEPTANCE_CONCURRENCY
         },
-        "speed": speed if name in ("plain", f"patched-k{K}") else {},
+        "speed": speed if name in (tp.PLAIN_SPEED, f"patched-k{K}-speed") else {},
     }
 
 
@@ -141,6 +141,8 @@ def _run(
             result = _result(v.name, v.k, prefixed)
         elif v.name == tp.PLAIN:
             result = _result(v.name, 0, clean)
+        elif v.speed:
+            result = _result(v.name, v.k, {}, running=patched_running if v.drafted else 0)
         elif v.site == "stock":
             result = _result(v.name, v.k, stock_lossless if stock_lossless is not None else garbage)
         elif v.site == "patched":
@@ -170,15 +172,31 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     assert request["engine"]["num_speculative_tokens"] == K
     assert request["engine"]["drafter"].endswith("drafter")
     assert [p["name"] for p in request["lossless"]] == LOSSLESS
-    assert request["speed"]["concurrency"] == list(tp.SPEED_CONCURRENCY)
-    assert request["barrier_count"] == len(chosen)
+    assert request["speed"] is None
+    assert request["barrier_count"] == len([v for v in chosen if v.call == 1])
     plain = json.loads((tmp_path / "work" / "plain.in.json").read_text())
-    assert plain["engine"]["drafter"] is None and plain["speed"] is not None
+    assert plain["engine"]["drafter"] is None and plain["speed"] is None
     # vLLM keeps K - 1 slots per sequence for the drafter out of max_num_batched_tokens:
     # every engine schedules the recipe's 32 tokens per step.
     assert plain["engine"]["max_num_batched_tokens"] == 32
     assert request["engine"]["max_num_batched_tokens"] == 32 + 64 * (K - 1)
     assert "enable_prefix_caching" not in request["engine"]["engine_args"]
+
+
+def test_speed_has_a_call_of_its_own_at_vllms_default_tokens_per_step(tmp_path: Path) -> None:
+    # The recipe's budget holds 64 requests at K = 15 to fewer at once: the speed pair
+    # leaves vLLM its default, measures nothing else, and takes turns on the GPU.
+    chosen = tp.plan(_pair(tmp_path), tmp_path / "work")
+    speed = [v for v in chosen if v.speed]
+    assert [(v.name, v.k) for v in speed] == [(tp.PLAIN_SPEED, 0), (f"patched-k{K}-speed", K)]
+    assert {v.call for v in speed} == {max(v.call for v in chosen)}
+    assert all(v.call < speed[0].call for v in chosen if not v.speed)
+    for v in speed:
+        request = json.loads((tmp_path / "work" / f"{v.name}.in.json").read_text())
+        assert request["engine"]["max_num_batched_tokens"] is None
+        assert request["lossless"] == [] and request["acceptance_concurrency"] == []
+        assert request["speed"]["concurrency"] == list(tp.SPEED_CONCURRENCY)
+        assert request["barrier_count"] == 2
 
 
 def test_each_calls_engines_fit_one_h200_beside_their_working_memory() -> None:
@@ -213,7 +231,7 @@ def test_figures_at_a_concurrency_the_engine_did_not_reach_are_refused(tmp_path:
     text, ok = _run(tmp_path, patched_running=7)
     assert not ok
     assert f"patched-k{K}: at most 7 of 16 requests ran at once" in text
-    assert f"speed at 64 concurrent: at most patched-k{K} 7 ran at once" in text
+    assert f"speed at 64 concurrent: at most patched-k{K}-speed 7 ran at once" in text
     assert "| 64 | 2133 | 6400 | 3.00 |" in text and "| 64 / 7 |" in text
 
 

@@ -3,11 +3,13 @@
 #   trained-hybrid.sh train   start the recipe (tooling train --arch hybrid) in its own session
 #   trained-hybrid.sh wait    wait for it (at most WAIT_S seconds, default 540)
 #   trained-hybrid.sh CALL    one call of `tooling smoke --trained-hybrid` (1: the largest K
-#                             with the plain engine and the speed figures; 2: the next K and
-#                             the prefix-caching pair), its engines at once on one GPU; then
+#                             with the plain engine; 2: the next K and the prefix-caching
+#                             pair; 3: the speed pair), its engines at once on one GPU; then
 #                             the report of every call so far
-#   trained-hybrid.sh chain   wait, then every call, into $WORK/results: longer than one device
-#                             command, so start it under setsid and `collect` now and then
+#   trained-hybrid.sh chain   wait, then every call (CALLS: only these, space-separated; an
+#                             earlier session's results in $WORK/trained complete the
+#                             report), into $WORK/results: longer than one device command,
+#                             so start it under setsid and `collect` now and then
 #   trained-hybrid.sh collect copy what the chain has written so far into $OUT
 #   trained-hybrid.sh export-pair CALL
 #                             the trained pair into $OUT, four parts of 15 MiB a device
@@ -77,10 +79,11 @@ case $step in
     export OUT=$WORK/results
     mkdir -p "$OUT"
     WAIT_S=${WAIT_S:-1200} bash "$here/trained-hybrid.sh" wait || exit 1
-    # One call per K the recipe measured.
-    calls=$(python3 -c "import json, sys; print(len(json.load(open(sys.argv[1]))['speculative_tokens']))" \
-      "$pair/prompts.json") || exit 1
-    for call in $(seq 1 "$calls"); do
+    # The plan's calls: one per K the recipe measured, then the speed pair's.
+    last=$(PYTHONPATH=$SITE python3 -m tooling.smoke.trained_pair plan "$pair" "$runs" \
+      | awk '{print $3}' | sort -n | tail -1) || exit 1
+    [ -n "$last" ] || { echo "error: no calls planned on $pair" >&2; exit 1; }
+    for call in ${CALLS:-$(seq 1 "$last")}; do
       bash "$here/trained-hybrid.sh" "$call"
     done
     exit 0 ;;

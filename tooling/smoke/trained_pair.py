@@ -52,6 +52,7 @@ KV_GIB_PLAIN = 12
 ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"
+PLAIN_SPEED = "plain-speed"
 #: The recipe's prompts that share a prefix (``trainer/checked.py``).
 PREFIX_PROMPTS = "prefix-"
 #: The one of them that fills the cache.
@@ -69,6 +70,10 @@ class Variant:
     k: int
     call: int
     speed: bool = False
+    """This engine measures decode speed and nothing else, at vLLM's default tokens per step.
+    The other engines schedule the recipe's budget, so that their prompts chunk alike; at
+    the seed's K, 64 decoding requests fill 1024 tokens a step with no room left to prefill
+    a newcomer, and fewer than 64 ever run at once."""
     kv_cache_gib: int = KV_GIB
     prefix_caching: bool = False
     """vLLM's prefix caching on (off by default for a hybrid target): this engine serves only
@@ -82,35 +87,39 @@ class Variant:
 def variants(ks: tuple[int, ...]) -> list[Variant]:
     """The engines, one call per K (the seed's K first), the plain engine in the first.
 
-    Speed is measured on the seed's K (the largest) against the plain engine beside it;
-    those two hold the KV cache 64 concurrent requests need, the other engines at that K
-    what 16 need (a hybrid target keeps a Gated DeltaNet state per drafted position, so a
-    request of the seed's K holds several times a smaller K's). The last call adds the
-    prefix-caching pair (plain and the fixed wheel at the seed's K): vLLM leaves prefix
-    caching off for a hybrid target unless asked, so the other engines never hit the cache.
+    The engines at the seed's K hold the KV cache 16 concurrent requests need (a hybrid
+    target keeps a Gated DeltaNet state per drafted position, so a request of the seed's K
+    holds several times a smaller K's). The last K's call adds the prefix-caching pair
+    (plain and the fixed wheel at the seed's K): vLLM leaves prefix caching off for a hybrid
+    target unless asked, so the other engines never hit the cache. A call of its own
+    measures speed: plain and the fixed wheel at the seed's K, each with the KV cache 64
+    concurrent requests need.
     """
     out: list[Variant] = []
     ordered = sorted(ks, reverse=True)
     for call, k in enumerate(ordered, start=1):
         kv = KV_GIB_SEED_K if call == 1 else KV_GIB
         if call == 1:
-            out.append(Variant(PLAIN, "patched", 0, call, speed=True, kv_cache_gib=KV_GIB_PLAIN))
-        out.append(
-            Variant(
-                f"patched-k{k}",
-                "patched",
-                k,
-                call,
-                speed=call == 1,
-                kv_cache_gib=KV_GIB_SPEED if call == 1 else kv,
-            )
-        )
+            out.append(Variant(PLAIN, "patched", 0, call, kv_cache_gib=KV_GIB_PLAIN))
+        out.append(Variant(f"patched-k{k}", "patched", k, call, kv_cache_gib=kv))
         out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call, kv_cache_gib=kv) for p in ABLATED]
         out.append(Variant(f"stock-k{k}", "stock", k, call, kv_cache_gib=kv))
     last = len(ordered)
     out += [
         Variant(PLAIN_PREFIX, "patched", 0, last, prefix_caching=True),
         Variant(f"patched-k{ordered[0]}-prefix", "patched", ordered[0], last, prefix_caching=True),
+    ]
+    speed = last + 1
+    out += [
+        Variant(PLAIN_SPEED, "patched", 0, speed, speed=True, kv_cache_gib=KV_GIB_PLAIN),
+        Variant(
+            f"patched-k{ordered[0]}-speed",
+            "patched",
+            ordered[0],
+            speed,
+            speed=True,
+            kv_cache_gib=KV_GIB_SPEED,
+        ),
     ]
     return out
 
@@ -146,18 +155,20 @@ def plan(pair: Path, work: Path) -> list[Variant]:
                 "vocab_size": 0,
                 "max_model_len": engine["max_model_len"],
                 "max_num_seqs": engine["max_num_seqs"],
-                "max_num_batched_tokens": batched_tokens(engine, v.k),
+                "max_num_batched_tokens": None if v.speed else batched_tokens(engine, v.k),
                 "kv_cache_memory_bytes": v.kv_cache_gib * GIB,
                 "engine_args": engine_args,
             },
             "lossless": [
                 p
                 for p in prompts["lossless"]
-                if is_prefix_prompt(p["name"]) or not v.prefix_caching
+                if not v.speed and (is_prefix_prompt(p["name"]) or not v.prefix_caching)
             ],
             "acceptance_prompts": [p["token_ids"] for p in prompts["prompts"]],
             "acceptance_max_new_tokens": prompts["max_new_tokens"],
-            "acceptance_concurrency": [] if v.prefix_caching else list(ACCEPTANCE_CONCURRENCY),
+            "acceptance_concurrency": (
+                [] if v.prefix_caching or v.speed else list(ACCEPTANCE_CONCURRENCY)
+            ),
             "speed": (
                 {
                     "concurrency": list(SPEED_CONCURRENCY),
@@ -446,7 +457,7 @@ def acceptance_section(
     ]
     problems: list[str] = []
     plain = results.get(PLAIN)
-    for v in [v for v in chosen if v.k == k and not v.prefix_caching]:
+    for v in [v for v in chosen if v.k == k and not v.prefix_caching and not v.speed]:
         r = results[v.name]
         if not r.get("ok"):
             lines.append(f"| {v.name} | error: {r.get('error')} | | | | | |")
@@ -512,7 +523,7 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
             f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}" for p in prompts
         )
 
-    for v in [v for v in chosen if v.drafted]:
+    for v in [v for v in chosen if v.drafted and not v.speed]:
         base = results.get(PLAIN_PREFIX, missing) if v.prefix_caching else plain
         verdict = lossless(v.name, base, results[v.name])
         if verdict.error:
@@ -549,7 +560,7 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
 
 def speed_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> Section:
     """Decode speed with and without the drafter, as ratios to the plain engine of the run."""
-    plain = results.get(PLAIN, {"ok": False})
+    plain = results.get(PLAIN_SPEED, {"ok": False})
     lines: list[str] = []
     problems: list[str] = []
     for v in [v for v in chosen if v.speed and v.drafted]:
