@@ -76,9 +76,12 @@ def _result(
     running: int = 0,
     outputs: list[list[int]] | None = None,
     per_prompt: list[tuple[int, int]] | None = None,
+    at_once: list[list[int]] | None = None,
+    margin: float = 3.0,
 ) -> dict:
     """An engine's results; ``per_prompt``: (drafts, accepted) of each prompt served alone
-    (default: ``drafts`` and ``accepted`` split evenly)."""
+    (default: ``drafts`` and ``accepted`` split evenly); ``at_once``: the outputs with 16
+    at once (default: ``outputs``), each position's top-2 ``margin`` apart."""
     spec = {
         f"{tp.SPEC}num_drafts": drafts,
         f"{tp.SPEC}num_draft_tokens": drafts * k,
@@ -86,6 +89,7 @@ def _result(
         f"{tp.SPEC}num_accepted_tokens_per_pos": [drafts] * 4 + [0] * (k - 4),
     }
     outputs = outputs or OUTPUTS
+    by_level = {c: (at_once or outputs) if c > 1 else outputs for c in tp.ACCEPTANCE_CONCURRENCY}
     if per_prompt is None:
         half = accepted // 2
         per_prompt = [(drafts // 2, half), (drafts - drafts // 2, accepted - half)]
@@ -107,7 +111,8 @@ def _result(
         "lossless": lossless,
         "acceptance": {
             str(c): {
-                "outputs": outputs,
+                "outputs": by_level[c],
+                "completions": [_completion(o, margin) for o in by_level[c]],
                 "spec": spec if k else {},
                 "most_running": running or c,
                 **({"per_prompt": counters} if c == 1 and k else {}),
@@ -127,6 +132,9 @@ def _run(
     cached: int = 1024,
     patched_outputs: list[list[int]] | None = None,
     patched_per_prompt: list[tuple[int, int]] | None = None,
+    patched_at_once: list[list[int]] | None = None,
+    plain_at_once: list[list[int]] | None = None,
+    plain_margin: float = 3.0,
 ) -> tuple[str, bool]:
     pair = _pair(tmp)
     work = tmp / "work"
@@ -140,7 +148,7 @@ def _run(
         if v.prefix_caching:
             result = _result(v.name, v.k, prefixed)
         elif v.name == tp.PLAIN:
-            result = _result(v.name, 0, clean)
+            result = _result(v.name, 0, clean, at_once=plain_at_once, margin=plain_margin)
         elif v.speed:
             result = _result(v.name, v.k, {}, running=patched_running if v.drafted else 0)
         elif v.site == "stock":
@@ -154,6 +162,7 @@ def _run(
                 running=patched_running,
                 outputs=patched_outputs,
                 per_prompt=patched_per_prompt,
+                at_once=patched_at_once,
             )
         else:
             result = _result(v.name, v.k, clean)
@@ -312,6 +321,7 @@ def test_acceptance_is_set_beside_the_reference_on_the_outputs_they_share(tmp_pa
         patched_accepted=60,
         patched_outputs=other,
         patched_per_prompt=[(5, 20), (5, 40)],
+        plain_margin=tp.BF16_STEP,
     )
     assert ok, text
     assert "| 7.000 | " in text and "| 5.000 / 5.000 (1 of 2) |" in text
@@ -327,6 +337,42 @@ def test_acceptance_is_set_beside_the_reference_on_the_outputs_they_share(tmp_pa
     # No output shared: nothing to set beside the reference.
     text, ok = _run(tmp_path / "c", patched_outputs=[[9], [9]])
     assert not ok and "patched-k15: 0 of 2 outputs equal the reference's" in text
+
+
+def test_fixed_output_under_load_leaving_plains_at_a_decisive_position_fails(
+    tmp_path: Path,
+) -> None:
+    # Served alone every prompt matches; with 16 at once the second leaves the plain
+    # engine's output where the plain run's top-2 margin is 3.0.
+    text, ok = _run(tmp_path, patched_at_once=[OUTPUTS[0], [5, 6, 99, 8]])
+    assert not ok
+    assert f"patched-k{K}: not lossless with 16 requests at once" in text
+    assert f"| patched-k{K} | FAIL | 2 | prompt 1 @ 2: 3.0000 | - |" in text
+    assert "own noise between one at a time and at once 0.0000" in text
+
+
+def test_under_load_the_plain_engines_own_noise_excuses_a_difference(tmp_path: Path) -> None:
+    # The plain engine's two batch shapes part at prompt 1, token 3, where each run's top-2
+    # margin is 0.25: the gap moved by 0.5, so a difference at a margin of 0.25 is a tie.
+    text, ok = _run(
+        tmp_path / "a",
+        plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]],
+        plain_margin=0.25,
+        patched_at_once=[[1, 2, 3, 40], [5, 6, 7, 8]],
+    )
+    assert ok, text
+    assert "noise between one at a time and at once 0.5000" in text
+    assert f"| patched-k{K} | pass | 2 | - | prompt 0 @ 3: 0.2500 |" in text
+    # An output the plain engine gave one at a time is its own: no excuse needed.
+    text, ok = _run(tmp_path / "b", plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_margin=0.25)
+    assert ok and f"| patched-k{K} | pass | 2 | - | - |" in text
+
+
+def test_under_load_without_the_plain_engines_logprobs_there_is_no_verdict() -> None:
+    plain = {"ok": True, "acceptance": {"1": {"outputs": OUTPUTS}, "16": {"outputs": OUTPUTS}}}
+    lines, problems = tp.load_section([tp.Variant(tp.PLAIN, "patched", 0, 1)], {tp.PLAIN: plain})
+    assert problems == ["lossless under load: no plain outputs with logprobs to compare with"]
+    assert problems[0] in lines
 
 
 def test_an_engine_that_did_not_run_is_no_pass(tmp_path: Path) -> None:

@@ -8,6 +8,9 @@ lossless check holds. ``plan`` writes one request per engine
   plain engine's; a first difference is excused only where the plain run's top-2 margin is
   at most ``TIE_MARGIN`` (a near-tie any change of batch shape may flip), and each excuse is
   listed; the completion is not compared past it;
+- **lossless under load**: the greedy outputs of the acceptance pass with 16 requests at
+  once against the plain engine's, within the plain engine's own noise between one at a
+  time and at once;
 - **acceptance**: vLLM's counters, one request at a time and 16 at once, beside the
   reference package's figure at the same K, and judged on the prompts whose greedy outputs
   the engine shares with the reference;
@@ -38,6 +41,8 @@ BF16_STEP = 2.0**-5
 #: block), so more is a disagreement too.
 REFERENCE_TOLERANCE = 0.02
 ACCEPTANCE_CONCURRENCY = (1, 16)
+#: The acceptance pass whose outputs the lossless check under load compares.
+LOAD_CONCURRENCY = 16
 SPEED_CONCURRENCY = (1, 16, 64)
 SPEED_NEW_TOKENS = 128
 GIB = 1 << 30
@@ -210,13 +215,15 @@ class PromptVerdict:
         return self.first_difference is None or self.tie
 
 
-def compare_completion(name: str, plain: dict[str, Any], drafted: dict[str, Any]) -> PromptVerdict:
+def compare_completion(
+    name: str, plain: dict[str, Any], drafted: dict[str, Any], tie_margin: float = TIE_MARGIN
+) -> PromptVerdict:
     """One checked prompt: where the drafted completion first leaves the plain one, and why."""
     a, b = plain["tokens"], drafted["tokens"]
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             margin = top2_margin(plain["logprobs"][i]) if i < len(plain["logprobs"]) else None
-            tie = margin is not None and margin <= TIE_MARGIN
+            tie = margin is not None and margin <= tie_margin
             return PromptVerdict(name, i, i, margin, tie)
     if len(a) != len(b):
         return PromptVerdict(name, min(len(a), len(b)), min(len(a), len(b)), None, False)
@@ -503,6 +510,21 @@ def acceptance_section(
     return lines, problems
 
 
+def _where(prompts: list[PromptVerdict]) -> str:
+    return "; ".join(
+        f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}" for p in prompts
+    )
+
+
+def _verdict_row(verdict: LosslessVerdict) -> str:
+    if verdict.error:
+        return f"| {verdict.engine} | error: {verdict.error} | | | |"
+    return (
+        f"| {verdict.engine} | {'pass' if verdict.ok else 'FAIL'} | {len(verdict.prompts)} | "
+        f"{_where(verdict.failures) or '-'} | {_where(verdict.ties) or '-'} |"
+    )
+
+
 def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> Section:
     """The strict check of every drafted engine: the fixed wheel passes, stock fails on K+1."""
     missing = {"ok": False, "error": "no result"}
@@ -518,21 +540,10 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
     problems: list[str] = []
     notes: list[str] = []
 
-    def where(prompts: list[PromptVerdict]) -> str:
-        return "; ".join(
-            f"{p.prompt} @ {p.first_difference}: {_fmt(p.plain_margin, 4)}" for p in prompts
-        )
-
     for v in [v for v in chosen if v.drafted and not v.speed]:
         base = results.get(PLAIN_PREFIX, missing) if v.prefix_caching else plain
         verdict = lossless(v.name, base, results[v.name])
-        if verdict.error:
-            lines.append(f"| {v.name} | error: {verdict.error} | | | |")
-        else:
-            lines.append(
-                f"| {v.name} | {'pass' if verdict.ok else 'FAIL'} | {len(verdict.prompts)} | "
-                f"{where(verdict.failures) or '-'} | {where(verdict.ties) or '-'} |"
-            )
+        lines.append(_verdict_row(verdict))
         if v.site == "patched" and not verdict.ok:
             problems.append(f"{v.name}: strict lossless check not passed")
         rounding = [
@@ -542,7 +553,7 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
         ]
         if rounding:
             notes.append(
-                f"{v.name}: {where(rounding)}: the plain margin is at most one bf16 step of a "
+                f"{v.name}: {_where(rounding)}: the plain margin is at most one bf16 step of a "
                 "logit between 4 and 8, which rounding in another batch shape can flip"
             )
         if v.prefix_caching and verdict.error is None:
@@ -555,6 +566,73 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
             problems.append(f"{v.name}: stock did not fail on its K+1 prompt")
     if notes:
         lines += ["", "Failures within rounding (they still fail the check):", *notes]
+    return lines, problems
+
+
+def plain_noise(plain: dict[str, Any]) -> float | None:
+    """How far the plain engine's own outputs one at a time and ``LOAD_CONCURRENCY`` at once
+    move apart: at each prompt where they part, the two tokens' top-2 margins added (the
+    change of their logit gap between the two batch shapes); the largest, or 0.0 where they
+    never part. None: no logprobs to tell."""
+    runs = plain.get("acceptance", {})
+    one = runs.get("1", {}).get("completions")
+    many = runs.get(str(LOAD_CONCURRENCY), {}).get("completions")
+    if not one or not many:
+        return None
+    noise = 0.0
+    for a, b in zip(one, many, strict=False):
+        at = compare_completion("", a, b).first_difference
+        if at is None or at >= min(len(a["logprobs"]), len(b["logprobs"])):
+            continue
+        noise = max(noise, top2_margin(a["logprobs"][at]) + top2_margin(b["logprobs"][at]))
+    return noise
+
+
+def load_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> Section:
+    """Lossless under load: each drafted engine's greedy outputs with ``LOAD_CONCURRENCY``
+    requests at once against the plain engine's at once. Serving each prompt alone (the
+    strict check) cannot see a fault that only batching brings. A difference is excused where
+    the plain margin is within the plain engine's own noise between its two batch shapes (at
+    least one bf16 step), or where the output is the plain engine's own one at a time."""
+    plain = results.get(PLAIN, {"ok": False})
+    noise = plain_noise(plain) if plain.get("ok") else None
+    level = str(LOAD_CONCURRENCY)
+    title = f"## Lossless under load ({LOAD_CONCURRENCY} at once, greedy, against the plain engine"
+    if noise is None:
+        problem = "lossless under load: no plain outputs with logprobs to compare with"
+        return ["", f"{title})", problem], [problem]
+    tolerance = max(BF16_STEP, noise)
+    lines = [
+        "",
+        f"{title} at once; the plain engine's own noise between one at a time and at once "
+        f"{noise:.4f}, so a difference is excused where the plain margin <= {tolerance:.4f})",
+        "| engine | verdict | prompts | failures (prompt @ position: plain margin) "
+        "| excused ties |",
+        "|---|---|---|---|---|",
+    ]
+    problems: list[str] = []
+    many = plain["acceptance"][level]["completions"]
+    one = plain["acceptance"]["1"]["completions"]
+    for v in [v for v in chosen if v.drafted and not v.speed and not v.prefix_caching]:
+        r = results[v.name]
+        runs = r.get("acceptance", {}).get(level, {}).get("completions")
+        if not r.get("ok") or not runs:
+            verdict = LosslessVerdict(v.name, error=str(r.get("error") or "no outputs"))
+        else:
+            verdict = LosslessVerdict(
+                v.name,
+                [
+                    compare_completion(f"prompt {i}", at_once, drafted, tolerance)
+                    if drafted["tokens"] != alone["tokens"]
+                    else compare_completion(f"prompt {i}", alone, drafted)
+                    for i, (at_once, alone, drafted) in enumerate(
+                        zip(many, one, runs, strict=False)
+                    )
+                ],
+            )
+        lines.append(_verdict_row(verdict))
+        if v.site == "patched" and not verdict.ok:
+            problems.append(f"{v.name}: not lossless with {LOAD_CONCURRENCY} requests at once")
     return lines, problems
 
 
@@ -621,7 +699,11 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
         )
         for k in sorted({v.k for v in chosen if v.drafted}, reverse=True)
     ]
-    sections += [lossless_section(chosen, results), speed_section(chosen, results)]
+    sections += [
+        lossless_section(chosen, results),
+        load_section(chosen, results),
+        speed_section(chosen, results),
+    ]
     problems = [p for _, found in sections for p in found]
     for section_lines, _ in sections:
         lines += section_lines

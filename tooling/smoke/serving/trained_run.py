@@ -9,7 +9,8 @@ plans the requests and judges the results. Workloads, each optional:
   prompts find what the earlier ones left), greedy, with the top-2 logprobs per position and
   the tokens the prefix cache gave;
 - ``acceptance``: the recipe's held-out prompts at each concurrency (groups of that many
-  requests at once), with vLLM's spec-decode counters over each pass;
+  requests at once), with vLLM's spec-decode counters over each pass, and each output with
+  its top-2 logprobs (the lossless check under load);
 - ``speed``: decode throughput at each concurrency, three passes each: the first is the
   first traffic of that shape (reported apart), the other two the steady figure. Engines
   that measure speed wait until every engine of the run has finished its other work (files
@@ -95,13 +96,15 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
         before = _spec(llm)
         running.most = 0
         outputs: list[list[int]] = []
+        completions: list[dict[str, Any]] = []
         per_prompt: list[dict[str, Any]] = []
         ahead = before
         for start in range(0, len(prompts), level):
             done = _generate(
-                llm, prompts[start : start + level], request.acceptance_max_new_tokens, None
+                llm, prompts[start : start + level], request.acceptance_max_new_tokens, 2
             )
             outputs += [[int(t) for t in o.outputs[0].token_ids] for o in done]
+            completions += [_result(o) for o in done]
             if level == 1:
                 behind = _spec(llm)
                 per_prompt.append({k: _delta(behind, ahead, k) for k in PER_PROMPT})
@@ -111,6 +114,7 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
             "outputs": outputs,
             "spec": {k: _delta(after, before, k) for k in after},
             "most_running": running.most,
+            "completions": completions,
         }
         if per_prompt:
             # One request at a time: each prompt's own counters.
