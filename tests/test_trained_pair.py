@@ -353,19 +353,30 @@ def test_fixed_output_under_load_leaving_plains_at_a_decisive_position_fails(
 
 def test_under_load_the_plain_engines_own_noise_excuses_a_difference(tmp_path: Path) -> None:
     # The plain engine's two batch shapes part at prompt 1, token 3, where each run's top-2
-    # margin is 0.25: the gap moved by 0.5, so a difference at a margin of 0.25 is a tie.
+    # margin is 0.0625: the gap moved by 0.125, so a difference at a margin of 0.0625 (over
+    # one bf16 step) is a tie.
     text, ok = _run(
         tmp_path / "a",
         plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]],
-        plain_margin=0.25,
+        plain_margin=0.0625,
         patched_at_once=[[1, 2, 3, 40], [5, 6, 7, 8]],
     )
     assert ok, text
-    assert "noise between one at a time and at once 0.5000" in text
-    assert f"| patched-k{K} | pass | 2 | - | prompt 0 @ 3: 0.2500 |" in text
+    assert "noise between one at a time and at once 0.1250" in text
+    assert f"| patched-k{K} | pass | 2 | - | prompt 0 @ 3: 0.0625 |" in text
     # An output the plain engine gave one at a time is its own: no excuse needed.
-    text, ok = _run(tmp_path / "b", plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_margin=0.25)
+    text, ok = _run(tmp_path / "b", plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_margin=0.0625)
     assert ok and f"| patched-k{K} | pass | 2 | - | - |" in text
+
+
+def test_under_load_a_plain_engine_that_moves_too_far_on_its_own_gives_no_verdict(
+    tmp_path: Path,
+) -> None:
+    # Its two batch shapes part where each run's margin is 0.5: an excuse of 1.0 would pass
+    # almost any difference, so there is no verdict, and the run fails.
+    text, ok = _run(tmp_path, plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_margin=0.5)
+    assert not ok
+    assert "part at a margin of 1.0000, over 0.2500: no verdict" in text
 
 
 def test_under_load_without_the_plain_engines_logprobs_there_is_no_verdict() -> None:
