@@ -295,10 +295,16 @@ def _pool(tmp_path: Path, setup: dict, probe_python: Path, dflash_path: Path, sh
 @pytest.mark.slow
 def test_shards_give_what_one_process_gives(tiny, tmp_path, probe_python, dflash_path) -> None:
     """The smoke's path: children that load first, then take their share of the prompts
-    from stdin; their summed counts are the one-process result, divergences included."""
+    from stdin (the engine's proposals, while the servers are still observed), and the
+    first one the servers' divergences last; their summed counts are the one-process
+    result, divergences included."""
     request = tiny["check"]["same_request"]
     with _pool(tmp_path, tiny["check"]["setup"], probe_python, dflash_path, 2) as pool:
-        sharded = pool.compare(request, timeout_s=240)
+        pool.dispatch(request)
+        # The second shard has all its work: it compares and ends without the first.
+        pool.procs[1].wait(timeout=240)
+        assert pool.procs[0].poll() is None
+        sharded = pool.finish(request["divergences"], timeout_s=240)
     whole = tiny["check"]["comparisons"]["same"]
     assert sharded["shards"] == 2
     # Both shards had work: the request holds two prompts.
@@ -321,7 +327,8 @@ def test_a_shard_that_cannot_load_is_one_line_naming_its_log(
     setup = {**tiny["check"]["setup"], "drafter": str(tmp_path / "no-such-drafter")}
     with _pool(tmp_path, setup, probe_python, dflash_path, 1) as pool:
         with pytest.raises(SmokeError) as raised:
-            pool.compare(tiny["check"]["same_request"], timeout_s=240)
+            pool.dispatch(tiny["check"]["same_request"])
+            pool.finish([], timeout_s=240)
         procs = list(pool.procs)
     message = str(raised.value)
     assert "\n" not in message and "t-reference-0.log" in message

@@ -6,7 +6,8 @@ thread, not by the GPU. So the runner splits the prompts over several children o
 one GPU where it holds that many copies of the pair, and, where the plan places them
 beside the engines (``plan.Step.loads_before_the_engine``), starts them with the
 engines: each loads the pair, then waits on stdin for the path of its share of the
-work. Each child writes counts
+work (``dispatch``, as soon as the in-process engine has run), and the first one for the
+servers' divergences too (``finish``, once the servers are observed). Each child writes counts
 (``serving.agreement.Tally``); their sum is the result one process would give.
 """
 
@@ -76,28 +77,40 @@ class ReferencePool:
         for proc in self.procs:
             stop_group(proc, grace_s=5.0)
 
-    def compare(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """The fidelity result of ``request`` (a FidelityInput's fields) over all shards;
-        SmokeError naming the shard's log when one fails or runs out of time."""
+    def dispatch(self, request: dict[str, Any]) -> None:
+        """Hand each shard its share of ``request``'s proposals now (its divergences aside:
+        ``finish`` sends them), so the shards compare while the servers are observed."""
         self.start()
         counts: dict[int, int] = {}
         for proposal in request["proposals"]:
             counts[int(proposal["prompt"])] = counts.get(int(proposal["prompt"]), 0) + 1
         plan = shard_prompts(counts, self.shards)
         for i, proc in enumerate(self.procs):
-            # The servers' divergences need one target pass each: the first shard takes them.
-            work = {
-                **request,
-                "prompt_indices": plan[i] if i < len(plan) else [],
-                "divergences": request.get("divergences", []) if i == 0 else [],
-            }
+            share = plan[i] if i < len(plan) else []
+            work = {**request, "prompt_indices": share, "divergences": []}
             path = self.workdir / f"{self.name}-reference-in-{i}.json"
             path.write_text(json.dumps(work), encoding="utf-8")
             assert proc.stdin is not None
             # A child that already failed has closed its end; its result file says why.
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write(f"{path}\n".encode())
-                proc.stdin.close()
+                proc.stdin.flush()
+                # The first shard waits for the divergences; the others have all their work.
+                if i > 0:
+                    proc.stdin.close()
+
+    def finish(self, divergences: list[dict[str, Any]], timeout_s: float) -> dict[str, Any]:
+        """Send the first shard the servers' divergences (one target pass each), wait for
+        every shard, and add up their counts: the fidelity result of the dispatched work;
+        SmokeError naming the shard's log when one fails or runs out of time."""
+        first = self.procs[0]
+        assert first.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            if divergences:
+                path = self.workdir / f"{self.name}-divergences.json"
+                path.write_text(json.dumps(divergences), encoding="utf-8")
+                first.stdin.write(f"{path}\n".encode())
+            first.stdin.close()
         deadline = time.monotonic() + timeout_s
         tallies = []
         for i, proc in enumerate(self.procs):

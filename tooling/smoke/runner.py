@@ -8,8 +8,10 @@
    large for the GPUs is refused here, still before any engine starts.
 4. Each wave of the plan: its reference children first (when they load beside the
    engines), then its servers, the first-token engines and the in-process engine,
-   all started before any is waited for; the servers are observed one at a time,
-   then everything of the wave stops; the reference compares last.
+   all started before any is waited for. Children loaded beside the engines get the
+   in-process engine's proposals as soon as it has run; the servers are observed one at
+   a time, then everything of the wave stops; the reference then takes the servers'
+   divergences and gives its counts.
 
 Every vLLM process of the run uses ``workdir/vllm-cache`` (cleared first) as
 VLLM_CACHE_ROOT, so a run never reads another run's compiled graphs unless the
@@ -533,6 +535,14 @@ def _wave(run: _Run, plan: SmokePlan, steps: list[Step], state: _State) -> None:
                         state.first_tokens[_variant_name(plan, s)] = {"ok": False, "error": str(e)}
             if engine_step is not None:
                 state.engine[name] = _engine(run, plan, engine_step)
+            dispatched = False
+            if pool is not None and ref is not None:
+                # Its proposals need only the engine: the children compare them while the
+                # servers are observed, and take the servers' divergences at the end.
+                work, _ = _reference_work(run, plan, state, name)
+                if work is not None:
+                    pool.dispatch(work)
+                    dispatched = True
             prefix_ids: list[int] | None = None
             for role, server in servers.items():
                 s = by_role[role]
@@ -568,7 +578,7 @@ def _wave(run: _Run, plan: SmokePlan, steps: list[Step], state: _State) -> None:
         if ref is not None:
             if pool is None:
                 pool = outer.enter_context(_reference_pool(run, ref))
-            state.fidelity[name] = _reference(run, plan, ref, pool, state, name)
+            state.fidelity[name] = _reference(run, plan, ref, pool, state, name, dispatched)
 
 
 def _serve(
@@ -701,21 +711,18 @@ def _reference_pool(run: _Run, step: Step) -> contextlib.AbstractContextManager[
     )
 
 
-def _reference(
-    run: _Run, plan: SmokePlan, step: Step, pool: ReferencePool, state: _State, name: str
+def _reference_work(
+    run: _Run, plan: SmokePlan, state: _State, name: str
 ) -> tuple[dict[str, Any] | None, str]:
-    """The reference comparison of one engine run (and, for the main run, the target's
-    margins at the servers' first differences). Returns (fidelity result, why missing)."""
+    """The reference's work on one engine run's proposals (a FidelityInput's fields, the
+    servers' divergences aside). Returns (work, why there is none)."""
     engine_result, why = state.engine.get(name, (None, "the in-process run did not run"))
     if engine_result is None:
         return None, f"needs the in-process run: {why}"
     config = run.config
     expected = state.info.expected_aux_layers() if state.info else None
-    divergences = []
-    if name == "engine" and state.spec is not None and state.plain is not None:
-        divergences = lossless_divergences(state.spec, state.plain)
     subset = set(plan.reference.prompts)
-    request = {
+    return {
         "prompts": engine_result["prompts"],
         "outputs": engine_result["outputs"],
         "proposals": [p for p in engine_result["proposals"] if int(p["prompt"]) in subset],
@@ -723,15 +730,36 @@ def _reference(
         "context": config.context_source(plan.target_info.hybrid),
         "features_path": engine_result.get("features_path"),
         "expected_layers": list(expected) if expected else None,
-        "divergences": divergences,
-    }
+    }, ""
+
+
+def _reference(
+    run: _Run,
+    plan: SmokePlan,
+    step: Step,
+    pool: ReferencePool,
+    state: _State,
+    name: str,
+    dispatched: bool,
+) -> tuple[dict[str, Any] | None, str]:
+    """The reference comparison of one engine run (and, for the main run, the target's
+    margins at the servers' first differences), its proposals handed over now unless
+    ``dispatched`` already. Returns (fidelity result, why missing)."""
+    work, why = _reference_work(run, plan, state, name)
+    if work is None:
+        return None, why
+    divergences = []
+    if name == "engine" and state.spec is not None and state.plain is not None:
+        divergences = lossless_divergences(state.spec, state.plain)
     d = plan.deadlines
     if step.loads_before_the_engine:
         limit = d.reference.seconds(run.first_start_s)
     else:
         limit = d.child_s(d.reference, run.first_start_s)
     with run.step(f"reference comparison ({name})", pool.log(0)) as record:
-        fidelity = pool.compare(request, run.deadline.limit(limit))
+        if not dispatched:
+            pool.dispatch(work)
+        fidelity = pool.finish(divergences, run.deadline.limit(limit))
         record.extra = {"seconds": fidelity.get("seconds"), "shards": fidelity.get("shards")}
         return fidelity, ""
     return None, run.steps[-1].message or "the reference comparison did not finish"

@@ -440,12 +440,21 @@ def _load_then_tally(setup: dict[str, Any]) -> dict[str, Any]:
     request = json.loads(Path(work).read_text(encoding="utf-8"))
     counts = tally(pair, FidelityInput(**request))
     counts.seconds["load"] = pair.seconds
+    # The servers' divergences come once the servers are observed, which the proposals
+    # need not wait for: a second line, or none (stdin closed).
+    more = sys.stdin.readline().strip()
+    if more:
+        with PhaseTimes(counts.seconds).phase("divergences"):
+            counts.divergences += divergence_margins(
+                pair.target, json.loads(Path(more).read_text(encoding="utf-8"))
+            )
     return {"tally": counts.to_json()}
 
 
 def main(argv: list[str]) -> int:
     """Load the models named in ``argv[0]`` (a ModelSetup), then read from stdin the path
-    of a FidelityInput, and write its Tally to ``argv[1]``; 0 when it ran."""
+    of a FidelityInput and, on a second line if any, of a list of divergences, and write
+    their Tally to ``argv[1]``; 0 when it ran."""
     return serve(Path(argv[0]), Path(argv[1]), _load_then_tally)
 
 
