@@ -356,24 +356,33 @@ class _KernelRecorder:
 
 
 @contextmanager
+def replaced(module: Any, **values: Any) -> Iterator[None]:
+    """``module``'s attributes ``values`` (added where it lacks them) for the ``with`` body,
+    then as they were: what a CPU lacks of a GPU's kernels, for the code that calls them."""
+    missing = object()
+    saved = {name: getattr(module, name, missing) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                delattr(module, name)
+            else:
+                setattr(module, name, value)
+
+
+@contextmanager
 def recording(module: Any, *names: str) -> Iterator[_KernelRecorder]:
-    """Replace whichever of ``names`` ``module`` has by one recorder, for the ``with`` body.
+    """Replace each of ``names`` in ``module`` by one recorder, for the ``with`` body.
 
     The names that exist are the CUDA entry points a vLLM release calls; the
     recorder keeps what they were given, which is what the probes ask about.
     """
     recorder = _KernelRecorder()
-    saved = {n: getattr(module, n) for n in names if hasattr(module, n)}
-    for name in names:
-        setattr(module, name, recorder)
-    try:
+    with replaced(module, **dict.fromkeys(names, recorder)):
         yield recorder
-    finally:
-        for name in names:
-            if name in saved:
-                setattr(module, name, saved[name])
-            else:
-                delattr(module, name)
 
 
 def dflash_proposer_metadata(config: Any) -> Any:
