@@ -30,7 +30,12 @@ OUTPUTS = [[1, 2, 3, 4], [5, 6, 7, 8]]
 
 def _pair(tmp: Path, reference_length: float = 5.0) -> Path:
     pair = tmp / "pair"
-    pair.mkdir(parents=True)
+    drafter = pair / "drafter"
+    drafter.mkdir(parents=True)
+    layers = ["sliding_attention", "sliding_attention", "full_attention"]
+    config = {"num_hidden_layers": 3, "layer_types": layers, "sliding_window": 64}
+    (drafter / "config.json").write_text(json.dumps(config))
+    (drafter / "model.safetensors").write_bytes(b"weights")
     prompts = {
         "prompts": [{"token_ids": [5, 6, 7]}, {"token_ids": [8, 9, 10]}],
         "max_new_tokens": 4,
@@ -57,11 +62,17 @@ def _pair(tmp: Path, reference_length: float = 5.0) -> Path:
     return pair
 
 
-def _completion(tokens: list[int], margin: float = 3.0, cached: int = 0) -> dict:
-    # The chosen token leads the next best by ``margin`` at every position.
+def _completion(
+    tokens: list[int], margin: float = 3.0, cached: int = 0, ties: dict[int, float] | None = None
+) -> dict:
+    # The chosen token leads the next best by ``margin`` at every position, but by
+    # ``ties[i]`` at position i.
+    gaps = [(ties or {}).get(i, margin) for i in range(len(tokens))]
     return {
         "tokens": tokens,
-        "logprobs": [{str(t): -0.1, "999": -0.1 - margin} for t in tokens],
+        "logprobs": [
+            {str(t): -0.1, "999": -0.1 - gap} for t, gap in zip(tokens, gaps, strict=True)
+        ],
         "finish_reason": "length",
         "num_cached_tokens": cached,
     }
@@ -77,11 +88,11 @@ def _result(
     outputs: list[list[int]] | None = None,
     per_prompt: list[tuple[int, int]] | None = None,
     at_once: list[list[int]] | None = None,
-    margin: float = 3.0,
+    ties: dict[int, float] | None = None,
 ) -> dict:
     """An engine's results; ``per_prompt``: (drafts, accepted) of each prompt served alone
     (default: ``drafts`` and ``accepted`` split evenly); ``at_once``: the outputs with 16
-    at once (default: ``outputs``), each position's top-2 ``margin`` apart."""
+    at once (default: ``outputs``), each position's top-2 3.0 apart but ``ties``."""
     spec = {
         f"{tp.SPEC}num_drafts": drafts,
         f"{tp.SPEC}num_draft_tokens": drafts * k,
@@ -112,7 +123,7 @@ def _result(
         "acceptance": {
             str(c): {
                 "outputs": by_level[c],
-                "completions": [_completion(o, margin) for o in by_level[c]],
+                "completions": [_completion(o, ties=ties) for o in by_level[c]],
                 "spec": spec if k else {},
                 "most_running": running or c,
                 **({"per_prompt": counters} if c == 1 and k else {}),
@@ -134,8 +145,11 @@ def _run(
     patched_per_prompt: list[tuple[int, int]] | None = None,
     patched_at_once: list[list[int]] | None = None,
     plain_at_once: list[list[int]] | None = None,
-    plain_margin: float = 3.0,
+    plain_ties: dict[int, float] | None = None,
+    unfixed_at_once: list[list[int]] | None = None,
 ) -> tuple[str, bool]:
+    """A run's report; ``unfixed_at_once``: the outputs with 16 at once of the wheel without
+    ``FULL_DRAFTER_FIX`` on the full-attention drafter (default: changed, as on a GPU)."""
     pair = _pair(tmp)
     work = tmp / "work"
     chosen = tp.plan(pair, work)
@@ -148,9 +162,12 @@ def _run(
         if v.prefix_caching:
             result = _result(v.name, v.k, prefixed)
         elif v.name == tp.PLAIN:
-            result = _result(v.name, 0, clean, at_once=plain_at_once, margin=plain_margin)
+            result = _result(v.name, 0, clean, at_once=plain_at_once, ties=plain_ties)
         elif v.speed:
             result = _result(v.name, v.k, {}, running=patched_running if v.drafted else 0)
+        elif v.full_drafter and v.site != "patched":
+            changed = [[1, 2, 90, 91], [5, 6, 92, 93]]
+            result = _result(v.name, v.k, clean, at_once=unfixed_at_once or changed)
         elif v.site == "stock":
             result = _result(v.name, v.k, stock_lossless if stock_lossless is not None else garbage)
         elif v.site == "patched":
@@ -206,6 +223,38 @@ def test_speed_has_a_call_of_its_own_at_vllms_default_tokens_per_step(tmp_path: 
         assert request["lossless"] == [] and request["acceptance_concurrency"] == []
         assert request["speed"]["concurrency"] == list(tp.SPEED_CONCURRENCY)
         assert request["barrier_count"] == 2
+
+
+def test_fix_12s_pair_serves_the_drafter_with_every_layer_full_attention(tmp_path: Path) -> None:
+    pair = _pair(tmp_path)
+    chosen = tp.plan(pair, tmp_path / "work")
+    full = [v for v in chosen if v.full_drafter]
+    assert [(v.site, v.k) for v in full] == [("patched", K), (f"no-{tp.FULL_DRAFTER_FIX}", K)]
+    folder = tmp_path / "work" / tp.FULL_DRAFTER
+    for v in full:
+        request = json.loads((tmp_path / "work" / f"{v.name}.in.json").read_text())
+        assert request["engine"]["drafter"] == str(folder)
+        assert request["acceptance_concurrency"] == list(tp.ACCEPTANCE_CONCURRENCY)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["layer_types"] == ["full_attention"] * 3
+    # The weights are the pair's own; the pair's folder is not written.
+    assert (folder / "model.safetensors").resolve() == (pair / "drafter" / "model.safetensors")
+    assert json.loads((pair / "drafter" / "config.json").read_text())["layer_types"][0] == (
+        "sliding_attention"
+    )
+
+
+def test_without_fix_12_lossless_under_load_means_the_check_cannot_see_its_fault(
+    tmp_path: Path,
+) -> None:
+    text, ok = _run(tmp_path / "a")
+    assert ok, text
+    assert f"| no-{tp.FULL_DRAFTER_FIX}-k{K}-full-drafter | FAIL |" in text
+    # Its acceptance is not the pair's: no acceptance row for either engine.
+    assert "full-drafter" not in text.split("## Strict")[0].split("## Acceptance")[1]
+    text, ok = _run(tmp_path / "b", unfixed_at_once=OUTPUTS)
+    assert not ok
+    assert "without fa3-schedule-per-group, so the check does not show the fault" in text
 
 
 def test_each_calls_engines_fit_one_h200_beside_their_working_memory() -> None:
@@ -321,7 +370,7 @@ def test_acceptance_is_set_beside_the_reference_on_the_outputs_they_share(tmp_pa
         patched_accepted=60,
         patched_outputs=other,
         patched_per_prompt=[(5, 20), (5, 40)],
-        plain_margin=tp.BF16_STEP,
+        plain_ties={3: tp.BF16_STEP},
     )
     assert ok, text
     assert "| 7.000 | " in text and "| 5.000 / 5.000 (1 of 2) |" in text
@@ -358,14 +407,16 @@ def test_under_load_the_plain_engines_own_noise_excuses_a_difference(tmp_path: P
     text, ok = _run(
         tmp_path / "a",
         plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]],
-        plain_margin=0.0625,
+        plain_ties={3: 0.0625},
         patched_at_once=[[1, 2, 3, 40], [5, 6, 7, 8]],
     )
     assert ok, text
     assert "noise between one at a time and at once 0.1250" in text
     assert f"| patched-k{K} | pass | 2 | - | prompt 0 @ 3: 0.0625 |" in text
     # An output the plain engine gave one at a time is its own: no excuse needed.
-    text, ok = _run(tmp_path / "b", plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_margin=0.0625)
+    text, ok = _run(
+        tmp_path / "b", plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_ties={3: 0.0625}
+    )
     assert ok and f"| patched-k{K} | pass | 2 | - | - |" in text
 
 
@@ -374,7 +425,7 @@ def test_under_load_a_plain_engine_that_moves_too_far_on_its_own_gives_no_verdic
 ) -> None:
     # Its two batch shapes part where each run's margin is 0.5: an excuse of 1.0 would pass
     # almost any difference, so there is no verdict, and the run fails.
-    text, ok = _run(tmp_path, plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_margin=0.5)
+    text, ok = _run(tmp_path, plain_at_once=[OUTPUTS[0], [5, 6, 7, 77]], plain_ties={3: 0.5})
     assert not ok
     assert "part at a margin of 1.0000, over 0.2500: no verdict" in text
 
@@ -415,7 +466,7 @@ def test_trained_hybrid_names_the_installs_it_lacks_before_training(tmp_path: Pa
         ],
     )
     assert result.exit_code == SmokeError.exit_code
-    missing = ", ".join(sorted(["stock", *(f"no-{p}" for p in tp.ABLATED)]))
+    missing = ", ".join(sorted(s for s in tp.SITES if s != "patched"))
     assert result.stderr == f"error: --trained-hybrid needs --engine NAME=DIR for {missing}\n"
     # Refused before any training: nothing was written but the work folder.
     assert [p.name for p in (tmp_path / "work").iterdir()] == []
@@ -434,6 +485,6 @@ def test_a_call_on_a_host_names_the_installs_its_engines_folder_lacks(
     work = tmp_path / "work"
     code = trained.main(["run-call", str(pair), str(work), "1", "--engines-root", str(root)])
     assert code == SmokeError.exit_code
-    lacking = ", ".join(sorted(f"no-{p}" for p in tp.ABLATED[1:]))
+    lacking = ", ".join(sorted(set(tp.SITES) - {"patched", "stock", f"no-{tp.ABLATED[0]}"}))
     assert capsys.readouterr().err == f"error: {root} lacks {lacking}\n"
     assert not work.exists()

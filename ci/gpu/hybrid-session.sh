@@ -69,7 +69,7 @@ case $step in
     shift 2
     # Only the trained pair's calls serve the ablations.
     ablations=""
-    [[ " $* " == *" trained "* ]] && ablations="dflash-layer-id-offset dflash-swa-config eagle-cache-drop"
+    [[ " $* " == *" trained "* ]] && ablations="dflash-layer-id-offset dflash-swa-config eagle-cache-drop fa3-schedule-per-group"
     mark "building the engines' installs"
     PROBES=0 ABLATIONS=$ablations bash "$here/host-setup.sh" "$parts" build \
       > "$session/build.log" 2>&1 || { mark "build failed: $session/build.log"; exit 1; }

@@ -19,8 +19,8 @@
 #   trained-hybrid.sh import-pair PARTS
 #                             join and check such carried parts into the pair's folder
 # Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations of
-# trained_pair.ABLATED (ABLATIONS="dflash-layer-id-offset dflash-swa-config
-# eagle-cache-drop"); the recipe trains with the bundle's dflash and flash-linear-attention
+# trained_pair.ABLATED and FULL_DRAFTER_FIX (ABLATIONS="dflash-layer-id-offset
+# dflash-swa-config eagle-cache-drop fa3-schedule-per-group"); the recipe trains with the bundle's dflash and flash-linear-attention
 # and the payload's train-wheels/ (make-parts.sh).
 # Writes $OUT/trained-CALL.tar.gz (results and logs, no compile caches) and
 # $OUT/trained-report-CALL.txt.

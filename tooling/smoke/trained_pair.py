@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +60,11 @@ KV_GIB_SEED_K = 12  # 16 requests at the seed's K
 KV_GIB_SPEED = 48  # 64 requests at the seed's K
 KV_GIB_PLAIN = 12
 ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
+#: The fix whose fault only a drafter without sliding layers shows (FA3 schedules ahead of
+#: time only while every FlashAttention layer has one window): the fixed wheel and the wheel
+#: without it serve the pair's drafter with every layer full attention, 16 requests at once.
+FULL_DRAFTER_FIX = "fa3-schedule-per-group"
+FULL_DRAFTER = "drafter-full-attention"
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"
 PLAIN_SPEED = "plain-speed"
@@ -67,7 +73,7 @@ PREFIX_PROMPTS = "prefix-"
 #: The one of them that fills the cache.
 FIRST_PREFIX_PROMPT = "prefix-a"
 #: The vLLM installs the variants run on: the fixed wheel, stock, and one ablation each.
-SITES = ("patched", "stock", *(f"no-{p}" for p in ABLATED))
+SITES = ("patched", "stock", *(f"no-{p}" for p in (*ABLATED, FULL_DRAFTER_FIX)))
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ class Variant:
     prefix_caching: bool = False
     """vLLM's prefix caching on (off by default for a hybrid target): this engine serves only
     the prefix-cache prompts, against the plain engine with prefix caching."""
+    full_drafter: bool = False
+    """The pair's drafter with every layer full attention (``FULL_DRAFTER``): its acceptance
+    is not the pair's, so only the lossless checks judge it."""
 
     @property
     def drafted(self) -> bool:
@@ -100,9 +109,9 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
     target keeps a Gated DeltaNet state per drafted position, so a request of the seed's K
     holds several times a smaller K's). The last K's call adds the prefix-caching pair
     (plain and the fixed wheel at the seed's K): vLLM leaves prefix caching off for a hybrid
-    target unless asked, so the other engines never hit the cache. A call of its own
-    measures speed: plain and the fixed wheel at the seed's K, each with the KV cache 64
-    concurrent requests need.
+    target unless asked, so the other engines never hit the cache, and the pair for
+    ``FULL_DRAFTER_FIX`` at the seed's K. A call of its own measures speed: plain and the
+    fixed wheel at the seed's K, each with the KV cache 64 concurrent requests need.
     """
     out: list[Variant] = []
     ordered = sorted(ks, reverse=True)
@@ -117,6 +126,17 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
     out += [
         Variant(PLAIN_PREFIX, "patched", 0, last, prefix_caching=True),
         Variant(f"patched-k{ordered[0]}-prefix", "patched", ordered[0], last, prefix_caching=True),
+    ]
+    out += [
+        Variant(
+            f"{site}-k{ordered[0]}-full-drafter",
+            site,
+            ordered[0],
+            last,
+            kv_cache_gib=KV_GIB_SEED_K,
+            full_drafter=True,
+        )
+        for site in ("patched", f"no-{FULL_DRAFTER_FIX}")
     ]
     speed = last + 1
     out += [
@@ -144,12 +164,29 @@ def is_prefix_prompt(name: str) -> bool:
     return name.startswith(PREFIX_PROMPTS)
 
 
+def full_attention_drafter(drafter: Path, out: Path) -> Path:
+    """``out``: ``drafter`` with every layer full attention (its config's ``layer_types``),
+    its other files linked; made again each time, so it is never an earlier run's."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for item in drafter.iterdir():
+        if item.name != "config.json":
+            (out / item.name).symlink_to(item.resolve())
+    config = json.loads((drafter / "config.json").read_text())
+    config["layer_types"] = ["full_attention"] * int(config["num_hidden_layers"])
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
 def plan(pair: Path, work: Path) -> list[Variant]:
-    """Write ``work/<variant>.in.json`` for every engine; return the variants."""
+    """Write ``work/<variant>.in.json`` for every engine (and ``work/FULL_DRAFTER``);
+    return the variants."""
     prompts = json.loads((pair / "prompts.json").read_text())
     engine = prompts["engine"]
     chosen = variants(tuple(prompts["speculative_tokens"]))
     work.mkdir(parents=True, exist_ok=True)
+    full = full_attention_drafter(pair / "drafter", work / FULL_DRAFTER)
     for v in chosen:
         same_call = [o for o in chosen if o.call == v.call]
         engine_args: dict[str, Any] = {"disable_log_stats": False}
@@ -159,7 +196,9 @@ def plan(pair: Path, work: Path) -> list[Variant]:
             "name": v.name,
             "engine": {
                 "target": str(pair / "target"),
-                "drafter": str(pair / "drafter") if v.drafted else None,
+                "drafter": (
+                    str(full if v.full_drafter else pair / "drafter") if v.drafted else None
+                ),
                 "num_speculative_tokens": v.k,
                 "vocab_size": 0,
                 "max_model_len": engine["max_model_len"],
@@ -468,7 +507,8 @@ def acceptance_section(
     ]
     problems: list[str] = []
     plain = results.get(PLAIN)
-    for v in [v for v in chosen if v.k == k and not v.prefix_caching and not v.speed]:
+    shown = [v for v in chosen if v.k == k and not (v.prefix_caching or v.speed or v.full_drafter)]
+    for v in shown:
         r = results[v.name]
         if not r.get("ok"):
             lines.append(f"| {v.name} | error: {r.get('error')} | | | | | |")
@@ -643,6 +683,11 @@ def load_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> S
         lines.append(_verdict_row(verdict))
         if v.site == "patched" and not verdict.ok:
             problems.append(f"{v.name}: not lossless with {LOAD_CONCURRENCY} requests at once")
+        if v.full_drafter and v.site != "patched" and verdict.error is None and verdict.ok:
+            problems.append(
+                f"{v.name}: lossless with {LOAD_CONCURRENCY} requests at once without "
+                f"{FULL_DRAFTER_FIX}, so the check does not show the fault that fix removes"
+            )
     return lines, problems
 
 
