@@ -71,17 +71,11 @@ FAKES = {
 
 @contextmanager
 def _kernels_replaced(module: Any) -> Iterator[None]:
-    saved = {name: getattr(module, name) for name in FAKES if hasattr(module, name)}
-    missing = set(FAKES) - set(saved)
+    missing = [name for name in FAKES if not hasattr(module, name)]
     if missing:
         raise LookupError(f"the GDN layer calls no {', '.join(sorted(missing))}")
-    for name, fake in FAKES.items():
-        setattr(module, name, fake)
-    try:
+    with _harness.replaced(module, **FAKES):
         yield
-    finally:
-        for name, kernel in saved.items():
-            setattr(module, name, kernel)
 
 
 def _metadata(layer: Any, config: Any) -> Any:
