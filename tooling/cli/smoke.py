@@ -136,8 +136,9 @@ from .options import emit, json_option, settings_of
     "--trained-hybrid",
     is_flag=True,
     help="On the hybrid recipe's trained pair (trained when not cached): acceptance at each "
-    "K, one request at a time and 16 at once, the strict lossless check and decode speed; "
-    "needs --engine for patched, stock and each no-<patch> ablation.",
+    "K, one request at a time and 16 at once, the strict lossless check alone and under "
+    "load, and decode speed; needs --engine for patched, stock and each no-<patch> ablation "
+    "(patches 1-3 and 12).",
 )
 @click.option(
     "--engine",
