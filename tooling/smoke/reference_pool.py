@@ -42,6 +42,8 @@ class ReferencePool:
     shards: int
     env: Mapping[str, str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    dispatched: bool = False
+    """Whether the shards have their work (``dispatch``)."""
 
     def log(self, i: int) -> Path:
         """Shard i's log."""
@@ -98,6 +100,7 @@ class ReferencePool:
                 # The first shard waits for the divergences; the others have all their work.
                 if i > 0:
                     proc.stdin.close()
+        self.dispatched = True
 
     def finish(self, divergences: list[dict[str, Any]], timeout_s: float) -> dict[str, Any]:
         """Send the first shard the servers' divergences (one target pass each), wait for

@@ -535,14 +535,12 @@ def _wave(run: _Run, plan: SmokePlan, steps: list[Step], state: _State) -> None:
                         state.first_tokens[_variant_name(plan, s)] = {"ok": False, "error": str(e)}
             if engine_step is not None:
                 state.engine[name] = _engine(run, plan, engine_step)
-            dispatched = False
             if pool is not None and ref is not None:
                 # Its proposals need only the engine: the children compare them while the
                 # servers are observed, and take the servers' divergences at the end.
                 work, _ = _reference_work(run, plan, state, name)
                 if work is not None:
                     pool.dispatch(work)
-                    dispatched = True
             prefix_ids: list[int] | None = None
             for role, server in servers.items():
                 s = by_role[role]
@@ -578,7 +576,7 @@ def _wave(run: _Run, plan: SmokePlan, steps: list[Step], state: _State) -> None:
         if ref is not None:
             if pool is None:
                 pool = outer.enter_context(_reference_pool(run, ref))
-            state.fidelity[name] = _reference(run, plan, ref, pool, state, name, dispatched)
+            state.fidelity[name] = _reference(run, plan, ref, pool, state, name)
 
 
 def _serve(
@@ -734,20 +732,16 @@ def _reference_work(
 
 
 def _reference(
-    run: _Run,
-    plan: SmokePlan,
-    step: Step,
-    pool: ReferencePool,
-    state: _State,
-    name: str,
-    dispatched: bool,
+    run: _Run, plan: SmokePlan, step: Step, pool: ReferencePool, state: _State, name: str
 ) -> tuple[dict[str, Any] | None, str]:
     """The reference comparison of one engine run (and, for the main run, the target's
-    margins at the servers' first differences), its proposals handed over now unless
-    ``dispatched`` already. Returns (fidelity result, why missing)."""
-    work, why = _reference_work(run, plan, state, name)
-    if work is None:
-        return None, why
+    margins at the servers' first differences), its proposals handed over now unless the
+    pool has them already. Returns (fidelity result, why missing)."""
+    work = None
+    if not pool.dispatched:
+        work, why = _reference_work(run, plan, state, name)
+        if work is None:
+            return None, why
     divergences = []
     if name == "engine" and state.spec is not None and state.plain is not None:
         divergences = lossless_divergences(state.spec, state.plain)
@@ -757,7 +751,7 @@ def _reference(
     else:
         limit = d.child_s(d.reference, run.first_start_s)
     with run.step(f"reference comparison ({name})", pool.log(0)) as record:
-        if not dispatched:
+        if work is not None:
             pool.dispatch(work)
         fidelity = pool.finish(divergences, run.deadline.limit(limit))
         record.extra = {"seconds": fidelity.get("seconds"), "shards": fidelity.get("shards")}

@@ -95,7 +95,6 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
     for level in request.acceptance_concurrency:
         before = _spec(llm)
         running.most = 0
-        outputs: list[list[int]] = []
         completions: list[dict[str, Any]] = []
         per_prompt: list[dict[str, Any]] = []
         ahead = before
@@ -103,7 +102,6 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
             done = _generate(
                 llm, prompts[start : start + level], request.acceptance_max_new_tokens, 2
             )
-            outputs += [[int(t) for t in o.outputs[0].token_ids] for o in done]
             completions += [_result(o) for o in done]
             if level == 1:
                 behind = _spec(llm)
@@ -111,7 +109,7 @@ def _acceptance(llm: Any, request: TrainedRunRequest, running: RunningCounter) -
                 ahead = behind
         after = _spec(llm)
         out[str(level)] = {
-            "outputs": outputs,
+            "outputs": [c["tokens"] for c in completions],
             "spec": {k: _delta(after, before, k) for k in after},
             "most_running": running.most,
             "completions": completions,
