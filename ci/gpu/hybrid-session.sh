@@ -67,9 +67,13 @@ case $step in
   background)
     parts=${2:?}
     shift 2
-    # Only the trained pair's calls serve the ablations.
+    # Only the trained pair's calls serve the ablations: the no-<patch> installs its plan uses.
     ablations=""
-    [[ " $* " == *" trained "* ]] && ablations="dflash-layer-id-offset dflash-swa-config eagle-cache-drop fa3-schedule-per-group"
+    if [[ " $* " == *" trained "* ]]; then
+      ablations=$(cd "$here/../.." && PYTHONPATH=$SITE python3 -c \
+        'from tooling.smoke.trained_pair import SITES; print(*(s[3:] for s in SITES if s.startswith("no-")))') \
+        || { mark "no ablation list: tooling.smoke.trained_pair does not import"; exit 1; }
+    fi
     mark "building the engines' installs"
     PROBES=0 ABLATIONS=$ablations bash "$here/host-setup.sh" "$parts" build \
       > "$session/build.log" 2>&1 || { mark "build failed: $session/build.log"; exit 1; }

@@ -18,10 +18,10 @@
 #                             skips the training
 #   trained-hybrid.sh import-pair PARTS
 #                             join and check such carried parts into the pair's folder
-# Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations of
-# trained_pair.ABLATED and FULL_DRAFTER_FIX (ABLATIONS="dflash-layer-id-offset
-# dflash-swa-config eagle-cache-drop fa3-schedule-per-group"); the recipe trains with the bundle's dflash and flash-linear-attention
-# and the payload's train-wheels/ (make-parts.sh).
+# Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations
+# trained_pair.SITES names (hybrid-session.sh passes them as ABLATIONS); the recipe trains
+# with the bundle's dflash and flash-linear-attention and the payload's train-wheels/
+# (make-parts.sh).
 # Writes $OUT/trained-CALL.tar.gz (results and logs, no compile caches) and
 # $OUT/trained-report-CALL.txt.
 # TIME_LIMIT (seconds, default 540) bounds each engine process.
