@@ -420,6 +420,45 @@ def test_under_load_the_plain_engines_own_noise_excuses_a_difference(tmp_path: P
     assert ok and f"| patched-k{K} | pass | 2 | - | - |" in text
 
 
+def test_under_load_a_margin_of_one_bf16_step_read_in_fp32_is_within_that_noise() -> None:
+    # The trained pair on an H200: the plain engine's two batch shapes part where alone its
+    # margin is one bf16 step (0.0625) and at once 0, so the noise is 0.0625; the fixed wheel
+    # with a full-attention drafter leaves plain's output at once where plain's margin, in
+    # the fp32 logprobs vLLM returns, reads 0.0625000596. One bf16 step either way: a tie.
+    def completion(tokens: list[int], at: int, lead: dict[str, float]) -> dict:
+        rest = [{str(t): -0.1, "999": -3.1} for t in tokens]
+        rest[at] = lead
+        return {"tokens": tokens, "logprobs": rest}
+
+    alone = [
+        completion([1, 22, 3], 1, {"22": -1.5598620176315308, "21": -1.6223620176315308}),
+        completion([4, 24, 6], 1, {"24": -0.9749574661254883, "22": -1.0374574661254883}),
+    ]
+    at_once = [
+        completion([1, 21, 3], 1, {"21": -1.6095068454742432, "22": -1.6095068454742432}),
+        completion([4, 24, 6], 1, {"24": -0.9753608107566833, "22": -1.0378608703613281}),
+    ]
+    drafted = [
+        at_once[0],
+        completion([4, 22, 6], 1, {"22": -1.0143451690673828, "24": -1.0143451690673828}),
+    ]
+    plain = {
+        "ok": True,
+        "acceptance": {"1": {"completions": alone}, "16": {"completions": at_once}},
+    }
+    fixed = {"ok": True, "acceptance": {"16": {"completions": drafted}}}
+    chosen = [tp.Variant(tp.PLAIN, "patched", 0, 1), tp.Variant("patched-k15", "patched", 15, 1)]
+    lines, problems = tp.load_section(chosen, {tp.PLAIN: plain, "patched-k15": fixed})
+    assert problems == [], lines
+    assert "| patched-k15 | pass | 2 | - | prompt 1 @ 1: 0.0625 |" in lines
+    assert "one at a time and at once 0.0625" in lines[1]
+    # A step more than the noise still fails.
+    drafted[1] = completion([4, 22, 6], 1, {"22": -0.9, "24": -1.0})
+    at_once[1] = completion([4, 24, 6], 1, {"24": -0.9, "22": -1.0})
+    lines, problems = tp.load_section(chosen, {tp.PLAIN: plain, "patched-k15": fixed})
+    assert problems == ["patched-k15: not lossless with 16 requests at once"]
+
+
 def test_under_load_a_plain_engine_that_moves_too_far_on_its_own_gives_no_verdict(
     tmp_path: Path,
 ) -> None:
