@@ -70,7 +70,7 @@ case $step in
     while pgrep -f "tooling.trainer train --arch hybrid" > /dev/null && [ "$limit" -gt 0 ]; do
       sleep 5; limit=$((limit - 5))
     done
-    grep -v '^\[transformers\]' "$WORK/train-hybrid.log" | tail -25
+    grep -v '^\[transformers\]' "$WORK/train-hybrid.log" 2>/dev/null | tail -25
     [ -n "${OUT:-}" ] && cp -r "$WORK/train-out" "$OUT/" 2>/dev/null
     [ -f "$pair/summary.json" ] || { echo "no trained pair (yet)"; exit 1; }
     du -sh "$pair"
@@ -83,10 +83,12 @@ case $step in
     last=$(PYTHONPATH=$SITE python3 -m tooling.smoke.trained_pair plan "$pair" "$runs" \
       | awk '{print $3}' | sort -n | tail -1) || exit 1
     [ -n "$last" ] || { echo "error: no calls planned on $pair" >&2; exit 1; }
+    # Each call's report judges every result so far; a call that failed fails the chain.
+    rc=0
     for call in ${CALLS:-$(seq 1 "$last")}; do
-      bash "$here/trained-hybrid.sh" "$call"
+      bash "$here/trained-hybrid.sh" "$call" || rc=$?
     done
-    exit 0 ;;
+    exit $rc ;;
   export-pair)
     call=${2:?usage: trained-hybrid.sh export-pair CALL}
     : "${OUT:?}"
@@ -129,5 +131,7 @@ PYTHONPATH=$SITE python3 -m tooling.smoke.trained run-call "$pair" "$runs" "$cal
 rc=$?
 echo "call $call: done in $(( $(date +%s) - start ))s"
 cat "$OUT/trained-report-$call.txt"
-tar -czf "$OUT/trained-$call.tar.gz" --exclude='vllm-cache-*' -C "$WORK" trained train-out
+# A pair carried in from an earlier session has no training output beside it.
+kept=(trained); [ -d "$WORK/train-out" ] && kept+=(train-out)
+tar -czf "$OUT/trained-$call.tar.gz" --exclude='vllm-cache-*' -C "$WORK" "${kept[@]}"
 exit $rc

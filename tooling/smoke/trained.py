@@ -138,7 +138,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--engines-root", type=Path, required=True)
     p.add_argument("--time-limit", type=float, default=540.0)
     args = parser.parse_args(argv)
-    engines = {d.name: d for d in args.engines_root.iterdir() if d.is_dir()}
+    root = args.engines_root
+    engines = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
     missing = _missing_sites(engines)
     if missing:
         print(f"error: {args.engines_root} lacks {', '.join(missing)}", file=sys.stderr)
