@@ -386,6 +386,11 @@ def test_overlap_starts_both_servers_first_and_stops_both(
     assert [int(n) for _, n in seen] == ([2, 2] if overlap else [1, 2])
     servers = [s for s in report.steps if s.name.startswith("serve")]
     assert [s.extra["stop"] for s in servers] == ["terminated", "terminated"]
+    # Each step says when it began in the run, on the clock of its duration: the servers'
+    # requests are taken in turn either way, the plain server's after the other's stop.
+    assert all(s.started_s is not None and s.started_s >= 0 for s in report.steps)
+    dflash, plain = sorted(servers, key=lambda s: s.name != "serve with DFlash")
+    assert plain.started_s >= dflash.started_s + dflash.seconds
     for pid in map(int, pids.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

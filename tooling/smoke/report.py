@@ -47,6 +47,9 @@ class StepRecord:
     message: str = ""
     log: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    started_s: float | None = None
+    """When the step began, seconds after the run's start: steps overlap, so the run's
+    critical path is read from these, not from the durations."""
 
 
 @dataclass

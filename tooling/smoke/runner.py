@@ -93,6 +93,7 @@ class _Run:
         self.config = config
         self.notify = notify
         self.deadline = Deadline(config.timeouts.total)
+        self.began = time.monotonic()
         self.steps: list[StepRecord] = []
         self.python = config.python or sys.executable
         self.workdir = config.workdir.resolve()
@@ -146,6 +147,7 @@ class _Run:
         record = StepRecord(name=name, seconds=0.0, ok=True, log=str(log) if log else None)
         self.notify(f"{name} ...")
         start = time.monotonic()
+        record.started_s = start - self.began
         try:
             yield record
         except SmokeError as e:
