@@ -318,6 +318,8 @@ def test_shards_give_what_one_process_gives(tiny, tmp_path, probe_python, dflash
     }
     assert sharded["compared_tokens"] == whole["compared_tokens"] > 150
     assert len(sharded["divergences"]) == 1
+    # Each shard warmed its models up before its work came.
+    assert sharded["seconds"]["warm_up"] > 0
 
 
 @pytest.mark.slow
@@ -344,7 +346,8 @@ HYBRID_SCRIPT = textwrap.dedent(
     from dflash.model import extract_context_feature
     from pathlib import Path
     from tooling.smoke.serving.reference import (
-        FidelityInput, ModelSetup, compare, load_pair, reference_logits, target_hidden_states)
+        FidelityInput, LoadedPair, ModelSetup, compare, load_pair, reference_logits,
+        target_hidden_states, warm_up)
     from tooling.smoke.serving.tiny import TinySpec, write_tiny_models
 
     root, out_path = sys.argv[1], sys.argv[2]
@@ -368,6 +371,11 @@ HYBRID_SCRIPT = textwrap.dedent(
         logits = reference_logits(target, draft, right, position, sequence[position], 3)
         proposals.append({"prompt": 0, "position": position, "bonus": sequence[position],
                           "drafts": logits.argmax(-1).tolist()})
+    # A shard's warm-up, on the loaded pair: made-up tokens, and nothing it leaves behind.
+    before = reference_logits(target, draft, right, 40, sequence[40], 3)
+    out["warm_up_s"] = warm_up(LoadedPair(target, draft, "cpu", 0.0))
+    after = reference_logits(target, draft, right, 40, sequence[40], 3)
+    out["warm_up_changes_nothing"] = bool(torch.equal(before, after))
     out["comparisons"] = {}
     for name, features in (("right", right), ("stock", stock)):
         path = f"{root}/{name}-features.pt"
@@ -417,6 +425,12 @@ def test_default_pair_is_the_hybrid_family(hybrid) -> None:
     assert check["windows"] == [16, 16, 16, 16, None]
     drafter = json.loads(models.drafter.joinpath("config.json").read_text())
     assert drafter_info_from_config(drafter).expected_windows() == [(15, 0)] * 4 + [(-1, -1)]
+
+
+@pytest.mark.slow
+def test_a_shards_warm_up_runs_the_hybrid_pair_and_leaves_its_results_alone(hybrid) -> None:
+    assert hybrid["check"]["warm_up_s"] > 0
+    assert hybrid["check"]["warm_up_changes_nothing"] is True
 
 
 @pytest.mark.slow
