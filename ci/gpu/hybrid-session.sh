@@ -116,6 +116,11 @@ case $step in
     (cd "$WORK" && find session results train-out trained \( -name '*.json' -o -name '*.txt' \) \
       -size -4M -not -path '*vllm-cache*' 2>/dev/null) |
       tar -czf "$OUT/reports.tgz" -C "$WORK" -T - 2>/dev/null
+    # The processes' logs apart: they time a run's steps, and if they are over what a command
+    # brings back, only they are left out.
+    (cd "$WORK" && find session trained \( -name '*.log' -o -name '*.err' \) -size -8M \
+      -not -path '*vllm-cache*' 2>/dev/null) |
+      tar -czf "$OUT/logs.tgz" -C "$WORK" -T - 2>/dev/null
     ls -la "$OUT"
     ;;
   *)
