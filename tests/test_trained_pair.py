@@ -558,3 +558,20 @@ def test_the_host_chain_fails_when_a_call_fails(tmp_path: Path) -> None:
     lacking = f"error: {work / 'engines'} lacks {', '.join(sorted(tp.SITES))}\n"
     assert done.stderr.count(lacking) == done.stdout.count(": done in ") >= 2
     assert "Traceback" not in done.stderr
+
+
+def test_the_steady_speed_is_the_median_pass_so_a_pass_still_compiling_does_not_move_it() -> None:
+    # At one request on the trained pair the DFlash engine's second pass (0.317 s) still
+    # compiled for shapes of its own; the passes after it took 0.205 s.
+    def passes(first: float, *steady: float) -> list[dict]:
+        return [{"seconds": s, "tokens": 128, "most_running": 1} for s in (first, *steady)]
+
+    plain = {"speed": {"1": passes(3.89, 0.527, 0.522, 0.524, 0.530, 0.525)}}
+    drafted = {"speed": {"1": passes(4.64, 0.317, 0.205, 0.206, 0.204, 0.205)}}
+    (row,) = tp.speed_rows(plain, drafted)
+    assert (row.plain_steady_s, row.drafted_steady_s) == (0.525, 0.205)
+    assert row.ratio == pytest.approx(0.525 / 0.205)
+    assert (row.plain_first_s, row.drafted_first_s) == (3.89, 4.64)
+    # Two steady passes (an earlier run's) give their mean, as before.
+    (row,) = tp.speed_rows(plain, {"speed": {"1": passes(4.64, 0.317, 0.205)}})
+    assert row.drafted_steady_s == pytest.approx(0.261)

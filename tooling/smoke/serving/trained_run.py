@@ -11,8 +11,9 @@ plans the requests and judges the results. Workloads, each optional:
 - ``acceptance``: the recipe's held-out prompts at each concurrency (groups of that many
   requests at once), with vLLM's spec-decode counters over each pass, and each output with
   its top-2 logprobs (the lossless check under load);
-- ``speed``: decode throughput at each concurrency, three passes each: the first is the
-  first traffic of that shape (reported apart), the other two the steady figure. Engines
+- ``speed``: decode throughput at each concurrency, ``SPEED_PASSES`` passes each: the first
+  is the first traffic of that shape (reported apart), the median of the others the steady
+  figure. Engines
   that measure speed wait until every engine of the run has finished its other work (files
   in ``barrier``), then take turns on an exclusive lock, so no figure shares the GPU.
 """
@@ -39,8 +40,10 @@ from .distribution import (
 
 #: The counters kept per prompt when prompts are served one at a time.
 PER_PROMPT = (f"{SPEC}num_drafts", f"{SPEC}num_accepted_tokens")
-#: Passes per speed level: the first traffic, then the steady ones.
-SPEED_PASSES = 3
+#: Passes per speed level: the first traffic, then the steady ones. Compiles for new shapes
+#: can reach past the first pass (at one request on the trained pair the second pass took 1.5
+#: times the third), so the steady figure is a median of several.
+SPEED_PASSES = 6
 
 
 @dataclass
