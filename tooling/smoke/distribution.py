@@ -115,13 +115,17 @@ def compare(plain: Run, other: Run, positions: int) -> Comparison:
     )
 
 
+def at_most(margin: float | None, limit: float) -> bool:
+    """``margin`` no more than ``limit``, both whole bf16 steps read through fp32 (``SLACK``);
+    None (no margin measured) is not."""
+    return margin is not None and margin <= limit + SLACK
+
+
 def within(c: Comparison, tolerance: float) -> bool:
     """The other engine's first token has the plain distribution, and its greedy tokens are
     the plain ones up to ties."""
-    tie = c.diverged_at is None or (
-        c.divergence_margin is not None and c.divergence_margin <= tolerance + SLACK
-    )
-    return c.first_delta <= tolerance + SLACK and tie
+    tie = c.diverged_at is None or at_most(c.divergence_margin, tolerance)
+    return at_most(c.first_delta, tolerance) and tie
 
 
 def noise(alone: dict[str, Run], together: dict[str, Run]) -> float:

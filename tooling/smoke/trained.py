@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     engines = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
     missing = _missing_sites(engines)
     if missing:
-        print(f"error: {args.engines_root} lacks {', '.join(missing)}", file=sys.stderr)
+        print(f"error: {root} lacks {', '.join(missing)}", file=sys.stderr)
         return SmokeError.exit_code
     trained_pair.plan(args.pair, args.work)
     run_call(args.work, engines, args.call, args.time_limit)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .distribution import SLACK
+from .distribution import at_most
 
 #: A plain run's top-2 logprob margin at or below which a differing greedy token is a tie.
 TIE_MARGIN = 2.0**-7
@@ -240,12 +240,6 @@ def plan(pair: Path, work: Path) -> list[Variant]:
 # -- verdicts (pure) ---------------------------------------------------------------------------
 
 
-def within(margin: float | None, limit: float) -> bool:
-    """A plain margin at most ``limit``, read as whole bf16 steps: the engines return fp32
-    log-softmaxes of bf16 logits, so a margin of exactly one step reads a little over it."""
-    return margin is not None and margin <= limit + SLACK
-
-
 def top2_margin(position: dict[str, float]) -> float:
     """The gap between the two best logprobs at one position (inf with one candidate)."""
     best = sorted(position.values(), reverse=True)
@@ -275,7 +269,7 @@ def compare_completion(
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             margin = top2_margin(plain["logprobs"][i]) if i < len(plain["logprobs"]) else None
-            tie = within(margin, tie_margin)
+            tie = at_most(margin, tie_margin)
             return PromptVerdict(name, i, i, margin, tie)
     if len(a) != len(b):
         return PromptVerdict(name, min(len(a), len(b)), min(len(a), len(b)), None, False)
@@ -601,7 +595,7 @@ def lossless_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) 
         lines.append(_verdict_row(verdict))
         if v.site == "patched" and not verdict.ok:
             problems.append(f"{v.name}: strict lossless check not passed")
-        rounding = [p for p in verdict.failures if within(p.plain_margin, BF16_STEP)]
+        rounding = [p for p in verdict.failures if at_most(p.plain_margin, BF16_STEP)]
         if rounding:
             notes.append(
                 f"{v.name}: {_where(rounding)}: the plain margin is at most one bf16 step of a "
@@ -652,7 +646,7 @@ def load_section(chosen: list[Variant], results: dict[str, dict[str, Any]]) -> S
     if noise is None:
         problem = "lossless under load: no plain outputs with logprobs to compare with"
         return ["", f"{title})", problem], [problem]
-    if not within(noise, LOAD_NOISE_LIMIT):
+    if not at_most(noise, LOAD_NOISE_LIMIT):
         problem = (
             f"lossless under load: the plain engine's own outputs one at a time and at once "
             f"part at a margin of {noise:.4f}, over {LOAD_NOISE_LIMIT:.4f}: no verdict"

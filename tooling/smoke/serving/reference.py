@@ -335,7 +335,7 @@ def warm_up(pair: LoadedPair) -> float:
     k = max(1, drafter.block_size - 1)
     for length in WARM_UP_LENGTHS:
         sequence = [(7 * i + 3) % vocab for i in range(length)]
-        features = context_features(target, drafter, sequence).to(dtype=target.dtype)
+        features = context_features(target, drafter, sequence)
         reference_logits(target, drafter, features, length - 1, sequence[-1], k)
     return time.monotonic() - start
 

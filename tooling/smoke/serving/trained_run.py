@@ -13,9 +13,9 @@ plans the requests and judges the results. Workloads, each optional:
   its top-2 logprobs (the lossless check under load);
 - ``speed``: decode throughput at each concurrency, ``SPEED_PASSES`` passes each: the first
   is the first traffic of that shape (reported apart), the median of the others the steady
-  figure. Engines
-  that measure speed wait until every engine of the run has finished its other work (files
-  in ``barrier``), then take turns on an exclusive lock, so no figure shares the GPU.
+  figure. Engines that measure speed wait until every engine of the run has finished its
+  other work (files in ``barrier``), then take turns on an exclusive lock, so no figure
+  shares the GPU.
 """
 
 from __future__ import annotations
