@@ -41,8 +41,8 @@ from .distribution import (
 #: The counters kept per prompt when prompts are served one at a time.
 PER_PROMPT = (f"{SPEC}num_drafts", f"{SPEC}num_accepted_tokens")
 #: Passes per speed level: the first traffic, then the steady ones. Compiles for new shapes
-#: can reach past the first pass (at one request on the trained pair the second pass took 1.5
-#: times the third), so the steady figure is a median of several.
+#: can reach past the first pass (docs/results/2026-12-01-trained-hybrid.md), so the steady
+#: figure is a median of several.
 SPEED_PASSES = 6
 
 
