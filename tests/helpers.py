@@ -1,6 +1,6 @@
 """What several test modules share: the patches folder, the session cache's links, the
-environment of child interpreters, options and trees for the patch engine, and running a
-script on a vLLM tree."""
+environment of child interpreters, options and trees for the patch engine, running a
+script on a vLLM tree, and running a GPU host's script (``ci/gpu``) here."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -168,3 +169,24 @@ def wait_until(
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: never happened (a hang)")
         time.sleep(0.05)
+
+
+def run_gpu_script(
+    script: str, *args: str, work: Path, out: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``bash ci/gpu/SCRIPT ARGS`` with ``WORK`` (and ``OUT``) set, as on the GPU host, where
+    the host's python3 runs the toolchain: here this interpreter, first on PATH."""
+    env = {
+        **os.environ,
+        "WORK": str(work),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    if out is not None:
+        env["OUT"] = str(out)
+    return subprocess.run(
+        ["bash", str(REPO_DIR / "ci" / "gpu" / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )

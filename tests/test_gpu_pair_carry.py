@@ -7,26 +7,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from tooling.paths import REPO_DIR
+
+from .helpers import run_gpu_script
 
 GPU = REPO_DIR / "ci" / "gpu"
 
 
 def _run(script: str, *args: str, work: Path, out: Path | None = None) -> str:
-    env = {
-        **os.environ,
-        "WORK": str(work),
-        # The host's python3 runs the toolchain: this interpreter, first on PATH.
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    if out is not None:
-        env["OUT"] = str(out)
-    done = subprocess.run(
-        ["bash", str(GPU / script), *args], env=env, capture_output=True, text=True
-    )
+    done = run_gpu_script(script, *args, work=work, out=out)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -87,12 +78,7 @@ def test_a_corrupt_part_is_named_and_nothing_is_carried_in(tmp_path: Path) -> No
     part = out / "hybrid-pair.tar.part-000"
     part.write_bytes(b"x" + part.read_bytes()[1:])
     later.mkdir()
-    done = subprocess.run(
-        ["bash", str(GPU / "trained-hybrid.sh"), "import-pair", str(out)],
-        env={**os.environ, "WORK": str(later)},
-        capture_output=True,
-        text=True,
-    )
+    done = run_gpu_script("trained-hybrid.sh", "import-pair", str(out), work=later)
     assert done.returncode != 0
     assert "hybrid-pair.tar.part-000 is corrupt" in done.stderr
     assert not (later / "hybrid-pair").exists()

@@ -4,11 +4,10 @@ while the session's steps run, on real files here as on the host."""
 from __future__ import annotations
 
 import os
-import subprocess
 import tarfile
 from pathlib import Path
 
-from tooling.paths import REPO_DIR
+from .helpers import run_gpu_script
 
 
 def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) -> None:
@@ -26,12 +25,7 @@ def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) ->
     (cache / "compile.log").write_text("x")
     (work / "trained" / "plain.log").write_text("INFO plain\n")
     out.mkdir()
-    done = subprocess.run(
-        ["bash", str(REPO_DIR / "ci" / "gpu" / "hybrid-session.sh"), "collect"],
-        env={**os.environ, "WORK": str(work), "OUT": str(out)},
-        capture_output=True,
-        text=True,
-    )
+    done = run_gpu_script("hybrid-session.sh", "collect", work=work, out=out)
     assert done.returncode == 0, done.stderr
     assert "[02:24:38] tiny" in done.stdout
     texts = (out / "texts.txt").read_text()

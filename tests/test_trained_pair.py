@@ -13,6 +13,8 @@ import pytest
 
 from tooling.smoke import trained_pair as tp
 
+from .helpers import run_gpu_script
+
 K = 15
 LOSSLESS = [
     f"k{K}-len{K}",
@@ -532,27 +534,10 @@ def test_a_call_on_a_host_names_the_installs_its_engines_folder_lacks(
 def test_the_host_chain_fails_when_a_call_fails(tmp_path: Path) -> None:
     # ci/gpu/trained-hybrid.sh chain, as a GPU session runs it, on a pair whose calls cannot
     # run here (no engine installs): each call's report fails, so the chain does too.
-    import os
-    import subprocess
-    import sys
-
-    from tooling.paths import REPO_DIR
-
     work = tmp_path / "work"
     work.mkdir()
     _pair(tmp_path).rename(work / "hybrid-pair")
-    env = {
-        **os.environ,
-        "WORK": str(work),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    done = subprocess.run(
-        ["bash", str(REPO_DIR / "ci" / "gpu" / "trained-hybrid.sh"), "chain"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_gpu_script("trained-hybrid.sh", "chain", work=work)
     assert done.returncode != 0, done.stdout
     # No engines folder at all is named as lacking every install, in one line per call.
     lacking = f"error: {work / 'engines'} lacks {', '.join(sorted(tp.SITES))}\n"
