@@ -15,7 +15,7 @@ import pytest
 from tooling.errors import SmokeCapacityError, SmokeError, SmokePairError, exit_code_for
 from tooling.smoke import EngineSettings, GpuFacts, SmokeConfig
 from tooling.smoke.pair import GIB, read_pair, safetensors_bytes
-from tooling.smoke.plan import Layout, Limit, Mode, Role, plan_smoke, render
+from tooling.smoke.plan import Layout, Limit, Mode, Role, kv_cache_bytes, plan_smoke, render
 from tooling.smoke.runner import pair_facts
 from tooling.smoke.serving.tiny import TinySpec, drafter_config, hybrid_config
 
@@ -74,10 +74,11 @@ def test_the_narrow_seed_shaped_pair_at_k15_fits_one_gpu_side_by_side(tmp_path) 
     assert 2.0 < plan.pair["target_gib"] < 2.5
     assert plan.layout == Layout.SIDE_BY_SIDE
     # K = 15: the engines with the drafter keep 48 Gated DeltaNet states for each of the
-    # 16 verified positions of each of 8 sequences; the plain ones one per sequence.
+    # 16 verified positions of each of 8 sequences; the plain ones one per sequence. The
+    # first-token DFlash engine serves one prompt at a time: one sequence's states.
     kv = {str(s.role): s.kv_cache_memory_bytes for s in plan.steps if s.role != "models"}
-    assert kv["serve-dflash"] == kv["engine"] == kv["first-tokens-dflash"] > 16 * GIB
-    assert kv["serve-plain"] == kv["first-tokens-plain"] == 4 * GIB
+    assert kv["serve-dflash"] == kv["engine"] > 16 * GIB
+    assert kv["serve-plain"] == kv["first-tokens-plain"] == kv["first-tokens-dflash"] == 4 * GIB
     assert plan.steps[0].argv[-2:] == ("--arch", "seed")
     # The first tokens of K, K+1, K+2 (and 3(K+1))-token prompts, three of each.
     lengths = sorted(set(plan.prompts["first_tokens"].values()))
@@ -104,6 +105,32 @@ def test_the_seed_shaped_pair_at_full_width_runs_one_after_another(tmp_path, cou
         assert roles(plan, 2) == {"first-tokens-dflash": (1,), "engine": (0,)}
         assert roles(plan, 3) == {"reference": (1,), "first-tokens-plain": (0,)}
         assert plan.reference.placement == "own GPU"
+
+
+def test_on_an_h200_as_torch_sees_it_the_first_token_engines_share_a_wave(tmp_path) -> None:
+    # torch reports 139 GiB on the H200s lent here: a first-token DFlash engine sized for
+    # one sequence (4 GiB of cache, not 21) fits beside the plain one at the seed's width.
+    c = config(tmp_path, tiny=True, tiny_arch="seed", tiny_hidden_size=5120, engine=K15)
+    plan = plan_smoke(c, pair_facts(c), GpuFacts(1, 139 * GIB))
+    assert plan.why.endswith("in 4 waves")
+    assert roles(plan, 4) == {"first-tokens-dflash": (0,), "first-tokens-plain": (0,)}
+    quick = plan_smoke(replace(c, quick=True), pair_facts(c), GpuFacts(1, 139 * GIB))
+    assert [sorted(roles(quick, w)) for w in (1, 2)] == [
+        ["engine"],
+        ["first-tokens-dflash", "first-tokens-plain"],
+    ]
+    # The first start's allowance counts the first wave's engines: one here.
+    assert quick.deadlines.first_start_s == plan.deadlines.first_start_s
+
+
+def test_a_lone_sequence_keeps_a_recurrent_block_per_max_num_seqs(tmp_path) -> None:
+    # vLLM refuses to capture a hybrid target's full CUDA graphs with fewer recurrent
+    # blocks than max_num_seqs: a lone sequence at K = 3 has 4 positions, not 8.
+    c = config(tmp_path, tiny=True, tiny_arch="seed", tiny_hidden_size=5120)
+    pair = pair_facts(c)
+    engine = replace(EngineSettings(num_speculative_tokens=3), max_num_seqs=32)
+    state = pair.target.recurrent_layers * pair.target.recurrent_state_bytes
+    assert kv_cache_bytes(pair, engine, True, 1, alone=True) >= 32 * state
 
 
 def test_a_27b_sized_pair_is_planned_from_its_config_and_declared_sizes(pair27, tmp_path):

@@ -18,6 +18,7 @@
 #   seed-full   production-smoke.sh seed-full: the pair at the seed's width, 57 GB on the
 #               host's disk, so with no ablation installs beside it (ask for it without
 #               `trained`)
+#   seed-full-quick  the same with --quick: the first-token engines alone, one at a time
 #   pair        the recipe alone: wait for it to write the pair (trained-hybrid.sh
 #               export-pair then brings the pair back for a later session); the steps
 #               after it run once it has ended, alone on the GPU
@@ -29,7 +30,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|pair|trained ...]|collect"
+usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|pair|trained ...]|collect"
 step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
@@ -41,11 +42,11 @@ case $step in
     [ ${#steps[@]} -gt 0 ] || steps=(seed seed-stock trained)
     for s in "${steps[@]}"; do
       case $s in
-        seed|seed-stock|tiny|ray|ray-tp2|seed-full|pair|trained) ;;
+        seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|pair|trained) ;;
         *) echo "error: hybrid-session.sh: unknown step $s ($usage)" >&2; exit 2 ;;
       esac
     done
-    [[ " ${steps[*]} " == *" trained "* && " ${steps[*]} " == *" seed-full "* ]] && {
+    [[ " ${steps[*]} " == *" trained "* && " ${steps[*]} " == *" seed-full"* ]] && {
       echo "error: hybrid-session.sh: seed-full's 57 GB leave no disk for trained's installs: one per session" >&2
       exit 2; }
     mkdir -p "$session"
@@ -93,6 +94,9 @@ case $step in
             bash "$here/production-smoke.sh" stock > "$session/seed-stock.txt" 2>&1 ;;
         tiny)
           OUT=$session/tiny bash "$here/production-smoke.sh" default > "$session/tiny.txt" 2>&1 ;;
+        seed-full-quick)
+          OUT=$session/$s SMOKE_ARGS=--quick bash "$here/production-smoke.sh" seed-full \
+            > "$session/$s.txt" 2>&1 ;;
         pair)
           WAIT_S=${WAIT_S:-1500} bash "$here/trained-hybrid.sh" wait > "$session/pair.txt" 2>&1 ;;
         trained)

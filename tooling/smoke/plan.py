@@ -305,9 +305,14 @@ def _argv(python: str, module: str, workdir: Path, request: str, result: str) ->
 # --- sizing ---------------------------------------------------------------------------
 
 
-def kv_cache_bytes(pair: PairFacts, engine: EngineSettings, speculative: bool, tp: int) -> int:
+def kv_cache_bytes(
+    pair: PairFacts, engine: EngineSettings, speculative: bool, tp: int, alone: bool = False
+) -> int:
     """The fixed KV cache one engine gets per GPU: every sequence at full length, and a
-    hybrid target's recurrent state for each verified position of each sequence."""
+    hybrid target's recurrent state for each verified position of each sequence. ``alone``:
+    an engine served one request at a time needs one sequence's, though never fewer
+    recurrent blocks than ``max_num_seqs`` (vLLM refuses to capture a hybrid target's full
+    CUDA graphs with fewer)."""
     if engine.kv_cache_memory_bytes is not None:
         return engine.kv_cache_memory_bytes
     per_token = pair.target.kv_bytes_per_token
@@ -315,8 +320,11 @@ def kv_cache_bytes(pair: PairFacts, engine: EngineSettings, speculative: bool, t
         per_token += pair.drafter.kv_bytes_per_token
     if engine.kv_cache_dtype.startswith("fp8"):
         per_token //= 2
-    tokens = engine.max_num_seqs * engine.max_model_len
-    slots = engine.max_num_seqs * ((engine.num_speculative_tokens + 1) if speculative else 1)
+    sequences = 1 if alone else engine.max_num_seqs
+    tokens = sequences * engine.max_model_len
+    slots = sequences * ((engine.num_speculative_tokens + 1) if speculative else 1)
+    if alone:
+        slots = max(slots, engine.max_num_seqs)
     state = pair.target.recurrent_layers * pair.target.recurrent_state_bytes * slots
     need = (tokens * per_token + state) * KV_MARGIN / tp
     return max(MIN_KV_CACHE_BYTES, math.ceil(need / GIB) * GIB)
@@ -404,6 +412,10 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
     plain_kv = kv_cache_bytes(pair, base, False, tp)
     spec_kv_1 = kv_cache_bytes(pair, base, True, 1)
     plain_kv_1 = kv_cache_bytes(pair, base, False, 1)
+    # The first-token check serves its DFlash engine's prompts one at a time (the plain
+    # engine's also together, for the noise): on a pair as large as the seed's, the smaller
+    # cache lets it share a wave with the plain engine.
+    first_kv = kv_cache_bytes(pair, base, True, 1, alone=True)
     # The flags every engine shares; each step's KV size is its own (an engine without the
     # drafter keeps no recurrent state per draft position).
     engine = replace(base, kv_cache_memory_bytes=spec_kv)
@@ -449,7 +461,7 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
             Role.FIRST_TOKENS_DFLASH,
             1,
             both_w,
-            spec_kv_1,
+            first_kv,
             child(FIRST_TOKENS_MODULE, "first-tokens-dflash"),
         ),
         _Engine(
@@ -533,7 +545,8 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
     steps += sorted(main, key=lambda s: (s.wave, START_ORDER.index(s.role)))
 
     largest = max(e.weights for e in engines)
-    together = max(sum(1 for e in engines if e.wave == w) for w in {e.wave for e in engines})
+    # The first start's allowance is for the engines of the first wave, starting together.
+    together = sum(1 for e in engines if e.wave == min(e.wave for e in engines))
     t = config.timeouts
     deadlines = Deadlines(
         first_start_s=(t.server_start + FIRST_START_S_PER_GIB * largest / GIB)
