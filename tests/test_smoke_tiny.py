@@ -376,6 +376,22 @@ HYBRID_SCRIPT = textwrap.dedent(
     out["warm_up_s"] = warm_up(LoadedPair(target, draft, "cpu", 0.0))
     after = reference_logits(target, draft, right, 40, sequence[40], 3)
     out["warm_up_changes_nothing"] = bool(torch.equal(before, after))
+    # The large pairs' draw (bf16 from the start, saved in shards), here on the CPU: the
+    # same tensors by name and shape as the fp32 draw, seeded, and a pair the reference runs.
+    for name in ("bf16-a", "bf16-b"):
+        write_tiny_models(Path(root).parent / name, TinySpec.for_arch("hybrid", 0), "cpu")
+    shapes = {}
+    for name in ("pair", "bf16-a"):
+        t, d = load_pair(f"{Path(root).parent / name}/target",
+                         f"{Path(root).parent / name}/drafter", "cpu", "auto")
+        shapes[name] = {k: list(v.shape) for k, v in {**t.state_dict(), **{
+            "drafter." + k: v for k, v in d.state_dict().items()}}.items()}
+        if name == "bf16-a":
+            out["bf16_dtypes"] = sorted({str(v.dtype) for v in t.state_dict().values()})
+            logits = reference_logits(t, d, extract_context_feature(
+                target_hidden_states(t, sequence), ids), 40, sequence[40], 3)
+            out["bf16_logits_finite"] = bool(torch.isfinite(logits).all())
+    out["bf16_same_shapes"] = shapes["pair"] == shapes["bf16-a"]
     out["comparisons"] = {}
     for name, features in (("right", right), ("stock", stock)):
         path = f"{root}/{name}-features.pt"
@@ -408,6 +424,19 @@ def test_generation_is_seeded(hybrid) -> None:
     pair = json.loads((hybrid["root"] / "pair" / MANIFEST).read_text())["files"]
     again = json.loads((hybrid["root"] / "again" / MANIFEST).read_text())["files"]
     assert pair == again and len(pair) >= 6
+
+
+@pytest.mark.slow
+def test_a_large_pair_is_drawn_in_bf16_seeded_and_whole(hybrid) -> None:
+    """The draw a pair past the plan's LARGE_PAIR_BYTES gets (``--device cuda``), run on the
+    CPU with the tiny hybrid: the fp32 draw's tensors, in bf16, seeded, named in the
+    manifest."""
+    check = hybrid["check"]
+    assert check["bf16_same_shapes"] is True and check["bf16_logits_finite"] is True
+    assert check["bf16_dtypes"] == ["torch.bfloat16"]
+    a, b = (load_manifest(hybrid["root"] / name) for name in ("bf16-a", "bf16-b"))
+    assert a.files == b.files and a.device == "cpu"
+    assert load_manifest(hybrid["root"] / "pair").device is None
 
 
 @pytest.mark.slow

@@ -50,6 +50,10 @@ ENGINE_OVERHEAD_BYTES = 3 * GIB
 ENGINE_OVERHEAD_SHARE = 0.05
 REFERENCE_OVERHEAD_BYTES = 2 * GIB
 #: The smallest fixed KV cache an engine gets (what the tiny pairs start with).
+#: A generated pair past this size is drawn in bf16 on the GPU (``tiny --device cuda``):
+#: drawn in fp32 on the CPU, the seed's width holds twice its size in host memory and takes
+#: minutes. The smaller pairs keep their CPU draw, so their weights stay the same.
+LARGE_PAIR_BYTES = 8 * GIB
 MIN_KV_CACHE_BYTES = 4 * GIB
 #: Room left for the sizes this plan cannot see (allocator slack, other tenants).
 KV_MARGIN = 1.1
@@ -534,6 +538,8 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
         ]
         if config.tiny_hidden_size is not None:
             argv += ["--hidden-size", str(config.tiny_hidden_size)]
+        if both_w > LARGE_PAIR_BYTES:
+            argv += ["--device", "cuda"]
         steps.append(Step("models", Role.MODELS, 0, (), tuple(argv)))
     offset = 0
     if config.warm_cache:

@@ -28,7 +28,6 @@ reads only the manifest, so it never imports torch.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
@@ -36,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ...fsutil import sha256_file
 from ...trainer.hybrid import hybrid_config as qwen3_5_config
 
 #: Qwen3.6's own attention head width (a quarter of it rotates).
@@ -45,6 +45,10 @@ SEED_FFN = 17408
 #: The seed-shaped pair's default width: the whole depth and every head, small enough to
 #: generate and serve beside its copies on one GPU.
 SEED_TEST_HIDDEN = 512
+
+#: A large pair's shards (``--device``): one safetensors file holds its tensors in host
+#: memory while it is written.
+LARGE_SHARD = "5GB"
 
 MANIFEST = "tiny.json"
 HYBRID = "hybrid"
@@ -174,6 +178,8 @@ class TinyModels:
     spec: TinySpec
     files: dict[str, str]
     """Relative path -> sha256 of every file written."""
+    device: str | None = None
+    """Where it was drawn in bf16; None: in fp32 on the CPU."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,6 +187,7 @@ class TinyModels:
             "drafter": str(self.drafter),
             "spec": asdict(self.spec),
             "files": self.files,
+            "device": self.device,
         }
 
     @classmethod
@@ -193,6 +200,7 @@ class TinyModels:
             drafter=Path(data["drafter"]),
             spec=TinySpec(**spec),
             files=dict(data["files"]),
+            device=data.get("device"),
         )
 
 
@@ -272,17 +280,35 @@ def _qwen3_common(spec: TinySpec) -> dict[str, Any]:
     )
 
 
-def write_target(out: Path, spec: TinySpec) -> None:
-    """A seeded random target of ``spec.arch`` in bf16 safetensors, with its tokenizer."""
+def _save_seeded(model_class: Any, config: Any, seed: int, out: Path, device: str | None) -> None:
+    """``model_class(config)`` drawn after ``manual_seed(seed)``, saved in bf16 under ``out``:
+    on ``device`` in bf16 from the start (in shards), or with ``device`` None in fp32 on the
+    CPU first, as the small pairs always were (their weights stay what earlier runs served;
+    at the seed's width that draw holds twice the pair in host memory and takes minutes)."""
     import torch
+
+    torch.manual_seed(seed)
+    if device is None:
+        model_class(config).to(torch.bfloat16).save_pretrained(out)
+        return
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = model_class(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(out, max_shard_size=LARGE_SHARD)
+
+
+def write_target(out: Path, spec: TinySpec, device: str | None = None) -> None:
+    """A seeded random target of ``spec.arch`` in bf16 safetensors, with its tokenizer."""
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     if spec.is_hybrid:
-        write_hybrid_target(out, spec)
+        write_hybrid_target(out, spec, device)
     else:
-        config = Qwen3Config(**target_config(spec))
-        torch.manual_seed(spec.seed)
-        Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+        _save_seeded(Qwen3ForCausalLM, Qwen3Config(**target_config(spec)), spec.seed, out, device)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=train_tokenizer(spec),
         eos_token=EOS_TOKEN,
@@ -319,15 +345,12 @@ def hybrid_config(spec: TinySpec) -> dict[str, Any]:
     )
 
 
-def write_hybrid_target(out: Path, spec: TinySpec) -> None:
+def write_hybrid_target(out: Path, spec: TinySpec, device: str | None = None) -> None:
     """A seeded random Qwen3_5ForConditionalGeneration in bf16 safetensors."""
-    import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     config = Qwen3_5Config(**hybrid_config(spec))
-    torch.manual_seed(spec.seed)
-    model = Qwen3_5ForConditionalGeneration(config).to(torch.bfloat16)
-    model.save_pretrained(out)
+    _save_seeded(Qwen3_5ForConditionalGeneration, config, spec.seed, out, device)
 
 
 def drafter_config(spec: TinySpec) -> dict[str, Any]:
@@ -356,36 +379,37 @@ def drafter_config(spec: TinySpec) -> dict[str, Any]:
     )
 
 
-def write_drafter(out: Path, spec: TinySpec) -> None:
+def write_drafter(out: Path, spec: TinySpec, device: str | None = None) -> None:
     """A seeded random reference ``DFlashDraftModel`` with hybrid sliding/full layers, in bf16."""
-    import torch
     from dflash.model import DFlashDraftModel
     from transformers import Qwen3Config
 
     config = Qwen3Config(**drafter_config(spec))
-    torch.manual_seed(spec.seed + 1)
-    model = DFlashDraftModel(config).to(torch.bfloat16)
-    model.save_pretrained(out)
+    _save_seeded(DFlashDraftModel, config, spec.seed + 1, out, device)
 
 
 def _digests(root: Path) -> dict[str, str]:
     files = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        files[str(path.relative_to(root))] = sha256_file(path)
     return files
 
 
-def write_tiny_models(root: Path, spec: TinySpec | None = None) -> TinyModels:
-    """Generate the pair under ``root`` (``target/``, ``drafter/``, ``tiny.json``) and return it."""
+def write_tiny_models(
+    root: Path, spec: TinySpec | None = None, device: str | None = None
+) -> TinyModels:
+    """Generate the pair under ``root`` (``target/``, ``drafter/``, ``tiny.json``) and return it.
+    ``device``: where to draw it in bf16; None: fp32 on the CPU."""
     spec = spec or TinySpec()
     root.mkdir(parents=True, exist_ok=True)
-    write_target(root / "target", spec)
-    write_drafter(root / "drafter", spec)
+    write_target(root / "target", spec, device)
+    write_drafter(root / "drafter", spec, device)
     models = TinyModels(
         target=(root / "target").resolve(),
         drafter=(root / "drafter").resolve(),
         spec=spec,
         files=_digests(root),
+        device=device,
     )
     # The manifest goes last: its presence means the pair is complete.
     (root / MANIFEST).write_text(json.dumps(models.to_json(), indent=2) + "\n", encoding="utf-8")
@@ -398,10 +422,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", choices=(HYBRID, SEED, QWEN3), default=HYBRID)
     parser.add_argument("--hidden-size", type=int, help="the seed-shaped pair's width")
-    args = parser.parse_args(argv)
-    models = write_tiny_models(
-        args.out, TinySpec.for_arch(args.arch, args.seed, hidden_size=args.hidden_size)
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), help="draw in bf16 there (default: fp32 on the CPU)"
     )
+    args = parser.parse_args(argv)
+    spec = TinySpec.for_arch(args.arch, args.seed, hidden_size=args.hidden_size)
+    models = write_tiny_models(args.out, spec, args.device)
     print(json.dumps(models.to_json()))
     return 0
 
