@@ -17,7 +17,7 @@
 #   ray-tp2     the same at TP=2 (a 2-GPU host)
 #   seed-full   production-smoke.sh seed-full: the pair at the seed's width, 57 GB on the
 #               host's disk, so with no ablation installs beside it (ask for it without
-#               `trained`)
+#               `trained`, and first: the steps before it leave their logs and caches)
 #   seed-full-quick  the same with --quick: the first-token engines alone, one at a time
 #   pair        the recipe alone: wait for it to write the pair (trained-hybrid.sh
 #               export-pair then brings the pair back for a later session); the steps
@@ -104,7 +104,11 @@ case $step in
         *)
           OUT=$session/$s bash "$here/production-smoke.sh" "$s" > "$session/$s.txt" 2>&1 ;;
       esac
-      mark "$s: exit $?"
+      rc=$?
+      mark "$s: exit $rc"
+      # A generated pair's weights go once its step has ended (its manifest, config and
+      # the reports stay): a later step, seed-full's 57 GB above all, needs the disk.
+      find "$session/$s" -path '*/models/*' -name '*.safetensors' -delete 2> /dev/null
     done
     ;;
   collect)
