@@ -49,11 +49,11 @@ REFERENCE_MODULE = "tooling.smoke.serving.reference"
 ENGINE_OVERHEAD_BYTES = 3 * GIB
 ENGINE_OVERHEAD_SHARE = 0.05
 REFERENCE_OVERHEAD_BYTES = 2 * GIB
-#: The smallest fixed KV cache an engine gets (what the tiny pairs start with).
 #: A generated pair past this size is drawn in bf16 on the GPU (``tiny --device cuda``):
 #: drawn in fp32 on the CPU, the seed's width holds twice its size in host memory and takes
 #: minutes. The smaller pairs keep their CPU draw, so their weights stay the same.
 LARGE_PAIR_BYTES = 8 * GIB
+#: The smallest fixed KV cache an engine gets (what the tiny pairs start with).
 MIN_KV_CACHE_BYTES = 4 * GIB
 #: Room left for the sizes this plan cannot see (allocator slack, other tenants).
 KV_MARGIN = 1.1

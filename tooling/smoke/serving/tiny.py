@@ -283,8 +283,7 @@ def _qwen3_common(spec: TinySpec) -> dict[str, Any]:
 def _save_seeded(model_class: Any, config: Any, seed: int, out: Path, device: str | None) -> None:
     """``model_class(config)`` drawn after ``manual_seed(seed)``, saved in bf16 under ``out``:
     on ``device`` in bf16 from the start (in shards), or with ``device`` None in fp32 on the
-    CPU first, as the small pairs always were (their weights stay what earlier runs served;
-    at the seed's width that draw holds twice the pair in host memory and takes minutes)."""
+    CPU first, as the small pairs always were (``plan.LARGE_PAIR_BYTES`` says which)."""
     import torch
 
     torch.manual_seed(seed)
