@@ -552,7 +552,8 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
 
     largest = max(e.weights for e in engines)
     # The first start's allowance is for the engines of the first wave, starting together.
-    together = sum(1 for e in engines if e.wave == min(e.wave for e in engines))
+    first_wave = min(e.wave for e in engines)
+    together = sum(1 for e in engines if e.wave == first_wave)
     t = config.timeouts
     deadlines = Deadlines(
         first_start_s=(t.server_start + FIRST_START_S_PER_GIB * largest / GIB)
