@@ -126,7 +126,7 @@ def test_on_an_h200_as_torch_sees_it_the_first_token_engines_share_a_wave(tmp_pa
 
 def test_a_lone_sequence_keeps_a_recurrent_block_per_max_num_seqs(tmp_path) -> None:
     # vLLM refuses to capture a hybrid target's full CUDA graphs with fewer recurrent
-    # blocks than max_num_seqs: a lone sequence at K = 3 has 4 positions, not 8.
+    # blocks than max_num_seqs: a lone sequence at K = 3 has 4 positions, not 32.
     c = config(tmp_path, tiny=True, tiny_arch="seed", tiny_hidden_size=5120)
     pair = pair_facts(c)
     engine = replace(EngineSettings(num_speculative_tokens=3), max_num_seqs=32)
