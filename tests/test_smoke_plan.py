@@ -15,7 +15,16 @@ import pytest
 from tooling.errors import SmokeCapacityError, SmokeError, SmokePairError, exit_code_for
 from tooling.smoke import EngineSettings, GpuFacts, SmokeConfig
 from tooling.smoke.pair import GIB, read_pair, safetensors_bytes
-from tooling.smoke.plan import Layout, Limit, Mode, Role, kv_cache_bytes, plan_smoke, render
+from tooling.smoke.plan import (
+    Layout,
+    Limit,
+    Mode,
+    Role,
+    kv_cache_bytes,
+    models_draw,
+    plan_smoke,
+    render,
+)
 from tooling.smoke.runner import pair_facts
 from tooling.smoke.serving.tiny import TinySpec, drafter_config, hybrid_config
 
@@ -106,6 +115,24 @@ def test_the_seed_shaped_pair_at_full_width_runs_one_after_another(tmp_path, cou
         assert roles(plan, 2) == {"first-tokens-dflash": (1,), "engine": (0,)}
         assert roles(plan, 3) == {"reference": (1,), "first-tokens-plain": (0,)}
         assert plan.reference.placement == "own GPU"
+
+
+@pytest.mark.parametrize("width, on_gpu", [(None, False), (5120, True)])
+def test_the_runner_draws_the_pair_the_plan_names(tmp_path, width, on_gpu) -> None:
+    # The runner starts the generator before the plan exists, to overlap the preflight. It
+    # once built its own arguments without the plan's --device, so the 5120-wide pair was
+    # drawn in fp32 on the CPU (2 shards in the manifest, no device) although the plan said
+    # GPU: the runner now starts models_draw's, which the plan's step shows.
+    c = config(tmp_path, tiny=True, tiny_arch="seed", tiny_hidden_size=width, engine=K15)
+    draw = models_draw(c, pair_facts(c))
+    assert draw is not None
+    plan = plan_smoke(c, pair_facts(c), gpus(1))
+    assert plan.steps[0].argv[1:3] == ("-m", "tooling.smoke.serving.tiny")
+    assert plan.steps[0].argv[3:] == draw.args
+    assert draw.args[0] == str((tmp_path / "w" / "models").resolve())
+    assert ("--device" in draw.options) is on_gpu
+    assert plan.deadlines.tiny_s == draw.limit_s
+    assert models_draw(replace(c, tiny=False), pair_facts(c)) is None
 
 
 def test_on_an_h200_as_torch_sees_it_the_first_token_engines_share_a_wave(tmp_path) -> None:

@@ -387,6 +387,36 @@ def _fit(gpus: list[_Gpu], need: int, count: int, exclude: set[int]) -> tuple[in
 # --- planning -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ModelsDraw:
+    """How ``--tiny`` writes its pair into ``out``: ``python -m TINY_MODULE *args``, within
+    ``limit_s``. The runner starts it before the plan exists (it overlaps the preflight),
+    so both take it from here."""
+
+    out: Path
+    options: tuple[str, ...]
+    limit_s: float
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return (str(self.out), *self.options)
+
+
+def models_draw(config: SmokeConfig, pair: PairFacts) -> ModelsDraw | None:
+    """The generator's arguments and limit for ``config``'s tiny pair; None without
+    ``--tiny`` (pure)."""
+    if not config.tiny:
+        return None
+    options = ["--seed", str(config.tiny_seed), "--arch", config.tiny_arch]
+    if config.tiny_hidden_size is not None:
+        options += ["--hidden-size", str(config.tiny_hidden_size)]
+    both = pair.target.weight_bytes + pair.drafter.weight_bytes
+    if both > LARGE_PAIR_BYTES:
+        options += ["--device", "cuda"]
+    limit_s = config.timeouts.tiny + TINY_S_PER_GIB * both / GIB
+    return ModelsDraw(config.workdir.resolve() / "models", tuple(options), limit_s)
+
+
 def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePlan:
     """The plan for ``config``'s run of ``pair`` on ``gpus`` (pure). SmokeCapacityError,
     one line naming the figures, when an engine does not fit one GPU's usable memory;
@@ -525,22 +555,9 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
         config, pair, gpus, engines, board if side_by_side else None, ref_need, python, workdir
     )
     steps: list[Step] = []
-    if config.tiny:
-        argv = [
-            python,
-            "-m",
-            TINY_MODULE,
-            str(workdir / "models"),
-            "--seed",
-            str(config.tiny_seed),
-            "--arch",
-            config.tiny_arch,
-        ]
-        if config.tiny_hidden_size is not None:
-            argv += ["--hidden-size", str(config.tiny_hidden_size)]
-        if both_w > LARGE_PAIR_BYTES:
-            argv += ["--device", "cuda"]
-        steps.append(Step("models", Role.MODELS, 0, (), tuple(argv)))
+    draw = models_draw(config, pair)
+    if draw is not None:
+        steps.append(Step("models", Role.MODELS, 0, (), (python, "-m", TINY_MODULE, *draw.args)))
     offset = 0
     if config.warm_cache:
         steps += _warm_steps(engines, ref_step, python, workdir)
@@ -563,7 +580,7 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
         engine_run=Limit(t.engine_run, ENGINE_RUN_TIMES),
         reference=Limit(t.reference, REFERENCE_TIMES),
         load=Limit(t.load, LOAD_TIMES),
-        tiny_s=t.tiny + TINY_S_PER_GIB * both_w / GIB,
+        tiny_s=draw.limit_s if draw is not None else t.tiny,
         server_stop_s=t.server_stop,
         total_s=t.total,
     )

@@ -52,7 +52,7 @@ from .logscan import aux_layers_from_log_file
 from .metrics import SpecDecodeStats
 from .observe import ServerObservations, observe_server
 from .pair import GIB, PairFacts, read_pair, tiny_pair
-from .plan import TINY_MODULE, TINY_S_PER_GIB, Role, SmokePlan, Step, plan_smoke, serve_options
+from .plan import TINY_MODULE, Role, SmokePlan, Step, models_draw, plan_smoke, serve_options
 from .preflight import gpu_facts, query_gpus, run_preflight
 from .reference_pool import ReferencePool, reference_pool
 from .report import SmokeReport, StepRecord, plot_acceptance
@@ -479,28 +479,22 @@ def _models_started(run: _Run, pair: PairFacts) -> Iterator[Callable[[], tuple[s
     """Start writing the tiny pair (``--tiny``) in a child now, so it overlaps the
     preflight; the function yielded waits for it and returns (target, drafter). The
     child is stopped on any way out."""
-    config = run.config
-    if not config.tiny:
+    draw = models_draw(run.config, pair)
+    if draw is None:
         given = (pair.target.path, pair.drafter.path)
         yield lambda: given
         return
-    out = run.workdir / "models"
-    args = [str(out), "--seed", str(config.tiny_seed), "--arch", config.tiny_arch]
-    if config.tiny_hidden_size is not None:
-        args += ["--hidden-size", str(config.tiny_hidden_size)]
-    # The plan is made after the preflight: the generation's limit is the plan's rule.
-    size = (pair.target.weight_bytes + pair.drafter.weight_bytes) / GIB
     child = run.start_child(
         TINY_MODULE,
-        args,
+        list(draw.args),
         log=run.logs / "tiny.log",
-        timeout_s=config.timeouts.tiny + TINY_S_PER_GIB * size,
+        timeout_s=draw.limit_s,
         env=run.environment(),
     )
 
     def wait() -> tuple[str, str]:
         child.wait()
-        tiny = load_manifest(out)
+        tiny = load_manifest(draw.out)
         return str(tiny.target), str(tiny.drafter)
 
     try:
