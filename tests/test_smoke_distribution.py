@@ -99,6 +99,45 @@ def test_the_report_passes_a_fixed_engine_and_catches_stock_on_k_plus_one():
     assert all(r.verdict == "pass" for r in report.rows if r.variant == "patched-k15")
 
 
+SEED_FULL = Path(__file__).parent / "data" / "first-tokens-5120"
+
+
+def _seed_full() -> dict:
+    """What the first-token engines returned on an H200 for the seed-shaped pair at the
+    seed's width (5120, K = 15): the plain engine (alone, together) and the fixed wheel's
+    DFlash engine, each prompt alone."""
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in SEED_FULL.glob("*.json")}
+
+
+def test_at_the_seeds_width_the_fixed_engine_is_within_the_noise_and_garbage_is_not():
+    plan = d.smoke_variants(15, 4.0, 4.0)
+    results = _seed_full()
+    report = d.build_report(results, plan)
+    # At width 5120 the logprobs sit near -7, where one bf16 step of a logit is 2^-5:
+    # two plain runs differ by up to six steps there.
+    assert report.noise == pytest.approx(0.1871, abs=1e-4)
+    assert report.tolerance == pytest.approx(2 * report.noise)
+    assert not report.failures, report.failures
+    rows = {r.prompt: r for r in report.rows}
+    assert len(rows) == 12 and all(r.verdict == "pass" for r in rows.values())
+    # One DFlash first token is eight steps off: past the largest plain pair, as one of a
+    # dozen such deltas is half the time, and within the headroom.
+    worst = d.compare(
+        d.Run.from_json(results["plain"]["alone"]["A15-K-1"]),
+        d.Run.from_json(results["dflash-k15"]["alone"]["A15-K-1"]),
+        d.FIRST_POSITIONS,
+    )
+    assert report.noise < worst.first_delta < report.tolerance
+    # The K+1 defect's signature, a first token from another state: each K+1 prompt
+    # answered with another prompt's distribution fails.
+    alone = results["dflash-k15"]["alone"]
+    for i in range(3):
+        alone[f"A15-K+1-{i}"] = alone[f"A15-K-{i}"]
+    broken = d.build_report(results, plan)
+    failed = {f.split(": ")[0] for f in broken.failures}
+    assert failed == {f"dflash-k15 A15-K+1-{i}" for i in range(3)}
+
+
 def test_the_report_fails_a_blind_check_and_a_broken_fix():
     blind = d.build_report(_results(stock_garbage=False), PLAN)
     assert blind.failures == ["stock-k15: stock passed every K+1 prompt (the check is blind)"]

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import SmokeError
 from .client import Completion
 from .config import PREFIX_MAX_TOKENS, PREFIX_PROMPT_TOKENS, PREFIX_TAIL_TOKENS
-from .distribution import SLACK, Report
+from .distribution import NOISE_HEADROOM, SLACK, Report
 from .metrics import SpecDecodeStats
 
 
@@ -129,8 +129,8 @@ def first_differences(
 
 @dataclass(frozen=True)
 class TieTolerance:
-    """Check 1's tie tolerance: a fixed floor, or the plain noise the run measured where
-    that is larger."""
+    """Check 1's tie tolerance: a fixed floor, or ``NOISE_HEADROOM`` times the plain noise
+    the run measured where that is larger (check 10's rule)."""
 
     floor: float
     noise: float | None
@@ -148,15 +148,15 @@ class TieTolerance:
         covers that, as check 10 reads its own tolerance."""
         if self.noise is None or not math.isfinite(self.noise):
             return self.floor
-        return max(self.floor, self.noise + SLACK)
+        return max(self.floor, NOISE_HEADROOM * self.noise + SLACK)
 
     def describe(self) -> str:
         if not self.measured:
             return f"tie tolerance {self.floor:.4f} = the floor, plain noise not measured"
         if self.value > self.floor:
             return (
-                f"tie tolerance {self.value:.4f} = the measured plain noise {self.noise:.4f} "
-                f"+ {SLACK:.4f} rounding, floor {self.floor:.4f}"
+                f"tie tolerance {self.value:.4f} = {NOISE_HEADROOM:g} x the measured plain noise "
+                f"{self.noise:.4f} + {SLACK:.4f} rounding, floor {self.floor:.4f}"
             )
         return f"tie tolerance {self.floor:.4f} = the floor, measured plain noise {self.noise:.4f}"
 
@@ -185,9 +185,9 @@ def check_lossless(
     both are within the tie tolerance the target's own logits tie, so rounding in
     other kernels (spec decoding runs other batch shapes, and a hybrid target's
     GDN layers other kernels) picks either: that is not a lost token. The tie
-    tolerance is ``tolerance`` (the floor), or ``noise`` where larger: what two
-    plain runs of the same prompts differ by, as check 10 measured it (None: not
-    measured), since a difference within what plain runs move is a tie too.
+    tolerance is ``tolerance`` (the floor), or where larger check 10's tolerance over
+    ``noise``: what two plain runs of the same prompts differ by, as check 10 measured
+    it (None: not measured), since a difference within what plain runs move is a tie too.
     """
     if len(speculative) != len(prompts) or len(plain) != len(prompts):
         return error(
@@ -545,10 +545,12 @@ def check_acceptance(stats: SpecDecodeStats | None, minimum: float | None) -> Ch
 
 def check_first_tokens(report: Report) -> CheckResult:
     """Prompts of K, K+1, K+2 (and 3(K+1)) tokens, each served alone with and without the
-    drafter: the first token's top-k logprobs agree within what two plain runs differ by."""
+    drafter: the first token's top-k logprobs agree within twice what two plain runs differ
+    by (``distribution.NOISE_HEADROOM``)."""
     rows = [r for r in report.rows if r.workload == "alone"]
     failed = [r for r in rows if r.verdict != "pass"]
-    tolerance = f"tolerance {report.tolerance:.4f} (plain noise {report.noise:.4f})"
+    headroom = f"{NOISE_HEADROOM:g} x the plain noise {report.noise:.4f}"
+    tolerance = f"tolerance {report.tolerance:.4f} ({headroom})"
     details = report.to_json()
     if report.failures and not rows:
         return CheckResult(FIRST_TOKENS, ERROR, "; ".join(report.failures), details)
