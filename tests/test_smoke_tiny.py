@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -320,6 +321,12 @@ def test_shards_give_what_one_process_gives(tiny, tmp_path, probe_python, dflash
     assert len(sharded["divergences"]) == 1
     # Each shard warmed its models up before its work came.
     assert sharded["seconds"]["warm_up"] > 0
+    # Each log says how far its shard got, prompt by prompt, with the phases' seconds: a
+    # comparison still running when a run is cut short says where its time went.
+    for i in range(2):
+        log = (tmp_path / "logs" / f"t-reference-{i}.log").read_text()
+        assert re.search(r"^1/1 prompts compared \(.*target [0-9.]+s.*drafter [0-9.]+s", log, re.M)
+    assert "1 divergences measured in " in (tmp_path / "logs" / "t-reference-0.log").read_text()
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,9 +340,13 @@ def warm_up(pair: LoadedPair) -> float:
     return time.monotonic() - start
 
 
-def tally(pair: LoadedPair, request: FidelityInput) -> Tally:
+def tally(
+    pair: LoadedPair, request: FidelityInput, progress: Callable[[str], None] | None = None
+) -> Tally:
     """Agreement of every usable proposal of the request's prompts (all, or its shard's),
-    plus what each side's drafts would have had accepted, as counts that add up."""
+    plus what each side's drafts would have had accepted, as counts that add up.
+    ``progress`` hears one line per prompt done: how far, and the phases' seconds so far
+    (a comparison that runs long says where its time goes before it ends)."""
     target_model, draft_model, device = pair.target, pair.drafter, pair.device
     counts = Tally(
         context=request.context,
@@ -365,7 +369,9 @@ def tally(pair: LoadedPair, request: FidelityInput) -> Tally:
         index = int(proposal["prompt"])
         if wanted is None or index in wanted:
             by_prompt.setdefault(index, []).append(proposal)
-    for index, proposals in sorted(by_prompt.items()):
+    for done, (index, proposals) in enumerate(sorted(by_prompt.items()), 1):
+        if progress is not None and done > 1:
+            progress(_progress_line(done - 1, len(by_prompt), counts.seconds))
         if not 0 <= index < len(request.prompts):
             counts.skipped["no_context"] += len(proposals)
             continue
@@ -437,9 +443,20 @@ def tally(pair: LoadedPair, request: FidelityInput) -> Tally:
                         "margins": gaps,
                     }
                 )
+    if progress is not None and by_prompt:
+        progress(_progress_line(len(by_prompt), len(by_prompt), counts.seconds))
     with times.phase("divergences"):
         counts.divergences = divergence_margins(target_model, request.divergences)
     return counts
+
+
+def _progress_line(done: int, total: int, seconds: dict[str, float]) -> str:
+    phases = ", ".join(f"{name} {s:.1f}s" for name, s in seconds.items())
+    return f"{done}/{total} prompts compared ({phases})"
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def compare(setup: ModelSetup, request: FidelityInput) -> dict[str, Any]:
@@ -455,26 +472,22 @@ def _load_then_tally(setup: dict[str, Any]) -> dict[str, Any]:
     # shards while the engine still runs, so loading is off the critical path.
     pair = LoadedPair.load(ModelSetup(**setup))
     warm_s = warm_up(pair)
-    print(
-        f"loaded in {pair.seconds:.1f}s, warmed up in {warm_s:.1f}s; waiting for the proposals",
-        file=sys.stderr,
-        flush=True,
-    )
+    _say(f"loaded in {pair.seconds:.1f}s, warmed up in {warm_s:.1f}s; waiting for the proposals")
     work = sys.stdin.readline().strip()
     if not work:
         raise ValueError("no work arrived on stdin (the run stopped before the comparison)")
     request = json.loads(Path(work).read_text(encoding="utf-8"))
-    counts = tally(pair, FidelityInput(**request))
+    counts = tally(pair, FidelityInput(**request), _say)
     counts.seconds["load"] = pair.seconds
     counts.seconds["warm_up"] = warm_s
     # The servers' divergences come once the servers are observed, which the proposals
     # need not wait for: a second line, or none (stdin closed).
     more = sys.stdin.readline().strip()
     if more:
+        divergences = json.loads(Path(more).read_text(encoding="utf-8"))
         with PhaseTimes(counts.seconds).phase("divergences"):
-            counts.divergences += divergence_margins(
-                pair.target, json.loads(Path(more).read_text(encoding="utf-8"))
-            )
+            counts.divergences += divergence_margins(pair.target, divergences)
+        _say(f"{len(divergences)} divergences measured in {counts.seconds['divergences']:.1f}s")
     return {"tally": counts.to_json()}
 
 
