@@ -856,3 +856,47 @@ def test_engines_that_do_not_fit_together_run_in_waves_on_their_gpus(
     # Both servers were up before the first took a request: one wave.
     seen = [line.split() for line in Path(f"{pids}.seen").read_text().splitlines()]
     assert [int(n) for _, n in seen] == [2, 2]
+
+
+def test_a_run_in_waves_leaves_the_verdicts_each_wave_reached(
+    tmp_path, standin_vllm, monkeypatch
+) -> None:
+    """A run longer than the session it runs in (the seed's width: one engine a wave) keeps
+    what its finished waves decided: after each wave but the last, report.json holds those
+    verdicts, the checks still waiting marked pending, and it never reads as a pass. An
+    earlier run's report is gone once this one starts."""
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    monkeypatch.setenv("STANDIN_GPUS", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    config = replace(_config(tmp_path, *standin_vllm), gpus=GpuFacts(2, 8 * 2**30))
+    path = tmp_path / "smoke" / "report.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"passed": True}))
+    seen: dict[str, dict | None] = {}
+
+    def notify(message: str) -> None:
+        for step in ("serve with DFlash", "first tokens with DFlash"):
+            if message == f"{step} ..." and step not in seen:
+                seen[step] = json.loads(path.read_text()) if path.exists() else None
+
+    report = run_smoke(config, notify=notify)
+    assert seen["serve with DFlash"] is None
+    partial = seen["first tokens with DFlash"]
+    assert partial is not None
+    assert (partial["passed"], partial["complete"]) == (False, False)
+    assert partial["incomplete"] == "wave 1 of 2 done"
+    status = {c["id"]: c["status"] for c in partial["checks"]}
+    # The servers' checks are decided; what reads the first-token engines waits for them.
+    assert status["prefix_cache"] == status["aux_layers"] == "pass"
+    assert status["first_tokens"] == status["lossless"] == "pending"
+    pending = {c["id"]: c["evidence"] for c in partial["checks"] if c["status"] == "pending"}
+    assert pending["first_tokens"] == (
+        "waits for first tokens with DFlash, first tokens without speculation"
+    )
+    assert partial["summary"].startswith("smoke incomplete, wave 1 of 2 done: so far ")
+    assert "2 pass, 3 skip, 4 pass" in partial["summary"]
+    assert partial["summary"].split(";")[1].startswith(" pending 1, 10 (report: ")
+    # The end of the run replaces it with the whole verdict.
+    final = json.loads(path.read_text())
+    assert report.passed and (final["passed"], final["complete"]) == (True, True)
+    assert not any(c["status"] == "pending" for c in final["checks"])

@@ -29,6 +29,8 @@ class Verdict(StrEnum):
     """Reported without a gate (acceptance without --min-acceptance-length)."""
     SKIP = "skip"
     """Not run because the caller asked so (e.g. no fidelity run); does not fail the smoke."""
+    PENDING = "pending"
+    """A report written while the run goes on: the steps the check reads have not all run."""
 
 
 # The names the runner, the report and the tests use.
@@ -37,6 +39,7 @@ FAIL = Verdict.FAIL
 ERROR = Verdict.ERROR
 INFO = Verdict.INFO
 SKIP = Verdict.SKIP
+PENDING = Verdict.PENDING
 
 LOSSLESS = "lossless"
 AUX_LAYERS = "aux_layers"

@@ -100,6 +100,28 @@ class Role(StrEnum):
     REFERENCE = "reference"
 
 
+#: The steps each check reads, its optional inputs included (check 1 takes the reference's
+#: margins and check 10's noise; check 2 the features the reference matched to layers):
+#: until every planned one has run, a report written meanwhile holds the check pending.
+CHECK_READS: dict[str, tuple[Role, ...]] = {
+    checks.LOSSLESS: (
+        Role.SERVE_DFLASH,
+        Role.SERVE_PLAIN,
+        Role.REFERENCE,
+        Role.FIRST_TOKENS_DFLASH,
+        Role.FIRST_TOKENS_PLAIN,
+    ),
+    checks.AUX_LAYERS: (Role.SERVE_DFLASH, Role.ENGINE, Role.REFERENCE),
+    checks.DRAFTER_WINDOWS: (Role.ENGINE,),
+    checks.PREFIX_CACHE: (Role.SERVE_DFLASH, Role.SERVE_PLAIN),
+    checks.FIDELITY: (Role.ENGINE, Role.REFERENCE),
+    checks.ACCEPTANCE: (Role.SERVE_DFLASH,),
+    checks.WARM_CACHE: (Role.ENGINE, Role.REFERENCE),
+    checks.SLOT_AUDIT: (Role.ENGINE,),
+    checks.LOAD: (Role.SERVE_DFLASH, Role.SERVE_PLAIN),
+    checks.FIRST_TOKENS: (Role.FIRST_TOKENS_DFLASH, Role.FIRST_TOKENS_PLAIN),
+}
+
 #: The order the runner starts a wave's processes in (and waits for their work).
 START_ORDER = (
     Role.REFERENCE,
@@ -210,6 +232,12 @@ class SmokePlan:
 
     def runs(self, check: str) -> bool:
         return self.checks.get(check) == "run"
+
+    def waits_for(self, check: str, waves_done: int) -> list[str]:
+        """The planned steps ``check`` reads that run after wave ``waves_done``: what a
+        report written then still waits for (none once the run is over)."""
+        reads = CHECK_READS.get(check, ())
+        return [s.name for s in self.steps if s.role in reads and s.wave > waves_done]
 
     def to_json(self) -> dict[str, Any]:
         deadlines = asdict(self.deadlines)

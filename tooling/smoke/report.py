@@ -18,6 +18,7 @@ from .checks import (
     LOSSLESS,
     ORDER,
     PASS,
+    PENDING,
     PREFIX_CACHE,
     SKIP,
     SLOT_AUDIT,
@@ -67,11 +68,15 @@ class SmokeReport:
     """``fixed``: every check must pass. ``stock``: 1 must pass and 2-5 must fail."""
     plan: dict[str, Any] = field(default_factory=dict)
     """The plan the run executed (``plan.SmokePlan.to_json``), as ``--dry-run`` prints it."""
+    incomplete: str = ""
+    """Empty once the run is over; while it goes on, how far it got (``wave 2 of 4 done``):
+    the report written after each wave, so a run cut short keeps the verdicts it reached."""
 
     @property
     def passed(self) -> bool:
-        """True when the checks came out as ``expect`` says (info and skip never fail)."""
-        return not self.unexpected()
+        """True when the run is over and the checks came out as ``expect`` says (info and
+        skip never fail)."""
+        return not self.incomplete and not self.unexpected()
 
     def unexpected(self) -> list[CheckResult]:
         """The checks whose outcome differs from the expectation."""
@@ -92,6 +97,14 @@ class SmokeReport:
     def summary_line(self) -> str:
         """One line: the verdict and which checks did not come out as expected."""
         where = self.workdir / "report.json"
+        if self.incomplete:
+            ordered = sorted(self.checks, key=lambda c: c.number)
+            so_far = ", ".join(f"{c.number} {c.status}" for c in ordered if c.status != PENDING)
+            pending = ", ".join(str(c.number) for c in ordered if c.status == PENDING)
+            return (
+                f"smoke incomplete, {self.incomplete}: so far {so_far or 'no verdict'}; "
+                f"pending {pending or 'none'} (report: {where})"
+            )
         if self.expect == STOCK:
             wrong = self.unexpected()
             if not wrong:
@@ -116,6 +129,8 @@ class SmokeReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
+            "complete": not self.incomplete,
+            "incomplete": self.incomplete or None,
             "expect": self.expect,
             "summary": self.summary_line(),
             "checks": [c.to_json() for c in sorted(self.checks, key=lambda c: ORDER.index(c.id))],

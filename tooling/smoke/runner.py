@@ -381,6 +381,9 @@ def run_smoke(config: SmokeConfig, notify: Notify | None = None) -> SmokeReport:
     run = _Run(config, notify or _progress)
     run.workdir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(run.cache, ignore_errors=True)
+    # The report on disk is this run's from here on, partial while it goes on: an earlier
+    # run's verdict left there would read as this one's if this one is cut short.
+    (run.workdir / "report.json").unlink(missing_ok=True)
     with sigterm_as_interrupt():
         return _run_all(run, pair)
 
@@ -414,9 +417,27 @@ def _run_all(run: _Run, pair: PairFacts) -> SmokeReport:
         state.info_error = str(e)
     if config.warm_cache:
         shutil.rmtree(run.workdir / "vllm-cache-warm", ignore_errors=True)
-    for wave in plan.waves()[1:]:
+    waves = plan.waves()[1:]
+    for done, wave in enumerate(waves, 1):
         _wave(run, plan, wave, state)
+        if done < len(waves):
+            # A long run (the seed's width: a wave an engine) can be cut short with no
+            # chance to report: what its finished waves decided is on disk meanwhile.
+            _report(run, plan, state, vllm_info, f"wave {done} of {len(waves)} done", done)
+    return _report(run, plan, state, vllm_info)
 
+
+def _report(
+    run: _Run,
+    plan: SmokePlan,
+    state: _State,
+    vllm_info: dict[str, Any],
+    incomplete: str = "",
+    waves_done: int = 0,
+) -> SmokeReport:
+    """The report of what ``state`` holds, written to the workdir: the run's verdicts, or
+    with ``incomplete`` those its first ``waves_done`` waves reached and which checks wait."""
+    config = run.config
     engine_result, engine_error = state.engine.get("engine", (None, _not_run(plan)))
     fidelity, fidelity_error = state.fidelity.get("engine", (None, engine_error))
     warm = None
@@ -440,6 +461,8 @@ def _run_all(run: _Run, pair: PairFacts) -> SmokeReport:
         first_tokens_error=first_error,
         block_size=plan.engine.block_size,
     )
+    if incomplete:
+        results = [_pending(plan, r, waves_done) for r in results]
     stats = state.spec.spec_stats if state.spec else None
     report = SmokeReport(
         checks=results,
@@ -455,12 +478,21 @@ def _run_all(run: _Run, pair: PairFacts) -> SmokeReport:
         },
         engine=asdict(plan.engine),
         vllm=vllm_info,
-        plot=_plot(run, stats) if config.plot else None,
+        plot=_plot(run, stats) if config.plot and not incomplete else None,
         expect=config.expect,
         plan=plan.to_json(),
+        incomplete=incomplete,
     )
     report.write_json()
     return report
+
+
+def _pending(plan: SmokePlan, result: checks.CheckResult, waves_done: int) -> checks.CheckResult:
+    """``result``, or pending where a step it reads has not run by wave ``waves_done``."""
+    waits = plan.waits_for(result.id, waves_done) if plan.runs(result.id) else []
+    if not waits:
+        return result
+    return checks.CheckResult(result.id, checks.PENDING, f"waits for {', '.join(waits)}")
 
 
 def _seen_gpus(info: dict[str, Any]) -> GpuFacts:
