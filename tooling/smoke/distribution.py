@@ -14,12 +14,12 @@ process) and compares what they return, position by position:
   twice that noise (``NOISE_HEADROOM``; never below one bf16 step of a logit,
   2^-6 at the logits' scale) of the plain run's, and where its greedy token
   differs from the plain one at any compared position, the plain run itself
-  had the two within that tolerance (a tie). Positions are compared up to and including the first
-  greedy difference: after it the contexts differ. Past the first token the
-  largest difference is reported, not judged: there a DFlash engine computes
-  with its verification kernels (K+1 queries a step) where the plain engine
-  decodes one token a step, and the two drift apart by a few bf16 steps over
-  a completion with no defect in either.
+  had the two within that tolerance (a tie). Positions are compared up to and
+  including the first greedy difference: after it the contexts differ. Past
+  the first token the largest difference is reported, not judged: there a
+  DFlash engine computes with its verification kernels (K+1 queries a step)
+  where the plain engine decodes one token a step, and the two drift apart by
+  a few bf16 steps over a completion with no defect in either.
 
 The workloads, for K = 15 and K = 3 on the seed-shaped pair:
 - prompts of K, K+1, K+2 and 3(K+1) tokens, each served alone (a (K+1)-token
