@@ -161,6 +161,10 @@ def target_hidden_states(target_model: Any, sequence: list[int]) -> list[Any]:
     ids = torch.tensor([sequence], dtype=torch.long, device=device)
     with torch.inference_mode():
         out = target_model(ids, output_hidden_states=True, use_cache=False)
+    if ids.is_cuda:
+        # The GPU runs the pass after the call returns: without the wait its time lands in
+        # the phase that first reads a result (the features'), and the phases mislead.
+        torch.cuda.synchronize(device)
     return list(out.hidden_states)
 
 
