@@ -19,6 +19,9 @@
 #               host's disk, so with no ablation installs beside it (ask for it without
 #               `trained`, and first: the steps before it leave their logs and caches)
 #   seed-full-quick  the same with --quick: the first-token engines alone, one at a time
+#   seed-full-pair  the 5120-wide pair drawn once on the GPU, then smoked with --quick as a
+#               user's own pair (--target/--drafter), then bench/bench_reference.py on it
+#               and on that run's proposals: where the reference comparison's time goes
 #   pair        the recipe alone: wait for it to write the pair (trained-hybrid.sh
 #               export-pair then brings the pair back for a later session); the steps
 #               after it run once it has ended, alone on the GPU
@@ -30,7 +33,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|pair|trained ...]|collect"
+usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|pair|trained ...]|collect"
 step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
@@ -42,7 +45,7 @@ case $step in
     [ ${#steps[@]} -gt 0 ] || steps=(seed seed-stock trained)
     for s in "${steps[@]}"; do
       case $s in
-        seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|pair|trained) ;;
+        seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|pair|trained) ;;
         *) echo "error: hybrid-session.sh: unknown step $s ($usage)" >&2; exit 2 ;;
       esac
     done
@@ -97,6 +100,23 @@ case $step in
         seed-full-quick)
           OUT=$session/$s SMOKE_ARGS=--quick bash "$here/production-smoke.sh" seed-full \
             > "$session/$s.txt" 2>&1 ;;
+        seed-full-pair)
+          pair=$session/seed-5120
+          began=$SECONDS
+          PYTHONPATH=$PATCHED_SITE:$here/../.. python3 -m tooling.smoke.serving.tiny "$pair" --arch seed \
+            --hidden-size 5120 --device cuda > "$session/draw.txt" 2>&1
+          rc=$?
+          mark "the pair drawn on the GPU: exit $rc in $((SECONDS - began))s"
+          [ $rc -eq 0 ] && {
+            OUT=$session/$s PAIR=$pair SMOKE_ARGS=--quick bash "$here/production-smoke.sh" pair \
+              > "$session/$s.txt" 2>&1
+            mark "the pair's quick smoke: exit $?"
+            PYTHONPATH=$PATCHED_SITE:$here/../.. timeout 480 python3 "$here/../../bench/bench_reference.py" \
+              --target "$pair/target" --drafter "$pair/drafter" \
+              --engine-result "$session/$s/pair/engine.json" --json "$session/bench-reference.json" \
+              > "$session/bench-reference.txt" 2>&1
+            rc=$?
+          } ;;
         pair)
           WAIT_S=${WAIT_S:-1500} bash "$here/trained-hybrid.sh" wait > "$session/pair.txt" 2>&1 ;;
         trained)

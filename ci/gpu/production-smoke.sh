@@ -22,6 +22,8 @@
 #   seed     the seed-shaped pair (Qwen3.6-27B's depth, heads and vocabulary, z-lab's
 #            drafter layout, hidden width narrowed) at K = 15
 #   seed-full  the same at the seed's own hidden width (5120): about 56 GB of weights
+#   pair     the pair in PAIR (PAIR/target, PAIR/drafter) at K = 15, as a user smokes their
+#            own: --target and --drafter, no generated pair
 #   quick    --quick: the checks one start of the engines answers
 # `tooling smoke --dry-run --gpus COUNTxGIB` with the same options prints the plan a
 # variant executes (which engines run where, in what order, with which limits).
@@ -33,14 +35,15 @@
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray|ray-tp2|seed|seed-full|quick}
+variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray|ray-tp2|seed|seed-full|pair|quick}
 : "${PATCHED_SITE:?}" "${OUT:?}"
 # Offline, and NVLink multicast off for every child: the servers' workers, Ray's included.
 . "$here/env.sh"
 cd "$here/../.." || exit 1
 mkdir -p "$OUT"
 site=$PATCHED_SITE
-args=(--tiny)
+args=()
+[ "$variant" = pair ] || args+=(--tiny)
 backstop=()
 if [ -n "${TIME_LIMIT:-}" ]; then
   args+=(--time-limit "$TIME_LIMIT")
@@ -68,6 +71,7 @@ case $variant in
     --disable-custom-all-reduce --distributed-executor-backend ray) ;;
   seed) args+=(--tiny-arch seed --num-speculative-tokens 15) ;;
   seed-full) args+=(--tiny-arch seed --tiny-hidden-size 5120 --num-speculative-tokens 15) ;;
+  pair) args+=(--target "${PAIR:?}/target" --drafter "$PAIR/drafter" --num-speculative-tokens 15) ;;
   quick) args+=(--quick) ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
 esac
