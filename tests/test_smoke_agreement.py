@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from tooling.smoke.serving.agreement import Tally, shard_prompts
+from tooling.smoke.serving.agreement import Tally, shard_prompts, with_tolerance
 
 
 def _proposals(seed: int, n: int) -> list[dict]:
@@ -59,7 +59,27 @@ def test_shards_merged_give_the_one_process_result() -> None:
     assert a["feature_layers"]["nearest"] == [1, 0]
     assert a["skipped"] == {"no_context": 7, "bonus_mismatch": 0}
     assert a == b  # seconds included: the work summed over the shards
-    assert sorted(merged.margins) == sorted(whole.margins)
+    assert sorted(merged.mismatches) == sorted(whole.mismatches)
+
+
+def test_a_result_gated_again_counts_the_mismatches_within_the_new_tolerance() -> None:
+    """The runner gates at the plain noise the run measured, known only after the
+    comparison: the figures must equal what the child would have counted at it."""
+    proposals = _proposals(2, 90)
+    floor = _tally(proposals).result()
+    wide = _tally(proposals)
+    wide.tie_tolerance = 0.25
+    regated = with_tolerance(floor, 0.25)
+    assert regated == wide.result()
+    margins = floor["mismatch_detail"]
+    assert regated["tolerated"] == sum(1 for m in margins if m[2] <= 0.25) > floor["tolerated"]
+    assert regated["agreement"] > floor["agreement"] > floor["exact_agreement"]
+    for group, rate in regated["group_agreement"].items():
+        assert rate >= floor["group_agreement"][group]
+    # A tolerance of 0 tolerates nothing, exact ties included: the exact figures.
+    exact = with_tolerance(floor, 0.0)
+    assert exact["agreement"] == floor["exact_agreement"]
+    assert exact["group_agreement"] == floor["group_exact_agreement"]
 
 
 def test_an_empty_shard_adds_nothing() -> None:

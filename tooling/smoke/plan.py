@@ -101,7 +101,8 @@ class Role(StrEnum):
 
 
 #: The steps each check reads, its optional inputs included (check 1 takes the reference's
-#: margins and check 10's noise; check 2 the features the reference matched to layers):
+#: margins and check 10's noise, as checks 5 and 7 take the noise; check 2 the features the
+#: reference matched to layers):
 #: until every planned one has run, a report written meanwhile holds the check pending.
 CHECK_READS: dict[str, tuple[Role, ...]] = {
     checks.LOSSLESS: (
@@ -114,9 +115,19 @@ CHECK_READS: dict[str, tuple[Role, ...]] = {
     checks.AUX_LAYERS: (Role.SERVE_DFLASH, Role.ENGINE, Role.REFERENCE),
     checks.DRAFTER_WINDOWS: (Role.ENGINE,),
     checks.PREFIX_CACHE: (Role.SERVE_DFLASH, Role.SERVE_PLAIN),
-    checks.FIDELITY: (Role.ENGINE, Role.REFERENCE),
+    checks.FIDELITY: (
+        Role.ENGINE,
+        Role.REFERENCE,
+        Role.FIRST_TOKENS_DFLASH,
+        Role.FIRST_TOKENS_PLAIN,
+    ),
     checks.ACCEPTANCE: (Role.SERVE_DFLASH,),
-    checks.WARM_CACHE: (Role.ENGINE, Role.REFERENCE),
+    checks.WARM_CACHE: (
+        Role.ENGINE,
+        Role.REFERENCE,
+        Role.FIRST_TOKENS_DFLASH,
+        Role.FIRST_TOKENS_PLAIN,
+    ),
     checks.SLOT_AUDIT: (Role.ENGINE,),
     checks.LOAD: (Role.SERVE_DFLASH, Role.SERVE_PLAIN),
     checks.FIRST_TOKENS: (Role.FIRST_TOKENS_DFLASH, Role.FIRST_TOKENS_PLAIN),
@@ -585,7 +596,13 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
     steps: list[Step] = []
     draw = models_draw(config, pair)
     if draw is not None:
-        steps.append(Step("models", Role.MODELS, 0, (), (python, "-m", TINY_MODULE, *draw.args)))
+        argv = (python, "-m", TINY_MODULE, *draw.args)
+        # Drawn on the GPU, the pair is there whole before it is written (wave 0, alone).
+        on_gpu = "cuda" in draw.options
+        both = pair.target.weight_bytes + pair.drafter.weight_bytes
+        steps.append(
+            Step("models", Role.MODELS, 0, (0,) if on_gpu else (), argv, both if on_gpu else 0)
+        )
     offset = 0
     if config.warm_cache:
         steps += _warm_steps(engines, ref_step, python, workdir)

@@ -10,6 +10,7 @@ from .checks import CheckResult
 from .config import LOSSLESS_PROMPTS, DrafterInfo, SmokeConfig
 from .distribution import Report
 from .observe import ServerObservations
+from .serving.agreement import with_tolerance
 
 
 def lossless_divergences(
@@ -63,9 +64,11 @@ def evaluate(
 
     ``block_size``: the configured one; None (a hybrid target) takes each engine's
     from its log, or judges prefix reuse against the server without speculation.
-    ``first_tokens`` also gives check 1 the plain noise it measured.
+    ``first_tokens`` also gives checks 1 and 5 the plain noise it measured: their tie
+    tolerances grow to twice it where that is past their floors.
     """
     results: list[CheckResult] = []
+    noise = first_tokens.noise if first_tokens else None
 
     def skip(check: str) -> CheckResult | None:
         why = planned.get(check, "run")
@@ -85,7 +88,7 @@ def evaluate(
                 list(LOSSLESS_PROMPTS),
                 margins=(fidelity or {}).get("divergences"),
                 tolerance=config.lossless_tie_tolerance,
-                noise=first_tokens.noise if first_tokens else None,
+                noise=noise,
             )
         )
 
@@ -127,12 +130,14 @@ def evaluate(
         results.append(checks.check_prefix_cache(spec.prefix, control, block_size))
 
     # 5. fidelity
+    fidelity_tie = checks.TieTolerance(config.fidelity_tie_tolerance, noise)
     if skipped := skip(checks.FIDELITY):
         results.append(skipped)
     elif fidelity is None:
         results.append(checks.error(checks.FIDELITY, fidelity_error))
     else:
-        verdict = checks.check_fidelity(fidelity, config.fidelity_gate)
+        gated = with_tolerance(fidelity, fidelity_tie.value)
+        verdict = checks.check_fidelity(gated, config.fidelity_gate, fidelity_tie)
         if config.engine.kv_cache_dtype != "auto":
             # A quantized KV cache is not the bf16 reference's arithmetic: the
             # figure is reported, not gated.
@@ -153,7 +158,11 @@ def evaluate(
         results.append(skipped)
     else:
         expected = info.expected_aux_layers() if info else None
-        results.append(checks.check_warm_cache(warm or {}, config.fidelity_gate, expected))
+        runs = {
+            name: with_tolerance(run, fidelity_tie.value) if run else run
+            for name, run in (warm or {}).items()
+        }
+        results.append(checks.check_warm_cache(runs, config.fidelity_gate, expected))
 
     # 8. lookahead-slot audit (the in-process concurrent batch)
     if skipped := skip(checks.SLOT_AUDIT):

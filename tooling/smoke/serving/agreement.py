@@ -94,32 +94,29 @@ class LayerDistances:
 
 
 @dataclass
-class GroupAgreement:
-    """One engine group's (sequential, concurrent) exact and gated agreement."""
-
-    exact: Agreement = field(default_factory=Agreement)
-    gated: Agreement = field(default_factory=Agreement)
-
-
-@dataclass
 class Tally:
-    """Everything one comparison counted, in a form that adds up across shards."""
+    """Everything one comparison counted, in a form that adds up across shards.
+
+    Only exact agreement is counted here; every mismatch keeps its group, draft position
+    and the reference's margin, so the tie tolerance is applied where the result is read
+    (:func:`with_tolerance`): the runner may know a larger one (the plain noise the run
+    measured) only after the comparison."""
 
     context: str
     tie_tolerance: float
+    """The floor the child was given: ``result`` gates with it."""
     expected_layers: list[int] | None = None
     device: str = ""
     dtype: str = ""
     exact: Agreement = field(default_factory=Agreement)
-    tolerant: Agreement = field(default_factory=Agreement)
-    """Exact agreement, except that an engine draft within ``tie_tolerance`` of the
-    reference's best logit counts as agreeing."""
     other: Agreement = field(default_factory=Agreement)
     """With the context the gate does not use (sequential prompts only)."""
-    groups: dict[str, GroupAgreement] = field(default_factory=dict)
+    groups: dict[str, Agreement] = field(default_factory=dict)
+    """Exact agreement per engine group (sequential, concurrent)."""
     distances: LayerDistances = field(default_factory=LayerDistances)
-    margins: list[float] = field(default_factory=list)
-    """The reference's logit margin at every mismatch, exact ties (0.0) included."""
+    mismatches: list[list[Any]] = field(default_factory=list)
+    """[group, draft position, the reference's margin at the engine's draft] per mismatch,
+    exact ties (0.0) included."""
     skipped: dict[str, int] = field(default_factory=lambda: {"no_context": 0, "bonus_mismatch": 0})
     engine_accepted: list[int] = field(default_factory=list)
     reference_accepted: list[int] = field(default_factory=list)
@@ -139,16 +136,13 @@ class Tally:
         """Count one proposal: the engine's drafts, the reference's, the reference's margin
         at each engine draft, and how many of each side greedy verification keeps.
         Returns whether the drafts differ."""
-        # Where the margin is within tolerance the engine's token stands in for ours.
-        tolerated = [
-            d if g <= self.tie_tolerance else o for d, o, g in zip(drafts, ours, gaps, strict=True)
-        ]
-        in_group = self.groups.setdefault(group, GroupAgreement())
         self.exact.add(drafts, ours)
-        in_group.exact.add(drafts, ours)
-        self.tolerant.add(drafts, tolerated)
-        in_group.gated.add(drafts, tolerated)
-        self.margins += [g for d, o, g in zip(drafts, ours, gaps, strict=True) if d != o]
+        self.groups.setdefault(group, Agreement()).add(drafts, ours)
+        self.mismatches += [
+            [group, i, g]
+            for i, (d, o, g) in enumerate(zip(drafts, ours, gaps, strict=True))
+            if d != o
+        ]
         self.engine_accepted.append(accepted[0])
         self.reference_accepted.append(accepted[1])
         return drafts != ours
@@ -164,14 +158,11 @@ class Tally:
         )
         for t in tallies:
             total.exact.absorb(t.exact)
-            total.tolerant.absorb(t.tolerant)
             total.other.absorb(t.other)
             for name, g in t.groups.items():
-                mine = total.groups.setdefault(name, GroupAgreement())
-                mine.exact.absorb(g.exact)
-                mine.gated.absorb(g.gated)
+                total.groups.setdefault(name, Agreement()).absorb(g)
             total.distances.absorb(t.distances.squared, t.distances.norms)
-            total.margins += t.margins
+            total.mismatches += t.mismatches
             for key, count in t.skipped.items():
                 total.skipped[key] = total.skipped.get(key, 0) + count
             total.engine_accepted += t.engine_accepted
@@ -191,14 +182,10 @@ class Tally:
             "device": self.device,
             "dtype": self.dtype,
             "exact": vars(self.exact),
-            "tolerant": vars(self.tolerant),
             "other": vars(self.other),
-            "groups": {
-                name: {"exact": vars(g.exact), "gated": vars(g.gated)}
-                for name, g in self.groups.items()
-            },
+            "groups": {name: vars(g) for name, g in self.groups.items()},
             "distances": vars(self.distances),
-            "margins": self.margins,
+            "mismatches": self.mismatches,
             "skipped": self.skipped,
             "engine_accepted": self.engine_accepted,
             "reference_accepted": self.reference_accepted,
@@ -216,16 +203,10 @@ class Tally:
             device=data["device"],
             dtype=data["dtype"],
             exact=Agreement.from_json(data["exact"]),
-            tolerant=Agreement.from_json(data["tolerant"]),
             other=Agreement.from_json(data["other"]),
-            groups={
-                name: GroupAgreement(
-                    Agreement.from_json(g["exact"]), Agreement.from_json(g["gated"])
-                )
-                for name, g in data["groups"].items()
-            },
+            groups={name: Agreement.from_json(g) for name, g in data["groups"].items()},
             distances=LayerDistances(data["distances"]["squared"], data["distances"]["norms"]),
-            margins=list(data["margins"]),
+            mismatches=[list(m) for m in data["mismatches"]],
             skipped=dict(data["skipped"]),
             engine_accepted=list(data["engine_accepted"]),
             reference_accepted=list(data["reference_accepted"]),
@@ -235,19 +216,16 @@ class Tally:
         )
 
     def result(self) -> dict[str, Any]:
-        """The fidelity result the checks and the report read."""
-        gated_by_tolerance = self.tie_tolerance > 0
-        gated = self.tolerant if gated_by_tolerance else self.exact
+        """The fidelity result the checks and the report read, gated at ``tie_tolerance``
+        (:func:`with_tolerance` gates it again at another)."""
         steps = len(self.engine_accepted)
-        return {
+        margins = [m[2] for m in self.mismatches]
+        counts = {
             "context": self.context,
             "other_context_agreement": self.other.rate,
-            "group_agreement": {
-                name: (g.gated if gated_by_tolerance else g.exact).rate
-                for name, g in self.groups.items()
-            },
-            "group_exact_agreement": {name: g.exact.rate for name, g in self.groups.items()},
-            "group_tokens": {name: sum(g.exact.totals) for name, g in self.groups.items()},
+            "group_exact": {name: vars(g) for name, g in self.groups.items()},
+            "group_exact_agreement": {name: g.rate for name, g in self.groups.items()},
+            "group_tokens": {name: sum(g.totals) for name, g in self.groups.items()},
             "feature_layers": (
                 {
                     "nearest": self.distances.nearest(),
@@ -263,14 +241,12 @@ class Tally:
             "compared_tokens": sum(self.exact.totals),
             "matches": self.exact.matches,
             "totals": self.exact.totals,
-            "agreement": gated.rate,
-            "per_position": gated.per_position(),
             "exact_agreement": self.exact.rate,
             "exact_per_position": self.exact.per_position(),
-            "tie_tolerance": self.tie_tolerance,
-            "mismatches": len(self.margins),
-            "near_ties": sum(1 for m in self.margins if m <= NEAR_TIE),
-            "mismatch_margins": sorted(self.margins)[:50],
+            "mismatches": len(margins),
+            "near_ties": sum(1 for m in margins if m <= NEAR_TIE),
+            "mismatch_margins": sorted(margins)[:50],
+            "mismatch_detail": sorted(self.mismatches),
             "skipped": self.skipped,
             "engine_acceptance_length": 1 + sum(self.engine_accepted) / steps if steps else None,
             "reference_acceptance_length": (
@@ -280,6 +256,34 @@ class Tally:
             "divergences": self.divergences,
             "seconds": self.seconds,
         }
+        return with_tolerance(counts, self.tie_tolerance)
+
+
+def with_tolerance(result: dict[str, Any], tolerance: float) -> dict[str, Any]:
+    """``result`` gated at ``tolerance``: an engine draft whose reference logit is within it
+    of the reference's best counts as agreeing (none with a tolerance of 0). Sets
+    ``agreement``, ``per_position``, ``group_agreement`` and ``tie_tolerance``; the exact
+    counts and every mismatch's margin, which it reads, stay as they are."""
+    tolerated = [m for m in result["mismatch_detail"] if tolerance > 0 and m[2] <= tolerance]
+
+    def gated(exact: dict[str, list[int]], group: str | None) -> Agreement:
+        out = Agreement(list(exact["matches"]), list(exact["totals"]))
+        for name, position, _ in tolerated:
+            if group is None or name == group:
+                out.matches[position] += 1
+        return out
+
+    overall = gated({"matches": result["matches"], "totals": result["totals"]}, None)
+    return {
+        **result,
+        "agreement": overall.rate,
+        "per_position": overall.per_position(),
+        "group_agreement": {
+            name: gated(exact, name).rate for name, exact in result["group_exact"].items()
+        },
+        "tie_tolerance": tolerance,
+        "tolerated": len(tolerated),
+    }
 
 
 def shard_prompts(proposals_per_prompt: dict[int, int], shards: int) -> list[list[int]]:
