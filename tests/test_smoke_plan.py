@@ -131,6 +131,10 @@ def test_the_runner_draws_the_pair_the_plan_names(tmp_path, width, on_gpu) -> No
     assert plan.steps[0].argv[3:] == draw.args
     assert draw.args[0] == str((tmp_path / "w" / "models").resolve())
     assert ("--device" in draw.options) is on_gpu
+    # The plan says where: on the GPU the pair is there whole before it is written.
+    assert plan.steps[0].gpus == ((0,) if on_gpu else ())
+    where = "models on GPU 0 (53.3 GiB)" if on_gpu else "models on CPU (0.0 GiB)"
+    assert f"wave 0: {where}" in render(plan)
     assert plan.deadlines.tiny_s == draw.limit_s
     assert models_draw(replace(c, tiny=False), pair_facts(c)) is None
 

@@ -403,12 +403,13 @@ def _run_all(run: _Run, pair: PairFacts) -> SmokeReport:
             raise SmokeError(run.steps[-1].message)
         plan = run.plan = early or plan_smoke(config, pair, _seen_gpus(vllm_info))
         run.notify(f"plan: {plan.layout}: {plan.why}")
-        # Only the wait is timed here: the tiny pair was written during the preflight.
-        with run.step("models", run.logs / "tiny.log" if config.tiny else None) as step:
-            target, drafter = models()
-            step.extra = {"target": target, "drafter": drafter}
-        if not run.steps[-1].ok:
-            raise SmokeError(f"no models to serve: {run.steps[-1].message}")
+        if config.tiny:
+            # Only the wait is timed here: the tiny pair was written during the preflight.
+            with run.step("models", run.logs / "tiny.log") as step:
+                target, drafter = models()
+                step.extra = {"target": target, "drafter": drafter}
+            if not run.steps[-1].ok:
+                raise SmokeError(f"no models to serve: {run.steps[-1].message}")
 
     state = _State()
     try:
