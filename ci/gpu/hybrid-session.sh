@@ -19,8 +19,9 @@
 #               host's disk, so with no ablation installs beside it (ask for it without
 #               `trained`, and first: the steps before it leave their logs and caches)
 #   seed-full-quick  the same with --quick: the first-token engines alone, one at a time
-#   seed-full-pair  the 5120-wide pair drawn once on the GPU, then smoked with --quick as a
-#               user's own pair (--target/--drafter), then bench/bench_reference.py on it
+#   seed-full-pair  the 5120-wide pair drawn once on the GPU, then smoked as a user's own
+#               pair (--target/--drafter), every check
+#   seed-full-pair-quick  the same with --quick, then bench/bench_reference.py on the pair
 #               and on that run's proposals: where the reference comparison's time goes
 #   pair        the recipe alone: wait for it to write the pair (trained-hybrid.sh
 #               export-pair then brings the pair back for a later session); the steps
@@ -33,7 +34,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|pair|trained ...]|collect"
+usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect"
 step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
@@ -45,7 +46,7 @@ case $step in
     [ ${#steps[@]} -gt 0 ] || steps=(seed seed-stock trained)
     for s in "${steps[@]}"; do
       case $s in
-        seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|pair|trained) ;;
+        seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained) ;;
         *) echo "error: hybrid-session.sh: unknown step $s ($usage)" >&2; exit 2 ;;
       esac
     done
@@ -100,14 +101,17 @@ case $step in
         seed-full-quick)
           OUT=$session/$s SMOKE_ARGS=--quick bash "$here/production-smoke.sh" seed-full \
             > "$session/$s.txt" 2>&1 ;;
-        seed-full-pair)
+        seed-full-pair|seed-full-pair-quick)
           pair=$session/seed-5120
           began=$SECONDS
           PYTHONPATH=$PATCHED_SITE:$here/../.. python3 -m tooling.smoke.serving.tiny "$pair" --arch seed \
             --hidden-size 5120 --device cuda > "$session/draw.txt" 2>&1
           rc=$?
           mark "the pair drawn on the GPU: exit $rc in $((SECONDS - began))s"
-          [ $rc -eq 0 ] && {
+          if [ $rc -eq 0 ] && [ "$s" = seed-full-pair ]; then
+            OUT=$session/$s PAIR=$pair bash "$here/production-smoke.sh" pair > "$session/$s.txt" 2>&1
+            rc=$?
+          elif [ $rc -eq 0 ]; then
             OUT=$session/$s PAIR=$pair SMOKE_ARGS=--quick bash "$here/production-smoke.sh" pair \
               > "$session/$s.txt" 2>&1
             mark "the pair's quick smoke: exit $?"
@@ -116,7 +120,7 @@ case $step in
               --engine-result "$session/$s/pair/engine.json" --json "$session/bench-reference.json" \
               > "$session/bench-reference.txt" 2>&1
             rc=$?
-          } ;;
+          fi ;;
         pair)
           WAIT_S=${WAIT_S:-1500} bash "$here/trained-hybrid.sh" wait > "$session/pair.txt" 2>&1 ;;
         trained)
