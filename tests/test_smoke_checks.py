@@ -286,29 +286,41 @@ def test_lossless_tie_tolerance_is_over_the_measured_plain_noise_where_larger() 
     assert failed.details["tie_tolerance"]["noise"] is None
 
 
+def _one_verdict(
+    tmp_path: Path,
+    check: str,
+    fidelity: dict,
+    first_tokens: Report | None,
+    spec: ServerObservations | None = None,
+    plain: ServerObservations | None = None,
+) -> checks.CheckResult:
+    """``evaluate``'s verdict on ``check`` alone, from what a run's steps observed."""
+    results = evaluate(
+        config=SmokeConfig(workdir=tmp_path, tiny=True),
+        planned={c: "run" if c == check else "not asked" for c in checks.ORDER},
+        info=None,
+        info_error="",
+        spec=spec,
+        plain=plain,
+        engine_result=None,
+        engine_error="",
+        fidelity=fidelity,
+        fidelity_error="",
+        first_tokens=first_tokens,
+        block_size=None,
+    )
+    return next(r for r in results if r.id == check)
+
+
 def test_evaluate_hands_check_10s_noise_to_check_1(tmp_path) -> None:
     spec_completions, plain_completions, _ = _seed_like()
     assert len(LOSSLESS_PROMPTS) == len(spec_completions)
     spec = ServerObservations(log=tmp_path / "s.log", completions=spec_completions)
     plain = ServerObservations(log=tmp_path / "p.log", completions=plain_completions)
-    planned = {c: "not asked" for c in checks.ORDER if c != checks.LOSSLESS}
 
     def lossless(first_tokens: Report | None) -> checks.CheckResult:
-        results = evaluate(
-            config=SmokeConfig(workdir=tmp_path, tiny=True),
-            planned=planned,
-            info=None,
-            info_error="",
-            spec=spec,
-            plain=plain,
-            engine_result=None,
-            engine_error="",
-            fidelity={"divergences": SEED_MARGINS},
-            fidelity_error="",
-            first_tokens=first_tokens,
-            block_size=None,
-        )
-        return next(r for r in results if r.id == checks.LOSSLESS)
+        fidelity = {"divergences": SEED_MARGINS}
+        return _one_verdict(tmp_path, checks.LOSSLESS, fidelity, first_tokens, spec, plain)
 
     assert lossless(Report(tolerance=SEED_NOISE, noise=SEED_NOISE)).status == checks.PASS
     assert lossless(None).status == checks.FAIL
@@ -555,21 +567,7 @@ def test_at_the_seeds_width_fidelity_is_gated_at_the_noise_the_run_measured(tmp_
     assert first_tokens.noise == pytest.approx(0.1251, abs=1e-4)
 
     def fidelity(tally: dict, report: Report | None) -> checks.CheckResult:
-        results = evaluate(
-            config=SmokeConfig(workdir=tmp_path, tiny=True),
-            planned={c: "run" if c == checks.FIDELITY else "not asked" for c in checks.ORDER},
-            info=None,
-            info_error="",
-            spec=None,
-            plain=None,
-            engine_result=None,
-            engine_error="",
-            fidelity=tally,
-            fidelity_error="",
-            first_tokens=report,
-            block_size=None,
-        )
-        return next(r for r in results if r.id == checks.FIDELITY)
+        return _one_verdict(tmp_path, checks.FIDELITY, tally, report)
 
     at_floor = fidelity(counts, None)
     assert at_floor.status == checks.FAIL
