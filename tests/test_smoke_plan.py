@@ -106,15 +106,23 @@ def test_the_seed_shaped_pair_at_full_width_runs_one_after_another(tmp_path, cou
     assert plan.steps[0].argv[-4:] == ("--hidden-size", "5120", "--device", "cuda")
     assert plan.layout == Layout.ONE_AFTER_ANOTHER
     engines = [s for s in plan.steps if s.role not in ("models", "reference")]
+    # The in-process engine runs second, so the reference (its proposals' comparison) can
+    # load beside a later wave's engines where one leaves it room, not in a wave of its own.
+    assert plan.reference.placement == "beside the engines"
+    assert plan.step(Role.REFERENCE).loads_before_the_engine
     if count == 1:
-        assert len(plan.waves()) == 7  # six waves of one process each, after the models
+        assert len(plan.waves()) == 6  # five waves after the models
         assert all(s.gpus == (0,) for s in engines)
-        assert plan.reference.placement == "after the engines"
+        assert roles(plan, 2) == {"engine": (0,)}
+        assert roles(plan, 3) == {"reference": (0,), "serve-plain": (0,)}
     else:
-        assert roles(plan, 1) == {"serve-dflash": (0,), "serve-plain": (1,)}
-        assert roles(plan, 2) == {"first-tokens-dflash": (1,), "engine": (0,)}
-        assert roles(plan, 3) == {"reference": (1,), "first-tokens-plain": (0,)}
-        assert plan.reference.placement == "own GPU"
+        assert roles(plan, 1) == {"serve-dflash": (0,), "engine": (1,)}
+        assert roles(plan, 2) == {
+            "reference": (0,),
+            "serve-plain": (0,),
+            "first-tokens-dflash": (1,),
+        }
+        assert roles(plan, 3) == {"first-tokens-plain": (0,)}
 
 
 @pytest.mark.parametrize("width, on_gpu", [(None, False), (5120, True)])
@@ -139,13 +147,16 @@ def test_the_runner_draws_the_pair_the_plan_names(tmp_path, width, on_gpu) -> No
     assert models_draw(replace(c, tiny=False), pair_facts(c)) is None
 
 
-def test_on_an_h200_as_torch_sees_it_the_first_token_engines_share_a_wave(tmp_path) -> None:
+def test_on_an_h200_as_torch_sees_it_four_waves_hold_every_step(tmp_path) -> None:
     # torch reports 139 GiB on the H200s lent here: a first-token DFlash engine sized for
-    # one sequence (4 GiB of cache, not 21) fits beside the plain one at the seed's width.
+    # one sequence (4 GiB of cache, not 21) fits beside the plain server at the seed's
+    # width, and the reference beside the plain first-token engine: no fifth wave.
     c = config(tmp_path, tiny=True, tiny_arch="seed", tiny_hidden_size=5120, engine=K15)
     plan = plan_smoke(c, pair_facts(c), GpuFacts(1, 139 * GIB))
-    assert plan.why.endswith("in 4 waves")
-    assert roles(plan, 4) == {"first-tokens-dflash": (0,), "first-tokens-plain": (0,)}
+    assert plan.why.endswith("in 4 waves") and len(plan.waves()) == 5
+    assert roles(plan, 3) == {"serve-plain": (0,), "first-tokens-dflash": (0,)}
+    assert roles(plan, 4) == {"reference": (0,), "first-tokens-plain": (0,)}
+    assert plan.reference.why == "1 copy of the pair fits beside wave 4's engines on GPU 0"
     quick = plan_smoke(replace(c, quick=True), pair_facts(c), GpuFacts(1, 139 * GIB))
     assert [sorted(roles(quick, w)) for w in (1, 2)] == [
         ["engine"],
@@ -174,22 +185,22 @@ def test_a_27b_sized_pair_is_planned_from_its_config_and_declared_sizes(pair27, 
     c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
     one = plan_smoke(c, pair, gpus(1))
     assert one.layout == Layout.ONE_AFTER_ANOTHER and one.why.endswith("in 5 waves")
-    assert [str(w[0].role) for w in one.waves()[1:]] == [
-        "serve-dflash",
-        "serve-plain",
-        "engine",
-        "first-tokens-dflash",
-        "first-tokens-plain",
-        "reference",
+    assert [sorted(roles(one, w)) for w in range(1, 6)] == [
+        ["serve-dflash"],
+        ["engine"],
+        ["reference", "serve-plain"],
+        ["first-tokens-dflash"],
+        ["first-tokens-plain"],
     ]
-    # Held twice, the target fits one GPU: the reference compares every prompt, after.
-    assert one.reference.placement == "after the engines"
+    # Held twice, the target fits one GPU: the reference compares every prompt, beside the
+    # plain server (it takes the servers' divergences once that one is observed).
+    assert one.reference.placement == "beside the engines"
     assert one.reference.prompts == (0, 1, 2, 3)
     assert "--language-model-only" in one.step(Role.SERVE_DFLASH).argv
     two = plan_smoke(c, pair, gpus(2))
     assert two.why.endswith("as many at a time as the GPUs hold, in 3 waves")
     assert len(two.waves()) == 4  # after the models' empty wave 0
-    assert [len(w) for w in two.waves()[1:]] == [2, 2, 2]
+    assert [len(w) for w in two.waves()[1:]] == [2, 3, 1]
     # The first start is not measured yet: its limit grows with the weights.
     assert two.deadlines.first_start_s > one.deadlines.start.floor_s + 400
 
@@ -316,14 +327,18 @@ def test_engines_that_do_not_all_fit_share_what_each_wave_holds(tmp_path) -> Non
     c = config(tmp_path, tiny=True)
     plan = plan_smoke(c, pair_facts(c), GpuFacts(1, 20 * GIB))
     assert plan.layout == Layout.ONE_AFTER_ANOTHER
-    # Two engines of about 7 GiB a wave on 18 GiB usable; the reference after them.
-    assert [len(w) for w in plan.waves()[1:]] == [2, 2, 1, 1]
+    # Two engines of about 7 GiB a wave on 18 GiB usable, the reference beside the first.
+    assert [len(w) for w in plan.waves()[1:]] == [3, 2, 1]
+    assert roles(plan, 1) == {"reference": (0,), "serve-dflash": (0,), "engine": (0,)}
     asked = plan_smoke(replace(c, overlap_engines=False), pair_facts(c), gpus(2))
     assert asked.why.startswith("asked (--sequential)")
-    assert [roles(asked, w) for w in (1, 2)] == [
-        {"serve-dflash": (0,), "serve-plain": (1,)},
-        {"engine": (0,), "first-tokens-dflash": (1,)},
+    # One engine a GPU at a time: the reference only where a GPU is free.
+    assert [roles(asked, w) for w in (1, 2, 3)] == [
+        {"serve-dflash": (0,), "engine": (1,)},
+        {"serve-plain": (0,), "first-tokens-dflash": (1,)},
+        {"reference": (1,), "first-tokens-plain": (0,)},
     ]
+    assert asked.reference.placement == "own GPU"
 
 
 def test_the_executor_backend_reaches_the_dflash_server_alone(tmp_path) -> None:

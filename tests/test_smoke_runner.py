@@ -619,8 +619,8 @@ def test_dry_run_plan_lists_every_process(tmp_path) -> None:
     serial = describe_plan(config).to_json()["steps"]
     assert [(s["step"], s["wave"]) for s in serial][1:] == [
         ("serve with DFlash", 1),
-        ("serve without speculation", 2),
-        ("in-process engine (engine)", 3),
+        ("in-process engine (engine)", 2),
+        ("serve without speculation", 3),
         ("first tokens with DFlash", 4),
         ("first tokens without speculation", 5),
         ("reference comparison (engine)", 6),

@@ -501,21 +501,15 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
         options = serve_options(engine, target_info, target, draft, kv, port=0)
         return tuple(build_serve_command(options, python))
 
+    # In waves, in this order: the in-process engine early, so the reference, which
+    # compares its proposals, can load beside a later wave's engines rather than after all.
     engines: list[_Engine] = []
     if not quick:
-        engines += [
+        engines.append(
             _Engine(
                 "serve with DFlash", Role.SERVE_DFLASH, tp, both_w, spec_kv, serve(drafter, spec_kv)
-            ),
-            _Engine(
-                "serve without speculation",
-                Role.SERVE_PLAIN,
-                tp,
-                target_w,
-                plain_kv,
-                serve(None, plain_kv),
-            ),
-        ]
+            )
+        )
     fidelity = config.run_fidelity
     if fidelity:
         engines.append(
@@ -526,6 +520,17 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
                 both_w,
                 spec_kv_1,
                 child(ENGINE_MODULE, "engine"),
+            )
+        )
+    if not quick:
+        engines.append(
+            _Engine(
+                "serve without speculation",
+                Role.SERVE_PLAIN,
+                tp,
+                target_w,
+                plain_kv,
+                serve(None, plain_kv),
             )
         )
     engines += [
@@ -591,7 +596,15 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
         why += f", in {waves} waves"
 
     reference, ref_step = _plan_reference(
-        config, pair, gpus, engines, board if side_by_side else None, ref_need, python, workdir
+        config,
+        pair,
+        gpus,
+        engines,
+        board if side_by_side else None,
+        ref_need,
+        python,
+        workdir,
+        share=config.overlap_engines is not False,
     )
     steps: list[Step] = []
     draw = models_draw(config, pair)
@@ -705,9 +718,12 @@ def _plan_reference(
     need: int,
     python: str,
     workdir: Path,
+    share: bool = True,
 ) -> tuple[ReferencePlan, Step | None]:
     """Where the reference comparison runs: beside the engines when it fits there (it
-    loads while they run), on a GPU the last wave leaves free, else after the engines."""
+    loads while they run); in waves, beside the first wave from the in-process engine's on
+    that leaves it room on a GPU (or, without ``share``, --sequential, a GPU free then); else
+    after the engines."""
     all_prompts = tuple(range(len(FIDELITY_LENGTHS)))
     if not config.run_fidelity or config.quick:
         why = "not in --quick (one engine start)" if config.run_fidelity else "--no-fidelity"
@@ -736,27 +752,42 @@ def _plan_reference(
                 "beside the engines",
                 shards,
                 all_prompts,
-                f"{shards} copies of the pair fit beside the engines",
+                f"{_copies(shards)} beside the engines",
             ), step
     else:
-        # The last wave runs the in-process engine or comes after it: a GPU it leaves free
-        # holds the reference, which loads while that wave works and compares after it.
-        used = {i for e in engines if e.wave == last for i in e.gpus}
-        spare = [i for i in range(gpus.count) if i not in used]
-        if spare:
-            shards = max(1, min(REFERENCE_SHARDS, usable // need))
+        # The first wave from the in-process engine's on with room on a GPU: the reference
+        # loads there while that wave's engines start, and compares once the engine has run.
+        (engine_wave,) = {e.wave for e in engines if e.role == Role.ENGINE}
+        for wave in range(engine_wave, last + 1):
+            board = [_Gpu(usable) for _ in range(gpus.count)]
+            for e in engines:
+                if e.wave == wave:
+                    for i in e.gpus:
+                        board[i].used += e.need if share else usable
+            where = _fit(board, need, 1, set())
+            if where is None:
+                continue
+            gpu = board[where[0]]
+            shards = max(1, min(REFERENCE_SHARDS, gpu.free // need))
             step = Step(
                 "reference comparison (engine)",
                 Role.REFERENCE,
-                last,
-                (spare[0],),
+                wave,
+                where,
                 argv,
                 need,
                 processes=shards,
                 loads_before_the_engine=True,
             )
+            if gpu.used == 0:
+                return ReferencePlan(
+                    "own GPU", shards, all_prompts, f"GPU {where[0]} is free in wave {wave}"
+                ), step
             return ReferencePlan(
-                "own GPU", shards, all_prompts, f"GPU {spare[0]} is free in the last wave"
+                "beside the engines",
+                shards,
+                all_prompts,
+                f"{_copies(shards)} beside wave {wave}'s engines on GPU {where[0]}",
             ), step
     # After the engines, alone.
     wave = last + 1
@@ -775,6 +806,10 @@ def _plan_reference(
         "reference comparison (engine)", Role.REFERENCE, wave, (0,), argv, need, processes=shards
     )
     return ReferencePlan("after the engines", shards, prompts, why), step
+
+
+def _copies(shards: int) -> str:
+    return "1 copy of the pair fits" if shards == 1 else f"{shards} copies of the pair fit"
 
 
 def _warm_steps(engines: list[_Engine], ref: Step | None, python: str, workdir: Path) -> list[Step]:
