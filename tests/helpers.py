@@ -172,12 +172,14 @@ def wait_until(
 
 
 def run_gpu_script(
-    script: str, *args: str, work: Path, out: Path | None = None
+    script: str, *args: str, work: Path, out: Path | None = None, **more: str
 ) -> subprocess.CompletedProcess[str]:
-    """``bash ci/gpu/SCRIPT ARGS`` with ``WORK`` (and ``OUT``) set, as on the GPU host, where
-    the host's python3 runs the toolchain: here this interpreter, first on PATH."""
+    """``bash ci/gpu/SCRIPT ARGS`` with ``WORK`` (and ``OUT``, and the variables ``more``
+    names) set, as on the GPU host, where the host's python3 runs the toolchain: here this
+    interpreter, first on PATH."""
     env = {
         **os.environ,
+        **more,
         "WORK": str(work),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }

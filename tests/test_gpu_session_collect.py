@@ -1,13 +1,18 @@
 """``ci/gpu/hybrid-session.sh collect``: what a GPU session's device command brings back
-while the session's steps run, on real files here as on the host."""
+while the session's steps run, on real files here as on the host; and the production
+smoke's variants as the session starts them."""
 
 from __future__ import annotations
 
+import json
 import os
 import tarfile
 from pathlib import Path
 
+from tooling.smoke.serving.tiny import TinySpec, drafter_config, hybrid_config
+
 from .helpers import run_gpu_script
+from .smoke_models import write_model
 
 
 def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) -> None:
@@ -42,3 +47,31 @@ def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) ->
         "session/tiny/default/logs/serve-dflash.log",
         "trained/plain.log",
     }
+
+
+def test_the_pair_variant_smokes_the_pair_as_a_user_passes_it(tmp_path: Path) -> None:
+    """``production-smoke.sh pair``: the folders in PAIR as --target and --drafter, no
+    generated pair (its plan has no models step), K = 15; its plan printed by --dry-run."""
+    spec = TinySpec.for_arch("seed", hidden_size=5120)
+    pair = tmp_path / "pair"
+    write_model(pair / "target", hybrid_config(spec), 55 * 10**9, shards=4)
+    write_model(pair / "drafter", drafter_config(spec), int(3.5 * 10**9))
+    before = {p: p.stat().st_mtime_ns for p in pair.rglob("*")}
+    out = tmp_path / "out"
+    done = run_gpu_script(
+        "production-smoke.sh",
+        "pair",
+        work=tmp_path / "work",
+        out=out,
+        PAIR=str(pair),
+        PATCHED_SITE=str(tmp_path / "site"),
+        SMOKE_ARGS="--dry-run --gpus 1x139",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "production smoke pair: exit 0" in done.stdout
+    plan = json.loads((out / "pair.json").read_text())["plan"]
+    assert (plan["target"], plan["drafter"]) == (str(pair / "target"), str(pair / "drafter"))
+    assert plan["engine"]["num_speculative_tokens"] == 15
+    assert "models" not in [s["step"] for s in plan["steps"]]
+    # The user's folders are read, never written.
+    assert {p: p.stat().st_mtime_ns for p in pair.rglob("*")} == before
