@@ -759,15 +759,15 @@ def _plan_reference(
         # loads there while that wave's engines start, and compares once the engine has run.
         (engine_wave,) = {e.wave for e in engines if e.role == Role.ENGINE}
         for wave in range(engine_wave, last + 1):
-            board = [_Gpu(usable) for _ in range(gpus.count)]
+            held = [_Gpu(usable) for _ in range(gpus.count)]
             for e in engines:
                 if e.wave == wave:
                     for i in e.gpus:
-                        board[i].used += e.need if share else usable
-            where = _fit(board, need, 1, set())
+                        held[i].used += e.need if share else usable
+            where = _fit(held, need, 1, set())
             if where is None:
                 continue
-            gpu = board[where[0]]
+            gpu = held[where[0]]
             shards = max(1, min(REFERENCE_SHARDS, gpu.free // need))
             step = Step(
                 "reference comparison (engine)",
