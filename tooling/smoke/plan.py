@@ -612,9 +612,8 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
         argv = (python, "-m", TINY_MODULE, *draw.args)
         # Drawn on the GPU, the pair is there whole before it is written (wave 0, alone).
         on_gpu = "cuda" in draw.options
-        both = pair.target.weight_bytes + pair.drafter.weight_bytes
         steps.append(
-            Step("models", Role.MODELS, 0, (0,) if on_gpu else (), argv, both if on_gpu else 0)
+            Step("models", Role.MODELS, 0, (0,) if on_gpu else (), argv, both_w if on_gpu else 0)
         )
     offset = 0
     if config.warm_cache:

@@ -403,7 +403,7 @@ def _run_all(run: _Run, pair: PairFacts) -> SmokeReport:
             raise SmokeError(run.steps[-1].message)
         plan = run.plan = early or plan_smoke(config, pair, _seen_gpus(vllm_info))
         run.notify(f"plan: {plan.layout}: {plan.why}")
-        if config.tiny:
+        if models is not None:
             # Only the wait is timed here: the tiny pair was written during the preflight.
             with run.step("models", run.logs / "tiny.log") as step:
                 target, drafter = models()
@@ -508,14 +508,13 @@ def _not_run(plan: SmokePlan) -> str:
 
 
 @contextmanager
-def _models_started(run: _Run, pair: PairFacts) -> Iterator[Callable[[], tuple[str, str]]]:
+def _models_started(run: _Run, pair: PairFacts) -> Iterator[Callable[[], tuple[str, str]] | None]:
     """Start writing the tiny pair (``--tiny``) in a child now, so it overlaps the
-    preflight; the function yielded waits for it and returns (target, drafter). The
-    child is stopped on any way out."""
+    preflight; the function yielded waits for it and returns (target, drafter), None when
+    there is nothing to draw (the user's pair). The child is stopped on any way out."""
     draw = models_draw(run.config, pair)
     if draw is None:
-        given = (pair.target.path, pair.drafter.path)
-        yield lambda: given
+        yield None
         return
     child = run.start_child(
         TINY_MODULE,
