@@ -131,14 +131,13 @@ def compare_engine_run(pair: LoadedPair, engine_result: Path, prompts: int) -> d
     the context the smoke gives a hybrid target (the engine's recorded features)."""
     run = json.loads(engine_result.read_text(encoding="utf-8"))
     features = run.get("features_path")
-    wanted = set(range(prompts))
     request = FidelityInput(
         prompts=run["prompts"],
         outputs=run["outputs"],
-        proposals=[p for p in run["proposals"] if int(p["prompt"]) in wanted],
+        proposals=run["proposals"],
         context="engine" if features else "target",
         features_path=features,
-        prompt_indices=sorted(wanted),
+        prompt_indices=list(range(prompts)),
     )
     start = time.perf_counter()
     counts = tally(pair, request, lambda line: print(line, flush=True))
