@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -75,3 +76,66 @@ def test_the_pair_variant_smokes_the_pair_as_a_user_passes_it(tmp_path: Path) ->
     assert "models" not in [s["step"] for s in plan["steps"]]
     # The user's folders are read, never written.
     assert {p: p.stat().st_mtime_ns for p in pair.rglob("*")} == before
+
+
+def _session(work: Path, pid: int) -> None:
+    """A session's files as ``start`` leaves them, its smoke two waves in."""
+    session = work / "session"
+    (session / "seed-full-pair" / "pair").mkdir(parents=True)
+    (session / "session.log").write_text("[08:27:37] seed-full-pair\n")
+    (session / "background.pid").write_text(f"{pid}\n")
+    (session / "seed-full-pair" / "pair" / "report.json").write_text('{"partial": true}')
+    (session / "seed-full-pair" / "pair.err").write_text(
+        "[smoke] serve with DFlash ...\nINFO noise\n[smoke] in-process engine (engine) ...\n"
+    )
+
+
+def test_wait_returns_once_the_session_has_ended_and_brings_back_what_ran(
+    tmp_path: Path,
+) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    _session(work, ended.pid)
+    # The limit is far past the hang guard: only the session's end can have let it return.
+    done = run_gpu_script("hybrid-session.sh", "wait", "100000", work=work, out=out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-3:] == [
+        "[smoke] serve with DFlash ...",
+        "[smoke] in-process engine (engine) ...",
+        "session: ended",
+    ]
+    assert "[08:27:37] seed-full-pair" in done.stdout
+    with tarfile.open(out / "reports.tgz") as tar:
+        assert "session/seed-full-pair/pair/report.json" in tar.getnames()
+    assert "[08:27:37] seed-full-pair" in (out / "collect.txt").read_text()
+
+
+def test_wait_on_a_session_still_running_says_so_and_still_collects(tmp_path: Path) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    running = subprocess.Popen(["sleep", "600"])
+    try:
+        _session(work, running.pid)
+        done = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
+    finally:
+        running.kill()
+        running.wait()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "session: running"
+    assert (out / "reports.tgz").is_file() and (out / "logs.tgz").is_file()
+
+
+def test_wait_refuses_a_limit_that_is_not_seconds_and_a_folder_with_no_session(
+    tmp_path: Path,
+) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    bad = run_gpu_script("hybrid-session.sh", "wait", "9m", work=work, out=out)
+    assert (bad.returncode, bad.stderr.count("\n")) == (2, 1)
+    assert "SECONDS must be a whole number, not '9m'" in bad.stderr
+    none = run_gpu_script("hybrid-session.sh", "wait", "5", work=work, out=out)
+    assert (none.returncode, none.stderr.count("\n")) == (2, 1)
+    assert "background.pid: no session was started here" in none.stderr
+    assert list(out.iterdir()) == []

@@ -6,6 +6,9 @@
 #                                   engines' installs and the STEPs, one after another, in a
 #                                   session of their own
 #   hybrid-session.sh collect       where it stands, and what has finished, into $OUT
+#   hybrid-session.sh wait SECONDS  wait for the session to end, at most SECONDS, then say
+#                                   whether it still runs, its smoke's last progress lines,
+#                                   and collect: one device command's whole turn
 # STEPs, in the order given (default: seed seed-stock trained, what fits one session's 30
 # device minutes with the recipe's training beside the smokes):
 #   seed        production-smoke.sh seed: the seed-shaped pair at K = 15 on the fixed wheel
@@ -34,7 +37,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
-usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect"
+usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect|wait SECONDS"
 step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
@@ -67,6 +70,7 @@ case $step in
     # files), crowding out what that command was run to bring back.
     setsid nohup env -u OUT bash "$here/hybrid-session.sh" background "$parts" "${steps[@]}" \
       > "$session/session.log" 2>&1 < /dev/null &
+    echo $! > "$session/background.pid"
     echo "session started (pid $!): ${steps[*]}; log $session/session.log"
     ;;
   background)
@@ -154,6 +158,26 @@ case $step in
       -not -path '*vllm-cache*' 2>/dev/null) |
       tar -czf "$OUT/logs.tgz" -C "$WORK" -T - 2>/dev/null
     ls -la "$OUT"
+    ;;
+  wait)
+    # Every call collects: the device gives the machine back after 30 s idle, so a call that
+    # only waited would lose, with the machine, everything since the last one that collected.
+    : "${OUT:?}"
+    limit=${2:-}
+    [[ $limit =~ ^[0-9]+$ ]] || {
+      echo "error: hybrid-session.sh wait: SECONDS must be a whole number, not '$limit'" >&2
+      exit 2; }
+    pid=$(cat "$session/background.pid" 2>/dev/null) ||
+      { echo "error: $session/background.pid: no session was started here" >&2; exit 2; }
+    end=$((SECONDS + limit))
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+    state=ended
+    kill -0 "$pid" 2>/dev/null && state=running
+    bash "$here/hybrid-session.sh" collect > "$OUT/collect.txt" 2>&1
+    cat "$session/session.log" 2>/dev/null
+    latest=$(ls -t "$session"/*/*.err 2>/dev/null | head -1)
+    [ -n "$latest" ] && grep -h '^\[smoke\]' "$latest" | tail -8
+    echo "session: $state"
     ;;
   *)
     echo "$usage" >&2
