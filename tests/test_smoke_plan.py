@@ -327,9 +327,16 @@ def test_engines_that_do_not_all_fit_share_what_each_wave_holds(tmp_path) -> Non
     c = config(tmp_path, tiny=True)
     plan = plan_smoke(c, pair_facts(c), GpuFacts(1, 20 * GIB))
     assert plan.layout == Layout.ONE_AFTER_ANOTHER
-    # Two engines of about 7 GiB a wave on 18 GiB usable, the reference beside the first.
-    assert [len(w) for w in plan.waves()[1:]] == [3, 2, 1]
-    assert roles(plan, 1) == {"reference": (0,), "serve-dflash": (0,), "engine": (0,)}
+    # Two engines of about 7 GiB a wave on 18 GiB usable. The reference would fit beside
+    # the first, but takes the servers' first differences (check 1's margins) once its wave
+    # is over: it joins the plain server's wave, not the one before.
+    assert [len(w) for w in plan.waves()[1:]] == [2, 3, 1]
+    assert roles(plan, 1) == {"serve-dflash": (0,), "engine": (0,)}
+    assert roles(plan, 2) == {
+        "reference": (0,),
+        "serve-plain": (0,),
+        "first-tokens-dflash": (0,),
+    }
     asked = plan_smoke(replace(c, overlap_engines=False), pair_facts(c), gpus(2))
     assert asked.why.startswith("asked (--sequential)")
     # One engine a GPU at a time: the reference only where a GPU is free.
@@ -383,3 +390,34 @@ def test_an_executor_backend_the_run_cannot_use_is_refused(tmp_path, kw, message
     with pytest.raises(SmokeError, match=re.escape(message)) as e:
         config(tmp_path, tiny=True, engine=engine, **kw).validate()
     assert exit_code_for(e.value) == 17 and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("gpus_text", ["1x80", "1x139", "2x80", "2x141"])
+def test_the_reference_never_runs_before_a_server_or_the_in_process_engine(
+    tmp_path, gpus_text
+) -> None:
+    """The reference compares the in-process engine's proposals, and for check 1 the
+    target's margins at the two servers' first differences, handed over when its wave ends:
+    planned in a wave before the plain server's, it got none, and check 1 could only fail
+    ("the target's margins there unknown") wherever the servers differed, as near-ties on
+    random weights do (a 20 GB or 48 GB pair of the seed's family was planned so)."""
+    spec = TinySpec.for_arch("seed", hidden_size=5120)
+    gpus_facts = GpuFacts.parse(gpus_text)
+    planned = 0
+    for gb in range(4, 76, 4):
+        target, drafter = tmp_path / f"t{gb}", tmp_path / f"d{gb}"
+        write_model(target, hybrid_config(spec), gb * GB, shards=2)
+        write_model(drafter, drafter_config(spec), int(3.5 * GB))
+        c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
+        try:
+            plan = plan_smoke(c, read_pair(str(target), str(drafter)), gpus_facts)
+        except SmokeCapacityError:
+            continue  # too large for these GPUs: refused before anything starts
+        planned += 1
+        ref = plan.step(Role.REFERENCE)
+        assert ref is not None, gb
+        inputs = [
+            s for s in plan.steps if s.role in (Role.ENGINE, Role.SERVE_DFLASH, Role.SERVE_PLAIN)
+        ]
+        assert len(inputs) == 3 and all(s.wave <= ref.wave for s in inputs), (gb, render(plan))
+    assert planned >= 10

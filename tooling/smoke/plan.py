@@ -708,6 +708,9 @@ def _place_in_turn(engines: list[_Engine], count: int, usable: int, share: bool)
         e.gpus, e.wave = where, wave
 
 
+_REFERENCE_INPUTS = (Role.ENGINE, Role.SERVE_DFLASH, Role.SERVE_PLAIN)
+
+
 def _plan_reference(
     config: SmokeConfig,
     pair: PairFacts,
@@ -720,9 +723,9 @@ def _plan_reference(
     share: bool = True,
 ) -> tuple[ReferencePlan, Step | None]:
     """Where the reference comparison runs: beside the engines when it fits there (it
-    loads while they run); in waves, beside the first wave from the in-process engine's on
-    that leaves it room on a GPU (or, without ``share``, --sequential, a GPU free then); else
-    after the engines."""
+    loads while they run); in waves, beside the first wave that leaves it room on a GPU (or,
+    without ``share``, --sequential, a GPU free then) from the one where the in-process
+    engine and both servers have run on; else after the engines."""
     all_prompts = tuple(range(len(FIDELITY_LENGTHS)))
     if not config.run_fidelity or config.quick:
         why = "not in --quick (one engine start)" if config.run_fidelity else "--no-fidelity"
@@ -754,10 +757,11 @@ def _plan_reference(
                 f"{_copies(shards)} beside the engines",
             ), step
     else:
-        # The first wave from the in-process engine's on with room on a GPU: the reference
-        # loads there while that wave's engines start, and compares once the engine has run.
-        (engine_wave,) = {e.wave for e in engines if e.role == Role.ENGINE}
-        for wave in range(engine_wave, last + 1):
+        # It loads while its wave's engines start and compares the in-process engine's
+        # proposals; check 1's margins are at the servers' first differences, which it takes
+        # once the wave is over: no wave before all three have run.
+        needs = {e.wave for e in engines if e.role in _REFERENCE_INPUTS}
+        for wave in range(max(needs), last + 1):
             held = [_Gpu(usable) for _ in range(gpus.count)]
             for e in engines:
                 if e.wave == wave:
