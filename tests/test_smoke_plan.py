@@ -421,3 +421,46 @@ def test_the_reference_never_runs_before_a_server_or_the_in_process_engine(
         ]
         assert len(inputs) == 3 and all(s.wave <= ref.wave for s in inputs), (gb, render(plan))
     assert planned >= 10
+
+
+@pytest.mark.parametrize("warm_cache", [False, True])
+@pytest.mark.parametrize("overlap", [None, False])
+def test_no_wave_asks_a_gpu_for_more_than_it_holds(tmp_path, warm_cache, overlap) -> None:
+    """Every wave's processes on each GPU, the reference's copies counted, within its usable
+    memory, for pairs of the seed's family from 2 to 74 GB on GPUs of 48 to 139 GiB. Check
+    7's runs put the in-process engine and its reference on GPU 0 at once whatever their
+    size: 76.7 GiB on an 80 GiB GPU's 72 usable for a 6 GB target."""
+    spec = TinySpec.for_arch("seed", hidden_size=5120)
+    site = tmp_path / "other"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    planned = 0
+    for gb in range(2, 76, 6):
+        target, drafter = tmp_path / f"t{gb}", tmp_path / f"d{gb}"
+        write_model(target, hybrid_config(spec), gb * GB, shards=2)
+        write_model(drafter, drafter_config(spec), int(3.5 * GB))
+        pair = read_pair(str(target), str(drafter))
+        c = config(
+            tmp_path,
+            target=str(target),
+            drafter=str(drafter),
+            engine=K15,
+            warm_cache=warm_cache,
+            other_site=str(site) if warm_cache else None,
+            overlap_engines=overlap,
+        )
+        for text in ("1x48", "1x80", "1x139", "2x80", "4x80"):
+            facts = GpuFacts.parse(text)
+            try:
+                plan = plan_smoke(c, pair, facts)
+            except SmokeCapacityError:
+                continue  # refused before anything starts
+            planned += 1
+            held: dict[tuple[int, int], int] = {}
+            for s in plan.steps:
+                for gpu in s.gpus:
+                    key = (s.wave, gpu)
+                    held[key] = held.get(key, 0) + s.memory_bytes * s.processes
+            over = {k: round(v / GIB, 1) for k, v in held.items() if v > facts.usable_bytes}
+            assert not over, (gb, text, over, render(plan))
+    assert planned >= 30

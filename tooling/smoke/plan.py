@@ -615,14 +615,13 @@ def plan_smoke(config: SmokeConfig, pair: PairFacts, gpus: GpuFacts) -> SmokePla
         steps.append(
             Step("models", Role.MODELS, 0, (0,) if on_gpu else (), argv, both_w if on_gpu else 0)
         )
-    offset = 0
-    if config.warm_cache:
-        steps += _warm_steps(engines, ref_step, python, workdir)
-        offset = 2
+    # Check 7's waves come first, the plan's own after them.
+    warm = _warm_steps(engines, ref_step, gpus, python, workdir) if config.warm_cache else []
+    offset = max((s.wave for s in warm), default=0)
     main = [Step(e.name, e.role, e.wave + offset, e.gpus, e.argv, e.need, e.kv) for e in engines]
     if ref_step is not None:
         main.append(replace(ref_step, wave=ref_step.wave + offset))
-    steps += sorted(main, key=lambda s: (s.wave, START_ORDER.index(s.role)))
+    steps += sorted(warm + main, key=lambda s: (s.wave, START_ORDER.index(s.role)))
 
     largest = max(e.weights for e in engines)
     # The first start's allowance is for the engines of the first wave, starting together.
@@ -815,42 +814,60 @@ def _copies(shards: int) -> str:
     return "1 copy of the pair fits" if shards == 1 else f"{shards} copies of the pair fit"
 
 
-def _warm_steps(engines: list[_Engine], ref: Step | None, python: str, workdir: Path) -> list[Step]:
+def _warm_steps(
+    engines: list[_Engine], ref: Step | None, gpus: GpuFacts, python: str, workdir: Path
+) -> list[Step]:
     """Check 7's runs before the rest: the other build's in-process engine (A), then this
-    one's (B), each with its reference, in a fresh shared compile cache."""
+    one's (B), each on GPU 0 in a fresh shared compile cache and each with its reference:
+    beside it where a GPU holds that, as many copies as fit there, else in a wave of its
+    own after it."""
     (engine,) = [e for e in engines if e.role == Role.ENGINE]
-    steps = []
-    for wave, run in ((1, "warm-A"), (2, "warm-B")):
-        gpus = (0,)
-        if ref is not None:
-            argv = _argv(
-                python,
-                REFERENCE_MODULE,
-                workdir,
-                f"{run}-reference-setup.json",
-                f"{run}-fidelity-0.json",
-            )
-            steps.append(
-                replace(
-                    ref,
-                    name=f"reference comparison ({run})",
-                    wave=wave,
-                    gpus=gpus,
-                    argv=argv,
-                    run=run,
-                )
-            )
+    steps: list[Step] = []
+    wave = 0
+    for run in ("warm-A", "warm-B"):
+        wave += 1
         argv = _argv(python, ENGINE_MODULE, workdir, f"{run}-in.json", f"{run}.json")
         steps.append(
             Step(
                 f"in-process engine ({run})",
                 Role.ENGINE,
                 wave,
-                gpus,
+                (0,),
                 argv,
                 engine.need,
                 engine.kv,
                 run=run,
+            )
+        )
+        if ref is None:
+            continue
+        board = [_Gpu(gpus.usable_bytes) for _ in range(gpus.count)]
+        board[0].used = engine.need
+        where = _fit(board, ref.memory_bytes, 1, set())
+        beside = where is not None
+        if where is None:
+            wave += 1
+            board = [_Gpu(gpus.usable_bytes) for _ in range(gpus.count)]
+            where = _fit(board, ref.memory_bytes, 1, set())
+            assert where is not None  # one copy fits an empty GPU (checked before)
+        shards = max(1, min(REFERENCE_SHARDS, board[where[0]].free // ref.memory_bytes))
+        argv = _argv(
+            python,
+            REFERENCE_MODULE,
+            workdir,
+            f"{run}-reference-setup.json",
+            f"{run}-fidelity-0.json",
+        )
+        steps.append(
+            replace(
+                ref,
+                name=f"reference comparison ({run})",
+                wave=wave,
+                gpus=where,
+                argv=argv,
+                run=run,
+                processes=shards,
+                loads_before_the_engine=beside,
             )
         )
     return steps
