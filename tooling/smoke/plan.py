@@ -722,9 +722,9 @@ def _plan_reference(
     share: bool = True,
 ) -> tuple[ReferencePlan, Step | None]:
     """Where the reference comparison runs: beside the engines when it fits there (it
-    loads while they run); in waves, beside the first wave that leaves it room on a GPU (or,
-    without ``share``, --sequential, a GPU free then) from the one where the in-process
-    engine and both servers have run on; else after the engines."""
+    loads while they run); in waves, in the first wave that leaves it room on a GPU (or,
+    without ``share``, --sequential, a GPU free then), counting from the last of the
+    in-process engine's and the two servers' waves; else after the engines."""
     all_prompts = tuple(range(len(FIDELITY_LENGTHS)))
     if not config.run_fidelity or config.quick:
         why = "not in --quick (one engine start)" if config.run_fidelity else "--no-fidelity"
