@@ -139,3 +139,24 @@ def test_wait_refuses_a_limit_that_is_not_seconds_and_a_folder_with_no_session(
     assert (none.returncode, none.stderr.count("\n")) == (2, 1)
     assert "background.pid: no session was started here" in none.stderr
     assert list(out.iterdir()) == []
+
+
+def test_a_second_start_while_a_session_runs_is_refused_before_it_installs(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "work"
+    running = subprocess.Popen(["sleep", "600"])
+    try:
+        _session(work, running.pid)
+        before = sorted(p.relative_to(work) for p in work.rglob("*"))
+        done = run_gpu_script("hybrid-session.sh", "start", str(tmp_path / "parts"), work=work)
+    finally:
+        running.kill()
+        running.wait()
+    assert done.returncode == 2
+    assert (
+        done.stderr
+        == f"error: {work}/session: a session is already running (pid {running.pid}): wait for it\n"
+    )
+    # Nothing joined, installed or started: the running session's files are as they were.
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before

@@ -56,6 +56,12 @@ case $step in
     [[ " ${steps[*]} " == *" trained "* && " ${steps[*]} " == *" seed-full"* ]] && {
       echo "error: hybrid-session.sh: seed-full's 57 GB leave no disk for trained's installs: one per session" >&2
       exit 2; }
+    # A second start would reinstall the site the running session imports from.
+    running=$(cat "$session/background.pid" 2>/dev/null)
+    if [ -n "$running" ] && kill -0 "$running" 2>/dev/null; then
+      echo "error: $session: a session is already running (pid $running): wait for it" >&2
+      exit 2
+    fi
     mkdir -p "$session"
     bash "$here/host-setup.sh" "$parts" install || exit 1
     if [[ " ${steps[*]} " == *" trained "* || " ${steps[*]} " == *" pair "* ]]; then
