@@ -427,7 +427,8 @@ def test_the_reference_never_runs_before_a_server_or_the_in_process_engine(
 @pytest.mark.parametrize("overlap", [None, False])
 def test_no_wave_asks_a_gpu_for_more_than_it_holds(tmp_path, warm_cache, overlap) -> None:
     """Every wave's processes on each GPU, the reference's copies counted, within its usable
-    memory, for pairs of the seed's family from 2 to 74 GB on GPUs of 48 to 139 GiB. Check
+    memory, for pairs of the seed's family from 2 to 74 GB on GPUs of 48 to 139 GiB (the
+    servers at TP=2 on two). Check
     7's runs put the in-process engine and its reference on GPU 0 at once whatever their
     size: 76.7 GiB on an 80 GiB GPU's 72 usable for a 6 GB target."""
     spec = TinySpec.for_arch("seed", hidden_size=5120)
@@ -440,17 +441,17 @@ def test_no_wave_asks_a_gpu_for_more_than_it_holds(tmp_path, warm_cache, overlap
         write_model(target, hybrid_config(spec), gb * GB, shards=2)
         write_model(drafter, drafter_config(spec), int(3.5 * GB))
         pair = read_pair(str(target), str(drafter))
-        c = config(
-            tmp_path,
-            target=str(target),
-            drafter=str(drafter),
-            engine=K15,
-            warm_cache=warm_cache,
-            other_site=str(site) if warm_cache else None,
-            overlap_engines=overlap,
-        )
-        for text in ("1x48", "1x80", "1x139", "2x80", "4x80"):
+        for text, tp in (("1x48", 1), ("1x80", 1), ("1x139", 1), ("2x80", 2), ("4x80", 1)):
             facts = GpuFacts.parse(text)
+            c = config(
+                tmp_path,
+                target=str(target),
+                drafter=str(drafter),
+                engine=replace(K15, tensor_parallel_size=tp),
+                warm_cache=warm_cache,
+                other_site=str(site) if warm_cache else None,
+                overlap_engines=overlap,
+            )
             try:
                 plan = plan_smoke(c, pair, facts)
             except SmokeCapacityError:
