@@ -737,7 +737,7 @@ def _plan_reference(
     if board is not None:
         where = _fit(board, need, 1, set())
         if where is not None:
-            shards = max(1, min(REFERENCE_SHARDS, board[where[0]].free // need))
+            shards = _copies_in(board[where[0]].free, need)
             board[where[0]].used += shards * need
             step = Step(
                 "reference comparison (engine)",
@@ -770,7 +770,7 @@ def _plan_reference(
             if where is None:
                 continue
             gpu = held[where[0]]
-            shards = max(1, min(REFERENCE_SHARDS, gpu.free // need))
+            shards = _copies_in(gpu.free, need)
             step = Step(
                 "reference comparison (engine)",
                 Role.REFERENCE,
@@ -793,7 +793,7 @@ def _plan_reference(
             ), step
     # After the engines, alone.
     wave = last + 1
-    shards = max(1, min(REFERENCE_SHARDS, usable // need))
+    shards = _copies_in(usable, need)
     if 2 * pair.target.weight_bytes > usable:
         prompts = all_prompts[:REFERENCE_SUBSET]
         why = (
@@ -808,6 +808,12 @@ def _plan_reference(
         "reference comparison (engine)", Role.REFERENCE, wave, (0,), argv, need, processes=shards
     )
     return ReferencePlan("after the engines", shards, prompts, why), step
+
+
+def _copies_in(free: int, need: int) -> int:
+    """How many reference processes a GPU with ``free`` bytes runs: as many copies of the
+    pair as fit, at most REFERENCE_SHARDS, and one where the placement has made room for one."""
+    return max(1, min(REFERENCE_SHARDS, free // need))
 
 
 def _copies(shards: int) -> str:
@@ -850,7 +856,7 @@ def _warm_steps(
             board = [_Gpu(gpus.usable_bytes) for _ in range(gpus.count)]
             where = _fit(board, ref.memory_bytes, 1, set())
             assert where is not None  # one copy fits an empty GPU (checked before)
-        shards = max(1, min(REFERENCE_SHARDS, board[where[0]].free // ref.memory_bytes))
+        shards = _copies_in(board[where[0]].free, ref.memory_bytes)
         argv = _argv(
             python,
             REFERENCE_MODULE,
