@@ -10,10 +10,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from tooling.smoke.serving.tiny import TinySpec, drafter_config, hybrid_config
-
 from .helpers import run_gpu_script
-from .smoke_models import write_model
+from .smoke_models import write_seed_pair
 
 
 def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) -> None:
@@ -53,10 +51,8 @@ def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) ->
 def test_the_pair_variant_smokes_the_pair_as_a_user_passes_it(tmp_path: Path) -> None:
     """``production-smoke.sh pair``: the folders in PAIR as --target and --drafter, no
     generated pair (its plan has no models step), K = 15; its plan printed by --dry-run."""
-    spec = TinySpec.for_arch("seed", hidden_size=5120)
     pair = tmp_path / "pair"
-    write_model(pair / "target", hybrid_config(spec), 55 * 10**9, shards=4)
-    write_model(pair / "drafter", drafter_config(spec), int(3.5 * 10**9))
+    write_seed_pair(pair / "target", pair / "drafter", 55 * 10**9, shards=4)
     before = {p: p.stat().st_mtime_ns for p in pair.rglob("*")}
     out = tmp_path / "out"
     done = run_gpu_script(

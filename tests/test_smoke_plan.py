@@ -28,7 +28,7 @@ from tooling.smoke.plan import (
 from tooling.smoke.runner import pair_facts
 from tooling.smoke.serving.tiny import TinySpec, drafter_config, hybrid_config
 
-from .smoke_models import write_model
+from .smoke_models import write_model, write_seed_pair
 
 GB = 10**9
 H200 = 141 * GB
@@ -42,10 +42,8 @@ def gpus(count: int) -> GpuFacts:
 def pair27(tmp_path: Path) -> tuple[Path, Path]:
     """Qwen3.6-27B's config (the seed's geometry) with 55 GB declared over 4 shards, and
     z-lab's drafter layout with 3.5 GB."""
-    spec = TinySpec.for_arch("seed", hidden_size=5120)
     target, drafter = tmp_path / "Qwen3.6-27B", tmp_path / "Qwen3.6-27B-DFlash"
-    write_model(target, hybrid_config(spec), 55 * GB, shards=4)
-    write_model(drafter, drafter_config(spec), int(3.5 * GB))
+    write_seed_pair(target, drafter, 55 * GB, shards=4)
     return target, drafter
 
 
@@ -206,10 +204,8 @@ def test_a_27b_sized_pair_is_planned_from_its_config_and_declared_sizes(pair27, 
 
 
 def test_a_target_too_large_to_hold_twice_is_compared_on_a_stated_subset(tmp_path) -> None:
-    spec = TinySpec.for_arch("seed", hidden_size=5120)
     target, drafter = tmp_path / "t", tmp_path / "d"
-    write_model(target, hybrid_config(spec), 70 * GB)
-    write_model(drafter, drafter_config(spec), int(3.5 * GB))
+    write_seed_pair(target, drafter, 70 * GB)
     c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
     plan = plan_smoke(c, read_pair(str(target), str(drafter)), gpus(1))
     assert plan.reference.placement == "after the engines"
@@ -401,13 +397,11 @@ def test_the_reference_never_runs_before_a_server_or_the_in_process_engine(
     planned in a wave before the plain server's, it got none, and check 1 could only fail
     ("the target's margins there unknown") wherever the servers differed, as near-ties on
     random weights do (a 20 GB or 48 GB pair of the seed's family was planned so)."""
-    spec = TinySpec.for_arch("seed", hidden_size=5120)
     gpus_facts = GpuFacts.parse(gpus_text)
     planned = 0
     for gb in range(4, 76, 4):
         target, drafter = tmp_path / f"t{gb}", tmp_path / f"d{gb}"
-        write_model(target, hybrid_config(spec), gb * GB, shards=2)
-        write_model(drafter, drafter_config(spec), int(3.5 * GB))
+        write_seed_pair(target, drafter, gb * GB, shards=2)
         c = config(tmp_path, target=str(target), drafter=str(drafter), engine=K15)
         try:
             plan = plan_smoke(c, read_pair(str(target), str(drafter)), gpus_facts)
@@ -428,18 +422,16 @@ def test_the_reference_never_runs_before_a_server_or_the_in_process_engine(
 def test_no_wave_asks_a_gpu_for_more_than_it_holds(tmp_path, warm_cache, overlap) -> None:
     """Every wave's processes on each GPU, the reference's copies counted, within its usable
     memory, for pairs of the seed's family from 2 to 74 GB on GPUs of 48 to 139 GiB (the
-    servers at TP=2 on two). Check
-    7's runs put the in-process engine and its reference on GPU 0 at once whatever their
-    size: 76.7 GiB on an 80 GiB GPU's 72 usable for a 6 GB target."""
-    spec = TinySpec.for_arch("seed", hidden_size=5120)
+    servers at TP=2 on two). Check 7's runs put the in-process engine and its reference on
+    GPU 0 at once whatever their size: 76.7 GiB on an 80 GiB GPU's 72 usable for a 6 GB
+    target."""
     site = tmp_path / "other"
     (site / "vllm").mkdir(parents=True)
     (site / "vllm" / "__init__.py").write_text("")
     planned = 0
     for gb in range(2, 76, 6):
         target, drafter = tmp_path / f"t{gb}", tmp_path / f"d{gb}"
-        write_model(target, hybrid_config(spec), gb * GB, shards=2)
-        write_model(drafter, drafter_config(spec), int(3.5 * GB))
+        write_seed_pair(target, drafter, gb * GB, shards=2)
         pair = read_pair(str(target), str(drafter))
         for text, tp in (("1x48", 1), ("1x80", 1), ("1x139", 1), ("2x80", 2), ("4x80", 1)):
             facts = GpuFacts.parse(text)
