@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Here, on the build machine: the parts host-setup.sh joins on the GPU host.
-#   [RAY=1] make-parts.sh OUT_DIR [PART_SIZE_BYTES]   (default 60 MiB, under the transfer limit)
+#   [RAY=1] [TRAINING=0] make-parts.sh OUT_DIR [PART_SIZE_BYTES]   (default 60 MiB, under
+#   the transfer limit)
 # The payload is what host-setup.sh reads: bundle/ (the contents of the one folder
 # `tooling bundle` writes) and the vLLM sdist the ablations are built from. The bundle
 # carries the toolchain's GPU-host extras: the reference dflash, GitPython for the
@@ -9,7 +10,9 @@
 # RAY=1 adds Ray (the pin tooling/smoke/config.py RAY_VERSION names), for the smoke's
 # `--distributed-executor-backend ray` (production-smoke.sh ray-tp2): one wheel of about
 # 67 MiB, so one or two parts more; its dependencies are the host's or the bundle's
-# already (--extra adds a wheel without them).
+# already (--extra adds a wheel without them). TRAINING=0 leaves train-wheels/ out (about
+# 200 MB, three or four parts) for a session that runs smokes alone: trained-hybrid.sh says
+# so when it finds none.
 set -euo pipefail
 out=${1:?usage: make-parts.sh OUT_DIR [PART_SIZE_BYTES]}
 size=${2:-62914560}
@@ -34,10 +37,12 @@ cp "$cache/pypi/vllm-0.20.1.tar.gz" "$work/payload/"
 # Triton 3.7.1 beside the bundle, not in it: vLLM keeps the Triton its torch brings, while
 # flash-linear-attention's gated backward refuses Hopper under Triton < 3.7.1. The hash pins
 # the wheel's bytes.
-echo "triton==3.7.1 --hash=sha256:7e40869937a68206ec70d7f25bb7ec6433cb083f9135e1f36dbd318dc449a728" \
-  > "$work/train-wheels.txt"
-.venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
-  --require-hashes --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
-  --platform manylinux_2_28_x86_64 -r "$work/train-wheels.txt" -d "$work/payload/train-wheels"
+if [ "${TRAINING:-1}" != 0 ]; then
+  echo "triton==3.7.1 --hash=sha256:7e40869937a68206ec70d7f25bb7ec6433cb083f9135e1f36dbd318dc449a728" \
+    > "$work/train-wheels.txt"
+  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+    --require-hashes --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+    --platform manylinux_2_28_x86_64 -r "$work/train-wheels.txt" -d "$work/payload/train-wheels"
+fi
 .venv/bin/python -m tooling.release.split "$work/payload" "$out" "$size"
 ls -l "$out"

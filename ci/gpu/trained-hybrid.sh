@@ -50,7 +50,7 @@ case $step in
     wheels=()
     for wheel in "$WORK"/joined/payload/train-wheels/*.whl; do
       [ -f "$wheel" ] || {
-        echo "note: no train-wheels/ in the payload (parts of an older make-parts.sh)"; continue; }
+        echo "note: no train-wheels/ in the payload (parts of an older make-parts.sh, or TRAINING=0)"; continue; }
       name=${wheel##*/}
       [[ " ${more_wheels[*]##*/}" == *" ${name%%-*}-"* ]] || wheels+=("$wheel")
     done
