@@ -236,7 +236,14 @@ def test_reference_comparison_reproduces_the_reference_loop(tiny) -> None:
     assert same["agreement"] == 1.0
     assert checks.check_fidelity(same, 0.99).status == checks.PASS
     # Where the comparison's time went, so a slow reference step says why.
-    assert set(same["seconds"]) == {"load", "target", "features", "drafter", "divergences"}
+    assert set(same["seconds"]) == {
+        "load",
+        "target",
+        "features_file",
+        "features",
+        "drafter",
+        "divergences",
+    }
     assert all(s >= 0 for s in same["seconds"].values()) and same["seconds"]["drafter"] > 0
 
 

@@ -360,7 +360,7 @@ def tally(
         dtype=str(next(target_model.parameters()).dtype).removeprefix("torch."),
     )
     times = PhaseTimes(counts.seconds)
-    with times.phase("features"):
+    with times.phase("features_file"):
         engine_features = (
             EngineFeatures.load(request.features_path) if request.features_path else None
         )
@@ -395,9 +395,11 @@ def tally(
             recorded = (
                 engine_features.sequence_features(index, sequences) if engine_features else None
             )
-            if recorded is not None:
-                if hidden is not None:
+        if recorded is not None:
+            if hidden is not None:
+                with times.phase("distances"):
                     counts.distances.absorb(*layer_sums(recorded[0], hidden))
+            with times.phase("features"):
                 recorded = recorded.to(device=device, dtype=target_model.dtype)
         gated_features = recorded if request.context == "engine" else hf_features
         # The agreement with the context the gate does not use is reported only, and
