@@ -291,14 +291,16 @@ def tie_margins(logits: Any, tokens: list[int]) -> list[float]:
 
 def layer_sums(features: Any, hidden: list[Any]) -> tuple[list[list[float]], list[float]]:
     """Squared distance of each slice of ``features`` [n, S*H] (known positions) to each
-    HF state of ``hidden`` ([1, >=n, H] each), and each state's squared norm there."""
+    HF state of ``hidden`` ([1, >=n, H] each, on the same device), and each state's squared
+    norm there. Summed on the states' device, not the host's CPU, which the engines starting
+    beside a comparison keep busy compiling."""
     width = hidden[0].shape[-1]
     slices = features.shape[-1] // width
     n = features.shape[0]
     squared = [[0.0] * len(hidden) for _ in range(slices)]
     norms = []
     for layer, state in enumerate(hidden):
-        ref = state[0, :n].float().cpu()
+        ref = state[0, :n].float()
         norms.append(float((ref * ref).sum()))
         for s in range(slices):
             diff = features[:, s * width : (s + 1) * width].float() - ref
@@ -395,12 +397,13 @@ def tally(
             recorded = (
                 engine_features.sequence_features(index, sequences) if engine_features else None
             )
+            if recorded is not None:
+                recorded = recorded.to(device=device)
+        if recorded is not None and hidden is not None:
+            with times.phase("distances"):
+                counts.distances.absorb(*layer_sums(recorded[0], hidden))
         if recorded is not None:
-            if hidden is not None:
-                with times.phase("distances"):
-                    counts.distances.absorb(*layer_sums(recorded[0], hidden))
-            with times.phase("features"):
-                recorded = recorded.to(device=device, dtype=target_model.dtype)
+            recorded = recorded.to(dtype=target_model.dtype)
         gated_features = recorded if request.context == "engine" else hf_features
         # The agreement with the context the gate does not use is reported only, and
         # only for the sequential prompts: a second drafter pass per proposal would double
