@@ -130,7 +130,9 @@ case $step in
               --engine-result "$session/$s/pair/engine.json" --json "$session/bench-reference.json" \
               > "$session/bench-reference.txt" 2>&1
             rc=$?
-          fi ;;
+          fi
+          # The step's status is the draw's or the smoke's, not that of the assignment above.
+          (exit $rc) ;;
         pair)
           WAIT_S=${WAIT_S:-1500} bash "$here/trained-hybrid.sh" wait > "$session/pair.txt" 2>&1 ;;
         trained)
