@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
-from .helpers import run_gpu_script
+from .helpers import REPO_DIR, run_gpu_script
 from .smoke_models import write_seed_pair
 
 
@@ -156,3 +157,30 @@ def test_a_second_start_while_a_session_runs_is_refused_before_it_installs(
     )
     # Nothing joined, installed or started: the running session's files are as they were.
     assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
+
+
+def test_a_steps_logged_status_is_its_smokes(tmp_path: Path) -> None:
+    """The session's log line for a step is the exit status of the step's smoke: a copy of
+    the scripts whose GPU work (the engines' builds, the pair's draw on the GPU, the smoke)
+    is stood in for by programs that exit as that work would."""
+    gpu = tmp_path / "ci" / "gpu"
+    shutil.copytree(REPO_DIR / "ci" / "gpu", gpu)
+    (gpu / "host-setup.sh").write_text("exit 0\n")
+    (gpu / "production-smoke.sh").write_text('echo "production smoke $1: exit 17"; exit 17\n')
+    draw = tmp_path / "bin" / "python3"
+    draw.parent.mkdir()
+    draw.write_text("#!/bin/sh\nexit 0\n")
+    draw.chmod(0o755)
+    work = tmp_path / "work"
+    (work / "session").mkdir(parents=True)
+    done = subprocess.run(
+        ["bash", str(gpu / "hybrid-session.sh"), "background", str(tmp_path), "seed-full-pair"],
+        env={**os.environ, "WORK": str(work), "PATH": f"{draw.parent}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    marks = [line.split("] ", 1)[1] for line in done.stdout.splitlines()]
+    assert marks[-2].startswith("the pair drawn on the GPU: exit 0 in ")
+    assert marks[-1] == "seed-full-pair: exit 17"
+    assert "production smoke pair: exit 17" in (work / "session" / "seed-full-pair.txt").read_text()
