@@ -572,26 +572,22 @@ def check_first_tokens(report: Report) -> CheckResult:
     details = report.to_json()
     if report.failures and not rows:
         return CheckResult(FIRST_TOKENS, ERROR, "; ".join(report.failures), details)
-    if report.failures:
-        failed = [r for r in rows if r.verdict == Outcome.FAIL]
-        worst = "; ".join(f"{r.prompt}: {r.evidence}" for r in failed[:3])
-        return CheckResult(
-            FIRST_TOKENS,
-            FAIL,
-            f"{len(failed)} of {len(rows)} prompts off, {tolerance}: {worst}",
-            details,
-        )
-    if report.undetermined:
-        unjudged = [r for r in rows if r.verdict == Outcome.UNDETERMINED]
-        which = "; ".join(f"{r.prompt}: {r.evidence}" for r in unjudged[:3])
-        return CheckResult(
-            FIRST_TOKENS,
+    # Failures first: a prompt without a verdict does not hide one that failed.
+    for found, outcome, status, what in (
+        (report.failures, Outcome.FAIL, FAIL, "off"),
+        (
+            report.undetermined,
+            Outcome.UNDETERMINED,
             ERROR,
-            f"no verdict on {len(unjudged)} of {len(rows)} prompts (the plain top-k does not "
-            f"list the token the drafter's engine chose, and is narrower than the "
-            f"tolerance), {tolerance}: {which}",
-            details,
-        )
+            "without a verdict (the plain top-k does not list the token the DFlash engine "
+            "chose, and is narrower than the tolerance)",
+        ),
+    ):
+        if found:
+            named = [r for r in rows if r.verdict == outcome]
+            which = "; ".join(f"{r.prompt}: {r.evidence}" for r in named[:3])
+            evidence = f"{len(named)} of {len(rows)} prompts {what}, {tolerance}: {which}"
+            return CheckResult(FIRST_TOKENS, status, evidence, details)
     return CheckResult(
         FIRST_TOKENS, PASS, f"{len(rows)} prompts served alone within {tolerance}", details
     )
