@@ -399,10 +399,10 @@ def tally(
             )
             if recorded is not None:
                 recorded = recorded.to(device=device)
-        if recorded is not None and hidden is not None:
-            with times.phase("distances"):
-                counts.distances.absorb(*layer_sums(recorded[0], hidden))
         if recorded is not None:
+            if hidden is not None:
+                with times.phase("distances"):
+                    counts.distances.absorb(*layer_sums(recorded[0], hidden))
             recorded = recorded.to(dtype=target_model.dtype)
         gated_features = recorded if request.context == "engine" else hf_features
         # The agreement with the context the gate does not use is reported only, and
