@@ -213,7 +213,7 @@ def noise(alone: dict[str, Run], together: dict[str, Run]) -> Noise:
     found = [compare(alone[n], together[n], FIRST_POSITIONS) for n in alone if n in together]
     return Noise(
         first=max((c.first_delta for c in found), default=0.0),
-        positions=max((c.max_delta for c in found), default=0.0),
+        positions=max((c.held_delta for c in found), default=0.0),
     )
 
 
