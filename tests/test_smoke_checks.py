@@ -210,18 +210,34 @@ def test_lossless_differences_at_the_targets_ties_are_not_lost_tokens() -> None:
     assert result.evidence.startswith(
         "2/3 greedy completions differ with the drafter, each at a tie"
     )
-    assert "both tokens within 0.0000, 0.0039 of its best" in result.evidence
+    assert (
+        "the drafter's tokens within 0.0000, 0.0039, the plain run's within 0.0000, 0.0000 "
+        "of its best"
+    ) in result.evidence
     assert "the logits' spread there 0.70 or more" in result.evidence
     # The default tolerance: the first differences measured on an H200 pass it.
     measured = [{"spec_gap": 0.0, "plain_gap": g, "argmax": 1} for g in (0.0156, 0.0234)]
     default = SmokeConfig(workdir=Path("w"), tiny=True).lossless_tie_tolerance
     assert checks.check_lossless(same, other, prompts, measured, default).status == checks.PASS
-    far = [ties[0], {"spec_gap": 0.0, "plain_gap": 0.5, "argmax": 9}]
-    untied = checks.check_lossless(same, other, prompts, far, 2**-7)
+    # The drafter's run emitting a token the target would not: a lost token.
+    lost = [ties[0], {"spec_gap": 0.5, "plain_gap": 0.0, "argmax": 9}]
+    untied = checks.check_lossless(same, other, prompts, lost, 2**-7)
     assert untied.status == checks.FAIL
     assert untied.evidence.startswith(
-        "2/3 greedy completions differ with the drafter, 1 where the target's logits do not tie"
+        "2/3 greedy completions differ with the drafter, 1 where the drafter's token is past "
+        "the tie (prompt 2 at token 2)"
     )
+    assert untied.details["lost"] == [2]
+    # The plain run off the target's best where the drafter's is on it: named, no loss.
+    plain_off = [ties[0], {"spec_gap": 0.0, "plain_gap": 0.5, "argmax": 9}]
+    named = checks.check_lossless(same, other, prompts, plain_off, 2**-7)
+    assert named.status == checks.PASS
+    assert named.evidence.startswith(
+        "2/3 greedy completions differ with the drafter, the drafter's token at a tie of the "
+        "target's logits at each, and 1 where the plain run's is the one past it "
+        "(prompt 2 at token 2)"
+    )
+    assert named.details["plain_past_tie"] == [2]
     # Without the reference's margins a difference stays a failure, and says why.
     unknown = checks.check_lossless(same, other, prompts, None, 2**-7)
     assert unknown.status == checks.FAIL
@@ -259,7 +275,8 @@ def test_lossless_tie_tolerance_is_over_the_measured_plain_noise_where_larger() 
     measured = checks.check_lossless(spec, plain, prompts, SEED_MARGINS, floor, SEED_NOISE)
     assert measured.status == checks.PASS
     assert (
-        "both tokens within 0.0156, 0.0156, 0.0469, 0.0234, 0.0391, 0.0391 of its best "
+        "the drafter's tokens within 0.0000, 0.0156, 0.0469, 0.0000, 0.0391, 0.0391, the "
+        "plain run's within 0.0156, 0.0000, 0.0000, 0.0234, 0.0234, 0.0000 of its best "
         "(tie tolerance 0.0946 = 2 x the measured plain noise 0.0468 + 0.0010 rounding, "
         "floor 0.0312; the logits' spread there 0.45 or more)"
     ) in measured.evidence
@@ -284,6 +301,49 @@ def test_lossless_tie_tolerance_is_over_the_measured_plain_noise_where_larger() 
     failed = checks.check_lossless(spec, plain, prompts, SEED_MARGINS, floor, float("nan"))
     assert failed.status == checks.FAIL
     assert failed.details["tie_tolerance"]["noise"] is None
+
+
+# The seed-shaped pair at the seed's width (5120) on an H200: the reference's margins at
+# the six first differences, and the first-token noise check 10 measured in that run.
+WIDE_MARGINS = [
+    {"spec_gap": 0.0, "plain_gap": 0.15625, "argmax": 5973, "spread": 1.4301},
+    {"spec_gap": 0.125, "plain_gap": 0.15625, "argmax": 185638, "spread": 1.4321},
+    {"spec_gap": 0.25, "plain_gap": 0.0, "argmax": 103907, "spread": 1.4266},
+    {"spec_gap": 0.21875, "plain_gap": 0.0, "argmax": 100680, "spread": 1.4323},
+    {"spec_gap": 0.0, "plain_gap": 0.53125, "argmax": 8226, "spread": 1.4327},
+    {"spec_gap": 0.0, "plain_gap": 0.21875, "argmax": 24202, "spread": 1.4289},
+]
+WIDE_NOISE = 0.18705511093139648
+
+
+def test_lossless_at_the_seeds_width_judges_the_drafters_token() -> None:
+    # The first differences where that run's were: prompt 4 at token 5.
+    spec = [_completion([p] + [1] * 10) for p in range(6)]
+    plain = [
+        _completion([p] + [1] * (at - 1) + [9] * (11 - at))
+        for p, at in enumerate((2, 2, 3, 8, 5, 2))
+    ]
+    prompts = [str(p) for p in range(6)]
+    floor = SmokeConfig(workdir=Path("w"), tiny=True).lossless_tie_tolerance
+    result = checks.check_lossless(spec, plain, prompts, WIDE_MARGINS, floor, WIDE_NOISE)
+    # The plain run's token at prompt 4 is 0.53 below the target's best, past the 0.3751
+    # tie; the drafter's run took the best there: no token of the drafter's is lost.
+    assert result.status == checks.PASS
+    assert result.evidence.startswith(
+        "6/6 greedy completions differ with the drafter, the drafter's token at a tie of the "
+        "target's logits at each, and 1 where the plain run's is the one past it "
+        "(prompt 4 at token 5)"
+    )
+    assert "tie tolerance 0.3751 = 2 x the measured plain noise 0.1871" in result.evidence
+    # The same gap on the drafter's side is a lost token.
+    swapped = [
+        *WIDE_MARGINS[:4],
+        {**WIDE_MARGINS[4], "spec_gap": 0.53125, "plain_gap": 0.0},
+        WIDE_MARGINS[5],
+    ]
+    lost = checks.check_lossless(spec, plain, prompts, swapped, floor, WIDE_NOISE)
+    assert lost.status == checks.FAIL
+    assert lost.details["lost"] == [4]
 
 
 def _one_verdict(

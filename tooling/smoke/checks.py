@@ -117,6 +117,10 @@ def _tokens(c: Completion) -> tuple[Any, ...]:
     return c.token_ids if c.token_ids is not None else (c.text,)
 
 
+def _named(differing: list[dict[str, Any]]) -> str:
+    return ", ".join(f"prompt {d['prompt']} at token {d['first_difference']}" for d in differing)
+
+
 def first_differences(
     speculative: list[Completion], plain: list[Completion]
 ) -> list[dict[str, Any]]:
@@ -186,13 +190,18 @@ def check_lossless(
     """Greedy completions with the drafter equal those without it, prompt by prompt.
 
     ``margins`` (the reference's, one per first difference, in order): how far
-    each server's token is below the reference target's best logit there. Where
-    both are within the tie tolerance the target's own logits tie, so rounding in
-    other kernels (spec decoding runs other batch shapes, and a hybrid target's
-    GDN layers other kernels) picks either: that is not a lost token. The tie
-    tolerance is ``tolerance`` (the floor), or where larger check 10's tolerance over
-    ``noise``: what two plain runs of the same prompts differ by, as check 10 measured
-    it (None: not measured), since a difference within what plain runs move is a tie too.
+    each server's token is below the reference target's best logit there. A lost
+    token is one the drafter's run emits where the target would not: more than the
+    tie tolerance below the reference's best. Within it the target's own logits tie
+    there, so rounding in other kernels (spec decoding runs other batch shapes, and a
+    hybrid target's GDN layers other kernels) picks either. Where the drafter's token
+    is within it and the plain run's is not, the plain engine is the one the
+    reference puts off its best: the evidence names those, and they are no loss of
+    the drafter's (a plain engine off the model fails check 10, which holds the two
+    engines' logprobs to each other at every position). The tie tolerance is
+    ``tolerance`` (the floor), or where larger check 10's tolerance over ``noise``: what
+    two plain runs of the same prompts differ by, as check 10 measured it (None: not
+    measured), since a difference within what plain runs move is a tie too.
     """
     if len(speculative) != len(prompts) or len(plain) != len(prompts):
         return error(
@@ -209,9 +218,7 @@ def check_lossless(
             f"{len(prompts)}/{len(prompts)} greedy completions identical with and without the "
             f"drafter ({tokens} tokens each)",
         )
-    where = ", ".join(
-        f"prompt {d['prompt']} at token {d['first_difference']}" for d in differing[:3]
-    )
+    where = _named(differing[:3])
     count = f"{len(differing)}/{len(prompts)} greedy completions differ with the drafter"
     details: dict[str, Any] = {"differing": differing, "margins": margins}
     if not margins or len(margins) != len(differing):
@@ -220,19 +227,33 @@ def check_lossless(
         )
     tie = TieTolerance(tolerance, noise)
     details["tie_tolerance"] = tie.to_json()
-    gaps = [max(m["spec_gap"], m["plain_gap"]) for m in margins]
     spreads = [m["spread"] for m in margins if m.get("spread") is not None]
-    untied = sum(1 for g in gaps if g > tie.value)
+    pairs = list(zip(differing, margins, strict=True))
+    lost = [d for d, m in pairs if m["spec_gap"] > tie.value]
+    plain_off = [d for d, m in pairs if m["spec_gap"] <= tie.value < m["plain_gap"]]
+    details["lost"] = [d["prompt"] for d in lost]
+    details["plain_past_tie"] = [d["prompt"] for d in plain_off]
+
+    def gaps(side: str) -> str:
+        return ", ".join(f"{m[side]:.4f}" for m in margins)
+
     # The verdict's reason first: a report's table shows the evidence's start.
+    if lost:
+        verdict = f"{len(lost)} where the drafter's token is past the tie ({_named(lost)})"
+    elif plain_off:
+        verdict = (
+            f"the drafter's token at a tie of the target's logits at each, and "
+            f"{len(plain_off)} where the plain run's is the one past it ({_named(plain_off)})"
+        )
+    else:
+        verdict = f"each at a tie ({where})"
     evidence = (
-        f"{count}, "
-        + (f"{untied} where the target's logits do not tie" if untied else "each at a tie")
-        + f" ({where}); the target's logits there: both tokens within "
-        + ", ".join(f"{g:.4f}" for g in gaps)
-        + f" of its best ({tie.describe()}"
+        f"{count}, {verdict}; the target's logits there: the drafter's tokens within "
+        f"{gaps('spec_gap')}, the plain run's within {gaps('plain_gap')} of its best "
+        f"({tie.describe()}"
         + (f"; the logits' spread there {min(spreads):.2f} or more)" if spreads else ")")
     )
-    return CheckResult(LOSSLESS, FAIL if untied else PASS, evidence, details)
+    return CheckResult(LOSSLESS, FAIL if lost else PASS, evidence, details)
 
 
 def check_aux_layers(

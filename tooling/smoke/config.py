@@ -188,9 +188,9 @@ class SmokeConfig:
     """
     lossless_tie_tolerance: float = 2**-5
     """A first difference between the greedy completions with and without the drafter
-    is a tie when both tokens' logits are this close to the reference target's best, or
-    within the plain noise check 10 measured where that is larger (a deep random-weight
-    target's plain runs differ by more than a shallow one's).
+    is no lost token when the drafter's run's token's logit is this close to the
+    reference target's best, or within the plain noise check 10 measured where that is
+    larger (a deep random-weight target's plain runs differ by more than a shallow one's).
 
     Spec decoding verifies K+1 tokens per step through other kernels than plain
     decoding (a hybrid target's GDN layers especially), and each path rounds its bf16
