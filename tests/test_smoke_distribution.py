@@ -143,6 +143,8 @@ SEED_FULL = Path(__file__).parent / "data" / "first-tokens-5120"
 #: A second H200 run of the same engines on a pair drawn the same way, where the DFlash
 #: engine's greedy tokens part from the plain ones past the first token.
 LATER_DRIFT = Path(__file__).parent / "data" / "first-tokens-5120-later-drift"
+#: A third, where the engines returned their top 20 logprobs at every position.
+TOP20 = Path(__file__).parent / "data" / "first-tokens-5120-top20"
 
 
 def _seed_full(folder: Path = SEED_FULL) -> dict:
@@ -226,6 +228,35 @@ def test_at_the_seeds_width_later_positions_are_held_to_the_plain_runs_drift_the
     broken = d.build_report(results, plan)
     assert {f.split(": ")[0] for f in broken.failures} == {f"dflash-k15 {n}" for n in reached}
     assert len(reached) == 11
+
+
+def test_at_the_seeds_width_a_top20_run_lists_every_swap_and_passes():
+    plan = d.smoke_variants(15, 4.0, 4.0)
+    results = _seed_full(TOP20)
+    report = d.build_report(results, plan)
+    assert report.noise == pytest.approx(0.1871, abs=1e-4)
+    assert report.later_noise == pytest.approx(0.2501, abs=1e-4)
+    assert report.ok and checks.check_first_tokens(report).status == checks.PASS
+    rows = {r.prompt: r for r in report.rows}
+    assert len(rows) == 12 and all(r.verdict == d.Outcome.PASS for r in rows.values())
+    # Nine of the twelve part from the plain greedy text, each to a token the plain list
+    # holds: each swap has a margin to judge, none is without a verdict.
+    swaps = [
+        d.compare(
+            d.Run.from_json(results["plain"]["alone"][n]),
+            d.Run.from_json(results["dflash-k15"]["alone"][n]),
+            d.FIRST_POSITIONS,
+        )
+        for n in sorted(rows)
+    ]
+    parted = [c for c in swaps if c.diverged_at is not None]
+    assert len(parted) == 9 and all(c.divergence_margin is not None for c in parted)
+    # The K+1 defect's signature still fails on these figures.
+    alone = results["dflash-k15"]["alone"]
+    for i in range(3):
+        alone[f"A15-K+1-{i}"] = alone[f"A15-K-{i}"]
+    failed = {f.split(": ")[0] for f in d.build_report(results, plan).failures}
+    assert failed == {f"dflash-k15 A15-K+1-{i}" for i in range(3)}
 
 
 def test_the_report_fails_a_blind_check_and_a_broken_fix():
