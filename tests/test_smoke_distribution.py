@@ -154,6 +154,24 @@ def _seed_full(folder: Path = SEED_FULL) -> dict:
     return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in folder.glob("*.json")}
 
 
+def _against_plain(results: dict, name: str) -> d.Comparison:
+    """The DFlash engine's answer to prompt ``name`` against the plain engine's, each alone."""
+    return d.compare(
+        d.Run.from_json(results["plain"]["alone"][name]),
+        d.Run.from_json(results["dflash-k15"]["alone"][name]),
+        d.FIRST_POSITIONS,
+    )
+
+
+def _k_plus_one_failures(results: dict, plan: list) -> set[str]:
+    """The prompts that fail once each K+1 prompt is answered from another prompt's state,
+    the K+1 defect's signature."""
+    alone = results["dflash-k15"]["alone"]
+    for i in range(3):
+        alone[f"A15-K+1-{i}"] = alone[f"A15-K-{i}"]
+    return {f.split(": ")[0] for f in d.build_report(results, plan).failures}
+
+
 def test_at_the_seeds_width_the_fixed_engine_is_within_the_noise_and_garbage_is_not():
     plan = d.smoke_variants(15, 4.0, 4.0)
     results = _seed_full()
@@ -167,20 +185,11 @@ def test_at_the_seeds_width_the_fixed_engine_is_within_the_noise_and_garbage_is_
     assert len(rows) == 12 and all(r.verdict == "pass" for r in rows.values())
     # One DFlash first token is eight steps off: past the largest plain pair, as one of a
     # dozen such deltas is half the time, and within the headroom.
-    worst = d.compare(
-        d.Run.from_json(results["plain"]["alone"]["A15-K-1"]),
-        d.Run.from_json(results["dflash-k15"]["alone"]["A15-K-1"]),
-        d.FIRST_POSITIONS,
-    )
+    worst = _against_plain(results, "A15-K-1")
     assert report.noise < worst.first_delta < report.tolerance
     # The K+1 defect's signature, a first token from another state: each K+1 prompt
     # answered with another prompt's distribution fails.
-    alone = results["dflash-k15"]["alone"]
-    for i in range(3):
-        alone[f"A15-K+1-{i}"] = alone[f"A15-K-{i}"]
-    broken = d.build_report(results, plan)
-    failed = {f.split(": ")[0] for f in broken.failures}
-    assert failed == {f"dflash-k15 A15-K+1-{i}" for i in range(3)}
+    assert _k_plus_one_failures(results, plan) == {f"dflash-k15 A15-K+1-{i}" for i in range(3)}
 
 
 def test_at_the_seeds_width_later_positions_are_held_to_the_plain_runs_drift_there():
@@ -195,16 +204,9 @@ def test_at_the_seeds_width_later_positions_are_held_to_the_plain_runs_drift_the
     assert not report.failures, report.failures
     rows = {r.prompt: r for r in report.rows}
 
-    def against_plain(name: str) -> d.Comparison:
-        return d.compare(
-            d.Run.from_json(results["plain"]["alone"][name]),
-            d.Run.from_json(results["dflash-k15"]["alone"][name]),
-            d.FIRST_POSITIONS,
-        )
-
     # A swap at position 6 whose plain margin is past the first token's tolerance and within
     # the later positions': the DFlash engine's logprobs there are within 0.2502 of plain's.
-    swap = against_plain("A15-K+2-1")
+    swap = _against_plain(results, "A15-K+2-1")
     assert swap.diverged_at == 6 and swap.held_delta <= report.later_tolerance
     assert report.tolerance < swap.divergence_margin <= report.later_tolerance
     assert rows["A15-K+2-1"].verdict == d.Outcome.PASS
@@ -217,7 +219,7 @@ def test_at_the_seeds_width_later_positions_are_held_to_the_plain_runs_drift_the
     # A defect past the first token: every position after it from another prompt's state
     # fails each prompt whose first tokens agreed.
     names = sorted(rows)
-    reached = {n for n in names if against_plain(n).diverged_at != 0}
+    reached = {n for n in names if _against_plain(results, n).diverged_at != 0}
     alone = results["dflash-k15"]["alone"]
     shifted = {n: alone[names[(i + 1) % len(names)]] for i, n in enumerate(names)}
     for n in names:
@@ -241,22 +243,11 @@ def test_at_the_seeds_width_a_top20_run_lists_every_swap_and_passes():
     assert len(rows) == 12 and all(r.verdict == d.Outcome.PASS for r in rows.values())
     # Nine of the twelve part from the plain greedy text, each to a token the plain list
     # holds: each swap has a margin to judge, none is without a verdict.
-    swaps = [
-        d.compare(
-            d.Run.from_json(results["plain"]["alone"][n]),
-            d.Run.from_json(results["dflash-k15"]["alone"][n]),
-            d.FIRST_POSITIONS,
-        )
-        for n in sorted(rows)
-    ]
+    swaps = [_against_plain(results, n) for n in sorted(rows)]
     parted = [c for c in swaps if c.diverged_at is not None]
     assert len(parted) == 9 and all(c.divergence_margin is not None for c in parted)
     # The K+1 defect's signature still fails on these figures.
-    alone = results["dflash-k15"]["alone"]
-    for i in range(3):
-        alone[f"A15-K+1-{i}"] = alone[f"A15-K-{i}"]
-    failed = {f.split(": ")[0] for f in d.build_report(results, plan).failures}
-    assert failed == {f"dflash-k15 A15-K+1-{i}" for i in range(3)}
+    assert _k_plus_one_failures(results, plan) == {f"dflash-k15 A15-K+1-{i}" for i in range(3)}
 
 
 def test_the_report_fails_a_blind_check_and_a_broken_fix():
