@@ -154,6 +154,13 @@ def _seed_full(folder: Path = SEED_FULL) -> dict:
     return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in folder.glob("*.json")}
 
 
+def _judged(folder: Path) -> tuple[dict, list, d.Report]:
+    """A recorded run's results, the smoke's K = 15 plan, and the report on them."""
+    plan = d.smoke_variants(15, 4.0, 4.0)
+    results = _seed_full(folder)
+    return results, plan, d.build_report(results, plan)
+
+
 def _against_plain(results: dict, name: str) -> d.Comparison:
     """The DFlash engine's answer to prompt ``name`` against the plain engine's, each alone."""
     return d.compare(
@@ -173,9 +180,7 @@ def _k_plus_one_failures(results: dict, plan: list) -> set[str]:
 
 
 def test_at_the_seeds_width_the_fixed_engine_is_within_the_noise_and_garbage_is_not():
-    plan = d.smoke_variants(15, 4.0, 4.0)
-    results = _seed_full()
-    report = d.build_report(results, plan)
+    results, plan, report = _judged(SEED_FULL)
     # At width 5120 the logprobs sit near -7, where one bf16 step of a logit is 2^-5:
     # two plain runs differ by up to six steps there.
     assert report.noise == pytest.approx(0.1871, abs=1e-4)
@@ -193,9 +198,7 @@ def test_at_the_seeds_width_the_fixed_engine_is_within_the_noise_and_garbage_is_
 
 
 def test_at_the_seeds_width_later_positions_are_held_to_the_plain_runs_drift_there():
-    plan = d.smoke_variants(15, 4.0, 4.0)
-    results = _seed_full(LATER_DRIFT)
-    report = d.build_report(results, plan)
+    results, plan, report = _judged(LATER_DRIFT)
     # Two plain runs drift further over eight tokens than at their first: seven bf16 steps
     # of 2^-5 against four.
     assert report.noise == pytest.approx(0.1251, abs=1e-4)
@@ -233,9 +236,7 @@ def test_at_the_seeds_width_later_positions_are_held_to_the_plain_runs_drift_the
 
 
 def test_at_the_seeds_width_a_top20_run_lists_every_swap_and_passes():
-    plan = d.smoke_variants(15, 4.0, 4.0)
-    results = _seed_full(TOP20)
-    report = d.build_report(results, plan)
+    results, plan, report = _judged(TOP20)
     assert report.noise == pytest.approx(0.1871, abs=1e-4)
     assert report.later_noise == pytest.approx(0.2501, abs=1e-4)
     assert report.ok and checks.check_first_tokens(report).status == checks.PASS
