@@ -1,0 +1,109 @@
+"""Fix 14: DFlash's step budget is checked at start-up, and vLLM's defaults fit K.
+
+Builds the engine config ``vllm serve`` builds (``EngineArgs`` on a platform answering as
+an H200: vLLM's defaults there are 8192 tokens a step and 1024 sequences) for the seed's
+pair with DFlash at K = 15:
+
+- as README's serving line gives it (neither --max-num-seqs nor --max-num-batched-tokens):
+  fixed means it builds, with a step budget in which every sequence verifies its K + 1
+  tokens; 0.20.1 refuses it (1024 sequences take 14336 drafting slots of 8192);
+- with --max-num-seqs 1024 and with --max-num-batched-tokens 100 --max-num-seqs 8, which
+  leave less than one request's K + 1: fixed means each is refused, before any weights
+  load, naming values, and the values it names build.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from . import _harness
+from ._schedsim import Settings, engine_config, h200_platform
+from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+
+NAME = "dflash_step_budget"
+K = 15
+README = Settings(k=K)
+TOO_SMALL = (
+    Settings(k=K, max_num_seqs=1024),
+    Settings(k=K, max_num_batched_tokens=100, max_num_seqs=8),
+)
+
+
+def _build(settings: Settings, root: Path) -> tuple[object | None, str]:
+    try:
+        return engine_config(settings, root), ""
+    except Exception as e:  # the start-up refusal is the answer asked for
+        return None, " ".join(str(e).split())
+
+
+def _named_values(message: str, settings: Settings) -> list[Settings]:
+    """The settings a refusal's message offers instead, as the user would set them."""
+    out = []
+    tokens = re.search(r"--max-num-batched-tokens to at least (\d+)", message)
+    if tokens:
+        out.append(
+            Settings(
+                k=K, max_num_batched_tokens=int(tokens.group(1)), max_num_seqs=settings.max_num_seqs
+            )
+        )
+    seqs = re.search(r"--max-num-seqs to at most (\d+)", message)
+    if seqs:
+        out.append(
+            Settings(
+                k=K,
+                max_num_batched_tokens=settings.max_num_batched_tokens,
+                max_num_seqs=int(seqs.group(1)),
+            )
+        )
+    return out
+
+
+def run() -> ProbeResult:
+    root = _harness.scratch_dir()
+    with h200_platform():
+        config, refusal = _build(README, root)
+        refusals = [(s, *_build(s, root)) for s in TOO_SMALL]
+        offered = [
+            (s, alt, _build(alt, root)[0] is not None)
+            for s, built, message in refusals
+            if built is None
+            for alt in _named_values(message, s)
+        ]
+    if config is None:
+        return ProbeResult(
+            probe=NAME,
+            status=ABSENT,
+            evidence=f"README's serving line at K={K} on an H200's defaults is refused: "
+            f"{refusal[:240]}",
+        )
+    sched = config.scheduler_config  # type: ignore[attr-defined]
+    budget = sched.max_num_scheduled_tokens
+    full = budget >= sched.max_num_seqs * (K + 1)
+    accepted = [s for s, built, _ in refusals if built is not None]
+    named = all(any(o[0] is s for o in offered) for s, built, _ in refusals if built is None)
+    works = all(ok for _, _, ok in offered)
+    evidence = (
+        f"README's serving line at K={K} on an H200's defaults starts with "
+        f"max_num_batched_tokens={sched.max_num_batched_tokens}, "
+        f"max_num_seqs={sched.max_num_seqs}: {budget} tokens a step "
+        f"({'every' if full else 'not every'} sequence verifies its {K + 1}); "
+        f"{len(refusals) - len(accepted)} of {len(refusals)} budgets below one request's "
+        f"{K + 1} refused, {len(offered)} values named, "
+        f"{sum(ok for _, _, ok in offered)} of them start"
+    )
+    if full and not accepted and named and works:
+        status = PRESENT
+    elif accepted or not full:
+        status = ABSENT
+    else:
+        status = UNKNOWN
+    return ProbeResult(
+        probe=NAME,
+        status=status,
+        evidence=evidence,
+        details={
+            "refusals": [m for _, _, m in refusals],
+            "offered": [[vars(alt), ok] for _, alt, ok in offered],
+        },
+    )
