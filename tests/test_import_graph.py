@@ -13,7 +13,7 @@ import pytest
 from tooling.paths import PACKAGE_DIR
 
 #: The pipeline's stages, in order: each may import the ones before it.
-STAGES = ("fetching", "patching", "building", "verifying", "smoke", "release")
+STAGES = ("fetching", "patching", "building", "verifying", "smoke", "fuzzing", "release")
 #: Free to import everything: the command line, the program's entry, and the program that
 #: renders the canary's page from a run (``python -m tooling.canary_doc``).
 EDGE = ("cli", "__main__", "canary_doc")

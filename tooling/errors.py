@@ -171,6 +171,19 @@ class TrainingError(ToolingError):
     exit_code = 22
 
 
+class FuzzFindingError(ToolingError):
+    """A fuzz campaign found a case that fails one of its oracles (saved as a case file)."""
+
+    exit_code = 25
+
+
+class FuzzCaseError(ToolingError):
+    """A file given to replay is not a saved fuzz case (unreadable, or a key of the wrong
+    type)."""
+
+    exit_code = 26
+
+
 def error_for_exit_code(code: int, message: str) -> ToolingError:
     """The error a child process of ours reported by its exit code (the trainer's, which
     runs in another interpreter), to raise again in this one."""

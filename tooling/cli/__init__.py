@@ -19,6 +19,7 @@ from . import environ
 from .build import build_command
 from .bundle import bundle_command
 from .fetch import fetch_command
+from .fuzz import fuzz_group
 from .group import ToolingGroup, configure_logging, interrupted
 from .options import settings_of
 from .patch import patch_group
@@ -97,5 +98,6 @@ for command in (
     train_command,
     bundle_command,
     release_command,
+    fuzz_group,
 ):
     main.add_command(command)
