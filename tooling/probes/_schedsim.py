@@ -63,6 +63,9 @@ VOCAB = 248320
 H200_MEMORY = 141 * 2**30
 H200_NAME = "NVIDIA H200"
 
+#: vLLM's refusal of a KV cache too small for one request, the one it can only make once the
+#: weights have loaded and the memory left is known.
+LATE_REFUSAL = "To serve at least one request"
 OUTCOME_PASS = "pass"
 OUTCOME_REFUSED = "refused"
 KINDS = ("stall", "starve", "livelock", "slot", "mamba-state", "leak", "late-refusal", "crash")
@@ -360,8 +363,12 @@ def build_engine(settings: Settings, root: Path) -> Engine | Outcome:
             g.kv_cache_spec.block_size for g in scheduler_kv.kv_cache_groups
         )
         config.validate_block_size()
-    except (AssertionError, ValueError) as e:
-        return Outcome("late-refusal", _one_line(e), facts=facts)
+    except Exception as e:
+        # vLLM's own refusals at this point are its assertions and its KV-memory check;
+        # anything else means this vLLM builds its engine otherwise, and the case no answer.
+        late = isinstance(e, AssertionError) or LATE_REFUSAL in str(e)
+        kind = "late-refusal" if late else "crash"
+        return Outcome(kind, _one_line(e), facts=facts)
     block, hash_block = resolve_kv_cache_block_sizes(scheduler_kv, config)
     facts.update(
         block_size=config.cache_config.block_size,

@@ -3,7 +3,8 @@
 Runs vLLM's real Scheduler for the seed's geometry (``_schedsim``) over a KV cache of
 exactly the memory vLLM's own start-up check asks for one request of max_model_len (its
 ``_max_memory_usage_bytes_from_groups`` over the groups it makes), and serves one prompt
-that needs every block a request can have:
+that needs every block a request can have (prefix caching off, so only the null block
+decides):
 
 - DFlash at K = 7, max_model_len 4096, a 4033-token prompt;
 - no speculation, fp8 KV, max_model_len 512, a one-token prompt (the Gated DeltaNet groups
@@ -31,6 +32,7 @@ CASES = (
             max_num_seqs=1,
             max_model_len=4096,
             kv_memory_factor=1.0,
+            prefix_caching=False,
         ),
         4033,
     ),
@@ -42,6 +44,7 @@ CASES = (
             max_model_len=512,
             kv_cache_dtype="fp8",
             kv_memory_factor=1.0,
+            prefix_caching=False,
         ),
         1,
     ),
