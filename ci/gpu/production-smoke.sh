@@ -35,7 +35,12 @@
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray|ray-tp2|seed|seed-full|pair|quick}
+usage="usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray|ray-tp2|seed|seed-full|pair|quick"
+. "$here/args.sh"
+# Digits only, before anything runs: the backstop below does arithmetic on it, and bash
+# would evaluate an expression in it.
+[ -z "${TIME_LIMIT:-}" ] || whole_number TIME_LIMIT "$TIME_LIMIT"
+variant=${1:?$usage}
 : "${PATCHED_SITE:?}" "${OUT:?}"
 # Offline, and NVLink multicast off for every child: the servers' workers, Ray's included.
 . "$here/env.sh"
@@ -48,7 +53,7 @@ backstop=()
 if [ -n "${TIME_LIMIT:-}" ]; then
   args+=(--time-limit "$TIME_LIMIT")
   # Past the smoke's own limit: SIGTERM makes it stop its children (no report then).
-  backstop=(timeout --kill-after=20 $((${TIME_LIMIT%.*} + 40)))
+  backstop=(timeout --kill-after=20 $((TIME_LIMIT + 40)))
 fi
 [ -n "${KV_CACHE_MEMORY_BYTES:-}" ] && args+=(--kv-cache-memory-bytes "$KV_CACHE_MEMORY_BYTES")
 [ -n "${GPU_MEMORY_UTILIZATION:-}" ] && args+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
