@@ -28,6 +28,7 @@ from ..errors import (
     error_for_exit_code,
 )
 from ..procs import started
+from ..schema import Doc
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
 
 #: What a run folder holds (``recipe.RunPaths``).
@@ -85,17 +86,29 @@ class TrainRequest:
         return name
 
     def check_out_dir(self) -> None:
-        """``out_dir`` is the user's folder, which a finished run replaces whole: one holding
-        anything no run writes is refused before any work."""
+        """``out_dir`` is the user's folder, which a run replaces whole (with ``force``, or
+        when it holds another recipe's pair): one holding anything but a finished run, a run's
+        files with its ``summary.json`` (written last), is refused before any work, so that
+        nothing of the user's is replaced."""
         if self.out_dir is None or not self.out_dir.is_dir():
             return
-        foreign = sorted(p.name for p in self.out_dir.iterdir() if p.name not in RUN_ENTRIES)
+        names = sorted(p.name for p in self.out_dir.iterdir())
+        foreign = [n for n in names if n not in RUN_ENTRIES]
         if foreign:
-            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
             raise TrainSettingsError(
-                f"--out-dir {self.out_dir}: holds {', '.join(foreign[:3])}{more}, which no run "
-                "writes, and a run replaces the folder whole: give a new or empty folder"
+                f"--out-dir {self.out_dir}: holds {_listed(foreign)}, which no run writes, and "
+                "a run replaces the folder whole: give a new or empty folder"
             )
+        run = self.out_dir
+        finished = (run / "target").is_dir() and (run / "drafter").is_dir()
+        if names and not (finished and (run / "summary.json").is_file()):
+            raise TrainSettingsError(
+                f"--out-dir {self.out_dir}: holds {_listed(names)} but no finished run (a run "
+                "writes its summary.json last), and a run replaces the folder whole: give a "
+                "new or empty folder"
+            )
+        if names:
+            read_summary(run / "summary.json", TrainSettingsError)
 
     def config(self) -> RecipeConfig:
         """The checked settings; a bad preset or override is one TrainSettingsError line."""
@@ -123,6 +136,40 @@ class TrainRequest:
             if value is not None:
                 args += [flag, str(value)]
         return [*args, "--force"] if self.force else args
+
+
+def _listed(names: list[str]) -> str:
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
+#: The largest summary.json read: a run's is a few kB.
+SUMMARY_LIMIT = 1 << 20
+
+
+def read_summary(path: Path, error: type[ToolingError] = TrainingError) -> dict[str, Any]:
+    """A finished run's ``summary.json``, with the figures :class:`TrainedPair` reads checked
+    against their types: anything else is ``error``, one line naming the file and the key."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(SUMMARY_LIMIT + 1)
+        if len(raw) > SUMMARY_LIMIT:
+            raise error(f"{path}: over {SUMMARY_LIMIT} bytes: not a run's summary")
+        data = json.loads(raw)
+    except OSError as e:
+        raise error(f"{path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise error(f"{path}: not a run's summary (not JSON: {e})") from None
+    doc = Doc(str(path), error)
+    doc.text(data, "output_dir")
+    doc.text(data, "recipe_digest")
+    doc.number(data, "wall_s", None)
+    doc.inner(": target").number(doc.table(data, "target"), "heldout_loss")
+    reference = doc.inner(": reference")
+    table = doc.table(data, "reference")
+    reference.number(table, "mean_acceptance_length")
+    reference.numbers(table, "acceptance_per_position")
+    return dict(data)
 
 
 @dataclass(frozen=True)
