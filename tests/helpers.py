@@ -172,11 +172,16 @@ def wait_until(
 
 
 def run_gpu_script(
-    script: str, *args: str, work: Path, out: Path | None = None, **more: str
+    script: str,
+    *args: str,
+    work: Path,
+    out: Path | None = None,
+    cwd: Path | None = None,
+    **more: str,
 ) -> subprocess.CompletedProcess[str]:
     """``bash ci/gpu/SCRIPT ARGS`` with ``WORK`` (and ``OUT``, and the variables ``more``
     names) set, as on the GPU host, where the host's python3 runs the toolchain: here this
-    interpreter, first on PATH."""
+    interpreter, first on PATH; started in ``cwd`` (default: this process's folder)."""
     env = {
         **os.environ,
         **more,
@@ -188,6 +193,7 @@ def run_gpu_script(
     return subprocess.run(
         ["bash", str(REPO_DIR / "ci" / "gpu" / script), *args],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,

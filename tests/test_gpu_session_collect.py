@@ -131,7 +131,7 @@ def test_wait_refuses_a_limit_that_is_not_seconds_and_a_folder_with_no_session(
     out.mkdir()
     bad = run_gpu_script("hybrid-session.sh", "wait", "9m", work=work, out=out)
     assert (bad.returncode, bad.stderr.count("\n")) == (2, 1)
-    assert "SECONDS must be a whole number, not '9m'" in bad.stderr
+    assert "SECONDS must be a whole number (at most 9 digits), not '9m'" in bad.stderr
     none = run_gpu_script("hybrid-session.sh", "wait", "5", work=work, out=out)
     assert (none.returncode, none.stderr.count("\n")) == (2, 1)
     assert "background.pid: no session was started here" in none.stderr

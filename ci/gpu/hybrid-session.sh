@@ -36,21 +36,32 @@
 # A smoke beside the training shares the GPU with it: its wall time is an upper bound.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/args.sh" "usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect|wait SECONDS"
+[ $# -gt 0 ] || usage_error "give a command"
+step=$1
+case $step in
+  start) [ $# -ge 2 ] || usage_error "start needs PARTS" ;;
+  collect) [ $# -eq 1 ] || usage_error "collect takes no arguments" ;;
+  wait) [ $# -eq 2 ] || usage_error "wait needs SECONDS"
+    whole_number SECONDS "$2" ;;
+  background) ;;
+  *) usage_error "unknown command '$step'" ;;
+esac
+[ "$step" = start ] || [ "$step" = background ] || required OUT "the folder this command brings back"
 . "$here/env.sh"
-usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect|wait SECONDS"
-step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
 case $step in
   start)
-    parts=${2:?$usage}
+    parts=$(absolute "$2")
+    [ -z "${PAIR_PARTS:-}" ] || PAIR_PARTS=$(absolute "$PAIR_PARTS")
     shift 2
     steps=("$@")
     [ ${#steps[@]} -gt 0 ] || steps=(seed seed-stock trained)
     for s in "${steps[@]}"; do
       case $s in
         seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained) ;;
-        *) echo "error: hybrid-session.sh: unknown step $s ($usage)" >&2; exit 2 ;;
+        *) usage_error "unknown step '$s'" ;;
       esac
     done
     [[ " ${steps[*]} " == *" trained "* && " ${steps[*]} " == *" seed-full"* ]] && {
@@ -148,7 +159,6 @@ case $step in
     done
     ;;
   collect)
-    : "${OUT:?}"
     cat "$session/session.log" 2>/dev/null
     grep -v '^\[transformers\]' "$WORK/train-hybrid.log" 2>/dev/null | tail -3
     # A device command brings back at most eight files of at most 16 MiB: every step's text
@@ -170,13 +180,10 @@ case $step in
   wait)
     # Every call collects: the device gives the machine back after 30 s idle, so a call that
     # only waited would lose, with the machine, everything since the last one that collected.
-    : "${OUT:?}"
-    limit=${2:-}
-    [[ $limit =~ ^[0-9]+$ ]] || {
-      echo "error: hybrid-session.sh wait: SECONDS must be a whole number, not '$limit'" >&2
-      exit 2; }
-    pid=$(cat "$session/background.pid" 2>/dev/null) ||
-      { echo "error: $session/background.pid: no session was started here" >&2; exit 2; }
+    limit=$2
+    [ -f "$session/background.pid" ] ||
+      refuse "$session/background.pid: no session was started here"
+    pid=$(cat "$session/background.pid")
     end=$((SECONDS + limit))
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
     state=ended
@@ -186,9 +193,5 @@ case $step in
     latest=$(ls -t "$session"/*/*.err 2>/dev/null | head -1)
     [ -n "$latest" ] && grep -h '^\[smoke\]' "$latest" | tail -8
     echo "session: $state"
-    ;;
-  *)
-    echo "$usage" >&2
-    exit 2
     ;;
 esac
