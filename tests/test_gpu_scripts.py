@@ -4,11 +4,13 @@ and every script refuses what its usage line does not name before it does anythi
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tooling.paths import REPO_DIR
+from tooling.pidfile import record, start_time
 
 from .helpers import run_gpu_script
 
@@ -229,3 +231,40 @@ def test_make_parts_checks_its_part_size_before_it_makes_the_bundle(tmp_path: Pa
         "error: make-parts.sh: PART_SIZE_BYTES 1 is under 1 MiB (1048576)\n",
     )
     assert not (tmp_path / "parts").exists()
+
+
+def _running_session_file(work: Path, text: str) -> None:
+    session = work / "session"
+    session.mkdir(parents=True)
+    (session / "background.pid").write_text(text)
+    (session / "session.log").write_text("[08:27:37] seed\n")
+
+
+def test_wait_does_not_take_another_process_for_the_session(tmp_path: Path) -> None:
+    """The session has ended and the kernel has given its pid to another process: a bare
+    pid said "running" then. A record now holds the process's start time too, and one
+    whose pid now runs a process started at another time is a session that ended."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    other = subprocess.Popen(["sleep", "600"])
+    try:
+        started = start_time(other.pid)
+        assert started is not None
+        _running_session_file(work, f"{other.pid}\n")
+        bare = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
+        (work / "session" / "background.pid").write_text(f"{other.pid} {int(started) - 1}\n")
+        reused = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
+        record(work / "session" / "background.pid", other.pid)
+        itself = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
+    finally:
+        other.kill()
+        other.wait()
+    assert (bare.returncode, bare.stderr) == (
+        2,
+        f"error: {work}/session/background.pid: not a record of a process (pid and start "
+        f"time): '{other.pid}\\n'\n",
+    )
+    assert "session: running" not in bare.stdout
+    assert reused.returncode == 0, reused.stderr
+    assert reused.stdout.splitlines()[-1] == "session: ended"
+    assert itself.stdout.splitlines()[-1] == "session: running"

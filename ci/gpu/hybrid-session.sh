@@ -36,6 +36,7 @@
 # A smoke beside the training shares the GPU with it: its wall time is an upper bound.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
 . "$here/args.sh" "usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect|wait SECONDS"
 [ $# -gt 0 ] || usage_error "give a command"
 step=$1
@@ -48,6 +49,9 @@ case $step in
   *) usage_error "unknown command '$step'" ;;
 esac
 [ "$step" = start ] || [ "$step" = background ] || required OUT "the folder this command brings back"
+# The session's process, recorded with its start time: a pid the kernel hands to another
+# process once the session has ended is not taken for the session (tooling/pidfile.py).
+pidfile() { PYTHONPATH=$repo python3 -m tooling.pidfile "$@"; }
 . "$here/env.sh"
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
@@ -68,8 +72,7 @@ case $step in
       echo "error: hybrid-session.sh: seed-full's 57 GB leave no disk for trained's installs: one per session" >&2
       exit 2; }
     # A second start would reinstall the site the running session imports from.
-    running=$(cat "$session/background.pid" 2>/dev/null)
-    if [ -n "$running" ] && kill -0 "$running" 2>/dev/null; then
+    if [ -f "$session/background.pid" ] && running=$(pidfile check "$session/background.pid" 2>/dev/null); then
       echo "error: $session: a session is already running (pid $running): wait for it" >&2
       exit 2
     fi
@@ -87,7 +90,7 @@ case $step in
     # files), crowding out what that command was run to bring back.
     setsid nohup env -u OUT bash "$here/hybrid-session.sh" background "$parts" "${steps[@]}" \
       > "$session/session.log" 2>&1 < /dev/null &
-    echo $! > "$session/background.pid"
+    pidfile record "$session/background.pid" $! || exit 1
     echo "session started (pid $!): ${steps[*]}; log $session/session.log"
     ;;
   background)
@@ -183,11 +186,14 @@ case $step in
     limit=$2
     [ -f "$session/background.pid" ] ||
       refuse "$session/background.pid: no session was started here"
-    pid=$(cat "$session/background.pid")
+    pidfile check "$session/background.pid" > /dev/null
+    [ $? -eq 2 ] && exit 2
     end=$((SECONDS + limit))
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+    while pidfile check "$session/background.pid" > /dev/null && [ $SECONDS -lt $end ]; do
+      sleep 2
+    done
     state=ended
-    kill -0 "$pid" 2>/dev/null && state=running
+    pidfile check "$session/background.pid" > /dev/null && state=running
     bash "$here/hybrid-session.sh" collect > "$OUT/collect.txt" 2>&1
     cat "$session/session.log" 2>/dev/null
     latest=$(ls -t "$session"/*/*.err 2>/dev/null | head -1)
