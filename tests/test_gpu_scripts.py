@@ -4,7 +4,9 @@ and every script refuses what its usage line does not name before it does anythi
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from tooling.paths import REPO_DIR
 from tooling.pidfile import record, start_time
 
-from .helpers import run_gpu_script
+from .helpers import HANG_GUARD_S, run_gpu_script
 
 
 def test_time_limit_is_never_evaluated_by_the_shell(tmp_path: Path) -> None:
@@ -233,6 +235,30 @@ def test_make_parts_checks_its_part_size_before_it_makes_the_bundle(tmp_path: Pa
     assert not (tmp_path / "parts").exists()
 
 
+def test_a_smoke_that_wrote_no_json_is_one_line_then_its_own_last_lines(tmp_path: Path) -> None:
+    """A site that breaks the toolchain's import: the smoke writes nothing on stdout, and
+    the script's reader printed a JSONDecodeError traceback over the smoke's own error."""
+    site = tmp_path / "site"
+    (site / "click").mkdir(parents=True)
+    (site / "click" / "__init__.py").write_text("raise ImportError('a broken site')\n")
+    out = tmp_path / "out"
+    done = run_gpu_script(
+        "production-smoke.sh",
+        "default",
+        work=tmp_path / "w",
+        out=out,
+        PATCHED_SITE=str(site),
+        SHARED_GPU="1",
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"error: {out}/default.json: the smoke wrote no JSON (its last lines follow)\n"
+    )
+    assert done.stdout.splitlines()[0].startswith("production smoke default: exit 1 in ")
+    assert done.stdout.splitlines()[-1] == "ImportError: a broken site"
+    assert "JSONDecodeError" not in done.stdout + done.stderr
+
+
 def _running_session_file(work: Path, text: str) -> None:
     session = work / "session"
     session.mkdir(parents=True)
@@ -268,3 +294,49 @@ def test_wait_does_not_take_another_process_for_the_session(tmp_path: Path) -> N
     assert reused.returncode == 0, reused.stderr
     assert reused.stdout.splitlines()[-1] == "session: ended"
     assert itself.stdout.splitlines()[-1] == "session: running"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "the smoke wrote no JSON (its last lines follow)"),
+        ('{"checks": [', "not the smoke's JSON ("),
+        ('{"checks": "1 aux PASS"}', "checks '1 aux PASS' is not a list of tables"),
+        (
+            '{"checks": [{"number": "1", "id": "a", "status": "pass", "evidence": ""}]}',
+            ": checks[0]: number '1' is not a whole number",
+        ),
+        ('{"checks": [{"number": 1}]}', ": checks[0]: missing key 'id'"),
+        ('{"summary": 5}', "summary 5 is not a string"),
+    ],
+)
+def test_the_hosts_check_table_names_a_document_that_is_not_a_smokes(
+    tmp_path: Path, text: str, why: str
+) -> None:
+    document = tmp_path / "default.json"
+    document.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "tooling.smoke_summary", str(document)],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"error: {document}") and why in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+def test_the_hosts_check_table_of_a_smokes_document(tmp_path: Path) -> None:
+    document = tmp_path / "default.json"
+    check = {"number": 1, "id": "aux_layers", "status": "pass", "evidence": "x" * 300}
+    document.write_text(json.dumps({"checks": [check], "summary": "1 of 1 checks pass"}))
+    done = subprocess.run(
+        [sys.executable, "-m", "tooling.smoke_summary", str(document)],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f" 1 aux_layers       pass  {'x' * 200}\n1 of 1 checks pass\n"

@@ -105,13 +105,8 @@ PYTHONPATH=$site "${backstop[@]}" \
   --workdir "$OUT/$variant" --json > "$OUT/$variant.json" 2> "$OUT/$variant.err"
 rc=$?
 echo "production smoke $variant: exit $rc in $(( $(date +%s) - start ))s (report $OUT/$variant/report.json, logs $OUT/$variant/logs)"
-python3 - "$OUT/$variant.json" <<'PY' || tail -3 "$OUT/$variant.err"
-import json, sys
-r = json.load(open(sys.argv[1]))
-for c in r.get("checks", []):
-    print(f"{c['number']:>2} {c['id']:<16} {c['status']:<5} {c['evidence'][:200]}")
-print(r.get("summary") or r.get("error"))
-PY
+# The check table; a smoke that wrote no report is one line, then its own last lines.
+python3 -m tooling.smoke_summary "$OUT/$variant.json" || tail -3 "$OUT/$variant.err"
 # Nothing may be left running: list any vLLM or Ray process this run left behind.
 [ -n "${SHARED_GPU:-}" ] || pgrep -af "vllm.entrypoints|tooling.smoke|raylet|gcs_server|ray::" || true
 exit $rc
