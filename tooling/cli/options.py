@@ -17,7 +17,7 @@ from ..fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
 from ..fetching.upstream import SourceRequest, Upstream, fetch_requested
 from ..patching.apply import ApplyOptions
 from ..patching.request import apply_options
-from ..patching.series import Series, load_series
+from ..patching.series import Series, load_ledger
 from ..paths import CacheLayout
 from ..probing.env import resolve_probe_python
 from . import environ
@@ -49,7 +49,7 @@ class Settings:
         return load_bases(self.patches_dir / "bases.toml")
 
     def series(self, skip: tuple[str, ...] = ()) -> Series:
-        series = load_series(self.patches_dir / "series.toml")
+        series = load_ledger(self.patches_dir)
         return series.without(list(skip)) if skip else series
 
     def fetch_options(self) -> FetchOptions:

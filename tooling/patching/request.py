@@ -17,7 +17,7 @@ from ..fsutil import locked
 from ..probing.env import resolve_probe_python
 from .apply import ApplyOptions, SeriesReport, apply_series, three_way_preimages
 from .export import ExportResult, check_export, export_patches
-from .series import Series, load_series
+from .series import Series, load_ledger
 from .worktree import default_work_dir
 
 
@@ -93,7 +93,7 @@ def export_requested(
     """The work tree's commits written over ``patches_dir``; with ``check``, the series applied
     to a scratch tree of ``source`` (default: the validated base) and compared instead."""
     if check:
-        series = load_series(patches_dir / "series.toml")
+        series = load_ledger(patches_dir)
         base = source.base_version or series.validated_base
         upstream = fetch_requested(
             load_bases(patches_dir / "bases.toml"),
@@ -103,7 +103,7 @@ def export_requested(
         )
         return check_export(upstream, series, fetch.cache.baselines)
     # The work tree's commits are the truth here: the ledger's digests are about to change.
-    series = load_series(patches_dir / "series.toml", check_digests=False)
+    series = load_ledger(patches_dir, check_digests=False)
     work = Path(work_dir or default_work_dir(f"{source.base_version or series.validated_base}"))
     with locked(work.resolve()):
         if not work.is_dir():
