@@ -1,6 +1,7 @@
-"""The ledger (``patches/series.toml``) read with every value checked against its type: a
-wrong one is one line naming the file, the patch and the key (exit 10), never read as
-something it does not say (``"no"`` as true, ``"id"`` as the patches ``i`` and ``d``)."""
+"""The pinned data files read with every value checked against its type: the ledger
+(``patches/series.toml``, exit 10) and the bases (``patches/bases.toml``, exit 3). A wrong
+value is one line naming the file, the table and the key, never read as something it does
+not say (``"no"`` as true, ``"id"`` as the patches ``i`` and ``d``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tooling.cli import main
-from tooling.errors import SeriesError
+from tooling.errors import ConfigError, SeriesError
 from tooling.patching import registry as registry_module
 from tooling.patching.registry import registry
 from tooling.patching.series import load_series
@@ -138,3 +139,69 @@ def test_verify_help_with_a_ledger_whose_patches_are_a_string_is_one_line(
         registry.cache_clear()
     assert result.exit_code == SeriesError.exit_code
     assert result.stderr == f"error: {ledger}: patch 'oops' is not a list of tables\n"
+
+
+def _bases_with(tmp_path: Path, table: str, key: str, value: str) -> Path:
+    """A copy of ``patches/`` whose bases.toml gives ``key`` of ``table`` (its header, e.g.
+    ``[bases."0.20.1".wheel]``, "" for the top) the TOML ``value`` ("" removes it)."""
+    copy = shutil.copytree(PATCHES, tmp_path / "patches")
+    lines = (PATCHES / "bases.toml").read_text().split("\n")
+    start = lines.index(table) + 1 if table else 0
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("[")), len(lines))
+    block = [line for line in lines[start:end] if not line.startswith(f"{key} = ")]
+    new = [f"{key} = {value}"] if value else []
+    (copy / "bases.toml").write_text("\n".join([*lines[:start], *new, *block, *lines[end:]]))
+    return copy
+
+
+BASE = '[bases."0.20.1"]'
+MALFORMED_BASES = [
+    (BASE, "release_date", "20260504", "[bases.'0.20.1']: release_date 20260504 is not a "),
+    (BASE, "release_date", '"May 4"', "[bases.'0.20.1']: release_date 'May 4' is not a date"),
+    (BASE, "probe_env", "0.2", "[bases.'0.20.1']: probe_env 0.2 is not a string"),
+    (BASE, "sdists", "1", "[bases.'0.20.1']: unknown key 'sdists' (known: "),
+    (
+        f"{BASE[:-1]}.sdist]",
+        "size",
+        '"33519792"',
+        "[bases.'0.20.1'].sdist: size '33519792' is not a whole ",
+    ),
+    (f"{BASE[:-1]}.sdist]", "size", "-1", "[bases.'0.20.1'].sdist: size -1 is below 1"),
+    (
+        f"{BASE[:-1]}.sdist]",
+        "filename",
+        '"../../x.tar.gz"',
+        "[bases.'0.20.1'].sdist: filename '../../x.tar.gz' ",
+    ),
+    (f"{BASE[:-1]}.sdist]", "sha256", "[1]", "[bases.'0.20.1'].sdist: sha256 [1] is not a string"),
+    (f"{BASE[:-1]}.wheel]", "filename", "", "[bases.'0.20.1'].wheel: missing key 'filename'"),
+    (
+        f"{BASE[:-1]}.wheel]",
+        "wheel_commit",
+        "132765",
+        "[bases.'0.20.1'].wheel: wheel_commit 132765 is not a ",
+    ),
+    (
+        f"{BASE[:-1]}.git]",
+        "commit_verified",
+        '"no"',
+        "[bases.'0.20.1'].git: commit_verified 'no' is not true ",
+    ),
+    (f"{BASE[:-1]}.git]", "tag", "1", "[bases.'0.20.1'].git: tag 1 is not a string"),
+    ("", "default", "0.2", "default 0.2 is not a string"),
+    ("", "git_url", "[]", "git_url [] is not a string"),
+    ("", "bases_dir", '"x"', "unknown key 'bases_dir' (known: bases, default, git_url)"),
+]
+
+
+@pytest.mark.parametrize(("table", "key", "value", "why"), MALFORMED_BASES)
+def test_a_malformed_bases_value_is_one_line_naming_table_and_key(
+    tmp_path: Path, table: str, key: str, value: str, why: str
+) -> None:
+    patches = _bases_with(tmp_path, table, key, value)
+    result = CliRunner().invoke(
+        main, ["--patches-dir", str(patches), "fetch", "--offline", "--no-wheel"]
+    )
+    assert result.exit_code == ConfigError.exit_code, result.stderr
+    assert result.stderr.startswith(f"error: {patches / 'bases.toml'}: {why}"), result.stderr
+    assert result.stderr.count("\n") == 1
