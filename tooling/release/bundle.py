@@ -42,6 +42,7 @@ from .bundle_plan import (
     PlanEntry,
     default_bundle_name,
     parse_present,
+    pinned_extras,
     plan_bundle,
 )
 from .download import download, resolve
@@ -143,6 +144,7 @@ def read_present(path: Path) -> dict[str, str | None]:
 
 def resolve_and_plan(config: BundleConfig) -> tuple[Resolution, BundlePlan]:
     """resolve -> plan, without downloading anything (``--lock-only`` stops here)."""
+    pinned_extras(config.extras)  # a malformed pin is refused before uv runs
     resolution = resolve(config)
     present = read_present(config.exclude_present) if config.exclude_present else {}
     plan = plan_bundle(

@@ -1,0 +1,177 @@
+"""``tooling bundle`` and the GPU host's ``make-parts.sh`` under hostile or careless input,
+against package indexes served here (``tests/index_server.py``): real uv and pip, real
+wheels, real signals. --offline touches no network; a pin is honoured exactly or refused;
+part sizes are bounded before a part is written; every temp folder, pip's too, goes on any
+exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tooling.cli import main
+from tooling.errors import BundleError
+
+from .helpers import HANG_GUARD_S
+from .index_server import Index, Refusing, refusing_index, serving
+from .wheels import build_wheel
+
+#: The patched wheel stand-in: vLLM's name and version, two dependencies to resolve.
+VLLM = ("vllm", "0.20.1+dflash.12.abc", "sniffio\nRequires-Dist: six")
+
+
+@pytest.fixture
+def wheels(tmp_path: Path) -> Path:
+    """An index's wheels: the resolution's pin (torch), vLLM's dependencies in two versions
+    each, and a project the bundle adds as an extra."""
+    folder = tmp_path / "index"
+    folder.mkdir()
+    build_wheel(folder, "torch", "2.11.0")
+    for version in ("1.3.0", "1.3.1"):
+        build_wheel(folder, "sniffio", version, payload=200_000)
+    for version in ("1.16.0", "1.17.0"):
+        build_wheel(folder, "six", version)
+    for version in ("2.0", "3.0"):
+        build_wheel(folder, "extra_pkg", version)
+    return folder
+
+
+@pytest.fixture
+def index(wheels: Path) -> Iterator[Index]:
+    with serving(Index(wheels)) as served:
+        yield served
+
+
+def _vllm(tmp_path: Path) -> Path:
+    folder = tmp_path / "dist"
+    folder.mkdir(exist_ok=True)
+    return build_wheel(folder, *VLLM)
+
+
+def _environ(tmp_path: Path, **more: str) -> dict[str, str]:
+    """The run's own caches (the toolchain's and uv's) and temp folder, nothing of pip.conf."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    return {
+        **os.environ,
+        "VLLM_DFLASH_CACHE": str(tmp_path / "cache"),
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+        "TMPDIR": str(scratch),
+        **more,
+    }
+
+
+def _bundle(
+    tmp_path: Path, *args: str, index_url: str, offline: bool = False, **env: str
+) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "tooling", "--no-progress", "--index-url", index_url]
+    command += ["--offline"] if offline else []
+    command += ["bundle", "--wheel", str(_vllm(tmp_path)), "--out", str(tmp_path / "out"), *args]
+    return subprocess.Popen(
+        command,
+        env=_environ(tmp_path, **env),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=HANG_GUARD_S)
+    return proc.returncode, out, err
+
+
+def _empty(folder: Path) -> bool:
+    """Nothing there: the folder absent, or empty."""
+    return not folder.exists() or not any(folder.iterdir())
+
+
+def _shipped(tmp_path: Path) -> list[str]:
+    (bundle,) = [p for p in (tmp_path / "out").iterdir() if not p.name.endswith("-parts")]
+    return sorted(p.name for p in (bundle / "wheels").iterdir())
+
+
+@pytest.mark.slow
+def test_an_extra_pinned_against_the_resolution_is_refused(tmp_path: Path, index: Index) -> None:
+    """six==1.16.0 shipped six-1.17.0, the pin dropped without a word."""
+    code, _, err = _finish(_bundle(tmp_path, "--extra", "six==1.16.0", index_url=index.url))
+    assert (code, err) == (
+        BundleError.exit_code,
+        "error: --extra six==1.16.0: the resolution needs six 1.17.0, and a bundle carries one "
+        "version of a package (pin 1.17.0, or leave six out of --extra)\n",
+    )
+    assert _empty(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_a_pin_is_honoured_exactly(tmp_path: Path, index: Index) -> None:
+    """The extra's older version though a newer is on the index; the resolution's own
+    version pinned in another spelling."""
+    code, _, err = _finish(
+        _bundle(tmp_path, "--extra", "Extra_Pkg==2.0", "--extra", "SIX==1.17", index_url=index.url)
+    )
+    assert code == 0, err
+    assert _shipped(tmp_path) == [
+        "extra_pkg-2.0-py3-none-any.whl",
+        "six-1.17.0-py3-none-any.whl",
+        "sniffio-1.3.1-py3-none-any.whl",
+        "torch-2.11.0-py3-none-any.whl",
+        f"vllm-{VLLM[1]}-py3-none-any.whl",
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "===",
+        "==1.0",
+        "six",
+        "six>=1.0",
+        "six==1.*",
+        "six~=1.16",
+        "six==1.16,<2",
+        "six[tests]==1.17.0",
+        "six==1.17.0; python_version < '3'",
+        "six @ https://example.com/six-1.17.0-py3-none-any.whl",
+        "six==not-a-version",
+    ],
+)
+def test_an_extra_that_is_not_one_exact_version_is_refused_before_any_network(
+    tmp_path: Path, extra: str
+) -> None:
+    """``===`` printed pip's whole command line; each is refused before uv runs."""
+    with refusing_index() as refusing:
+        result = _bundle_here(tmp_path, refusing, "--extra", extra)
+    assert refusing.connections == 0
+    assert (result.exit_code, result.stderr) == (
+        BundleError.exit_code,
+        f"error: --extra {extra!r}: give it as name==version (one exact version)\n",
+    )
+    assert result.stdout == ""
+
+
+def test_an_extra_pinned_twice_is_refused(tmp_path: Path) -> None:
+    with refusing_index() as refusing:
+        result = _bundle_here(tmp_path, refusing, "--extra", "six==1.16.0", "--extra", "six==1.17")
+    assert (result.exit_code, result.stderr) == (
+        BundleError.exit_code,
+        "error: --extra six: pinned twice, to 1.16.0 and 1.17\n",
+    )
+    assert refusing.connections == 0
+
+
+def _bundle_here(tmp_path: Path, refusing: Refusing, *args: str) -> Any:
+    """``tooling bundle`` in this process (a refusal before any child), the index and every
+    proxy pointed at ``refusing``."""
+    command = ["--no-progress", "--index-url", refusing.url, "bundle"]
+    command += ["--wheel", str(_vllm(tmp_path)), "--out", str(tmp_path / "out"), *args]
+    env = {**refusing.environ(), "VLLM_DFLASH_CACHE": str(tmp_path / "cache")}
+    return CliRunner(env=env).invoke(main, command)
