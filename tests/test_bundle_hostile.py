@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from tooling.cli import main
 from tooling.errors import BundleError
+from tooling.release.split import main as split_main
 
 from .helpers import HANG_GUARD_S
 from .index_server import Index, Refusing, refusing_index, serving
@@ -175,3 +176,49 @@ def _bundle_here(tmp_path: Path, refusing: Refusing, *args: str) -> Any:
     command += ["--wheel", str(_vllm(tmp_path)), "--out", str(tmp_path / "out"), *args]
     env = {**refusing.environ(), "VLLM_DFLASH_CACHE": str(tmp_path / "cache")}
     return CliRunner(env=env).invoke(main, command)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["1", "100"])
+def test_a_split_into_too_many_parts_is_refused_before_anything_is_written(
+    tmp_path: Path, index: Index, size: str
+) -> None:
+    """--split 1 wrote 671,604 one-byte parts (5.7 GB) in 90 s."""
+    code, _, err = _finish(
+        _bundle(tmp_path, "--extra", "six==1.17.0", "--split", size, index_url=index.url)
+    )
+    assert code == BundleError.exit_code, err
+    assert err.startswith("error: --split: ") and f"in parts of {size} would be " in err
+    assert "more than 10000: give a part size of at least " in err and err.count("\n") == 1
+    assert _empty(tmp_path / "out")
+
+
+def test_splitting_into_a_folder_that_holds_files_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was an unexpected OSError (the staged parts renamed onto a folder not empty)."""
+    bundle, parts = tmp_path / "bundle", tmp_path / "parts"
+    bundle.mkdir()
+    (bundle / "a.bin").write_bytes(os.urandom(4096))
+    parts.mkdir()
+    (parts / "mine.txt").write_text("keep")
+    code = split_main([str(bundle), str(parts), "1024"])
+    assert (code, capsys.readouterr().err) == (
+        BundleError.exit_code,
+        f"error: {parts} exists and is not an empty folder: give a new one\n",
+    )
+    assert [p.name for p in parts.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle", "parts"]
+
+
+def test_a_split_that_would_pass_the_part_count_is_refused_before_a_part_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "a.bin").write_bytes(os.urandom(100_000))
+    code = split_main([str(bundle), str(tmp_path / "p"), "1"])
+    err = capsys.readouterr().err
+    assert code == BundleError.exit_code
+    assert err.startswith(f"error: splitting {bundle}: ") and "more than 10000" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]

@@ -178,6 +178,14 @@ def dead_run_folders(parent: Path) -> list[Path]:
     return found
 
 
+def discard(folder: Path) -> None:
+    """Remove a folder of ours. Renamed first, so an interrupted removal never leaves half a
+    folder under the real name (the ``.old`` sibling goes with the next lock's holder)."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
+    os.rename(folder, trash / folder.name)
+    shutil.rmtree(trash)
+
+
 @contextlib.contextmanager
 def staging_dir(target: Path) -> Iterator[Path]:
     """A temp folder beside ``target`` that becomes ``target`` only on success.

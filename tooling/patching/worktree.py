@@ -13,7 +13,6 @@ import io
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 import git
 from gitdb import IStream
 
-from ..fsutil import locked, staging_dir
+from ..fsutil import discard, locked, staging_dir
 from ..gitutil import git_error_lines
 
 BASELINE_TAG = "baseline"
@@ -160,14 +159,6 @@ def clear_way(work_dir: Path) -> Path | None:
         return saved
     discard(work_dir)
     return None
-
-
-def discard(work_dir: Path) -> None:
-    """Remove a tree of ours. Renamed first, so an interrupted removal never leaves a half
-    tree under the real name."""
-    trash = Path(tempfile.mkdtemp(prefix=f".{work_dir.name}.", suffix=".old", dir=work_dir.parent))
-    os.rename(work_dir, trash / work_dir.name)
-    shutil.rmtree(trash)
 
 
 def create_from_tree(

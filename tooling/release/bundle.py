@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError
-from ..fsutil import atomic_write_text, sha256_file, staging_dir
+from ..fsutil import (
+    atomic_write_text,
+    discard,
+    locked,
+    sha256_file,
+    staging_dir,
+)
 from ..progress import progress_bar
 from .bundle_plan import (
     BundleConfig,
@@ -48,7 +54,11 @@ from .bundle_plan import (
 from .download import download, resolve
 from .files import BundleFile, bundle_file, describe, sums_text
 from .lock import Resolution
-from .split import split_bundle
+from .split import check_part_count, split_bundle, tar_bytes_at_most
+
+#: install.txt, install.sh, bundle.json, the lock and SHA256SUMS together, at most: what a
+#: bundle holds beside its wheels, for the part count checked before it is written.
+BUNDLE_FILES_AT_MOST = 4 << 20
 
 
 @dataclass
@@ -90,7 +100,12 @@ def write_bundle(
             raise BundleError(f"{entry.name}=={entry.version}: its wheel was not downloaded")
         sources.append((entry, path))
     total = sum(p.stat().st_size for _, p in sources)
-    with staging_dir(final) as tmp:
+    if config.split_bytes:
+        # Before anything is written: the wheels are most of the stream.
+        sizes = [p.stat().st_size for _, p in sources] + [BUNDLE_FILES_AT_MOST]
+        check_part_count(tar_bytes_at_most(sizes, len(sources) + 8), config.split_bytes, "--split")
+    # Locked: the staging folder a killed run left beside it is removed by the next.
+    with locked(final), staging_dir(final) as tmp:
         (tmp / "wheels").mkdir()
         install_lines = []
         with progress_bar(total, "bundle", config.progress) as bar:
@@ -128,9 +143,16 @@ def write_bundle(
         (tmp / "SHA256SUMS").write_text(sums_text(files))
     result = BundleResult(bundle_dir=final, files=files, total_bytes=sum(f.size for f in files))
     if config.split_bytes:
-        result.parts_dir, result.parts = split_bundle(
-            final, config.out_dir / f"{name}-parts", config.split_bytes, config.progress
-        )
+        parts_dir = config.out_dir / f"{name}-parts"
+        try:
+            with locked(parts_dir):
+                result.parts_dir, result.parts = split_bundle(
+                    final, parts_dir, config.split_bytes, config.progress
+                )
+        except BaseException:
+            # Asked for parts, a run without them made nothing: the folder it made goes too.
+            discard(final)
+            raise
     return result
 
 
