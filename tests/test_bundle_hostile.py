@@ -7,8 +7,10 @@ exit."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,11 @@ import pytest
 from click.testing import CliRunner
 
 from tooling.cli import main
-from tooling.errors import BundleError
+from tooling.errors import BundleError, CacheMissError
+from tooling.paths import REPO_DIR
 from tooling.release.split import main as split_main
 
-from .helpers import HANG_GUARD_S
+from .helpers import HANG_GUARD_S, wait_until
 from .index_server import Index, Refusing, refusing_index, serving
 from .wheels import build_wheel
 
@@ -98,6 +101,39 @@ def _empty(folder: Path) -> bool:
 def _shipped(tmp_path: Path) -> list[str]:
     (bundle,) = [p for p in (tmp_path / "out").iterdir() if not p.name.endswith("-parts")]
     return sorted(p.name for p in (bundle / "wheels").iterdir())
+
+
+@pytest.mark.slow
+def test_offline_bundle_touches_no_network(tmp_path: Path) -> None:
+    """It resolved against the index anyway, and failed on "Connection refused"."""
+    with refusing_index() as refusing:
+        code, _, err = _finish(
+            _bundle(tmp_path, "--extra", "six==1.17.0", index_url=refusing.url, offline=True)
+        )
+    assert refusing.connections == 0
+    assert code == CacheMissError.exit_code, err
+    assert err.startswith("error: --offline: uv could not resolve ") and err.count("\n") == 1
+    assert _empty(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_offline_bundle_is_made_from_what_an_earlier_run_kept(tmp_path: Path, index: Index) -> None:
+    code, _, err = _finish(_bundle(tmp_path, "--extra", "extra-pkg==2.0", index_url=index.url))
+    assert code == 0, err
+    online = _shipped(tmp_path)
+    for path in (tmp_path / "out").iterdir():
+        subprocess.run(["rm", "-r", str(path)], check=True)
+    asked = len(index.requests)
+    # The same index (uv keeps its answers by the index's URL), every proxy pointed at a
+    # port that counts connections: neither may be asked.
+    with refusing_index() as refusing:
+        proxies = {k: v for k, v in refusing.environ().items() if "INDEX" not in k}
+        proc = _bundle(
+            tmp_path, "--extra", "extra-pkg==2.0", index_url=index.url, offline=True, **proxies
+        )
+        code, _, err = _finish(proc)
+    assert (code, refusing.connections, index.requests[asked:]) == (0, 0, []), err
+    assert _shipped(tmp_path) == online
 
 
 @pytest.mark.slow
@@ -193,6 +229,24 @@ def test_a_split_into_too_many_parts_is_refused_before_anything_is_written(
     assert _empty(tmp_path / "out")
 
 
+@pytest.mark.slow
+def test_a_bundle_stopped_while_pip_downloads_leaves_no_temp_folder(
+    tmp_path: Path, index: Index
+) -> None:
+    """pip's build tracker, download and unpack folders stayed in $TMPDIR."""
+    index.stall.add("sniffio")
+    proc = _bundle(tmp_path, "--extra", "six==1.17.0", index_url=index.url)
+    scratch = tmp_path / "tmp"
+    wait_until(
+        lambda: any(scratch.glob("dflash-bundle-*/pip-unpack-*")), "pip downloading", alive=proc
+    )
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = _finish(proc)
+    assert (code, err) == (143, "error: interrupted (SIGTERM)\n")
+    assert list(scratch.iterdir()) == []
+    assert _empty(tmp_path / "out")
+
+
 def test_splitting_into_a_folder_that_holds_files_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -222,3 +276,49 @@ def test_a_split_that_would_pass_the_part_count_is_refused_before_a_part_is_writ
     assert code == BundleError.exit_code
     assert err.startswith(f"error: splitting {bundle}: ") and "more than 10000" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(text.encode() in w for w in words):
+            found.append(b" ".join(words).decode(errors="replace"))
+    return found
+
+
+@pytest.mark.slow
+def test_make_parts_stopped_while_pip_downloads_leaves_nothing_running_or_behind(
+    tmp_path: Path, index: Index
+) -> None:
+    """SIGTERM to the script alone (as a CI cancel or `timeout` sends it): its bundle step
+    is stopped, and its temp folder (the children's TMPDIR) goes, pip's folders in it."""
+    cache = tmp_path / "cache"
+    (cache / "pypi").mkdir(parents=True)
+    name, _, requires = VLLM
+    wheel = build_wheel(cache / "pypi", name, "0.20.1", requires)
+    assert zipfile.is_zipfile(wheel)
+    index.stall.add("sniffio")
+    scratch = tmp_path / "tmp"
+    script = subprocess.Popen(
+        ["bash", str(REPO_DIR / "ci" / "gpu" / "make-parts.sh"), str(tmp_path / "parts")],
+        env=_environ(tmp_path, TOOLING_INDEX_URL=index.url, TRAINING="0"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(
+        lambda: any(scratch.glob("tmp.*/tmp/dflash-bundle-*/pip-unpack-*")),
+        "pip downloading",
+        alive=script,
+    )
+    script.send_signal(signal.SIGTERM)
+    code, _, err = _finish(script)
+    assert code == 143, err
+    assert list(scratch.iterdir()) == []
+    assert not (tmp_path / "parts").exists()
+    wait_until(lambda: not _processes_naming(str(scratch)), "the bundle step stopping")

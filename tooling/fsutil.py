@@ -187,6 +187,25 @@ def discard(folder: Path) -> None:
 
 
 @contextlib.contextmanager
+def run_scratch(kind: str, given: Path | None = None) -> Iterator[Path]:
+    """The run's scratch folder: ``given`` (a caller's, which it removes), else a new one
+    in the temp folder named for this process (``dflash-KIND-<pid>-...``), removed on any
+    exit. Children get it as their TMPDIR, so what they leave (pip's build tracker and
+    unpacked wheels, torch's compile caches) goes with it; one a killed run left is removed
+    by the next run that makes one."""
+    if given is not None:
+        yield given
+        return
+    for dead in dead_run_folders(Path(tempfile.gettempdir())):
+        shutil.rmtree(dead, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=run_prefix(f"dflash-{kind}-")))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def staging_dir(target: Path) -> Iterator[Path]:
     """A temp folder beside ``target`` that becomes ``target`` only on success.
 

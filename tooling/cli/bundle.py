@@ -83,6 +83,7 @@ def bundle_command(
             split=split,
             lock_only=lock_only,
             progress=settings.progress,
+            offline=settings.offline,
         )
     )
     if outcome.result is None:

@@ -38,6 +38,7 @@ from ..fsutil import (
     atomic_write_text,
     discard,
     locked,
+    run_scratch,
     sha256_file,
     staging_dir,
 )
@@ -164,10 +165,12 @@ def read_present(path: Path) -> dict[str, str | None]:
         raise BundleError(f"{path}: cannot read the exclude-present list ({e.strerror})") from None
 
 
-def resolve_and_plan(config: BundleConfig) -> tuple[Resolution, BundlePlan]:
+def resolve_and_plan(
+    config: BundleConfig, scratch: Path | None = None
+) -> tuple[Resolution, BundlePlan]:
     """resolve -> plan, without downloading anything (``--lock-only`` stops here)."""
     pinned_extras(config.extras)  # a malformed pin is refused before uv runs
-    resolution = resolve(config)
+    resolution = resolve(config, scratch)
     present = read_present(config.exclude_present) if config.exclude_present else {}
     plan = plan_bundle(
         resolution.requirements,
@@ -190,16 +193,18 @@ def refuse_existing(config: BundleConfig) -> None:
 
 
 def make_bundle(config: BundleConfig) -> tuple[BundlePlan, BundleResult]:
-    """resolve -> plan -> download -> write, as ``tooling bundle`` does."""
+    """resolve -> plan -> download -> write, as ``tooling bundle`` does. Every temp folder
+    of the run, uv's and pip's too, is in one scratch folder that goes on any exit."""
     refuse_existing(config)
-    resolution, plan = resolve_and_plan(config)
-    if config.download_dir is not None:
-        wheels = download(plan, config, config.download_dir)
-        return plan, write_bundle(plan, wheels, config, resolution)
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".bundle-wheels-", dir=config.out_dir) as tmp:
-        wheels = download(plan, config, Path(tmp))
-        return plan, write_bundle(plan, wheels, config, resolution)
+    with run_scratch("bundle") as scratch:
+        resolution, plan = resolve_and_plan(config, scratch)
+        if config.download_dir is not None:
+            wheels = download(plan, config, config.download_dir, scratch)
+            return plan, write_bundle(plan, wheels, config, resolution)
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".bundle-wheels-", dir=config.out_dir) as tmp:
+            wheels = download(plan, config, Path(tmp), scratch)
+            return plan, write_bundle(plan, wheels, config, resolution)
 
 
 def write_lock(resolution: Resolution, path: Path) -> None:

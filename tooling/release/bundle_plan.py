@@ -62,6 +62,8 @@ class BundleConfig:
     download_dir: Path | None = None
     """Where wheels are downloaded and kept between runs (default: a temp folder)."""
     progress: bool = True
+    offline: bool = False
+    """No network: uv resolves from its cache, pip takes the wheels ``download_dir`` kept."""
 
 
 @dataclass(frozen=True)
