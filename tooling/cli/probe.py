@@ -65,7 +65,7 @@ def probe_command(
 def probe_env_command(ctx: click.Context, dflash_path: bool) -> None:
     """Create (once) the cached CPU interpreter for the probes and print its path."""
     settings = settings_of(ctx)
-    python, reference = ensure_probe_setup(settings.cache)
+    python, reference = ensure_probe_setup(settings.cache, offline=settings.offline)
     emit(
         settings,
         {"ok": True, "python": str(python), "dflash_path": str(reference)},
