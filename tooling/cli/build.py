@@ -60,7 +60,7 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
 @click.option(
     "--dist", "dist_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True
 )
-@click.option("--work-dir", type=click.Path(path_type=Path))
+@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False))
 @probe_python_option
 @click.option("--no-probes", is_flag=True, help="Build without behavioural checks.")
 @click.option(

@@ -23,7 +23,7 @@ from .options import emit, json_option, settings_of
 )
 @click.option(
     "--workdir",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, file_okay=False),
     default=None,
     help="Where models, logs and the report go (default: build/smoke/<time>).",
 )
