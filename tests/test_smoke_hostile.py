@@ -6,6 +6,8 @@ one line naming the file and the key, and plans nothing."""
 from __future__ import annotations
 
 import copy
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from tooling.cli import main
-from tooling.errors import SmokeError
+from tooling.errors import SmokeError, SmokePairError
 from tooling.smoke.serving.tiny import TinySpec, drafter_config, target_config
 
 from .smoke_models import write_model
@@ -56,6 +58,121 @@ def test_the_pair_as_written_plans(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
 
 
+def _refused(result: Any, file: Path, why: str) -> None:
+    assert result.exit_code == SmokePairError.exit_code, result.output
+    assert result.stderr.startswith(f"error: {file}: {why}"), result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_a_drafter_reading_a_layer_the_target_lacks_is_refused(tmp_path: Path) -> None:
+    """[1, 3, 99] on an 8-layer target was planned for."""
+    pair = _pair(tmp_path, dflash_config__target_layer_ids=[1, 3, 99])
+    _refused(
+        _plan(tmp_path, pair),
+        pair / "drafter" / "config.json",
+        "dflash_config: target_layer_ids [1, 3, 99]: 99 is no layer the target's 8 give the "
+        "drafter (0 to 6)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [(0, "block_size 0 is below 2"), ("4", "block_size '4' is not a whole number")],
+)
+def test_a_drafter_block_that_is_not_a_block_is_refused(
+    tmp_path: Path, value: Any, why: str
+) -> None:
+    """0 was taken for no block size, "4" too, and K then went unchecked: K = 15 on a
+    block of 4 was planned for."""
+    pair = _pair(tmp_path, block_size=value)
+    result = _plan(tmp_path, pair, "--num-speculative-tokens", "15")
+    _refused(result, pair / "drafter" / "config.json", why)
+
+
+def test_a_drafter_of_another_width_than_its_target_is_refused(tmp_path: Path) -> None:
+    pair = _pair(tmp_path, hidden_size=512)
+    _refused(
+        _plan(tmp_path, pair),
+        pair / "drafter" / "config.json",
+        "hidden_size 512 is not the target's 256: a DFlash drafter reads the target's hidden "
+        "states and embeddings at the target's width",
+    )
+
+
+#: A value of each figure the plan reads, of the wrong type or out of range.
+MALFORMED_TARGET = [
+    ("num_hidden_layers", "8", "num_hidden_layers '8' is not a whole number"),
+    ("num_hidden_layers", 0, "num_hidden_layers 0 is below 1"),
+    ("num_hidden_layers", ..., "missing key 'num_hidden_layers'"),
+    ("hidden_size", 256.0, "hidden_size 256.0 is not a whole number"),
+    ("hidden_size", 10**12, "hidden_size 1000000000000 is above 1048576"),
+    ("num_attention_heads", True, "num_attention_heads True is not a whole number"),
+    ("num_key_value_heads", 8, "num_key_value_heads 8 is above 4"),
+    ("head_dim", "64", "head_dim '64' is not a whole number"),
+    ("vocab_size", 1e30, "vocab_size 1e+30 is not a whole number"),
+    ("layer_types", "full_attention", "layer_types 'full_attention' is not a list of strings"),
+    ("layer_types", ["full_attention"] * 3, "layer_types names 3 layers, num_hidden_layers 8"),
+    ("architectures", "Qwen3ForCausalLM", "architectures 'Qwen3ForCausalLM' is not a list of "),
+    ("tie_word_embeddings", "no", "tie_word_embeddings 'no' is not true or false"),
+    ("torch_dtype", 2, "torch_dtype 2 is not a string"),
+    ("linear_conv_kernel_dim", -1, "linear_conv_kernel_dim -1 is below 1"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "why"), MALFORMED_TARGET)
+def test_a_malformed_target_figure_is_one_line_naming_file_and_key(
+    tmp_path: Path, key: str, value: Any, why: str
+) -> None:
+    pair = _pair(tmp_path, {key: value})
+    _refused(_plan(tmp_path, pair), pair / "target" / "config.json", why)
+
+
+MALFORMED_DRAFTER = [
+    ("dflash_config__target_layer_ids", "1,3,5", "dflash_config: target_layer_ids '1,3,5' "),
+    ("dflash_config__target_layer_ids", [1.0, 3], "dflash_config: target_layer_ids [1.0, 3] "),
+    ("dflash_config__target_layer_ids", [-1, 3], "dflash_config: target_layer_ids [-1, 3]: -1 "),
+    ("dflash_config__block_size", True, "dflash_config: block_size True is not a whole "),
+    ("block_size", 10**9, "block_size 1000000000 is above 10000"),
+    ("num_hidden_layers", [3], "num_hidden_layers [3] is not a whole number"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "why"), MALFORMED_DRAFTER)
+def test_a_malformed_drafter_figure_is_one_line_naming_file_and_key(
+    tmp_path: Path, key: str, value: Any, why: str
+) -> None:
+    extra = {"block_size": ...} if key.startswith("dflash_config__block") else {}
+    pair = _pair(tmp_path, **{**extra, key: value})
+    _refused(_plan(tmp_path, pair), pair / "drafter" / "config.json", why)
+
+
+def _header(folder: Path, length: int, body: bytes = b"") -> Path:
+    path = folder / "model-00000-of-00001.safetensors"
+    path.write_bytes(struct.pack("<Q", length) + body)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("length", "body", "why"),
+    [
+        (2**64 - 1, b"{}", "its header claims 18446744073709551615 bytes, past the file's 10 "),
+        (10**12, b"{}", "its header claims 1000000000000 bytes, past the file's 10 "),
+        (2, b"[]", "is [], not a table of keys"),
+        (5, b"{nope", "its header is not JSON ("),
+        (None, b'{"w": {"data_offsets": 7}}', "w: data_offsets 7 is not a list of whole "),
+        (None, b'{"w": {"data_offsets": [9, 1]}}', "w: data_offsets [9, 1] is not [begin, end]"),
+        (10, b'{"w": "x"}' + b"\0" * 100, "w: is 'x', not a table of keys"),
+    ],
+)
+def test_a_safetensors_header_that_is_not_one_is_refused_before_it_is_read(
+    tmp_path: Path, length: int | None, body: bytes, why: str
+) -> None:
+    """A length of 2^64 - 1 or 10^12 was read as such: an OverflowError or a MemoryError."""
+    pair = _pair(tmp_path)
+    weights = _header(pair / "target", len(body) if length is None else length, body)
+    _refused(_plan(tmp_path, pair), weights, why)
+
+
 @pytest.mark.parametrize(
     ("gpus", "why"),
     [
@@ -91,3 +208,12 @@ def test_a_workdir_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"Invalid value for '--workdir': Directory '{mine}' is a file." in result.stderr
     assert mine.read_text() == "keep"
+
+
+def test_a_weight_index_that_is_not_one_is_named(tmp_path: Path) -> None:
+    pair = _pair(tmp_path)
+    index = pair / "target" / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": "55GB"}, "weight_map": {}}))
+    _refused(_plan(tmp_path, pair), index, "metadata: total_size '55GB' is not a whole number")
+    index.write_text(json.dumps({"weight_map": {"w": "../../etc/x.safetensors"}}))
+    _refused(_plan(tmp_path, pair), index, "weight_map names a file outside ")
