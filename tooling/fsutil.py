@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import CacheWriteError
+from .errors import CacheWriteError, ToolingError
 
 CHUNK = 1 << 20
 
@@ -176,6 +176,47 @@ def dead_run_folders(parent: Path) -> list[Path]:
         except (PermissionError, OverflowError):
             pass  # alive (another user's), or no pid at all
     return found
+
+
+#: What the temp siblings a folder is made and locked as add to its name
+#: (``.NAME.XXXXXXXX.part``, ``.NAME.lock``, the recipe's ``.NAME.tmp-PID``), at most.
+SIBLING_CHARS = 16
+
+
+def check_creatable(
+    path: Path, what: str, error: type[ToolingError], *, writable: bool = True
+) -> None:
+    """``path`` can become a folder here, or is one: each name in it fits the file system
+    (the last with room for its temp siblings), its nearest existing part is a folder, not
+    a file, and (``writable``) a folder can be made in that one. A refusal is ``error``,
+    one line naming ``what``, before any work: these were an ENAMETOOLONG, a
+    NotADirectoryError or a permission error from deep inside a run."""
+    path = Path(os.path.abspath(path))
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise error(f"{what} {path}: {existing} is a file, not a folder")
+    try:
+        longest = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for i, name in enumerate(path.parts[1:], start=1):
+        room = SIBLING_CHARS if i == len(path.parts) - 1 else 0
+        if len(os.fsencode(name)) + room > longest:
+            raise error(
+                f"{what} {path}: the name {name[:20]}... is {len(os.fsencode(name))} bytes; "
+                f"at most {longest - room} fit here"
+            )
+    # Where it is made (beside it, as its temp sibling, when it is there already).
+    made_in = path.parent if existing == path else existing
+    if writable:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".dflash-check-", dir=made_in))
+        except OSError as e:
+            raise error(
+                f"{what} {path}: cannot make folders in {made_in} ({e.strerror or e})"
+            ) from None
 
 
 def discard(folder: Path) -> None:

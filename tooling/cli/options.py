@@ -30,7 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Settings:
     """What the group options decided, shared by every command through the Click context."""
 
-    cache: CacheLayout = field(default_factory=lambda: environ.cache_layout(None))
+    cache: CacheLayout = field(default_factory=lambda: environ.cache_layout(None, checked=False))
     patches_dir_option: Path | None = None
     index_url: str = DEFAULT_INDEX_URL
     offline: bool = False
@@ -141,7 +141,7 @@ def cache_options(f: F) -> F:
 
     def cache_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
         if value is not None:
-            ctx.ensure_object(Settings).cache = CacheLayout(value)
+            ctx.ensure_object(Settings).cache = environ.cache_layout(value)
 
     f = click.option(
         "--offline",

@@ -18,7 +18,7 @@ from ..probing.env import resolve_probe_python
 from .apply import ApplyOptions, SeriesReport, apply_series, three_way_preimages
 from .export import ExportResult, check_export, export_patches
 from .series import Series, load_ledger
-from .worktree import default_work_dir
+from .worktree import check_work_dir, default_work_dir
 
 
 def apply_options(
@@ -64,6 +64,7 @@ class PatchRequest:
 
 def patch_requested(request: PatchRequest) -> SeriesReport:
     """The series applied to the requested upstream in its work tree (locked meanwhile)."""
+    check_work_dir(request.work_dir)
     series = request.series
     upstream = fetch_requested(request.catalog, request.source, request.fetch, with_wheel=False)
     options = apply_options(

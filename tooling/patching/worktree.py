@@ -21,7 +21,8 @@ from pathlib import Path
 import git
 from gitdb import IStream
 
-from ..fsutil import discard, locked, staging_dir
+from ..errors import WorkTreeError
+from ..fsutil import check_creatable, discard, locked, staging_dir
 from ..gitutil import git_error_lines
 
 BASELINE_TAG = "baseline"
@@ -99,6 +100,14 @@ def _configure(repo: git.Repo) -> None:
     exclude = Path(repo.git_dir) / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     exclude.write_text("__pycache__/\n*.pyc\n")
+
+
+def check_work_dir(work_dir: Path | None) -> None:
+    """A --work-dir given is one a tree can be made at (or is one), checked before anything
+    is fetched: a name too long for its temp sibling, a file in its way or a folder nothing
+    can be made in is one line (exit 13), not an OSError from deep inside the run."""
+    if work_dir is not None:
+        check_creatable(work_dir, "--work-dir", WorkTreeError)
 
 
 def made_tree(work_dir: Path) -> git.Repo | None:

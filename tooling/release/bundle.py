@@ -36,6 +36,7 @@ from typing import Any
 from ..errors import BundleError
 from ..fsutil import (
     atomic_write_text,
+    check_creatable,
     discard,
     locked,
     run_scratch,
@@ -195,6 +196,7 @@ def refuse_existing(config: BundleConfig) -> None:
 def make_bundle(config: BundleConfig) -> tuple[BundlePlan, BundleResult]:
     """resolve -> plan -> download -> write, as ``tooling bundle`` does. Every temp folder
     of the run, uv's and pip's too, is in one scratch folder that goes on any exit."""
+    check_creatable(config.out_dir, "--out", BundleError)
     refuse_existing(config)
     with run_scratch("bundle") as scratch:
         resolution, plan = resolve_and_plan(config, scratch)

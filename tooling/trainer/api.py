@@ -27,6 +27,7 @@ from ..errors import (
     TrainSettingsError,
     error_for_exit_code,
 )
+from ..fsutil import check_creatable
 from ..procs import started
 from ..schema import Doc
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
@@ -90,7 +91,12 @@ class TrainRequest:
         when it holds another recipe's pair): one holding anything but a finished run, a run's
         files with its ``summary.json`` (written last), is refused before any work, so that
         nothing of the user's is replaced."""
-        if self.out_dir is None or not self.out_dir.is_dir():
+        if self.out_dir is None:
+            return
+        # A name too long for its temp sibling, a file in its way or a folder nothing can be
+        # made in: each was a traceback in the child.
+        check_creatable(self.out_dir, "--out-dir", TrainSettingsError)
+        if not self.out_dir.is_dir():
             return
         names = sorted(p.name for p in self.out_dir.iterdir())
         foreign = [n for n in names if n not in RUN_ENTRIES]
