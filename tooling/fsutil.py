@@ -32,6 +32,20 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_bounded(path: Path, limit: int, what: str, error: type[ToolingError]) -> bytes:
+    """``path``'s bytes, at most ``limit`` of them: a file larger than ``what`` can be (or a
+    device that never ends, /dev/zero) is refused after ``limit`` + 1 bytes, never read
+    whole. Either is ``error``, one line naming the file."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise error(f"{path}: over {limit} bytes: not {what}")
+    return data
+
+
 @contextlib.contextmanager
 def atomic_output(target: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     """Open a binary temp file beside ``target``; rename it over ``target`` only on success.

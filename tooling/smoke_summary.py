@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .errors import SmokeError
+from .fsutil import read_bounded
 from .schema import Doc
 
 #: The largest document read: a smoke's is tens of kB.
@@ -26,15 +27,9 @@ EVIDENCE = 200
 def summary_lines(path: Path) -> list[str]:
     """One line per check, then the smoke's summary (or its error); SmokeError naming the
     file when it holds no smoke document."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(LIMIT + 1)
-    except OSError as e:
-        raise SmokeError(f"{path}: cannot read the smoke's output ({e.strerror or e})") from None
+    raw = read_bounded(path, LIMIT, "a smoke's output", SmokeError)
     if not raw.strip():
         raise SmokeError(f"{path}: the smoke wrote no JSON (its last lines follow)")
-    if len(raw) > LIMIT:
-        raise SmokeError(f"{path}: over {LIMIT} bytes: not a smoke's output")
     try:
         data = json.loads(raw)
     except ValueError as e:

@@ -27,7 +27,7 @@ from ..errors import (
     TrainSettingsError,
     error_for_exit_code,
 )
-from ..fsutil import check_creatable
+from ..fsutil import check_creatable, read_bounded
 from ..procs import started
 from ..schema import Doc
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
@@ -156,14 +156,9 @@ SUMMARY_LIMIT = 1 << 20
 def read_summary(path: Path, error: type[ToolingError] = TrainingError) -> dict[str, Any]:
     """A finished run's ``summary.json``, with the figures :class:`TrainedPair` reads checked
     against their types: anything else is ``error``, one line naming the file and the key."""
+    raw = read_bounded(path, SUMMARY_LIMIT, "a run's summary", error)
     try:
-        with path.open("rb") as f:
-            raw = f.read(SUMMARY_LIMIT + 1)
-        if len(raw) > SUMMARY_LIMIT:
-            raise error(f"{path}: over {SUMMARY_LIMIT} bytes: not a run's summary")
         data = json.loads(raw)
-    except OSError as e:
-        raise error(f"{path}: cannot read it ({e.strerror or e})") from None
     except ValueError as e:
         raise error(f"{path}: not a run's summary (not JSON: {e})") from None
     doc = Doc(str(path), error)
