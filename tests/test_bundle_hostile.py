@@ -205,6 +205,18 @@ def test_an_extra_pinned_twice_is_refused(tmp_path: Path) -> None:
     assert refusing.connections == 0
 
 
+def test_an_exclude_present_list_that_never_ends_is_refused_after_its_bound(
+    tmp_path: Path,
+) -> None:
+    with refusing_index() as refusing:
+        result = _bundle_here(tmp_path, refusing, "--exclude-present", "/dev/zero")
+    assert (result.exit_code, result.stderr) == (
+        BundleError.exit_code,
+        "error: /dev/zero: over 16777216 bytes: not the exclude-present list\n",
+    )
+    assert refusing.connections == 0
+
+
 def _bundle_here(tmp_path: Path, refusing: Refusing, *args: str) -> Any:
     """``tooling bundle`` in this process (a refusal before any child), the index and every
     proxy pointed at ``refusing``."""

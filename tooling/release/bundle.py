@@ -39,6 +39,7 @@ from ..fsutil import (
     check_creatable,
     discard,
     locked,
+    read_bounded,
     run_scratch,
     sha256_file,
     staging_dir,
@@ -158,21 +159,27 @@ def write_bundle(
     return result
 
 
+#: The largest exclude-present list read: a host's pip freeze is a few kB.
+PRESENT_LIMIT = 16 << 20
+
+
 def read_present(path: Path) -> dict[str, str | None]:
-    """:func:`parse_present` over a file."""
+    """:func:`parse_present` over a file (its size bounded: /dev/zero is not read whole)."""
+    raw = read_bounded(path, PRESENT_LIMIT, "the exclude-present list", BundleError)
     try:
-        return parse_present(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BundleError(f"{path}: cannot read the exclude-present list ({e.strerror})") from None
+        return parse_present(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BundleError(f"{path}: the exclude-present list is not UTF-8 text ({e})") from None
 
 
 def resolve_and_plan(
     config: BundleConfig, scratch: Path | None = None
 ) -> tuple[Resolution, BundlePlan]:
     """resolve -> plan, without downloading anything (``--lock-only`` stops here)."""
-    pinned_extras(config.extras)  # a malformed pin is refused before uv runs
-    resolution = resolve(config, scratch)
+    # What the caller gave is checked before uv runs: a malformed pin, an unreadable list.
+    pinned_extras(config.extras)
     present = read_present(config.exclude_present) if config.exclude_present else {}
+    resolution = resolve(config, scratch)
     plan = plan_bundle(
         resolution.requirements,
         wheel=config.wheel,
