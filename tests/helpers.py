@@ -198,3 +198,22 @@ def run_gpu_script(
         text=True,
         timeout=HANG_GUARD_S,
     )
+
+
+#: A stand-in probe interpreter: it writes the file $PAYLOAD names where the probes' answer
+#: goes, and nothing else.
+ANSWERING_INTERPRETER = """#!/bin/sh
+for word in "$@"; do case $word in */out.json) out=$word ;; esac; done
+cat "$PAYLOAD" > "$out"
+"""
+
+
+def answering_interpreter(folder: Path, payload: str) -> tuple[Path, dict[str, str]]:
+    """A probe interpreter that answers ``payload``, and the environment it reads it by
+    (the probe cache off, so every run asks it)."""
+    python = folder / "python"
+    python.write_text(ANSWERING_INTERPRETER)
+    python.chmod(0o755)
+    (folder / "answer.json").write_text(payload)
+    env = {"PAYLOAD": str(folder / "answer.json"), "TOOLING_NO_PROBE_CACHE": "1"}
+    return python, env

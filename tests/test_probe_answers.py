@@ -16,11 +16,7 @@ from tooling.cli import main
 from tooling.errors import ProbeError
 from tooling.patching.registry import registry
 
-#: A stand-in interpreter: it writes the file PAYLOAD names where the probes' answer goes.
-INTERPRETER = """#!/bin/sh
-for word in "$@"; do case $word in */out.json) out=$word ;; esac; done
-cat "$PAYLOAD" > "$out"
-"""
+from .helpers import answering_interpreter
 
 
 def _answer(**entry: Any) -> str:
@@ -45,16 +41,9 @@ def _answer(**entry: Any) -> str:
 def test_an_answer_that_is_not_the_probes_is_one_line(
     tmp_path: Path, payload: str, why: str
 ) -> None:
-    python = tmp_path / "python"
-    python.write_text(INTERPRETER)
-    python.chmod(0o755)
-    (tmp_path / "answer.json").write_text(payload)
+    python, env = answering_interpreter(tmp_path, payload)
     (tmp_path / "tree" / "vllm").mkdir(parents=True)
-    env = {
-        "PAYLOAD": str(tmp_path / "answer.json"),
-        "TOOLING_NO_PROBE_CACHE": "1",
-        "VLLM_DFLASH_CACHE": str(tmp_path / "cache"),
-    }
+    env["VLLM_DFLASH_CACHE"] = str(tmp_path / "cache")
     args = ["probe", "--python", str(python), "--root", str(tmp_path / "tree")]
     result = CliRunner(env=env).invoke(main, args)
     count = len(registry().probes)
