@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,10 +183,19 @@ def wheel_options(wheel_help: str) -> Callable[[F], F]:
     return decorate
 
 
+def absolute(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
+    """An interpreter given relative to where the command runs, made absolute here: its
+    children start in folders of their own, where ``py`` names nothing (a relative --python
+    was "No such file or directory" for a file that exists). Not resolved: a virtualenv's
+    python is a link whose own path finds its environment."""
+    return Path(os.path.abspath(value)) if value is not None else None
+
+
 def probe_python_option(f: F) -> F:
     return click.option(
         "--probe-python",
         type=click.Path(path_type=Path, exists=True),
+        callback=absolute,
         help="Interpreter that runs the probes: it must import torch and vLLM's dependencies "
         "(default: $TOOLING_PROBE_PYTHON, else the cached probe environment).",
     )(f)

@@ -15,7 +15,7 @@ from ..probing.env import ensure_probe_setup
 from ..report import table
 from . import environ
 from .environ import CACHED_NOTE
-from .options import emit, json_option, settings_of
+from .options import absolute, emit, json_option, settings_of
 from .registry_options import probe_option
 
 
@@ -29,6 +29,7 @@ from .registry_options import probe_option
     "--python",
     "python",
     type=click.Path(path_type=Path, exists=True),
+    callback=absolute,
     help="Interpreter to probe with (default: the probe environment).",
 )
 @probe_option
