@@ -12,13 +12,29 @@ from pathlib import Path
 from ..errors import SeriesError
 from ..fetching.bases import BaseCatalog, load_bases
 from ..fetching.fetch import FetchOptions
-from ..fetching.upstream import SourceRequest, fetch_requested
+from ..fetching.upstream import SourceRequest, fetch_requested, fetch_upstream
 from ..fsutil import locked
 from ..probing.env import resolve_probe_python
-from .apply import ApplyOptions, SeriesReport, apply_series, three_way_preimages
+from .apply import ApplyOptions, SeriesReport, apply_series
 from .export import ExportResult, check_export, export_patches
 from .series import Series, load_ledger
 from .worktree import check_work_dir, default_work_dir
+
+
+def three_way_preimages(
+    series: Series, catalog: BaseCatalog, options: FetchOptions
+) -> tuple[bytes, ...]:
+    """For ``--3way``: the validated base's copies of every file the series touches (fetched,
+    source only), the blobs a 3-way merge on another base needs."""
+    if not series.validated_base:
+        return ()
+    validated = fetch_upstream(catalog.get(series.validated_base), options, with_wheel=False)
+    return tuple(
+        (validated.source_dir / f).read_bytes()
+        for p in series.patches
+        for f in p.files
+        if (validated.source_dir / f).is_file()
+    )
 
 
 def apply_options(

@@ -22,6 +22,7 @@ import git
 from gitdb import IStream
 
 from ..errors import WorkTreeError
+from ..fetching import unpacked
 from ..fsutil import check_creatable, discard, locked, staging_dir
 from ..gitutil import git_error_lines
 
@@ -206,7 +207,7 @@ def baseline_repo(source_dir: Path, message: str, baselines: Path) -> Path:
     one commit; made once (under a lock), keyed by the folder, the message and the
     listing (names, sizes, mtimes) of what is in it, so a changed folder gets another."""
     source = source_dir.resolve()
-    listing = hashlib.sha256(f"{source}\0{message}\0".encode())
+    listing = hashlib.sha256(f"{source}\0{message}\0{unpacked.stamp(source.parent)}\0".encode())
     for path in sorted(source.rglob("*")):
         st = path.lstat()
         listing.update(f"{path.relative_to(source)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
