@@ -6,6 +6,7 @@ the GPU host runs) reads it."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from click.testing import CliRunner
 from tooling.cli import main
 from tooling.errors import TrainSettingsError
 from tooling.paths import REPO_DIR
+
+from .helpers import HANG_GUARD_S, wait_until
 
 
 def _snapshot(folder: Path) -> dict[str, bytes | None]:
@@ -142,3 +145,52 @@ def test_the_recipes_own_entry_names_a_garbage_summary_too(tmp_path: Path) -> No
     assert done.returncode == TrainSettingsError.exit_code, done.stderr
     assert done.stderr.startswith(f"error: {run / 'summary.json'}: not a run's summary")
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+
+
+def _train_process(
+    tmp_path: Path, probe_env: tuple[str, dict[str, str]]
+) -> tuple[subprocess.Popen[str], Path]:
+    """``tooling train --preset smoke`` in the probe interpreter, its own cache and $TMPDIR."""
+    python, env = probe_env
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "tooling", "--no-progress", "--cache-dir"]
+    command += [str(tmp_path / "cache"), "train", "--preset", "smoke", "--python", python]
+    proc = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env={**env, "TMPDIR": str(scratch), "PYTHONPATH": env["PYTHONPATH"]},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, scratch
+
+
+@pytest.mark.slow
+def test_training_leaves_nothing_in_tmpdir(
+    tmp_path: Path, probe_env: tuple[str, dict[str, str]]
+) -> None:
+    """torch's compile cache, torchinductor_<user>, stayed in $TMPDIR after every run."""
+    proc, scratch = _train_process(tmp_path, probe_env)
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, err[-3000:]
+    assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_stopped_training_says_so_once_and_leaves_nothing(
+    tmp_path: Path, probe_env: tuple[str, dict[str, str]]
+) -> None:
+    """SIGTERM to `tooling train`: the recipe's child printed its own "interrupted" line
+    before the command's, on the same stderr."""
+    proc, scratch = _train_process(tmp_path, probe_env)
+    trained = tmp_path / "cache" / "trained"
+    wait_until(lambda: any(trained.glob(".*.tmp-*/train.log")), "the recipe's run", alive=proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 143, err[-3000:]
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: interrupted (SIGTERM)"
+    ]
+    assert list(scratch.iterdir()) == [] and list(trained.iterdir()) == []

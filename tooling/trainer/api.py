@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from ..errors import (
     TrainSettingsError,
     error_for_exit_code,
 )
-from ..fsutil import check_creatable, read_bounded
+from ..fsutil import check_creatable, read_bounded, run_scratch
 from ..procs import started
 from ..schema import Doc
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
@@ -247,13 +246,18 @@ def train_in(python: Path, request: TrainRequest) -> TrainedPair:
     """
     request.config()  # bad settings are this process's error, before a child starts
     request.check_out_dir()
-    with tempfile.TemporaryDirectory(prefix="dflash-train-") as tmp:
+    with run_scratch("train") as tmp:
         # The child imports this very package through a link, and nothing else of this
         # interpreter's: ``python`` may be any interpreter with torch.
-        (Path(tmp) / "tooling").symlink_to(_PACKAGE, target_is_directory=True)
+        (tmp / "tooling").symlink_to(_PACKAGE, target_is_directory=True)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH", "")) if p)
-        outcome_file = Path(tmp) / "outcome.json"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp), env.get("PYTHONPATH", "")) if p)
+        # Its temp files (torch's compile caches, torchinductor_<user>, among them) go in
+        # this run's folder, which goes on any exit.
+        scratch = tmp / "tmp"
+        scratch.mkdir()
+        env["TMPDIR"] = str(scratch)
+        outcome_file = tmp / "outcome.json"
         command = [str(python), "-m", "tooling.trainer", *request.argv()]
         try:
             with started(
