@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,6 +182,17 @@ def wheel_options(wheel_help: str) -> Callable[[F], F]:
         )(f)
 
     return decorate
+
+
+class FiniteRange(click.FloatRange):
+    """Click's FloatRange without ``nan`` and ``inf``, which it lets through (no comparison
+    with nan fails) and which no limit or share can be."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def absolute(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
