@@ -334,3 +334,21 @@ def test_make_parts_stopped_while_pip_downloads_leaves_nothing_running_or_behind
     assert list(scratch.iterdir()) == []
     assert not (tmp_path / "parts").exists()
     wait_until(lambda: not _processes_naming(str(scratch)), "the bundle step stopping")
+
+
+@pytest.mark.slow
+def test_the_staging_folders_of_a_bundle_killed_outright_go_with_the_next(
+    tmp_path: Path, index: Index
+) -> None:
+    """A bundle killed (SIGKILL) while it wrote or split left its staging folders for good:
+    the next run of the same bundle removes them, under the folder's lock."""
+    name = f"vllm-{VLLM[1]}-bundle-cp312-manylinux_2_35_x86_64"
+    out = tmp_path / "out"
+    for left in (f".{name}.k1ll3d00.part", f".{name}-parts.k1ll3d00.part"):
+        (out / left).mkdir(parents=True)
+        (out / left / "half.bin").write_bytes(b"\0" * 1000)
+    code, _, err = _finish(
+        _bundle(tmp_path, "--extra", "six==1.17.0", "--split", "64K", index_url=index.url)
+    )
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == [name, f"{name}-parts"]
