@@ -51,7 +51,7 @@ class Refusing:
 @contextmanager
 def refusing_index() -> Iterator[Refusing]:
     server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.1)
+    server.settimeout(0.01)
     refusing = Refusing(server.getsockname()[1])
     stop = threading.Event()
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tooling.paths import REPO_DIR
 from tooling.pidfile import record, start_time
+from tooling.smoke_summary import main as smoke_summary
 
-from .helpers import HANG_GUARD_S, run_gpu_script
+from .helpers import run_gpu_script
 
 
 def test_time_limit_is_never_evaluated_by_the_shell(tmp_path: Path) -> None:
@@ -153,6 +153,7 @@ def test_no_script_evaluates_a_number_it_is_given(
     assert f"not '{value}'" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_pair_parts_writes_a_relative_out_dir_where_it_was_started(tmp_path: Path) -> None:
     """Relative OUT_DIR and DIRs are the caller's: the script wrote into the repository."""
     host = tmp_path / "host"
@@ -311,32 +312,22 @@ def test_wait_does_not_take_another_process_for_the_session(tmp_path: Path) -> N
     ],
 )
 def test_the_hosts_check_table_names_a_document_that_is_not_a_smokes(
-    tmp_path: Path, text: str, why: str
+    tmp_path: Path, text: str, why: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     document = tmp_path / "default.json"
     document.write_text(text)
-    done = subprocess.run(
-        [sys.executable, "-m", "tooling.smoke_summary", str(document)],
-        cwd=REPO_DIR,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.startswith(f"error: {document}") and why in done.stderr, done.stderr
-    assert done.stderr.count("\n") == 1
+    code = smoke_summary([str(document)])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err.startswith(f"error: {document}") and why in err, err
+    assert err.count("\n") == 1
 
 
-def test_the_hosts_check_table_of_a_smokes_document(tmp_path: Path) -> None:
+def test_the_hosts_check_table_of_a_smokes_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     document = tmp_path / "default.json"
     check = {"number": 1, "id": "aux_layers", "status": "pass", "evidence": "x" * 300}
     document.write_text(json.dumps({"checks": [check], "summary": "1 of 1 checks pass"}))
-    done = subprocess.run(
-        [sys.executable, "-m", "tooling.smoke_summary", str(document)],
-        cwd=REPO_DIR,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == f" 1 aux_layers       pass  {'x' * 200}\n1 of 1 checks pass\n"
+    assert smoke_summary([str(document)]) == 0
+    assert capsys.readouterr().out == f" 1 aux_layers       pass  {'x' * 200}\n1 of 1 checks pass\n"

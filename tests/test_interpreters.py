@@ -11,10 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tooling.errors import EnvironmentProblem, VllmNotFoundError
 from tooling.patching.registry import registry
 
 from .helpers import HANG_GUARD_S, answering_interpreter
+
+#: Each runs the command line (and its children) as processes of their own.
+pytestmark = pytest.mark.slow
 
 
 def _tooling(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

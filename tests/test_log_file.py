@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tooling.errors import LogFileError
 from tooling.patching.registry import registry
 
 from .helpers import HANG_GUARD_S, answering_interpreter
 
 
+@pytest.mark.slow
 def test_a_log_file_that_cannot_be_written_is_one_line_after_the_answer(tmp_path: Path) -> None:
     """It printed 532 "Logging error" tracebacks, then exited 1 after a passing verify."""
     answer = {

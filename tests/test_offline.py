@@ -47,9 +47,9 @@ COMMANDS: dict[str, tuple[list[str], int | None]] = {
     "bundle": (["bundle", "--wheel", "{wheel}", "--out", "{tmp}/out"], CacheMissError.exit_code),
     "release": (["release", "--dist", "{tmp}/dist"], None),
 }
-#: Those that start interpreters of their own (a virtualenv, the probes, the recipe): the
-#: slow tier.
-SLOW = {"verify", "probe", "train"}
+#: Those that start interpreters of their own (a virtualenv, the probes, the recipe, uv):
+#: the slow tier.
+SLOW = {"verify", "probe", "train", "bundle"}
 
 
 def _names(group: click.Group, prefix: str = "") -> set[str]:
