@@ -5,7 +5,9 @@ and every script refuses what its usage line does not name before it does anythi
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from tooling.paths import REPO_DIR
 from tooling.pidfile import record, start_time
 from tooling.smoke_summary import main as smoke_summary
 
-from .helpers import run_gpu_script
+from .helpers import HANG_GUARD_S, run_gpu_script
 
 
 def test_time_limit_is_never_evaluated_by_the_shell(tmp_path: Path) -> None:
@@ -331,3 +333,30 @@ def test_the_hosts_check_table_of_a_smokes_document(
     document.write_text(json.dumps({"checks": [check], "summary": "1 of 1 checks pass"}))
     assert smoke_summary([str(document)]) == 0
     assert capsys.readouterr().out == f" 1 aux_layers       pass  {'x' * 200}\n1 of 1 checks pass\n"
+
+
+def test_join_py_refuses_what_its_usage_line_does_not_name(tmp_path: Path) -> None:
+    """The bundle's join.py, the one script the GPU host runs from the parts themselves: an
+    extra argument was ignored, a folder without SHA256SUMS a traceback."""
+    join = REPO_DIR / "tooling" / "release" / "bundle_files" / "join.py"
+    shutil.copy(join, tmp_path / "join.py")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(tmp_path / "join.py"), *args],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
+        )
+
+    for args in (("a", "b"), ("--force",)):
+        done = run(*args)
+        assert (done.returncode, done.stderr) == (
+            2,
+            f"join.py: unknown argument {args[-1]!r} (usage: python3 join.py [DEST])\n",
+        )
+    done = run(str(tmp_path / "dest"))
+    assert done.returncode == 1 and done.stderr.startswith(
+        f"join.py: cannot read {tmp_path / 'SHA256SUMS'}: "
+    )
+    assert "Traceback" not in done.stderr and not (tmp_path / "dest").exists()
