@@ -131,7 +131,7 @@ NUMBERS = [
 
 
 @pytest.mark.parametrize(("script", "args", "name"), NUMBERS)
-@pytest.mark.parametrize("shape", ["x[$(touch {marker})]", "$(touch {marker})", "1+1", "-5"])
+@pytest.mark.parametrize("shape", ["x[$(touch {marker})]", "$(touch {marker})", "1+1", "-5", "abc"])
 def test_no_script_evaluates_a_number_it_is_given(
     tmp_path: Path, script: str, args: tuple[str, ...], name: str, shape: str
 ) -> None:
