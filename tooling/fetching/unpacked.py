@@ -108,6 +108,10 @@ def blame_changed(sdist: Path, tree: Path, relpath: str, content: bytes | None) 
     ``sdist``'s at ``relpath`` (a change its listing did not see), the cache is at fault, not
     the file the build compared it with: the tree is moved aside, so the next run unpacks it
     anew, and an IntegrityError says so."""
+    # Only a tree this module unpacked and recorded: another (a copy a caller made and
+    # changed on purpose, a folder of someone's) is never blamed, nor moved.
+    if not listing_path(tree.parent).is_file():
+        return
     if differs_from_sdist(sdist, tree, relpath, content):
         aside = reject(tree.parent)
         raise IntegrityError(
