@@ -172,6 +172,17 @@ def read_summary(path: Path, error: type[ToolingError] = TrainingError) -> dict[
     return dict(data)
 
 
+def finished_summary(path: Path, *, users: bool) -> dict[str, Any] | None:
+    """A finished run's summary at ``path``: a damaged one is the error of the user's folder
+    (``users``: --out-dir) and, in the cache's own folder, a run to make again (None)."""
+    try:
+        return read_summary(path, TrainSettingsError)
+    except TrainSettingsError:
+        if users:
+            raise
+        return None
+
+
 @dataclass(frozen=True)
 class TrainedPair:
     """A finished run folder: the target and drafter vLLM loads, and the reference figures."""

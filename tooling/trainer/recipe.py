@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import EnvironmentProblem, TrainingError, TrainSettingsError
 from ..paths import CacheLayout, default_cache_dir
-from .api import TrainedPair, TrainRequest, read_summary
+from .api import TrainedPair, TrainRequest, finished_summary
 from .common import Log, sha256_file, write_json
 from .config import RECIPE_VERSION, RecipeConfig, recipe_digest
 from .corpus import DRAFT, HELDOUT, SPLITS, TRAIN, Corpus, load_corpus
@@ -168,7 +168,9 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
         request.out_dir if request.out_dir is not None else trained_root(request.cache_dir) / digest
     )
     export = request.export
-    summary = _finished(final, request.out_dir is not None) if not request.force else None
+    summary = None
+    if not request.force and final.complete():
+        summary = finished_summary(final.summary, users=request.out_dir is not None)
     if summary is not None and summary["recipe_digest"] == digest:
         log(f"cached: {final.root} (pass --force to retrain)")
         _export(final, export)
@@ -203,20 +205,6 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
     os.replace(work.root, final.root)
     _export(final, export)
     return TrainedPair.from_summary(summary, cached=False)
-
-
-def _finished(run: RunPaths, users: bool) -> dict[str, Any] | None:
-    """The summary of the finished run in ``run``; None when there is none. A damaged one is
-    the error of the user's folder (``users``: --out-dir) and in the cache's own folder a run
-    to make again."""
-    if not run.complete():
-        return None
-    try:
-        return read_summary(run.summary, TrainSettingsError)
-    except TrainSettingsError:
-        if users:
-            raise
-        return None
 
 
 def _export(paths: RunPaths, export: Path | None) -> None:
