@@ -172,11 +172,16 @@ def wait_until(
 
 
 def run_gpu_script(
-    script: str, *args: str, work: Path, out: Path | None = None, **more: str
+    script: str,
+    *args: str,
+    work: Path,
+    out: Path | None = None,
+    cwd: Path | None = None,
+    **more: str,
 ) -> subprocess.CompletedProcess[str]:
     """``bash ci/gpu/SCRIPT ARGS`` with ``WORK`` (and ``OUT``, and the variables ``more``
     names) set, as on the GPU host, where the host's python3 runs the toolchain: here this
-    interpreter, first on PATH."""
+    interpreter, first on PATH; started in ``cwd`` (default: this process's folder)."""
     env = {
         **os.environ,
         **more,
@@ -188,7 +193,27 @@ def run_gpu_script(
     return subprocess.run(
         ["bash", str(REPO_DIR / "ci" / "gpu" / script), *args],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
     )
+
+
+#: A stand-in probe interpreter: it writes the file $PAYLOAD names where the probes' answer
+#: goes, and nothing else.
+ANSWERING_INTERPRETER = """#!/bin/sh
+for word in "$@"; do case $word in */out.json) out=$word ;; esac; done
+cat "$PAYLOAD" > "$out"
+"""
+
+
+def answering_interpreter(folder: Path, payload: str) -> tuple[Path, dict[str, str]]:
+    """A probe interpreter that answers ``payload``, and the environment it reads it by
+    (the probe cache off, so every run asks it)."""
+    python = folder / "python"
+    python.write_text(ANSWERING_INTERPRETER)
+    python.chmod(0o755)
+    (folder / "answer.json").write_text(payload)
+    env = {"PAYLOAD": str(folder / "answer.json"), "TOOLING_NO_PROBE_CACHE": "1"}
+    return python, env

@@ -92,7 +92,7 @@ def test_bundle_reads_the_wheel_from_dist(tmp_path):
         (("--gpu-memory-utilization", "0"), "0.0 is not in the range 0.0<x<=1.0"),
         (("--gpu-memory-utilization", "1.5"), "1.5 is not in the range 0.0<x<=1.0"),
         (("--kv-cache-memory-bytes", "-1"), "'--kv-cache-memory-bytes': -1 is not in the range"),
-        (("--time-limit", "0"), "'--time-limit': 0.0 is not in the range x>0.0"),
+        (("--time-limit", "0"), "'--time-limit': 0.0 is not in the range 0.0<x<=604800"),
         (("--tiny-hidden-size", "0"), "'--tiny-hidden-size': 0 is not in the range x>=1"),
         (("--min-acceptance-length", "1"), "1.0 is not in the range x>1.0"),
         (("--fidelity-gate", "0"), "'--fidelity-gate': 0.0 is not in the range 0.0<x<=1.0"),

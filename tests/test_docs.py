@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tooling.canary_doc import TITLE, grouped_rows, release_label, render
+from tooling.fetching.bases import load_bases
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -172,11 +173,37 @@ def run_renderer(*args: str | Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def bases_pinning(folder: Path, *versions: str) -> Path:
+    """A copy of bases.toml that pins ``versions`` alone."""
+    kept, keep = [], True
+    for line in (ROOT / "patches" / "bases.toml").read_text().split("\n"):
+        if line.startswith('[bases."'):
+            keep = line.split('"')[1] in versions
+        if keep:
+            kept.append(line)
+    path = folder / "bases.toml"
+    path.write_text("\n".join(kept))
+    return path
+
+
 def test_the_command_writes_the_page(tmp_path: Path) -> None:
     out = tmp_path / "canary.md"
-    done = run_renderer(STATUS, "-o", out)
+    done = run_renderer(STATUS, "-o", out, "--bases", bases_pinning(tmp_path, "0.20.1", "0.22.0"))
     assert done.returncode == 0, done.stderr
     assert out.read_text(encoding="utf-8") == render(status_two())
+
+
+def test_a_matrix_of_fewer_releases_than_are_pinned_writes_no_page(tmp_path: Path) -> None:
+    """A run of one base wrote a one-row page that still said "--bases all" and "every
+    pinned release"."""
+    out = tmp_path / "canary.md"
+    done = run_renderer(STATUS, "-o", out)
+    pinned = len(load_bases(ROOT / "patches" / "bases.toml").bases)
+    assert done.returncode == 13
+    assert done.stderr.startswith(f"error: {STATUS}: has no row for 0.20.0, 0.20.2, 0.21.0 and ")
+    assert f" more of the {pinned} releases " in done.stderr and done.stderr.count("\n") == 1
+    assert "`tooling patch status --bases all --json`" in done.stderr
+    assert not out.exists()
 
 
 def test_a_status_without_probes_or_patches_is_one_line(tmp_path: Path) -> None:

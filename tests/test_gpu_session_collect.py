@@ -11,6 +11,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from tooling.pidfile import record
+
 from .helpers import REPO_DIR, run_gpu_script
 from .smoke_models import write_seed_pair
 
@@ -75,12 +77,13 @@ def test_the_pair_variant_smokes_the_pair_as_a_user_passes_it(tmp_path: Path) ->
     assert {p: p.stat().st_mtime_ns for p in pair.rglob("*")} == before
 
 
-def _session(work: Path, pid: int) -> None:
-    """A session's files as ``start`` leaves them, its smoke two waves in."""
+def _session(work: Path, process: subprocess.Popen) -> None:
+    """A session's files as ``start`` leaves them, its smoke two waves in; ``process`` (still
+    running) stands in for the session's."""
     session = work / "session"
     (session / "seed-full-pair" / "pair").mkdir(parents=True)
     (session / "session.log").write_text("[08:27:37] seed-full-pair\n")
-    (session / "background.pid").write_text(f"{pid}\n")
+    record(session / "background.pid", process.pid)
     (session / "seed-full-pair" / "pair" / "report.json").write_text('{"partial": true}')
     (session / "seed-full-pair" / "pair.err").write_text(
         "[smoke] serve with DFlash ...\nINFO noise\n[smoke] in-process engine (engine) ...\n"
@@ -92,9 +95,10 @@ def test_wait_returns_once_the_session_has_ended_and_brings_back_what_ran(
 ) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     out.mkdir()
-    ended = subprocess.Popen(["true"])
+    ended = subprocess.Popen(["sleep", "600"])
+    _session(work, ended)
+    ended.kill()
     ended.wait()
-    _session(work, ended.pid)
     # The limit is far past the hang guard: only the session's end can have let it return.
     done = run_gpu_script("hybrid-session.sh", "wait", "100000", work=work, out=out)
     assert done.returncode == 0, done.stderr
@@ -114,7 +118,7 @@ def test_wait_on_a_session_still_running_says_so_and_still_collects(tmp_path: Pa
     out.mkdir()
     running = subprocess.Popen(["sleep", "600"])
     try:
-        _session(work, running.pid)
+        _session(work, running)
         done = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
     finally:
         running.kill()
@@ -131,7 +135,7 @@ def test_wait_refuses_a_limit_that_is_not_seconds_and_a_folder_with_no_session(
     out.mkdir()
     bad = run_gpu_script("hybrid-session.sh", "wait", "9m", work=work, out=out)
     assert (bad.returncode, bad.stderr.count("\n")) == (2, 1)
-    assert "SECONDS must be a whole number, not '9m'" in bad.stderr
+    assert "SECONDS must be a whole number (at most 9 digits), not '9m'" in bad.stderr
     none = run_gpu_script("hybrid-session.sh", "wait", "5", work=work, out=out)
     assert (none.returncode, none.stderr.count("\n")) == (2, 1)
     assert "background.pid: no session was started here" in none.stderr
@@ -144,7 +148,7 @@ def test_a_second_start_while_a_session_runs_is_refused_before_it_installs(
     work = tmp_path / "work"
     running = subprocess.Popen(["sleep", "600"])
     try:
-        _session(work, running.pid)
+        _session(work, running)
         before = sorted(p.relative_to(work) for p in work.rglob("*"))
         done = run_gpu_script("hybrid-session.sh", "start", str(tmp_path / "parts"), work=work)
     finally:

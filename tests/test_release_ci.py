@@ -127,6 +127,10 @@ def small_built_wheel(dist: Path, payload: bytes) -> Path:
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("vllm/blob.bin", payload)
         zf.writestr(f"vllm-0.20.1+dflash.6.0.dist-info/{MANIFEST_NAME}", manifest.to_bytes())
+        zf.writestr(
+            "vllm-0.20.1+dflash.6.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nTag: cp38-abi3-manylinux_2_35_x86_64\n",
+        )
     return wheel
 
 

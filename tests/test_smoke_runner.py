@@ -274,6 +274,7 @@ DRAFTER_CONFIG = {
     "architectures": ["DFlashDraftModel"],
     "model_type": "qwen3",
     "num_hidden_layers": 3,
+    "hidden_size": 256,  # the target's: a drafter reads its hidden states
     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
     "sliding_window": 16,
     "use_sliding_window": True,

@@ -16,11 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ReleaseError, ToolingError, exit_code_for
+from .fetching.bases import load_bases
 from .fsutil import atomic_write_text
+from .paths import REPO_DIR
 from .release.release import read_status
 from .report import STATUS_LEGEND, markdown_table, status_cells
 
 TITLE = "# The canary: every patch on every pinned release"
+#: The pinned releases the page covers, every one.
+BASES = REPO_DIR / "patches" / "bases.toml"
 
 
 def release_label(bases: Sequence[str]) -> str:
@@ -64,14 +68,26 @@ def render(status: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_matrix(path: Path) -> dict[str, Any]:
+def read_matrix(path: Path, bases: Path = BASES) -> dict[str, Any]:
     """``patch status --json``'s output at ``path``, as ``release`` reads it, with the list of
-    patches the columns are named by; anything else is a ReleaseError naming the file."""
+    patches the columns are named by, and a row for every release ``bases`` pins (the page
+    says "every pinned release" and "--bases all"); anything else is a ReleaseError naming
+    the file."""
     status = read_status(path)
     patches = status.get("patches")
     if not (isinstance(patches, list) and all(isinstance(p, str) for p in patches)):
         raise ReleaseError(
             f"{path}: not the output of `tooling patch status --json` (no list of patches)"
+        )
+    pinned = list(load_bases(bases).bases)
+    covered = {entry["base"] for entry in status["bases"]}
+    missing = [version for version in pinned if version not in covered]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ReleaseError(
+            f"{path}: has no row for {', '.join(missing[:3])}{more} of the {len(pinned)} "
+            f"releases {bases} pins; the page is every pinned release: make the matrix with "
+            "`tooling patch status --bases all --json`"
         )
     return status
 
@@ -83,9 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("status_json", type=Path, help="the output of patch status --json")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the page to write")
+    parser.add_argument(
+        "--bases", type=Path, default=BASES, help="the pinned releases the matrix must cover"
+    )
     args = parser.parse_args(argv)
     try:
-        page = render(read_matrix(args.status_json))
+        page = render(read_matrix(args.status_json, args.bases))
     except ToolingError as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_code_for(e)

@@ -184,6 +184,12 @@ class FuzzCaseError(ToolingError):
     exit_code = 26
 
 
+class LogFileError(ToolingError):
+    """--log-file could not be written (a full disk): the command ran, its log is not whole."""
+
+    exit_code = 27
+
+
 def error_for_exit_code(code: int, message: str) -> ToolingError:
     """The error a child process of ours reported by its exit code (the trainer's, which
     runs in another interpreter), to raise again in this one."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import CacheWriteError
+from .errors import CacheWriteError, ToolingError
 
 CHUNK = 1 << 20
 
@@ -30,6 +30,20 @@ def sha256_file(path: Path) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def read_bounded(path: Path, limit: int, what: str, error: type[ToolingError]) -> bytes:
+    """``path``'s bytes, at most ``limit`` of them: a file larger than ``what`` can be (or a
+    device that never ends, /dev/zero) is refused after ``limit`` + 1 bytes, never read
+    whole. Either is ``error``, one line naming the file."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise error(f"{path}: over {limit} bytes: not {what}")
+    return data
 
 
 @contextlib.contextmanager
@@ -176,6 +190,74 @@ def dead_run_folders(parent: Path) -> list[Path]:
         except (PermissionError, OverflowError):
             pass  # alive (another user's), or no pid at all
     return found
+
+
+#: What the temp siblings a folder is made and locked as add to its name
+#: (``.NAME.XXXXXXXX.part``, ``.NAME.lock``, the recipe's ``.NAME.tmp-PID``), at most.
+SIBLING_CHARS = 16
+
+
+def check_creatable(
+    path: Path, what: str, error: type[ToolingError], *, writable: bool = True
+) -> None:
+    """``path`` can become a folder here, or is one: each name in it fits the file system
+    (the last with room for its temp siblings), its nearest existing part is a folder, not
+    a file, and (``writable``) a folder can be made in that one. A refusal is ``error``,
+    one line naming ``what``, before any work: these were an ENAMETOOLONG, a
+    NotADirectoryError or a permission error from deep inside a run."""
+    path = Path(os.path.abspath(path))
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise error(f"{what} {path}: {existing} is a file, not a folder")
+    try:
+        longest = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for i, name in enumerate(path.parts[1:], start=1):
+        room = SIBLING_CHARS if i == len(path.parts) - 1 else 0
+        if len(os.fsencode(name)) + room > longest:
+            raise error(
+                f"{what} {path}: the name {name[:20]}... is {len(os.fsencode(name))} bytes; "
+                f"at most {longest - room} fit here"
+            )
+    # Where it is made (beside it, as its temp sibling, when it is there already).
+    made_in = path.parent if existing == path else existing
+    if writable:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".dflash-check-", dir=made_in))
+        except OSError as e:
+            raise error(
+                f"{what} {path}: cannot make folders in {made_in} ({e.strerror or e})"
+            ) from None
+
+
+def discard(folder: Path) -> None:
+    """Remove a folder of ours. Renamed first, so an interrupted removal never leaves half a
+    folder under the real name (the ``.old`` sibling goes with the next lock's holder)."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
+    os.rename(folder, trash / folder.name)
+    shutil.rmtree(trash)
+
+
+@contextlib.contextmanager
+def run_scratch(kind: str, given: Path | None = None) -> Iterator[Path]:
+    """The run's scratch folder: ``given`` (a caller's, which it removes), else a new one
+    in the temp folder named for this process (``dflash-KIND-<pid>-...``), removed on any
+    exit. Children get it as their TMPDIR, so what they leave (pip's build tracker and
+    unpacked wheels, torch's compile caches) goes with it; one a killed run left is removed
+    by the next run that makes one."""
+    if given is not None:
+        yield given
+        return
+    for dead in dead_run_folders(Path(tempfile.gettempdir())):
+        shutil.rmtree(dead, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=run_prefix(f"dflash-{kind}-")))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,9 @@
 # Wait for the recipe, then measure every engine on the trained pair.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/args.sh" "usage: [WAIT_S=SECONDS] acceptance.sh"
+[ $# -eq 0 ] || usage_error "unknown argument '$1'"
+[ -z "${WAIT_S:-}" ] || whole_number WAIT_S "$WAIT_S"
 . "$here/env.sh"
 cd "$here/../.." || exit 1
 limit=${WAIT_S:-420}

@@ -5,9 +5,17 @@
 # which can then run while `build` makes the engines' installs).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/env.sh"
-parts=${1:?usage: host-setup.sh PARTS_DIR [all|install|build]}
+. "$here/args.sh" "usage: host-setup.sh PARTS_DIR [all|install|build]"
+[ $# -ge 1 ] && [ $# -le 2 ] || usage_error "give PARTS_DIR and at most a step"
+parts=$(absolute "$1")
 step=${2:-all}
+case $step in
+  all|install|build) ;;
+  *) usage_error "unknown step '$step'" ;;
+esac
+[ "$step" = build ] || [ -f "$parts/join.py" ] ||
+  refuse "$parts/join.py: no such file (PARTS_DIR holds the parts make-parts.sh made)"
+. "$here/env.sh"
 mkdir -p "$WORK" "$ENGINES" "$VLLM_DFLASH_CACHE/pypi"
 payload=$WORK/joined/payload
 if [ "$step" != build ]; then

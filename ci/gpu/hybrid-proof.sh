@@ -10,10 +10,18 @@
 # $OUT/report-CALL.txt. TIME_LIMIT (seconds, default 480) bounds each engine process.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/env.sh"
-call=${1:?usage: hybrid-proof.sh 1|2|3}
-: "${OUT:?}"
+. "$here/args.sh" "usage: [TIME_LIMIT=SECONDS] hybrid-proof.sh 1|2|3"
+[ $# -eq 1 ] || usage_error "give one CALL"
+call=$1
+case $call in
+  1|2|3) ;;
+  *) usage_error "unknown CALL '$call'" ;;
+esac
+required OUT "the folder this command brings back"
+OUT=$(absolute "$OUT")
 limit=${TIME_LIMIT:-480}
+whole_number TIME_LIMIT "$limit"
+. "$here/env.sh"
 cd "$here/../.." || exit 1
 proof=$WORK/proof
 pair=$WORK/seed-pair

@@ -36,29 +36,43 @@
 # A smoke beside the training shares the GPU with it: its wall time is an upper bound.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+. "$here/args.sh" "usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect|wait SECONDS"
+[ $# -gt 0 ] || usage_error "give a command"
+step=$1
+case $step in
+  start) [ $# -ge 2 ] || usage_error "start needs PARTS" ;;
+  collect) [ $# -eq 1 ] || usage_error "collect takes no arguments" ;;
+  wait) [ $# -eq 2 ] || usage_error "wait needs SECONDS"
+    whole_number SECONDS "$2" ;;
+  background) ;;
+  *) usage_error "unknown command '$step'" ;;
+esac
+[ "$step" = start ] || [ "$step" = background ] || required OUT "the folder this command brings back"
+# The session's process, recorded with its start time: a pid the kernel hands to another
+# process once the session has ended is not taken for the session (tooling/pidfile.py).
+pidfile() { PYTHONPATH=$repo python3 -m tooling.pidfile "$@"; }
 . "$here/env.sh"
-usage="usage: hybrid-session.sh start PARTS [seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained ...]|collect|wait SECONDS"
-step=${1:?$usage}
 session=$WORK/session
 mark() { echo "[$(date +%T)] $*"; }
 case $step in
   start)
-    parts=${2:?$usage}
+    parts=$(absolute "$2")
+    [ -z "${PAIR_PARTS:-}" ] || PAIR_PARTS=$(absolute "$PAIR_PARTS")
     shift 2
     steps=("$@")
     [ ${#steps[@]} -gt 0 ] || steps=(seed seed-stock trained)
     for s in "${steps[@]}"; do
       case $s in
         seed|seed-stock|tiny|ray|ray-tp2|seed-full|seed-full-quick|seed-full-pair|seed-full-pair-quick|pair|trained) ;;
-        *) echo "error: hybrid-session.sh: unknown step $s ($usage)" >&2; exit 2 ;;
+        *) usage_error "unknown step '$s'" ;;
       esac
     done
     [[ " ${steps[*]} " == *" trained "* && " ${steps[*]} " == *" seed-full"* ]] && {
       echo "error: hybrid-session.sh: seed-full's 57 GB leave no disk for trained's installs: one per session" >&2
       exit 2; }
     # A second start would reinstall the site the running session imports from.
-    running=$(cat "$session/background.pid" 2>/dev/null)
-    if [ -n "$running" ] && kill -0 "$running" 2>/dev/null; then
+    if [ -f "$session/background.pid" ] && running=$(pidfile check "$session/background.pid" 2>/dev/null); then
       echo "error: $session: a session is already running (pid $running): wait for it" >&2
       exit 2
     fi
@@ -76,7 +90,7 @@ case $step in
     # files), crowding out what that command was run to bring back.
     setsid nohup env -u OUT bash "$here/hybrid-session.sh" background "$parts" "${steps[@]}" \
       > "$session/session.log" 2>&1 < /dev/null &
-    echo $! > "$session/background.pid"
+    pidfile record "$session/background.pid" $! || exit 1
     echo "session started (pid $!): ${steps[*]}; log $session/session.log"
     ;;
   background)
@@ -148,7 +162,6 @@ case $step in
     done
     ;;
   collect)
-    : "${OUT:?}"
     cat "$session/session.log" 2>/dev/null
     grep -v '^\[transformers\]' "$WORK/train-hybrid.log" 2>/dev/null | tail -3
     # A device command brings back at most eight files of at most 16 MiB: every step's text
@@ -170,25 +183,21 @@ case $step in
   wait)
     # Every call collects: the device gives the machine back after 30 s idle, so a call that
     # only waited would lose, with the machine, everything since the last one that collected.
-    : "${OUT:?}"
-    limit=${2:-}
-    [[ $limit =~ ^[0-9]+$ ]] || {
-      echo "error: hybrid-session.sh wait: SECONDS must be a whole number, not '$limit'" >&2
-      exit 2; }
-    pid=$(cat "$session/background.pid" 2>/dev/null) ||
-      { echo "error: $session/background.pid: no session was started here" >&2; exit 2; }
+    limit=$2
+    [ -f "$session/background.pid" ] ||
+      refuse "$session/background.pid: no session was started here"
+    pidfile check "$session/background.pid" > /dev/null
+    [ $? -eq 2 ] && exit 2
     end=$((SECONDS + limit))
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+    while pidfile check "$session/background.pid" > /dev/null && [ $SECONDS -lt $end ]; do
+      sleep 2
+    done
     state=ended
-    kill -0 "$pid" 2>/dev/null && state=running
+    pidfile check "$session/background.pid" > /dev/null && state=running
     bash "$here/hybrid-session.sh" collect > "$OUT/collect.txt" 2>&1
     cat "$session/session.log" 2>/dev/null
     latest=$(ls -t "$session"/*/*.err 2>/dev/null | head -1)
     [ -n "$latest" ] && grep -h '^\[smoke\]' "$latest" | tail -8
     echo "session: $state"
-    ;;
-  *)
-    echo "$usage" >&2
-    exit 2
     ;;
 esac

@@ -14,20 +14,31 @@
 # 200 MB, three or four parts) for a session that runs smokes alone: trained-hybrid.sh says
 # so when it finds none.
 set -euo pipefail
-out=${1:?usage: make-parts.sh OUT_DIR [PART_SIZE_BYTES]}
-size=${2:-62914560}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/args.sh" "usage: [RAY=1] [TRAINING=0] make-parts.sh OUT_DIR [PART_SIZE_BYTES]"
+[ $# -ge 1 ] && [ $# -le 2 ] || usage_error "give OUT_DIR and at most a part size"
+out=$(absolute "$1")
+size=${2:-62914560}
+# Checked before the bundle is made, not after (minutes, a network's worth of wheels).
+whole_number PART_SIZE_BYTES "$size"
+[ "$size" -ge 1048576 ] || refuse "PART_SIZE_BYTES $size is under 1 MiB (1048576)"
+[ ! -e "$out" ] || refuse "$out exists: give a new folder for the parts"
 cd "$here/../.."
 cache=${VLLM_DFLASH_CACHE:-$HOME/.cache/vllm-dflash}
 wheel=$(ls "$cache"/pypi/vllm-0.20.1-*.whl)
+# One folder for everything this run writes, pip's and every child's temp folders too
+# (TMPDIR): it goes on any exit, a signal's included.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+stop_on_signals
+export TMPDIR=$work/tmp
+mkdir "$TMPDIR"
 extras=()
 if [ "${RAY:-0}" = 1 ]; then
   ray=$(.venv/bin/python -c 'from tooling.smoke.config import RAY_VERSION; print(RAY_VERSION)')
   extras+=(--extra "ray==$ray")
 fi
-.venv/bin/tooling --no-progress bundle --wheel "$wheel" --out "$work/bundle" \
+stoppable .venv/bin/tooling --no-progress bundle --wheel "$wheel" --out "$work/bundle" \
   --exclude-present ci/gpu/h200-image-packages.txt --extra dflash==0.1.0 \
   --extra GitPython==3.1.45 --extra gitdb==4.0.12 --extra smmap==5.0.2 \
   --extra flash-linear-attention==0.6.0 --extra fla-core==0.6.0 "${extras[@]}"
@@ -40,9 +51,9 @@ cp "$cache/pypi/vllm-0.20.1.tar.gz" "$work/payload/"
 if [ "${TRAINING:-1}" != 0 ]; then
   echo "triton==3.7.1 --hash=sha256:7e40869937a68206ec70d7f25bb7ec6433cb083f9135e1f36dbd318dc449a728" \
     > "$work/train-wheels.txt"
-  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+  stoppable .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
     --require-hashes --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
     --platform manylinux_2_28_x86_64 -r "$work/train-wheels.txt" -d "$work/payload/train-wheels"
 fi
-.venv/bin/python -m tooling.release.split "$work/payload" "$out" "$size"
+stoppable .venv/bin/python -m tooling.release.split "$work/payload" "$out" "$size"
 ls -l "$out"

@@ -14,8 +14,13 @@
 # engine needs to start: at most one engine per variant runs at a time.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-: "${PATCHED_SITE:?}" "${STOCK_SITE:?}" "${OUT:?}"
+. "$here/args.sh" "usage: PATCHED_SITE=DIR STOCK_SITE=DIR OUT=DIR [VARIANTS=...] production-smoke-all.sh"
+[ $# -eq 0 ] || usage_error "unknown argument '$1'"
+required PATCHED_SITE "the pip --target folder of the wheel under test"
+required STOCK_SITE "the pip --target folder of stock vLLM 0.20.1"
+required OUT "the folder reports and logs go to"
 export TIME_LIMIT=${TIME_LIMIT:-500} SHARED_GPU=1
+whole_number TIME_LIMIT "$TIME_LIMIT"
 export KV_CACHE_MEMORY_BYTES=${KV_CACHE_MEMORY_BYTES:-$((4 << 30))}
 export GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.1}
 mkdir -p "$OUT"

@@ -35,30 +35,47 @@
 # SHARED_GPU=1 (production-smoke-all.sh: the other variants' processes are expected).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-variant=${1:?usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray|ray-tp2|seed|seed-full|pair|quick}
-: "${PATCHED_SITE:?}" "${OUT:?}"
-# Offline, and NVLink multicast off for every child: the servers' workers, Ray's included.
-. "$here/env.sh"
-cd "$here/../.." || exit 1
-mkdir -p "$OUT"
+. "$here/args.sh" "usage: production-smoke.sh default|eager|qwen3|warm|stock|stock-warm|fp8|tp2|ray|ray-tp2|seed|seed-full|pair|quick"
+[ $# -eq 1 ] || usage_error "give one variant"
+variant=$1
+required PATCHED_SITE "the pip --target folder of the wheel under test"
+required OUT "the folder reports and logs go to"
+# Every path made absolute before the script changes folder (a relative one is the
+# caller's), each folder of a colon-joined site too.
+sites() {
+  local IFS=: folders folder out=()
+  read -r -a folders <<< "$1"
+  for folder in "${folders[@]}"; do out+=("$(absolute "$folder")"); done
+  printf '%s\n' "${out[*]}"
+}
+PATCHED_SITE=$(sites "$PATCHED_SITE")
+OUT=$(absolute "$OUT")
 site=$PATCHED_SITE
 args=()
 [ "$variant" = pair ] || args+=(--tiny)
 backstop=()
 if [ -n "${TIME_LIMIT:-}" ]; then
+  # Digits only before the arithmetic below: bash would evaluate an expression in it.
+  whole_number TIME_LIMIT "$TIME_LIMIT"
   args+=(--time-limit "$TIME_LIMIT")
   # Past the smoke's own limit: SIGTERM makes it stop its children (no report then).
-  backstop=(timeout --kill-after=20 $((${TIME_LIMIT%.*} + 40)))
+  backstop=(timeout --kill-after=20 $((TIME_LIMIT + 40)))
 fi
 [ -n "${KV_CACHE_MEMORY_BYTES:-}" ] && args+=(--kv-cache-memory-bytes "$KV_CACHE_MEMORY_BYTES")
 [ -n "${GPU_MEMORY_UTILIZATION:-}" ] && args+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
 case $variant in
+  warm|stock|stock-warm) required STOCK_SITE "the pip --target folder of stock vLLM 0.20.1"
+    STOCK_SITE=$(sites "$STOCK_SITE") ;;
+  pair) required PAIR "the folder holding target/ and drafter/"
+    PAIR=$(absolute "$PAIR") ;;
+esac
+case $variant in
   default) ;;
   eager) args+=(--enforce-eager) ;;
   qwen3) args+=(--tiny-arch qwen3) ;;
-  warm) args+=(--warm-cache --stock-site "${STOCK_SITE:?}" --no-load --no-audit) ;;
-  stock) site=${STOCK_SITE:?}:$PATCHED_SITE; args+=(--expect stock --no-load) ;;
-  stock-warm) site=${STOCK_SITE:?}:$PATCHED_SITE
+  warm) args+=(--warm-cache --stock-site "$STOCK_SITE" --no-load --no-audit) ;;
+  stock) site=$STOCK_SITE:$PATCHED_SITE; args+=(--expect stock --no-load) ;;
+  stock-warm) site=$STOCK_SITE:$PATCHED_SITE
     args+=(--expect stock --warm-cache --stock-site "${PATCHED_SITE%%:*}" --no-load --no-audit) ;;
   fp8) args+=(--kv-cache-dtype fp8) ;;
   # 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
@@ -71,10 +88,14 @@ case $variant in
     --disable-custom-all-reduce --distributed-executor-backend ray) ;;
   seed) args+=(--tiny-arch seed --num-speculative-tokens 15) ;;
   seed-full) args+=(--tiny-arch seed --tiny-hidden-size 5120 --num-speculative-tokens 15) ;;
-  pair) args+=(--target "${PAIR:?}/target" --drafter "$PAIR/drafter" --num-speculative-tokens 15) ;;
+  pair) args+=(--target "$PAIR/target" --drafter "$PAIR/drafter" --num-speculative-tokens 15) ;;
   quick) args+=(--quick) ;;
-  *) echo "unknown variant $variant" >&2; exit 2 ;;
+  *) usage_error "unknown variant '$variant'" ;;
 esac
+# Offline, and NVLink multicast off for every child: the servers' workers, Ray's included.
+. "$here/env.sh"
+cd "$here/../.." || exit 1
+mkdir -p "$OUT"
 # SMOKE_ARGS: more `tooling smoke` options for any variant (e.g. --tiny-arch qwen3).
 read -r -a more <<< "${SMOKE_ARGS:-}"
 args+=("${more[@]}")
@@ -84,13 +105,8 @@ PYTHONPATH=$site "${backstop[@]}" \
   --workdir "$OUT/$variant" --json > "$OUT/$variant.json" 2> "$OUT/$variant.err"
 rc=$?
 echo "production smoke $variant: exit $rc in $(( $(date +%s) - start ))s (report $OUT/$variant/report.json, logs $OUT/$variant/logs)"
-python3 - "$OUT/$variant.json" <<'PY' || tail -3 "$OUT/$variant.err"
-import json, sys
-r = json.load(open(sys.argv[1]))
-for c in r.get("checks", []):
-    print(f"{c['number']:>2} {c['id']:<16} {c['status']:<5} {c['evidence'][:200]}")
-print(r.get("summary") or r.get("error"))
-PY
+# The check table; a smoke that wrote no report is one line, then its own last lines.
+python3 -m tooling.smoke_summary "$OUT/$variant.json" || tail -3 "$OUT/$variant.err"
 # Nothing may be left running: list any vLLM or Ray process this run left behind.
 [ -n "${SHARED_GPU:-}" ] || pgrep -af "vllm.entrypoints|tooling.smoke|raylet|gcs_server|ray::" || true
 exit $rc

@@ -2,6 +2,8 @@
 # tooling smoke --tiny on the patched and on the stock install at the same time.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/args.sh" "usage: smoke-pair.sh"
+[ $# -eq 0 ] || usage_error "unknown argument '$1'"
 . "$here/env.sh"
 cd "$here/../.." || exit 1
 run() {  # name expect

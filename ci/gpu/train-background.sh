@@ -2,6 +2,8 @@
 # Start the trained-drafter recipe in its own session (it outlives this command).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/args.sh" "usage: train-background.sh"
+[ $# -eq 0 ] || usage_error "unknown argument '$1'"
 . "$here/env.sh"
 dflash=$(ls "$WORK"/joined/payload/bundle/wheels/dflash-*.whl)
 python3 -m zipfile -e "$dflash" "$WORK/dflash-only"

@@ -27,8 +27,30 @@
 # TIME_LIMIT (seconds, default 540) bounds each engine process.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/args.sh" "usage: trained-hybrid.sh train|wait|CALL|chain|collect|export-pair CALL|import-pair PARTS"
+[ $# -gt 0 ] || usage_error "give a step"
+step=$1
+case $step in
+  train|wait|chain|collect) [ $# -eq 1 ] || usage_error "$step takes no arguments" ;;
+  export-pair) [ $# -eq 2 ] || usage_error "export-pair needs CALL"
+    whole_number CALL "$2"
+    required OUT "the folder this command brings back" ;;
+  import-pair) [ $# -eq 2 ] || usage_error "import-pair needs PARTS"
+    set -- "$1" "$(absolute "$2")" ;;
+  *) [[ $step =~ ^[1-9][0-9]{0,2}$ ]] || usage_error "unknown step '$step'"
+    [ $# -eq 1 ] || usage_error "CALL takes no more arguments"
+    required OUT "the folder this command brings back" ;;
+esac
+[ "$step" != collect ] || required OUT "the folder this command brings back"
+[ -z "${TIME_LIMIT:-}" ] || whole_number TIME_LIMIT "$TIME_LIMIT"
+[ -z "${WAIT_S:-}" ] || whole_number WAIT_S "$WAIT_S"
+# Paths the caller gave, made absolute before the script changes folder.
+read -r -a more_wheels <<< "${TRAIN_WHEELS:-}"
+for i in "${!more_wheels[@]}"; do more_wheels[i]=$(absolute "${more_wheels[i]}"); done
+[[ ${CALLS:-} =~ ^[0-9\ ]{0,99}$ ]] ||
+  refuse "CALLS must be call numbers separated by spaces, not '$CALLS'"
+read -r -a calls <<< "${CALLS:-}"
 . "$here/env.sh"
-step=${1:?usage: trained-hybrid.sh train|wait|CALL}
 cd "$here/../.." || exit 1
 pair=$WORK/hybrid-pair
 runs=$WORK/trained
@@ -46,7 +68,6 @@ case $step in
     # payload's train-wheels/ (make-parts.sh: Triton 3.7.1, as flash-linear-attention's gated
     # backward refuses Hopper under older Triton, and vLLM's torch brings an older one) and
     # TRAIN_WHEELS, more wheels, each replacing the payload's wheel of its name.
-    read -r -a more_wheels <<< "${TRAIN_WHEELS:-}"
     wheels=()
     for wheel in "$WORK"/joined/payload/train-wheels/*.whl; do
       [ -f "$wheel" ] || {
@@ -85,13 +106,13 @@ case $step in
     [ -n "$last" ] || { echo "error: no calls planned on $pair" >&2; exit 1; }
     # Each call's report judges every result so far; a call that failed fails the chain.
     rc=0
-    for call in ${CALLS:-$(seq 1 "$last")}; do
+    [ ${#calls[@]} -gt 0 ] || mapfile -t calls < <(seq 1 "$last")
+    for call in "${calls[@]}"; do
       bash "$here/trained-hybrid.sh" "$call" || rc=$?
     done
     exit $rc ;;
   export-pair)
-    call=${2:?usage: trained-hybrid.sh export-pair CALL}
-    : "${OUT:?}"
+    call=$2
     [ -f "$pair/summary.json" ] || { echo "error: no trained pair in $pair" >&2; exit 1; }
     parts=$WORK/pair-parts
     if [ ! -f "$parts/SHA256SUMS" ]; then
@@ -106,7 +127,8 @@ case $step in
     echo "pair parts: ${#names[@]}, four a command; this was CALL $call of 0..$last"
     exit 0 ;;
   import-pair)
-    from=${2:?usage: trained-hybrid.sh import-pair PARTS}
+    from=$2
+    [ -f "$from/join.py" ] || refuse "$from/join.py: no such file (PARTS holds the pair's parts)"
     [ -e "$pair" ] && { echo "error: $pair is there already" >&2; exit 1; }
     # A fresh folder: nothing of an earlier, stopped import joins this one.
     rm -rf "$WORK/pair-import"
@@ -116,14 +138,12 @@ case $step in
     echo "trained pair carried in: $(du -sh "$pair" | cut -f1)"
     exit 0 ;;
   collect)
-    : "${OUT:?}"
     cp -r "$WORK"/results/trained-* "$WORK"/results/train-out "$OUT/" 2>/dev/null
     tail -5 "$WORK/train-hybrid.log" 2>/dev/null
     ls -la "$OUT"
     exit 0 ;;
 esac
 call=$step
-: "${OUT:?}"
 mkdir -p "$runs"
 start=$(date +%s)
 PYTHONPATH=$SITE python3 -m tooling.smoke.trained run-call "$pair" "$runs" "$call" \

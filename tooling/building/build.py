@@ -28,11 +28,12 @@ from packaging.version import Version
 
 from .. import __version__
 from ..errors import ArchiveError, BuildError
+from ..fetching import unpacked
 from ..fetching.fetch import verify_artifact
 from ..fetching.upstream import Upstream
 from ..fsutil import atomic_output, sha256_bytes
 from ..patching import worktree
-from ..patching.apply import SeriesReport
+from ..patching.apply import SeriesReport, forgotten_on_error
 from ..patching.series import Patch, Series, is_compiled_path
 from .manifest import MANIFEST_NAME, BuildManifest, ChangedFile, PatchEntry
 from .sbom import SBOM_NAME, sbom_bytes
@@ -276,6 +277,11 @@ def build_precompiled(
         if before is not None:
             in_wheel = read_member(official, path) if path in by_name else None
             if in_wheel != before:
+                # The tree the build was patched from, not the wheel, may be at fault; the
+                # work tree made from it is then made again by the next run.
+                if upstream.sdist is not None:
+                    with forgotten_on_error(Path(report.work_dir)):
+                        unpacked.blame_changed(upstream.sdist, upstream.source_dir, path, before)
                 got = sha256_bytes(in_wheel) if in_wheel is not None else "missing"
                 raise BuildError(
                     f"{path}: the official wheel's copy ({got[:16]}) is not the pinned "

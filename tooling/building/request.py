@@ -19,7 +19,7 @@ from ..fsutil import locked
 from ..patching.apply import NO_PROBE_PYTHON, SeriesReport, ensure_patched
 from ..patching.request import apply_options
 from ..patching.series import Series
-from ..patching.worktree import default_work_dir
+from ..patching.worktree import check_work_dir, default_work_dir
 from .build import BuildOptions, BuildResult, build_precompiled, source_date_epoch
 
 
@@ -95,6 +95,7 @@ def build_requested(
     epoch = source_date_epoch(request.source_date_epoch)
     if request.use_precompiled_kernels and request.mode != "source":
         raise BuildError("--use-precompiled-kernels goes with --mode source")
+    check_work_dir(request.work_dir)
     series = request.series
     # Precompiled mode re-verifies the official wheel while it copies (build.py).
     upstream = fetch_requested(

@@ -13,7 +13,14 @@ from ..patching.apply import SeriesReport
 from ..report import human_size, table
 from . import environ
 from .environ import CACHED_NOTE
-from .options import base_options, emit, json_option, probe_python_option, settings_of
+from .options import (
+    absolute,
+    base_options,
+    emit,
+    json_option,
+    probe_python_option,
+    settings_of,
+)
 from .patch import tell_saved
 
 
@@ -60,7 +67,7 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
 @click.option(
     "--dist", "dist_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True
 )
-@click.option("--work-dir", type=click.Path(path_type=Path))
+@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False))
 @probe_python_option
 @click.option("--no-probes", is_flag=True, help="Build without behavioural checks.")
 @click.option(
@@ -71,6 +78,7 @@ def _build_text(result: BuildResult, report: SeriesReport) -> str:
 @click.option(
     "--build-python",
     type=click.Path(path_type=Path, exists=True),
+    callback=absolute,
     help="Source mode: interpreter with a CUDA torch that runs vLLM's build.",
 )
 @click.option(

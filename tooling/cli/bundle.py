@@ -16,7 +16,7 @@ from .options import emit, json_option, nonblank, settings_of, wheel_options
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, file_okay=False),
     default=Path("build/bundle"),
     show_default=True,
 )
@@ -83,6 +83,7 @@ def bundle_command(
             split=split,
             lock_only=lock_only,
             progress=settings.progress,
+            offline=settings.offline,
         )
     )
     if outcome.result is None:

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, NoReturn
 import click
 import git
 
-from ..errors import EnvironmentProblem, ToolingError, exit_code_for
+from ..errors import EnvironmentProblem, LogFileError, ToolingError, exit_code_for
 from ..progress import BarSafeHandler
 from .options import Settings
 
@@ -64,6 +65,48 @@ def logging_for_run() -> Iterator[None]:
         log.setLevel(before[1])
 
 
+class LogFile(logging.FileHandler):
+    """--log-file's handler: a write that fails (a full disk, /dev/full) stops its lines, once,
+    instead of logging's traceback for every line and a failing close; the run goes on, and
+    ``failure`` says why its log is not whole."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8")
+        self.path = path
+        self.failure: str | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if self.failure is None:
+            self.failure = getattr(error, "strerror", None) or str(error)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failure is None:
+            super().emit(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as e:
+            self.failure = self.failure or e.strerror or str(e)
+
+    def close(self) -> None:
+        # The stream's own close flushes once more: a full disk is no error of closing.
+        with contextlib.suppress(OSError):
+            super().close()
+
+
+def log_file_failure() -> LogFileError | None:
+    """Why --log-file holds less than the run logged, once it could not be written."""
+    for handler in log.handlers:
+        if isinstance(handler, LogFile) and handler.failure is not None:
+            return LogFileError(
+                f"--log-file {handler.path}: cannot write ({handler.failure}); the log stops "
+                "where it failed"
+            )
+    return None
+
+
 def configure_logging(verbose: bool, log_file: Path | None) -> None:
     """--verbose: DEBUG lines on stderr too; --log-file: every line, DEBUG included, with
     its time, level and module, appended to that file."""
@@ -75,7 +118,7 @@ def configure_logging(verbose: bool, log_file: Path | None) -> None:
     if log_file is None:
         return
     try:
-        to_file = logging.FileHandler(log_file, encoding="utf-8")
+        to_file = LogFile(log_file)
     except OSError as e:
         raise click.BadParameter(
             f"cannot write {log_file}: {e.strerror or e}", param_hint="'--log-file'"
@@ -109,7 +152,7 @@ class ToolingGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            done = super().invoke(ctx)
         except ToolingError as e:
             fail(ctx, str(e), exit_code_for(e))
         except git.GitCommandNotFound:
@@ -135,6 +178,11 @@ class ToolingGroup(click.Group):
                 f"unexpected {type(e).__name__}: {first} (rerun with --debug for the traceback)",
                 1,
             )
+        # The command's own answer stands; a log asked for and not kept is its own failure.
+        incomplete = log_file_failure()
+        if incomplete is not None and ctx.parent is None:
+            fail(ctx, str(incomplete), incomplete.exit_code)
+        return done
 
 
 def usage_failed(ctx: click.Context, error: click.UsageError) -> NoReturn:

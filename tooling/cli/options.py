@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,7 @@ from ..fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
 from ..fetching.upstream import SourceRequest, Upstream, fetch_requested
 from ..patching.apply import ApplyOptions
 from ..patching.request import apply_options
-from ..patching.series import Series, load_series
+from ..patching.series import Series, load_ledger
 from ..paths import CacheLayout
 from ..probing.env import resolve_probe_python
 from . import environ
@@ -30,7 +32,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Settings:
     """What the group options decided, shared by every command through the Click context."""
 
-    cache: CacheLayout = field(default_factory=lambda: environ.cache_layout(None))
+    cache: CacheLayout = field(default_factory=lambda: environ.cache_layout(None, checked=False))
     patches_dir_option: Path | None = None
     index_url: str = DEFAULT_INDEX_URL
     offline: bool = False
@@ -49,7 +51,7 @@ class Settings:
         return load_bases(self.patches_dir / "bases.toml")
 
     def series(self, skip: tuple[str, ...] = ()) -> Series:
-        series = load_series(self.patches_dir / "series.toml")
+        series = load_ledger(self.patches_dir)
         return series.without(list(skip)) if skip else series
 
     def fetch_options(self) -> FetchOptions:
@@ -141,7 +143,7 @@ def cache_options(f: F) -> F:
 
     def cache_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
         if value is not None:
-            ctx.ensure_object(Settings).cache = CacheLayout(value)
+            ctx.ensure_object(Settings).cache = environ.cache_layout(value)
 
     f = click.option(
         "--offline",
@@ -182,10 +184,30 @@ def wheel_options(wheel_help: str) -> Callable[[F], F]:
     return decorate
 
 
+class FiniteRange(click.FloatRange):
+    """Click's FloatRange without ``nan`` and ``inf``, which it lets through (no comparison
+    with nan fails) and which no limit or share can be."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def absolute(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
+    """An interpreter given relative to where the command runs, made absolute here: its
+    children start in folders of their own, where ``py`` names nothing (a relative --python
+    was "No such file or directory" for a file that exists). Not resolved: a virtualenv's
+    python is a link whose own path finds its environment."""
+    return Path(os.path.abspath(value)) if value is not None else None
+
+
 def probe_python_option(f: F) -> F:
     return click.option(
         "--probe-python",
         type=click.Path(path_type=Path, exists=True),
+        callback=absolute,
         help="Interpreter that runs the probes: it must import torch and vLLM's dependencies "
         "(default: $TOOLING_PROBE_PYTHON, else the cached probe environment).",
     )(f)

@@ -87,7 +87,7 @@ def _refuse_unhonoured(ctx: click.Context, subcommand: str) -> None:
 @base_options
 @click.option(
     "--work-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, file_okay=False),
     help="Work tree (default: build/work/vllm-<base>).",
 )
 @click.option(

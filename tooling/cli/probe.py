@@ -15,7 +15,7 @@ from ..probing.env import ensure_probe_setup
 from ..report import table
 from . import environ
 from .environ import CACHED_NOTE
-from .options import emit, json_option, settings_of
+from .options import absolute, emit, json_option, settings_of
 from .registry_options import probe_option
 
 
@@ -29,6 +29,7 @@ from .registry_options import probe_option
     "--python",
     "python",
     type=click.Path(path_type=Path, exists=True),
+    callback=absolute,
     help="Interpreter to probe with (default: the probe environment).",
 )
 @probe_option
@@ -65,7 +66,7 @@ def probe_command(
 def probe_env_command(ctx: click.Context, dflash_path: bool) -> None:
     """Create (once) the cached CPU interpreter for the probes and print its path."""
     settings = settings_of(ctx)
-    python, reference = ensure_probe_setup(settings.cache)
+    python, reference = ensure_probe_setup(settings.cache, offline=settings.offline)
     emit(
         settings,
         {"ok": True, "python": str(python), "dflash_path": str(reference)},

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import SmokeError
-from .options import emit, json_option, settings_of
+from .options import FiniteRange, emit, json_option, settings_of
 
 
 @click.command("smoke")
@@ -23,7 +23,7 @@ from .options import emit, json_option, settings_of
 )
 @click.option(
     "--workdir",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, file_okay=False),
     default=None,
     help="Where models, logs and the report go (default: build/smoke/<time>).",
 )
@@ -35,18 +35,21 @@ from .options import emit, json_option, settings_of
     help="stock: a negative control (checks 2-5 must fail).",
 )
 # Every step yields at least one token, so a floor of 1 or less could not fail.
-@click.option("--min-acceptance-length", type=click.FloatRange(min=1.0, min_open=True))
+@click.option("--min-acceptance-length", type=FiniteRange(min=1.0, min_open=True))
 @click.option(
     "--fidelity-gate",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    type=FiniteRange(min=0.0, max=1.0, min_open=True),
     default=0.99,
     show_default=True,
 )
 @click.option("--no-fidelity", is_flag=True, help="Skip the in-process reference comparison.")
-@click.option("--num-speculative-tokens", type=click.IntRange(min=1), default=3, show_default=True)
+# K is at most a drafter block less one: past any block, a prompt of K + 2 tokens to build.
+@click.option(
+    "--num-speculative-tokens", type=click.IntRange(min=1, max=1024), default=3, show_default=True
+)
 @click.option(
     "--gpu-memory-utilization",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    type=FiniteRange(min=0.0, max=1.0, min_open=True),
     default=0.3,
     show_default=True,
 )
@@ -57,7 +60,8 @@ from .options import emit, json_option, settings_of
 )
 @click.option(
     "--time-limit",
-    type=click.FloatRange(min=0.0, min_open=True),
+    # A week: past any run's, and a deadline every clock and timer still holds.
+    type=FiniteRange(min=0.0, max=7 * 86400, min_open=True),
     help="Seconds for the whole run (default: none; every step has its own limit, "
     "scaled to the first engine's measured start).",
 )

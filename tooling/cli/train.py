@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..trainer.api import TrainRequest, train_in
-from .options import emit, json_option, settings_of
+from .options import absolute, emit, json_option, settings_of
 
 
 @click.command("train")
@@ -37,6 +37,7 @@ from .options import emit, json_option, settings_of
     "--python",
     "python",
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    callback=absolute,
     help="Interpreter to train in: it must import torch, transformers, tokenizers and "
     "dflash (default: this one).",
 )

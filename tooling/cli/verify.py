@@ -10,7 +10,7 @@ import click
 from ..report import table
 from . import environ
 from .environ import CACHED_NOTE
-from .options import emit, json_option, probe_python_option, settings_of
+from .options import absolute, emit, json_option, probe_python_option, settings_of
 from .registry_options import require_option
 
 
@@ -19,6 +19,7 @@ from .registry_options import require_option
     "--python",
     "python",
     type=click.Path(path_type=Path, exists=True),
+    callback=absolute,
     help="Interpreter of the environment to verify (default: this one).",
 )
 @click.option(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, UnknownBaseError
+from ..schema import Doc
 from .gitinput import checked
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -74,40 +77,61 @@ class BaseCatalog:
         return self.select(versions)
 
 
-def _artifact(table: dict, where: str) -> Artifact:
-    try:
-        filename = str(table["filename"])
-        sha256 = str(table["sha256"]).lower()
-    except KeyError as missing:
-        raise ConfigError(f"{where}: missing key {missing}") from None
+#: The keys each table may hold; any other is a typo that would be ignored.
+_TOP_KEYS = frozenset({"default", "git_url", "bases"})
+_BASE_KEYS = frozenset({"release_date", "probe_env", "sdist", "wheel", "git"})
+_ARTIFACT_KEYS = frozenset({"filename", "size", "sha256", "wheel_commit"})
+_GIT_KEYS = frozenset({"tag", "commit", "commit_verified"})
+
+
+def _known_keys(doc: Doc, table: Any, known: frozenset[str]) -> None:
+    unknown = sorted(set(doc.mapping(table)) - known)
+    if unknown:
+        doc.fail(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def _artifact(table: Any, doc: Doc) -> Artifact:
+    _known_keys(doc, table, _ARTIFACT_KEYS)
+    filename = doc.text(table, "filename")
+    # The cache keeps the file under this name: a path would write outside it.
+    if Path(filename).name != filename or filename in ("", ".", ".."):
+        doc.fail(f"filename {filename!r} is not a file name")
+    sha256 = doc.text(table, "sha256").lower()
     if not _HEX64.match(sha256):
-        raise ConfigError(f"{where}: sha256 {sha256!r} is not 64 hex digits")
-    size = table.get("size")
-    return Artifact(filename=filename, sha256=sha256, size=int(size) if size is not None else None)
+        doc.fail(f"sha256 {sha256!r} is not 64 hex digits")
+    size = doc.whole(table, "size", None, least=1)
+    return Artifact(filename=filename, sha256=sha256, size=size)
 
 
-def _base(version: str, table: dict, path: Path) -> Base:
-    where = f"{path}: [bases.{version!r}]"
+def _base(version: str, table: Any, path: Path) -> Base:
+    doc = Doc(f"{path}: [bases.{version!r}]", ConfigError)
+    _known_keys(doc, table, _BASE_KEYS)
+    git = doc.table(table, "git")
+    git_doc = doc.inner(".git")
+    _known_keys(git_doc, git, _GIT_KEYS)
+    pin = GitPin(
+        tag=checked(git_doc.text(git, "tag"), f"{git_doc.where}: tag", ConfigError),
+        commit=git_doc.text(git, "commit").lower(),
+        commit_verified=git_doc.flag(git, "commit_verified", False),
+    )
+    if not _HEX_PREFIX.match(pin.commit):
+        git_doc.fail(f"commit {pin.commit!r} is not a hex SHA or prefix")
+    released = doc.text(table, "release_date")
     try:
-        git = table["git"]
-        pin = GitPin(
-            tag=checked(str(git["tag"]), f"{where}.git: tag", ConfigError),
-            commit=str(git["commit"]).lower(),
-            commit_verified=bool(git.get("commit_verified", False)),
-        )
-        if not _HEX_PREFIX.match(pin.commit):
-            raise ConfigError(f"{where}.git: commit {pin.commit!r} is not a hex SHA or prefix")
-        return Base(
-            version=version,
-            release_date=str(table["release_date"]),
-            probe_env=str(table.get("probe_env", "latest")),
-            sdist=_artifact(table["sdist"], f"{where}.sdist"),
-            git=pin,
-            wheel=_artifact(table["wheel"], f"{where}.wheel") if "wheel" in table else None,
-            wheel_commit=table.get("wheel", {}).get("wheel_commit"),
-        )
-    except KeyError as missing:
-        raise ConfigError(f"{where}: missing key {missing}") from None
+        dt.date.fromisoformat(released)
+    except ValueError:
+        doc.fail(f"release_date {released!r} is not a date (YYYY-MM-DD)")
+    wheel = doc.table(table, "wheel", None)
+    wheel_doc = doc.inner(".wheel")
+    return Base(
+        version=version,
+        release_date=released,
+        probe_env=doc.text(table, "probe_env", "latest"),
+        sdist=_artifact(doc.table(table, "sdist"), doc.inner(".sdist")),
+        git=pin,
+        wheel=_artifact(wheel, wheel_doc) if wheel is not None else None,
+        wheel_commit=wheel_doc.text(wheel, "wheel_commit", None) if wheel is not None else None,
+    )
 
 
 def load_bases(path: Path) -> BaseCatalog:
@@ -116,19 +140,24 @@ def load_bases(path: Path) -> BaseCatalog:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such bases file") from None
-    except tomllib.TOMLDecodeError as e:
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the bases file ({e.strerror or e})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    bases = {str(v): _base(str(v), t, path) for v, t in data.get("bases", {}).items()}
+    doc = Doc(str(path), ConfigError)
+    _known_keys(doc, data, _TOP_KEYS)
+    tables = doc.table(data, "bases", {})
+    bases = {version: _base(version, t, path) for version, t in tables.items()}
     if not bases:
         raise ConfigError(f"{path}: pins no bases")
-    default = str(data.get("default", next(iter(bases))))
+    default = doc.text(data, "default", next(iter(bases)))
     if default not in bases:
         raise ConfigError(f"{path}: default base {default!r} is not pinned")
     return BaseCatalog(
         path=path,
         default=default,
         git_url=checked(
-            str(data.get("git_url", "https://github.com/vllm-project/vllm.git")),
+            doc.text(data, "git_url", "https://github.com/vllm-project/vllm.git"),
             f"{path}: git_url",
             ConfigError,
         ),

@@ -28,6 +28,7 @@ from ..errors import ArchiveError, CacheMissError, CacheWriteError, IntegrityErr
 from ..fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
 from ..paths import CacheLayout
 from ..progress import progress_bar
+from . import unpacked
 from .bases import Artifact, Base
 
 #: The one default for every index client: fetch joins project pages onto it,
@@ -233,7 +234,9 @@ def extract_sdist(sdist: Path, dest: Path) -> Path:
     """
     with locked(dest):
         if dest.is_dir():
-            return _tree_root(dest, sdist)
+            if unpacked.unchanged(dest):
+                return _tree_root(dest, sdist)
+            unpacked.reject(dest)
         try:
             with staging_dir(dest) as tmp:
                 with tarfile.open(sdist, "r:*") as tar:
@@ -247,6 +250,7 @@ def extract_sdist(sdist: Path, dest: Path) -> Path:
             raise ArchiveError(f"{sdist.name}: truncated or corrupt archive ({e})") from None
         except OSError as e:
             raise ArchiveError(f"{sdist.name}: cannot unpack into {dest.parent} ({e})") from None
+        unpacked.record(dest)
         return dest / name
 
 

@@ -12,7 +12,7 @@ import contextlib
 import json
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -21,9 +21,7 @@ from typing import Any
 import git
 
 from ..errors import PatchConflictError, SeriesError, WorkTreeError
-from ..fetching.bases import BaseCatalog
-from ..fetching.fetch import FetchOptions
-from ..fetching.upstream import Upstream, fetch_upstream
+from ..fetching.upstream import Upstream
 from ..fsutil import atomic_write_text
 from ..gitutil import git_error_summary
 from ..probing import (
@@ -439,6 +437,17 @@ def save_report(work_dir: Path, report: SeriesReport) -> None:
     atomic_write_text(report_path(work_dir), json.dumps(report.to_json(), indent=2) + "\n")
 
 
+@contextlib.contextmanager
+def forgotten_on_error(work_dir: Path) -> Iterator[None]:
+    """On an error, ``work_dir``'s saved report goes: the tree is applied afresh by the next
+    run rather than reused (its baseline was made from a source found changed)."""
+    try:
+        yield
+    except BaseException:
+        report_path(work_dir).unlink(missing_ok=True)
+        raise
+
+
 def load_report(work_dir: Path) -> SeriesReport | None:
     """The report ``tooling patch`` saved in ``work_dir``; None when there is none, and a
     WorkTreeError naming it (and the way out) when it does not read back."""
@@ -474,22 +483,6 @@ def default_tree(upstream: Upstream, series: Series) -> Path:
     unless told otherwise (``worktree.default_work_dir``), absolute."""
     commit = upstream.git.commit if upstream.git else None
     return worktree.default_work_dir(upstream.base.version, commit, series.skipped).resolve()
-
-
-def three_way_preimages(
-    series: Series, catalog: BaseCatalog, options: FetchOptions
-) -> tuple[bytes, ...]:
-    """For ``--3way``: the validated base's copies of every file the series touches (fetched,
-    source only), the blobs a 3-way merge on another base needs."""
-    if not series.validated_base:
-        return ()
-    validated = fetch_upstream(catalog.get(series.validated_base), options, with_wheel=False)
-    return tuple(
-        (validated.source_dir / f).read_bytes()
-        for p in series.patches
-        for f in p.files
-        if (validated.source_dir / f).is_file()
-    )
 
 
 def ensure_patched(

@@ -12,13 +12,29 @@ from pathlib import Path
 from ..errors import SeriesError
 from ..fetching.bases import BaseCatalog, load_bases
 from ..fetching.fetch import FetchOptions
-from ..fetching.upstream import SourceRequest, fetch_requested
+from ..fetching.upstream import SourceRequest, fetch_requested, fetch_upstream
 from ..fsutil import locked
 from ..probing.env import resolve_probe_python
-from .apply import ApplyOptions, SeriesReport, apply_series, three_way_preimages
+from .apply import ApplyOptions, SeriesReport, apply_series
 from .export import ExportResult, check_export, export_patches
-from .series import Series, load_series
-from .worktree import default_work_dir
+from .series import Series, load_ledger
+from .worktree import check_work_dir, default_work_dir
+
+
+def three_way_preimages(
+    series: Series, catalog: BaseCatalog, options: FetchOptions
+) -> tuple[bytes, ...]:
+    """For ``--3way``: the validated base's copies of every file the series touches (fetched,
+    source only), the blobs a 3-way merge on another base needs."""
+    if not series.validated_base:
+        return ()
+    validated = fetch_upstream(catalog.get(series.validated_base), options, with_wheel=False)
+    return tuple(
+        (validated.source_dir / f).read_bytes()
+        for p in series.patches
+        for f in p.files
+        if (validated.source_dir / f).is_file()
+    )
 
 
 def apply_options(
@@ -64,6 +80,7 @@ class PatchRequest:
 
 def patch_requested(request: PatchRequest) -> SeriesReport:
     """The series applied to the requested upstream in its work tree (locked meanwhile)."""
+    check_work_dir(request.work_dir)
     series = request.series
     upstream = fetch_requested(request.catalog, request.source, request.fetch, with_wheel=False)
     options = apply_options(
@@ -93,7 +110,7 @@ def export_requested(
     """The work tree's commits written over ``patches_dir``; with ``check``, the series applied
     to a scratch tree of ``source`` (default: the validated base) and compared instead."""
     if check:
-        series = load_series(patches_dir / "series.toml")
+        series = load_ledger(patches_dir)
         base = source.base_version or series.validated_base
         upstream = fetch_requested(
             load_bases(patches_dir / "bases.toml"),
@@ -103,7 +120,7 @@ def export_requested(
         )
         return check_export(upstream, series, fetch.cache.baselines)
     # The work tree's commits are the truth here: the ledger's digests are about to change.
-    series = load_series(patches_dir / "series.toml", check_digests=False)
+    series = load_ledger(patches_dir, check_digests=False)
     work = Path(work_dir or default_work_dir(f"{source.base_version or series.validated_base}"))
     with locked(work.resolve()):
         if not work.is_dir():

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SeriesError
+from ..fetching.bases import load_bases
 from ..fsutil import sha256_file
 from ..probing import probe_modules
+from ..schema import Doc
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -102,37 +104,69 @@ class Series:
         )
 
 
-def _patch(entry: dict, index: int, folder: Path, where: str) -> Patch:
-    try:
-        patch_id = str(entry["id"])
-        file = folder / str(entry["file"])
-        sha = str(entry["sha256"]).lower()
-        probe = str(entry["probe"])
-        patch = Patch(
-            id=patch_id,
-            index=index,
-            file=file,
-            sha256=sha,
-            title=str(entry["title"]),
-            why=str(entry["why"]).strip(),
-            probe=probe,
-            files=tuple(str(f) for f in entry["files"]),
-            touches_compiled_code=bool(entry["touches_compiled_code"]),
-            upstream=tuple(str(u) for u in entry.get("upstream", ())),
-            upstream_fixed_in=entry.get("upstream_fixed_in"),
-            drop_when=str(entry.get("drop_when", "")).strip(),
-            requires=tuple(str(r) for r in entry.get("requires", ())),
-        )
-    except KeyError as missing:
-        raise SeriesError(f"{where}: missing key {missing}") from None
+#: The keys a ``[[patch]]`` entry may hold; any other is a typo that would be ignored.
+PATCH_KEYS = frozenset(
+    {
+        "id",
+        "file",
+        "sha256",
+        "title",
+        "why",
+        "probe",
+        "files",
+        "touches_compiled_code",
+        "upstream",
+        "upstream_fixed_in",
+        "drop_when",
+        "requires",
+    }
+)
+#: The ledger's own keys, beside its patches.
+LEDGER_KEYS = frozenset({"validated_base", "patch"})
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _unknown_keys(doc: Doc, table: dict, known: frozenset[str]) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        doc.fail(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def _patch(entry: dict, index: int, folder: Path, doc: Doc) -> Patch:
+    """One ``[[patch]]`` entry, every value checked against its type (a string where a
+    list is due would be read letter by letter, ``"no"`` as true)."""
+    _unknown_keys(doc, entry, PATCH_KEYS)
+    patch_id = doc.text(entry, "id")
     if not _ID.match(patch_id):
-        raise SeriesError(f"{where}: id {patch_id!r} is not lower-case-with-dashes")
+        doc.fail(f"id {patch_id!r} is not lower-case-with-dashes")
+    file = doc.text(entry, "file")
+    if Path(file).name != file or file in ("", ".", ".."):
+        doc.fail(f"file {file!r} is not a file name in {folder}")
+    sha = doc.text(entry, "sha256").lower()
+    if not _HEX64.match(sha):
+        doc.fail(f"sha256 {sha!r} is not 64 hex digits")
+    files = doc.texts(entry, "files")
+    if not files:
+        doc.fail("files is empty: a patch touches at least one file")
+    probe = doc.text(entry, "probe")
     known = probe_modules()
     if probe not in known:
-        raise SeriesError(
-            f"{where}: probe {probe!r} is no module of tooling/probes (have {', '.join(known)})"
-        )
-    return patch
+        doc.fail(f"probe {probe!r} is no module of tooling/probes (have {', '.join(known)})")
+    return Patch(
+        id=patch_id,
+        index=index,
+        file=folder / file,
+        sha256=sha,
+        title=doc.text(entry, "title"),
+        why=doc.text(entry, "why").strip(),
+        probe=probe,
+        files=files,
+        touches_compiled_code=doc.flag(entry, "touches_compiled_code"),
+        upstream=doc.texts(entry, "upstream", ()),
+        upstream_fixed_in=doc.text(entry, "upstream_fixed_in", None),
+        drop_when=doc.text(entry, "drop_when", "").strip(),
+        requires=doc.texts(entry, "requires", ()),
+    )
 
 
 def check_digest(patch: Patch) -> None:
@@ -153,13 +187,17 @@ def load_series(path: Path, *, check_digests: bool = True) -> Series:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SeriesError(f"{path}: no such series file") from None
-    except tomllib.TOMLDecodeError as e:
+    except OSError as e:
+        raise SeriesError(f"{path}: cannot read the series file ({e.strerror or e})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SeriesError(f"{path}: not valid TOML ({e})") from None
-    entries = data.get("patch", [])
+    doc = Doc(str(path), SeriesError)
+    _unknown_keys(doc, data, LEDGER_KEYS)
+    entries = doc.tables(data, "patch", [])
     if not entries:
         raise SeriesError(f"{path}: lists no patches")
     patches = tuple(
-        _patch(e, i, path.parent.resolve(), f"{path}: patch #{i}")
+        _patch(e, i, path.parent.resolve(), doc.inner(f": patch #{i}"))
         for i, e in enumerate(entries, start=1)
     )
     ids = [p.id for p in patches]
@@ -175,5 +213,18 @@ def load_series(path: Path, *, check_digests: bool = True) -> Series:
     if check_digests:
         for p in patches:
             check_digest(p)
-    validated = data.get("validated_base")
-    return Series(path=path, patches=patches, validated_base=str(validated) if validated else None)
+    validated = doc.text(data, "validated_base", None)
+    return Series(path=path, patches=patches, validated_base=validated or None)
+
+
+def load_ledger(patches_dir: Path, *, check_digests: bool = True) -> Series:
+    """``patches_dir``'s series, whose ``validated_base`` must be a release its bases.toml
+    pins: the build records it, and ``--3way`` seeds its blobs."""
+    series = load_series(patches_dir / "series.toml", check_digests=check_digests)
+    known = list(load_bases(patches_dir / "bases.toml").bases)
+    if series.validated_base is not None and series.validated_base not in known:
+        raise SeriesError(
+            f"{series.path}: validated_base {series.validated_base!r} is not a release "
+            f"bases.toml pins ({', '.join(known)})"
+        )
+    return series

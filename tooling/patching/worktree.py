@@ -13,7 +13,6 @@ import io
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +21,9 @@ from pathlib import Path
 import git
 from gitdb import IStream
 
-from ..fsutil import locked, staging_dir
+from ..errors import WorkTreeError
+from ..fetching import unpacked
+from ..fsutil import check_creatable, discard, locked, staging_dir
 from ..gitutil import git_error_lines
 
 BASELINE_TAG = "baseline"
@@ -102,6 +103,14 @@ def _configure(repo: git.Repo) -> None:
     exclude.write_text("__pycache__/\n*.pyc\n")
 
 
+def check_work_dir(work_dir: Path | None) -> None:
+    """A --work-dir given is one a tree can be made at (or is one), checked before anything
+    is fetched: a name too long for its temp sibling, a file in its way or a folder nothing
+    can be made in is one line (exit 13), not an OSError from deep inside the run."""
+    if work_dir is not None:
+        check_creatable(work_dir, "--work-dir", WorkTreeError)
+
+
 def made_tree(work_dir: Path) -> git.Repo | None:
     """The work tree at ``work_dir`` when it is one ``tooling patch`` made (a repository
     with the baseline tag), else None."""
@@ -162,14 +171,6 @@ def clear_way(work_dir: Path) -> Path | None:
     return None
 
 
-def discard(work_dir: Path) -> None:
-    """Remove a tree of ours. Renamed first, so an interrupted removal never leaves a half
-    tree under the real name."""
-    trash = Path(tempfile.mkdtemp(prefix=f".{work_dir.name}.", suffix=".old", dir=work_dir.parent))
-    os.rename(work_dir, trash / work_dir.name)
-    shutil.rmtree(trash)
-
-
 def create_from_tree(
     source_dir: Path, work_dir: Path, message: str, baselines: Path | None = None
 ) -> git.Repo:
@@ -206,7 +207,7 @@ def baseline_repo(source_dir: Path, message: str, baselines: Path) -> Path:
     one commit; made once (under a lock), keyed by the folder, the message and the
     listing (names, sizes, mtimes) of what is in it, so a changed folder gets another."""
     source = source_dir.resolve()
-    listing = hashlib.sha256(f"{source}\0{message}\0".encode())
+    listing = hashlib.sha256(f"{source}\0{message}\0{unpacked.stamp(source.parent)}\0".encode())
     for path in sorted(source.rglob("*")):
         st = path.lstat()
         listing.update(f"{path.relative_to(source)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .. import procs
-from ..errors import EnvironmentProblem, ProbeError
+from ..errors import CacheMissError, EnvironmentProblem, ProbeError
 from ..fsutil import locked, sha256_file
 from ..paths import REPO_DIR, CacheLayout
 from ..pipsettings import uv_pip_install
@@ -38,11 +38,19 @@ def python_of(env: Path) -> Path:
     return env / "bin" / "python"
 
 
-def ensure_probe_env(cache: CacheLayout, requirements: Path = REQUIREMENTS) -> Path:
-    """The probe interpreter, creating its environment on first use."""
+def ensure_probe_env(
+    cache: CacheLayout, requirements: Path = REQUIREMENTS, *, offline: bool = False
+) -> Path:
+    """The probe interpreter, creating its environment on first use (never under
+    ``offline``: its packages come from an index)."""
     if not requirements.is_file():
         raise EnvironmentProblem(f"{requirements}: no probe requirements file")
     env = env_dir(cache, requirements)
+    if offline and not (env / _MARKER).is_file():
+        raise CacheMissError(
+            f"--offline: the probe environment {env} is not in the cache (making it installs "
+            f"{requirements.name} from an index)"
+        )
     # Locked: a second process waits for this environment instead of deleting it half-built.
     with locked(env):
         return _create_probe_env(env, requirements)
@@ -85,13 +93,16 @@ def reference_dflash_dir(cache: CacheLayout) -> Path:
     return cache.root / "dflash-ref"
 
 
-def ensure_reference_dflash(cache: CacheLayout, python: Path) -> Path:
-    """A folder holding the reference ``dflash`` package (for PYTHONPATH), installed once.
+def ensure_reference_dflash(cache: CacheLayout, python: Path, *, offline: bool = False) -> Path:
+    """A folder holding the reference ``dflash`` package (for PYTHONPATH), installed once
+    (never under ``offline``: it comes from an index).
 
     ``--no-deps``: its pins (datasets, a second torch) are not needed to import
     ``dflash.model``, which uses only torch and transformers from the probe env.
     """
     target = reference_dflash_dir(cache)
+    if offline and not (target / _MARKER).is_file():
+        raise CacheMissError(f"--offline: the reference {REFERENCE_DFLASH} is not in the cache")
     with locked(target):
         return _install_reference_dflash(target, python)
 
@@ -144,8 +155,8 @@ def resolve_probe_python(explicit: Path | None, cache: CacheLayout) -> Path | No
     return python_of(env) if (env / ".complete").is_file() else None
 
 
-def ensure_probe_setup(cache: CacheLayout) -> tuple[Path, Path]:
+def ensure_probe_setup(cache: CacheLayout, *, offline: bool = False) -> tuple[Path, Path]:
     """``tooling probe-env``: the probe interpreter and the reference ``dflash`` folder,
-    each made once and cached."""
-    python = ensure_probe_env(cache)
-    return python, ensure_reference_dflash(cache, python)
+    each made once and cached (under ``offline`` only found in the cache)."""
+    python = ensure_probe_env(cache, offline=offline)
+    return python, ensure_reference_dflash(cache, python, offline=offline)

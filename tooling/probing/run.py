@@ -21,9 +21,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import ProbeError
+from ..fsutil import read_bounded
 from ..paths import CacheLayout
-from ..probes.result import UNKNOWN, ProbeResult
+from ..probes.result import UNKNOWN, ProbeResult, ProbeStatus
 from ..procs import stop_group
+from ..schema import Doc
 from . import package
 from .cache import Hit, ProbeCache, sources_digest
 from .env import resolve_probe_python
@@ -106,9 +109,11 @@ class ProbeRun:
         if not out.is_file():
             tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             return self._unknown(f"probe interpreter exited {self.process.returncode}: {tail[0]}")
-        data = json.loads(out.read_text())
+        try:
+            data, results = read_answer(out, self.names)
+        except ProbeError as e:
+            return self._unknown(f"{e} (log: {self.log})")
         self.vllm_version = data.get("vllm_version")
-        results = {r["probe"]: ProbeResult.from_json(r) for r in data["results"]}
         if self.cache is not None and self.process.returncode == 0:
             self.cache.store(
                 data.get("imports"), self.workdir, self.started_ns, results, self.vllm_version
@@ -117,6 +122,40 @@ class ProbeRun:
 
     def _unknown(self, why: str) -> dict[str, ProbeResult]:
         return {n: ProbeResult(probe=n, status=UNKNOWN, evidence=why) for n in self.names}
+
+
+#: The largest answer read from a probe interpreter: the probes' is a few kB.
+ANSWER_LIMIT = 16 << 20
+
+
+def read_answer(out: Path, names: tuple[str, ...]) -> tuple[dict, dict[str, ProbeResult]]:
+    """The probe interpreter's ``out.json`` and its verdicts, every value checked against its
+    type: an answer that is not the probes' (the interpreter is not one that runs them, or
+    broke off writing) is a ProbeError naming the file and the key, so the run reads no
+    verdict rather than a traceback."""
+    raw = read_bounded(out, ANSWER_LIMIT, "the probes' answer", ProbeError)
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise ProbeError(f"{out}: not the probes' answer (not JSON: {e})") from None
+    doc = Doc(str(out), ProbeError)
+    doc.text(data, "vllm_version", None)
+    results = {}
+    for i, entry in enumerate(doc.tables(data, "results")):
+        row = doc.inner(f": results[{i}]")
+        probe, status = row.text(entry, "probe"), row.text(entry, "status")
+        if probe not in names:
+            row.fail(f"probe {probe!r} was not asked for ({', '.join(names)})")
+        if status not in {s.value for s in ProbeStatus}:
+            row.fail(f"status {status!r} is none of {', '.join(s.value for s in ProbeStatus)}")
+        results[probe] = ProbeResult(
+            probe=probe,
+            status=ProbeStatus(status),
+            evidence=row.text(entry, "evidence"),
+            form=row.text(entry, "form", None),
+            details=dict(row.table(entry, "details", {})),
+        )
+    return dict(data), results
 
 
 def start_probes(

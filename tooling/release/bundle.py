@@ -34,7 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError
-from ..fsutil import atomic_write_text, sha256_file, staging_dir
+from ..fsutil import (
+    atomic_write_text,
+    check_creatable,
+    discard,
+    locked,
+    read_bounded,
+    run_scratch,
+    sha256_file,
+    staging_dir,
+)
 from ..progress import progress_bar
 from .bundle_plan import (
     BundleConfig,
@@ -42,12 +51,17 @@ from .bundle_plan import (
     PlanEntry,
     default_bundle_name,
     parse_present,
+    pinned_extras,
     plan_bundle,
 )
 from .download import download, resolve
 from .files import BundleFile, bundle_file, describe, sums_text
 from .lock import Resolution
-from .split import split_bundle
+from .split import check_part_count, split_bundle, tar_bytes_at_most
+
+#: install.txt, install.sh, bundle.json, the lock and SHA256SUMS together, at most: what a
+#: bundle holds beside its wheels, for the part count checked before it is written.
+BUNDLE_FILES_AT_MOST = 4 << 20
 
 
 @dataclass
@@ -89,7 +103,12 @@ def write_bundle(
             raise BundleError(f"{entry.name}=={entry.version}: its wheel was not downloaded")
         sources.append((entry, path))
     total = sum(p.stat().st_size for _, p in sources)
-    with staging_dir(final) as tmp:
+    if config.split_bytes:
+        # Before anything is written: the wheels are most of the stream.
+        sizes = [p.stat().st_size for _, p in sources] + [BUNDLE_FILES_AT_MOST]
+        check_part_count(tar_bytes_at_most(sizes, len(sources) + 8), config.split_bytes, "--split")
+    # Locked: the staging folder a killed run left beside it is removed by the next.
+    with locked(final), staging_dir(final) as tmp:
         (tmp / "wheels").mkdir()
         install_lines = []
         with progress_bar(total, "bundle", config.progress) as bar:
@@ -127,24 +146,40 @@ def write_bundle(
         (tmp / "SHA256SUMS").write_text(sums_text(files))
     result = BundleResult(bundle_dir=final, files=files, total_bytes=sum(f.size for f in files))
     if config.split_bytes:
-        result.parts_dir, result.parts = split_bundle(
-            final, config.out_dir / f"{name}-parts", config.split_bytes, config.progress
-        )
+        parts_dir = config.out_dir / f"{name}-parts"
+        try:
+            with locked(parts_dir):
+                result.parts_dir, result.parts = split_bundle(
+                    final, parts_dir, config.split_bytes, config.progress
+                )
+        except BaseException:
+            # Asked for parts, a run without them made nothing: the folder it made goes too.
+            discard(final)
+            raise
     return result
 
 
+#: The largest exclude-present list read: a host's pip freeze is a few kB.
+PRESENT_LIMIT = 16 << 20
+
+
 def read_present(path: Path) -> dict[str, str | None]:
-    """:func:`parse_present` over a file."""
+    """:func:`parse_present` over a file (its size bounded: /dev/zero is not read whole)."""
+    raw = read_bounded(path, PRESENT_LIMIT, "the exclude-present list", BundleError)
     try:
-        return parse_present(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BundleError(f"{path}: cannot read the exclude-present list ({e.strerror})") from None
+        return parse_present(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BundleError(f"{path}: the exclude-present list is not UTF-8 text ({e})") from None
 
 
-def resolve_and_plan(config: BundleConfig) -> tuple[Resolution, BundlePlan]:
+def resolve_and_plan(
+    config: BundleConfig, scratch: Path | None = None
+) -> tuple[Resolution, BundlePlan]:
     """resolve -> plan, without downloading anything (``--lock-only`` stops here)."""
-    resolution = resolve(config)
+    # What the caller gave is checked before uv runs: a malformed pin, an unreadable list.
+    pinned_extras(config.extras)
     present = read_present(config.exclude_present) if config.exclude_present else {}
+    resolution = resolve(config, scratch)
     plan = plan_bundle(
         resolution.requirements,
         wheel=config.wheel,
@@ -166,16 +201,19 @@ def refuse_existing(config: BundleConfig) -> None:
 
 
 def make_bundle(config: BundleConfig) -> tuple[BundlePlan, BundleResult]:
-    """resolve -> plan -> download -> write, as ``tooling bundle`` does."""
+    """resolve -> plan -> download -> write, as ``tooling bundle`` does. Every temp folder
+    of the run, uv's and pip's too, is in one scratch folder that goes on any exit."""
+    check_creatable(config.out_dir, "--out", BundleError)
     refuse_existing(config)
-    resolution, plan = resolve_and_plan(config)
-    if config.download_dir is not None:
-        wheels = download(plan, config, config.download_dir)
-        return plan, write_bundle(plan, wheels, config, resolution)
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".bundle-wheels-", dir=config.out_dir) as tmp:
-        wheels = download(plan, config, Path(tmp))
-        return plan, write_bundle(plan, wheels, config, resolution)
+    with run_scratch("bundle") as scratch:
+        resolution, plan = resolve_and_plan(config, scratch)
+        if config.download_dir is not None:
+            wheels = download(plan, config, config.download_dir, scratch)
+            return plan, write_bundle(plan, wheels, config, resolution)
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".bundle-wheels-", dir=config.out_dir) as tmp:
+            wheels = download(plan, config, Path(tmp), scratch)
+            return plan, write_bundle(plan, wheels, config, resolution)
 
 
 def write_lock(resolution: Resolution, path: Path) -> None:

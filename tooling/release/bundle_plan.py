@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as PipRequirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -60,6 +62,8 @@ class BundleConfig:
     download_dir: Path | None = None
     """Where wheels are downloaded and kept between runs (default: a temp folder)."""
     progress: bool = True
+    offline: bool = False
+    """No network: uv resolves from its cache, pip takes the wheels ``download_dir`` kept."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def exclude_newer_for(base: Base) -> str:
 
 def parse_size(text: str) -> int:
     """Bytes in ``60M``, ``1G``, ``512K`` (binary units) or a plain byte count."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    match = re.fullmatch(r"\s*(\d{1,15})\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not match or int(match.group(1)) == 0:
         raise BundleError(f"--split {text!r}: give a size such as 60M, 1G or 512K")
     scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[match.group(2).upper()]
@@ -230,16 +234,51 @@ def plan_bundle(
             kept_present.append((req.name, req.version))
         else:
             include.append(PlanEntry(req.name, req.version, "resolved", req.hashes))
-    for extra in extras:
-        name, sep, version = extra.partition("==")
-        if not sep or not version:
-            raise BundleError(f"extra wheel {extra!r}: give it as name==version")
-        name = canonicalize_name(name.strip())
-        if is_present(name, version.strip(), present):
-            kept_present.append((name, version.strip()))
-        elif all(e.name != name for e in include):
-            include.append(PlanEntry(name, version.strip(), "extra"))
+    for name, version in pinned_extras(extras):
+        resolved = next((e for e in include if e.name == name), None)
+        if resolved is not None:
+            # A pin is honoured exactly or refused: the bundle carries one version of a
+            # package, and one the resolution needs stays (it shipped in the pin's place).
+            if Version(resolved.version) != Version(version):
+                raise BundleError(
+                    f"--extra {name}=={version}: the resolution needs {name} "
+                    f"{resolved.version}, and a bundle carries one version of a package "
+                    f"(pin {resolved.version}, or leave {name} out of --extra)"
+                )
+        elif is_present(name, version, present):
+            kept_present.append((name, version))
+        else:
+            include.append(PlanEntry(name, version, "extra"))
     return BundlePlan(tuple(include), tuple(kept_present), tuple(skipped))
+
+
+def pinned_extras(extras: Iterable[str]) -> list[tuple[str, str]]:
+    """Each ``--extra`` as (canonical name, version): exactly ``name==version``, a valid
+    name and version and nothing else (no range, no wildcard, no marker, no URL), each
+    package once; anything else is a BundleError naming it."""
+    pins: dict[str, str] = {}
+    for extra in extras:
+        try:
+            requirement = PipRequirement(extra)
+        except InvalidRequirement:
+            requirement = None
+        specifiers = list(requirement.specifier) if requirement else []
+        exact = (
+            requirement is not None
+            and not requirement.extras
+            and requirement.marker is None
+            and requirement.url is None
+            and len(specifiers) == 1
+            and specifiers[0].operator == "=="
+            and "*" not in specifiers[0].version
+        )
+        if not exact or requirement is None:
+            raise BundleError(f"--extra {extra!r}: give it as name==version (one exact version)")
+        name, version = canonicalize_name(requirement.name), specifiers[0].version
+        if name in pins and Version(pins[name]) != Version(version):
+            raise BundleError(f"--extra {name}: pinned twice, to {pins[name]} and {version}")
+        pins[name] = version
+    return list(pins.items())
 
 
 def default_bundle_name(config: BundleConfig) -> str:

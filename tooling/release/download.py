@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +14,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from .. import procs
-from ..errors import BundleError, EnvironmentProblem
+from ..errors import BundleError, CacheMissError, EnvironmentProblem
+from ..fsutil import run_scratch
 from ..progress import step_bar
 from .bundle_plan import BundleConfig, BundlePlan, PlanEntry
 from .lock import Resolution, parse_lock
@@ -61,12 +61,13 @@ def _uv_available() -> None:
         ) from None
 
 
-def resolve(config: BundleConfig) -> Resolution:
-    """Resolve the patched wheel's runtime closure with ``uv pip compile``."""
+def resolve(config: BundleConfig, scratch: Path | None = None) -> Resolution:
+    """Resolve the patched wheel's runtime closure with ``uv pip compile`` (under --offline
+    from uv's cache alone). ``scratch``: the run's folder, where uv's temp files go too."""
     if not config.wheel.is_file():
         raise BundleError(f"{config.wheel}: no such wheel")
     _uv_available()
-    with tempfile.TemporaryDirectory(prefix="bundle-resolve-") as tmp:
+    with run_scratch("bundle", scratch) as tmp:
         req_in = Path(tmp) / "requirements.in"
         req_in.write_text("\n".join([str(config.wheel.resolve()), *config.pins]) + "\n")
         out = Path(tmp) / "requirements.txt"
@@ -92,11 +93,16 @@ def resolve(config: BundleConfig) -> Resolution:
             "--generate-hashes",
             "--no-header",
             "--quiet",
+            *(("--offline",) if config.offline else ()),
         )
-        result = procs.run(cmd)
+        result = procs.run(cmd, env={**os.environ, "TMPDIR": str(tmp)})
         if result.returncode != 0:
             lines = [ln for ln in (result.stderr or "").splitlines() if ln.strip()]
             why = " ".join(lines[-3:]) if lines else f"exit {result.returncode}"
+            if config.offline:
+                raise CacheMissError(
+                    f"--offline: uv could not resolve {config.wheel.name} from its cache: {why}"
+                )
             raise BundleError(f"uv could not resolve {config.wheel.name}: {why}")
         text = out.read_text(encoding="utf-8")
         requirements = tuple(parse_lock(text))
@@ -125,8 +131,9 @@ def _pip_download_cmd(config: BundleConfig, dest: Path, req_file: Path, hashed: 
         "abi3",
         "--abi",
         "none",
-        "--index-url",
-        config.index_url,
+        # --offline: the wheels an earlier run kept in ``dest``, no index.
+        *(("--no-index", "--find-links", str(dest)) if config.offline else ()),
+        *(() if config.offline else ("--index-url", config.index_url)),
         "--dest",
         str(dest),
         "--progress-bar",
@@ -143,15 +150,24 @@ def _pip_download_cmd(config: BundleConfig, dest: Path, req_file: Path, hashed: 
     return cmd
 
 
-def _pip_env() -> dict[str, str]:
+def _pip_env(scratch: Path) -> dict[str, str]:
     # No pip.conf of this machine (constraints, extra indexes): the bundle must
-    # not depend on who builds it. The index is passed explicitly.
-    return {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1"}
+    # not depend on who builds it. The index is passed explicitly. pip's own temp folders
+    # (build tracker, downloads, unpacked wheels) go in the run's, which goes however pip
+    # ends: a pip stopped by a signal removes none of its own.
+    return {
+        **os.environ,
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INPUT": "1",
+        "TMPDIR": str(scratch),
+    }
 
 
-def _run_pip(cmd: list[str], total: int, label: str, show: bool, log: Path) -> None:
+def _run_pip(
+    cmd: list[str], total: int, label: str, config: BundleConfig, log: Path, scratch: Path
+) -> None:
     saved = re.compile(r"^(Saved|File was already downloaded) ")
-    with step_bar(total, label, show) as bar, open(log, "a", encoding="utf-8") as out:
+    with step_bar(total, label, config.progress) as bar, open(log, "a", encoding="utf-8") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         with procs.started(
             cmd,
@@ -159,7 +175,7 @@ def _run_pip(cmd: list[str], total: int, label: str, show: bool, log: Path) -> N
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
-            env=_pip_env(),
+            env=_pip_env(scratch),
         ) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -169,19 +185,27 @@ def _run_pip(cmd: list[str], total: int, label: str, show: bool, log: Path) -> N
             code = proc.wait()
     if code != 0:
         tail = [ln for ln in log.read_text(encoding="utf-8").splitlines() if ln.strip()][-2:]
+        if config.offline:
+            raise CacheMissError(
+                f"--offline: the wheels are not all kept in {log.parent}: {' '.join(tail)} "
+                f"(log: {log})"
+            )
         raise BundleError(f"pip download failed: {' '.join(tail)} (log: {log})")
 
 
-def download(plan: BundlePlan, config: BundleConfig, dest: Path) -> dict[str, Path]:
+def download(
+    plan: BundlePlan, config: BundleConfig, dest: Path, scratch: Path | None = None
+) -> dict[str, Path]:
     """Download every wheel of ``plan`` (the patched one is copied later); name -> file.
 
     Resolved wheels are checked against the hashes uv recorded (``--require-hashes``);
-    extras have none and are hashed into install.txt after download.
+    extras have none and are hashed into install.txt after download. Under --offline
+    they come from ``dest`` alone, where an earlier run kept them.
     """
     dest.mkdir(parents=True, exist_ok=True)
     log = dest / "pip-download.log"
     wanted = [e for e in plan.include if e.source != "patched"]
-    with tempfile.TemporaryDirectory(prefix="bundle-download-") as tmp:
+    with run_scratch("bundle", scratch) as tmp:
         for hashed in (True, False):
             batch = [e for e in wanted if bool(e.hashes) == hashed]
             if not batch:
@@ -193,7 +217,7 @@ def download(plan: BundlePlan, config: BundleConfig, dest: Path) -> dict[str, Pa
                 lines.append(f"{e.name}=={e.version}{hashes}")
             req_file.write_text("\n".join(lines) + "\n")
             cmd = _pip_download_cmd(config, dest, req_file, hashed)
-            _run_pip(cmd, len(batch), "download", config.progress, log)
+            _run_pip(cmd, len(batch), "download", config, log, tmp)
     return _match_wheels(wanted, dest)
 
 

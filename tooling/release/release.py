@@ -16,29 +16,91 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from ..building.build import single_wheel
 from ..building.manifest import MANIFEST_NAME, BuildManifest
 from ..building.wheelfile import check_members, open_wheel, read_member
 from ..errors import ReleaseError
-from ..fsutil import atomic_write_text, sha256_bytes, sha256_file
+from ..fsutil import atomic_write_text, read_bounded, sha256_bytes, sha256_file
 from ..patching.series import Series
 from ..report import STATUS_LEGEND, markdown_table, status_cells
 
 UPSTREAM_STATUSES = ("superseded", "already-applied")
+#: The largest status matrix read: every pinned release's is under a megabyte.
+STATUS_LIMIT = 64 << 20
 #: What the notes read of each outcome in the status matrix.
 _OUTCOME_KEYS = ("patch_id", "status")
 
 
+#: The largest manifest read from a wheel: a build's is a few kB.
+MANIFEST_LIMIT = 16 << 20
+
+
 def read_wheel_manifest(wheel: Path) -> BuildManifest:
+    """The build manifest in ``wheel``: a ReleaseError naming the wheel when there is none,
+    or one that is not a manifest (its size bounded before it is read)."""
     with open_wheel(wheel) as zf:
         names = [n for n in zf.namelist() if n.endswith(f".dist-info/{MANIFEST_NAME}")]
         if not names:
             raise ReleaseError(
                 f"{wheel.name} has no {MANIFEST_NAME}: not a wheel this toolchain built"
             )
-        return BuildManifest.from_json(json.loads(read_member(zf, names[0])))
+        if zf.getinfo(names[0]).file_size > MANIFEST_LIMIT:
+            raise ReleaseError(f"{wheel.name}: its {MANIFEST_NAME} is over {MANIFEST_LIMIT} bytes")
+        manifest = _manifest(wheel, read_member(zf, names[0]))
+        dist_info = names[0].split("/", 1)[0]
+        wheel_file = f"{dist_info}/WHEEL"
+        if wheel_file not in zf.namelist() or zf.getinfo(wheel_file).file_size > MANIFEST_LIMIT:
+            raise ReleaseError(f"{wheel.name}: no {wheel_file} of a sane size")
+        tags = {
+            line.split(":", 1)[1].strip()
+            for line in read_member(zf, wheel_file).decode("utf-8", "replace").splitlines()
+            if line.startswith("Tag:")
+        }
+    check_wheel_name(wheel, manifest, dist_info, tags)
+    return manifest
+
+
+def _manifest(wheel: Path, raw: bytes) -> BuildManifest:
+    try:
+        manifest = BuildManifest.from_json(json.loads(raw))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ReleaseError(
+            f"{wheel.name}: its {MANIFEST_NAME} is not a build manifest ({e})"
+        ) from None
+    if not isinstance(manifest.version, str) or not isinstance(manifest.build_tag, str | None):
+        raise ReleaseError(f"{wheel.name}: its {MANIFEST_NAME} is not a build manifest")
+    return manifest
+
+
+def check_wheel_name(wheel: Path, manifest: BuildManifest, dist_info: str, tags: set[str]) -> None:
+    """``wheel``'s file name is the one its build gave it: its name and version are its
+    manifest's and its dist-info's, its build tag the manifest's, its tags its WHEEL file's.
+    A renamed wheel would have its notes and SHA256SUMS published under a name, version or
+    platform it is not."""
+    try:
+        name, version, build, named_tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as e:
+        raise ReleaseError(f"{wheel.name}: not a wheel's file name ({e})") from None
+    tag = f"{build[0]}{build[1]}" if build else None
+    said = f"{canonicalize_name(name)} {version}" + (f" build {tag}" if tag else "")
+    built = f"vllm {manifest.version}" + (
+        f" build {manifest.build_tag}" if manifest.build_tag else ""
+    )
+    expected = f"vllm-{manifest.version}.dist-info"
+    if said != built or dist_info != expected:
+        raise ReleaseError(
+            f"{wheel}: its name says {said}, but the build made {built} ({dist_info} inside): "
+            "a renamed wheel; release the file under the name the build gave it"
+        )
+    if {str(t) for t in named_tags} != tags:
+        raise ReleaseError(
+            f"{wheel}: its name says tags {', '.join(sorted(str(t) for t in named_tags))}, "
+            f"its WHEEL file {', '.join(sorted(tags))}: a renamed wheel; release the file under "
+            "the name the build gave it"
+        )
 
 
 def upstream_since(status: dict[str, Any], patch_id: str) -> str | None:
@@ -176,11 +238,11 @@ def read_status(path: Path) -> dict[str, Any]:
     """``patch status --json``'s matrix from ``path``, the shape the notes read checked first;
     one that is not, or was made without the probes (its conflicts may be superseded
     patches), is a ReleaseError naming the file."""
+    raw = read_bounded(path, STATUS_LIMIT, "a status matrix", ReleaseError)
     try:
-        status = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        why = e.strerror if isinstance(e, OSError) else f"not JSON: {e}"
-        raise ReleaseError(f"{path}: cannot read the status matrix ({why})") from None
+        status = json.loads(raw)
+    except ValueError as e:
+        raise ReleaseError(f"{path}: cannot read the status matrix (not JSON: {e})") from None
     if not _is_status(status):
         raise ReleaseError(
             f"{path}: not the output of `tooling patch status --json` (no bases, each with "

@@ -36,6 +36,8 @@ class BundleRequest:
     lock_only: Path | None = None
     """Only resolve, and write the lock here."""
     progress: bool = True
+    offline: bool = False
+    """--offline: resolved from uv's cache, the wheels from ``download_dir``; no network."""
 
     def config(self) -> bundle_plan.BundleConfig:
         """The bundle this request describes, every default filled in."""
@@ -52,6 +54,7 @@ class BundleRequest:
             index_url=self.index_url,
             download_dir=self.download_dir,
             progress=self.progress,
+            offline=self.offline,
         )
 
 

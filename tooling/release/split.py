@@ -29,6 +29,8 @@ class _PartWriter:
     def _next(self) -> BinaryIO:
         if self._file is not None:
             self._file.close()
+        if len(self.parts) >= MAX_PARTS:  # the count was checked before: a stream past it
+            raise BundleError(f"{self.folder}: the split passed {MAX_PARTS} parts")
         path = self.folder / f"{self.stem}.part-{len(self.parts):03d}"
         self.parts.append(path)
         self._file = open(path, "wb")  # noqa: SIM115 (closed by _next/close)
@@ -62,14 +64,50 @@ def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
+#: The most parts a split makes: a part size that would make more (``--split 1``: a part a
+#: byte) is refused before any is written, rather than filling a disk with tiny files.
+MAX_PARTS = 10_000
+#: A tar member's header, and the padding of its data to whole blocks, at most.
+_TAR_BLOCK = 512
+
+
+def tar_bytes_at_most(sizes: list[int], members: int) -> int:
+    """The most bytes a tar stream of ``members`` entries, files of ``sizes`` among them,
+    takes: headers (a PAX one too) per member, each file's data in whole blocks, and the
+    end of the archive (pure)."""
+    data = sum(-(-size // _TAR_BLOCK) * _TAR_BLOCK for size in sizes)
+    return data + 4 * _TAR_BLOCK * members + 20 * _TAR_BLOCK
+
+
+def check_part_count(total: int, limit: int, what: str) -> None:
+    """Refuse a part size that would cut ``total`` bytes into more than MAX_PARTS parts."""
+    if limit < 1:
+        raise BundleError(f"{what}: a part size of {limit} bytes is not positive")
+    parts = -(-total // limit)
+    if parts > MAX_PARTS:
+        least = -(-total // MAX_PARTS)
+        raise BundleError(
+            f"{what}: {total} bytes in parts of {limit} would be {parts} parts, more than "
+            f"{MAX_PARTS}: give a part size of at least {least} bytes"
+        )
+
+
 def split_bundle(
     bundle_dir: Path, parts_dir: Path, limit: int, show_progress: bool = True
 ) -> tuple[Path, list[BundleFile]]:
-    """Tar ``bundle_dir`` into parts of at most ``limit`` bytes, with SHA256SUMS and join.py."""
-    if limit < 1:
-        raise BundleError(f"split size {limit} is not positive")
+    """Tar ``bundle_dir`` into parts of at most ``limit`` bytes, with SHA256SUMS and join.py.
+
+    The parts go into a new folder: an existing one that holds anything is refused (the
+    parts are never mixed with other files, nor replace them)."""
+    if not bundle_dir.is_dir():
+        raise BundleError(f"{bundle_dir}: no such folder to split")
+    if parts_dir.exists() and (not parts_dir.is_dir() or any(parts_dir.iterdir())):
+        raise BundleError(f"{parts_dir} exists and is not an empty folder: give a new one")
     stem = f"{bundle_dir.name}.tar"
-    total = sum(p.stat().st_size for p in bundle_dir.rglob("*") if p.is_file())
+    entries = list(bundle_dir.rglob("*"))
+    sizes = [p.stat().st_size for p in entries if p.is_file()]
+    total = sum(sizes)
+    check_part_count(tar_bytes_at_most(sizes, len(entries) + 1), limit, f"splitting {bundle_dir}")
     with staging_dir(parts_dir) as tmp:
         writer = _PartWriter(tmp, stem, limit)
         try:

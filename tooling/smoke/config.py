@@ -7,6 +7,7 @@ machine that has no torch and the children can be handed the same values as JSON
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,13 @@ class Timeouts:
 USABLE_SHARE = 0.9
 
 
+#: The most GPUs a plan is made for: the smoke serves on one host, whose GPUs one
+#: interpreter sees.
+MAX_GPUS = 64
+#: The most memory a GPU is taken to have, in GiB (today's hold under 200).
+MAX_GPU_GIB = 4096
+
+
 @dataclass(frozen=True)
 class GpuFacts:
     """The GPUs a run plans for: how many, and each one's total memory in bytes."""
@@ -150,14 +158,17 @@ class GpuFacts:
 
     @classmethod
     def parse(cls, text: str) -> GpuFacts:
-        """``COUNTxGIB``, e.g. ``2x141``."""
-        count, sep, gib = text.lower().partition("x")
-        try:
-            if not sep or int(count) < 1 or float(gib) <= 0:
-                raise ValueError
-            return cls(int(count), int(float(gib) * 2**30))
-        except ValueError:
-            raise SmokeError(f"--gpus {text!r}: expected COUNTxGIB, e.g. 2x141") from None
+        """``COUNTxGIB``, e.g. ``2x141``: plain decimal figures (no ``inf``, no exponent),
+        bounded before a plan is made for them (a plan holds a board per GPU)."""
+        match = re.fullmatch(r"\s*(\d{1,6})\s*x\s*(\d{1,7}(?:\.\d{1,6})?)\s*", text.lower())
+        if not match:
+            raise SmokeError(f"--gpus {text!r}: expected COUNTxGIB, e.g. 2x141")
+        count, gib = int(match.group(1)), float(match.group(2))
+        if not 1 <= count <= MAX_GPUS:
+            raise SmokeError(f"--gpus {text!r}: COUNT must be 1 to {MAX_GPUS} (one host's GPUs)")
+        if not 0 < gib <= MAX_GPU_GIB:
+            raise SmokeError(f"--gpus {text!r}: GIB must be above 0 and at most {MAX_GPU_GIB}")
+        return cls(count, int(gib * 2**30))
 
 
 @dataclass(frozen=True)

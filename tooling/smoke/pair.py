@@ -14,13 +14,14 @@ generator writes and a parameter count of those shapes.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import SmokeError, SmokePairError
+from ..schema import Doc
 from .config import find_model_file
+from .pair_schema import block_size, check_figures, check_pair, safetensors_bytes
 
 #: Architecture name endings vLLM serves as a causal LM (a multimodal one with
 #: ``--language-model-only``).
@@ -181,9 +182,8 @@ def facts_from_config(
 
 def _block_size(config: dict[str, Any]) -> int | None:
     """A drafter's block size: z-lab's drafters state it at the top level, the reference
-    package's ``dflash_config`` too."""
-    value = config.get("block_size", (config.get("dflash_config") or {}).get("block_size"))
-    return int(value) if isinstance(value, int) and value > 0 else None
+    package's ``dflash_config`` too (checked: ``pair_schema.block_size``)."""
+    return block_size(config, Doc("the drafter's config", SmokePairError))
 
 
 def refusal(target: dict[str, Any], drafter: dict[str, Any], names: tuple[str, str]) -> str | None:
@@ -202,16 +202,6 @@ def refusal(target: dict[str, Any], drafter: dict[str, Any], names: tuple[str, s
     return None
 
 
-def safetensors_bytes(path: Path) -> int:
-    """The tensor bytes one safetensors file declares in its header (the file need not hold
-    them: only the header is read)."""
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    return max(ends, default=0)
-
-
 def weight_bytes(model: str) -> int:
     """The bytes of ``model``'s weights: the index's ``total_size``, else the headers of its
     safetensors (a local folder, or a hub model in the local HF cache)."""
@@ -221,25 +211,31 @@ def weight_bytes(model: str) -> int:
         index = None
     try:
         if index is not None:
-            total = json.loads(index.read_text(encoding="utf-8")).get("metadata", {})
-            if total.get("total_size"):
-                return int(total["total_size"])
-            names = sorted(
-                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            )
+            doc = Doc(str(index), SmokePairError)
+            data = json.loads(index.read_text(encoding="utf-8"))
+            metadata = doc.table(data, "metadata", {})
+            total = doc.inner(": metadata").whole(metadata, "total_size", None, least=0)
+            if total:
+                return int(total)
+            weight_map = doc.table(data, "weight_map")
+            names = sorted({doc.inner(": weight_map").text(weight_map, k) for k in weight_map})
+            if any(Path(n).name != n for n in names):
+                doc.fail(f"weight_map names a file outside {index.parent}")
             return sum(safetensors_bytes(index.parent / n) for n in names)
         local = Path(model)
         files = sorted(local.glob("*.safetensors")) if local.is_dir() else []
         if not files:
             files = [find_model_file(model, "model.safetensors")]
         return sum(safetensors_bytes(f) for f in files)
+    except SmokePairError:
+        raise  # a file there, and not what it should be: named by the check
     except SmokeError:
         raise SmokePairError(f"{model}: no safetensors weights to size the model by") from None
-    except (OSError, ValueError, KeyError, struct.error) as e:
+    except (OSError, ValueError) as e:
         raise SmokePairError(f"{model}: cannot read its safetensors sizes: {e}") from None
 
 
-def _config(model: str, role: str) -> dict[str, Any]:
+def _config(model: str, role: str) -> tuple[Path, dict[str, Any]]:
     try:
         path = find_model_file(model, "config.json")
     except SmokeError as e:
@@ -250,19 +246,28 @@ def _config(model: str, role: str) -> dict[str, Any]:
         raise SmokePairError(f"{path}: cannot read the {role} config: {e}") from None
     if not isinstance(data, dict):
         raise SmokePairError(f"{path}: the {role} config is not a JSON object")
-    return data
+    return path, data
 
 
 def read_pair(target: str, drafter: str) -> PairFacts:
     """The pair's figures from its folders (or the HF cache); SmokePairError, one line,
-    when it is not a pair the smoke can serve."""
-    configs = _config(target, "target"), _config(drafter, "drafter")
-    why = refusal(*configs, (target, drafter))
+    when it is not a pair the smoke can serve (every figure checked first, naming the file
+    and the key: ``pair_schema``)."""
+    (target_path, target_config), (drafter_path, drafter_config) = (
+        _config(target, "target"),
+        _config(drafter, "drafter"),
+    )
+    target_doc = Doc(str(target_path), SmokePairError)
+    drafter_doc = Doc(str(drafter_path), SmokePairError)
+    check_figures(target_config, target_doc)
+    check_figures(drafter_config, drafter_doc)
+    why = refusal(target_config, drafter_config, (target, drafter))
     if why:
         raise SmokePairError(why)
+    check_pair(target_config, drafter_config, target_doc, drafter_doc)
     return PairFacts(
-        target=facts_from_config(target, configs[0], weight_bytes(target)),
-        drafter=facts_from_config(drafter, configs[1], weight_bytes(drafter), drafter=True),
+        target=facts_from_config(target, target_config, weight_bytes(target)),
+        drafter=facts_from_config(drafter, drafter_config, weight_bytes(drafter), drafter=True),
     )
 
 

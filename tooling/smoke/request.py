@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmokeError
+from ..fsutil import check_creatable
 from .config import SmokeConfig
 from .plan import render
 from .report import format_table
@@ -70,6 +71,7 @@ def smoke_requested(
         # A plan writes nothing: no workdir, no install of --wheel.
         plan = describe_plan(config)
         return SmokeOutcome({"ok": True, "plan": plan.to_json()}, render(plan))
+    check_creatable(workdir, "--workdir", SmokeError)
     workdir.mkdir(parents=True, exist_ok=True)
     if request.wheel is not None:
         put_first(install_for_smoke(request.wheel.resolve(), workdir / "site"))

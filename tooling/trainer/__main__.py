@@ -68,7 +68,10 @@ def main(argv: list[str]) -> int:
         stopped = signal.Signals(
             e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
         )
-        print(f"error: interrupted ({stopped.name})", file=sys.stderr)
+        # Under ``train_in`` (an outcome file) the parent stopped this child and says so
+        # itself, on the same stderr: one line, not two.
+        if outcome is None:
+            print(f"error: interrupted ({stopped.name})", file=sys.stderr)
         return 128 + stopped
     except ToolingError as e:
         if outcome is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,9 @@ from ..errors import (
     TrainSettingsError,
     error_for_exit_code,
 )
+from ..fsutil import check_creatable, read_bounded, run_scratch
 from ..procs import started
+from ..schema import Doc
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
 
 #: What a run folder holds (``recipe.RunPaths``).
@@ -85,17 +86,34 @@ class TrainRequest:
         return name
 
     def check_out_dir(self) -> None:
-        """``out_dir`` is the user's folder, which a finished run replaces whole: one holding
-        anything no run writes is refused before any work."""
-        if self.out_dir is None or not self.out_dir.is_dir():
+        """``out_dir`` is the user's folder, which a run replaces whole (with ``force``, or
+        when it holds another recipe's pair): one holding anything but a finished run, a run's
+        files with its ``summary.json`` (written last), is refused before any work, so that
+        nothing of the user's is replaced."""
+        if self.out_dir is None:
             return
-        foreign = sorted(p.name for p in self.out_dir.iterdir() if p.name not in RUN_ENTRIES)
+        # A name too long for its temp sibling, a file in its way or a folder nothing can be
+        # made in: each was a traceback in the child.
+        check_creatable(self.out_dir, "--out-dir", TrainSettingsError)
+        if not self.out_dir.is_dir():
+            return
+        names = sorted(p.name for p in self.out_dir.iterdir())
+        foreign = [n for n in names if n not in RUN_ENTRIES]
         if foreign:
-            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
             raise TrainSettingsError(
-                f"--out-dir {self.out_dir}: holds {', '.join(foreign[:3])}{more}, which no run "
-                "writes, and a run replaces the folder whole: give a new or empty folder"
+                f"--out-dir {self.out_dir}: holds {_listed(foreign)}, which no run writes, and "
+                "a run replaces the folder whole: give a new or empty folder"
             )
+        run = self.out_dir
+        finished = (run / "target").is_dir() and (run / "drafter").is_dir()
+        if names and not (finished and (run / "summary.json").is_file()):
+            raise TrainSettingsError(
+                f"--out-dir {self.out_dir}: holds {_listed(names)} but no finished run (a run "
+                "writes its summary.json last), and a run replaces the folder whole: give a "
+                "new or empty folder"
+            )
+        if names:
+            read_summary(run / "summary.json", TrainSettingsError)
 
     def config(self) -> RecipeConfig:
         """The checked settings; a bad preset or override is one TrainSettingsError line."""
@@ -123,6 +141,46 @@ class TrainRequest:
             if value is not None:
                 args += [flag, str(value)]
         return [*args, "--force"] if self.force else args
+
+
+def _listed(names: list[str]) -> str:
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
+#: The largest summary.json read: a run's is a few kB.
+SUMMARY_LIMIT = 1 << 20
+
+
+def read_summary(path: Path, error: type[ToolingError] = TrainingError) -> dict[str, Any]:
+    """A finished run's ``summary.json``, with the figures :class:`TrainedPair` reads checked
+    against their types: anything else is ``error``, one line naming the file and the key."""
+    raw = read_bounded(path, SUMMARY_LIMIT, "a run's summary", error)
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise error(f"{path}: not a run's summary (not JSON: {e})") from None
+    doc = Doc(str(path), error)
+    doc.text(data, "output_dir")
+    doc.text(data, "recipe_digest")
+    doc.number(data, "wall_s", None)
+    doc.inner(": target").number(doc.table(data, "target"), "heldout_loss")
+    reference = doc.inner(": reference")
+    table = doc.table(data, "reference")
+    reference.number(table, "mean_acceptance_length")
+    reference.numbers(table, "acceptance_per_position")
+    return dict(data)
+
+
+def finished_summary(path: Path, *, users: bool) -> dict[str, Any] | None:
+    """A finished run's summary at ``path``: a damaged one is the error of the user's folder
+    (``users``: --out-dir) and, in the cache's own folder, a run to make again (None)."""
+    try:
+        return read_summary(path, TrainSettingsError)
+    except TrainSettingsError:
+        if users:
+            raise
+        return None
 
 
 @dataclass(frozen=True)
@@ -199,13 +257,18 @@ def train_in(python: Path, request: TrainRequest) -> TrainedPair:
     """
     request.config()  # bad settings are this process's error, before a child starts
     request.check_out_dir()
-    with tempfile.TemporaryDirectory(prefix="dflash-train-") as tmp:
+    with run_scratch("train") as tmp:
         # The child imports this very package through a link, and nothing else of this
         # interpreter's: ``python`` may be any interpreter with torch.
-        (Path(tmp) / "tooling").symlink_to(_PACKAGE, target_is_directory=True)
+        (tmp / "tooling").symlink_to(_PACKAGE, target_is_directory=True)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH", "")) if p)
-        outcome_file = Path(tmp) / "outcome.json"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp), env.get("PYTHONPATH", "")) if p)
+        # Its temp files (torch's compile caches, torchinductor_<user>, among them) go in
+        # this run's folder, which goes on any exit.
+        scratch = tmp / "tmp"
+        scratch.mkdir()
+        env["TMPDIR"] = str(scratch)
+        outcome_file = tmp / "outcome.json"
         command = [str(python), "-m", "tooling.trainer", *request.argv()]
         try:
             with started(

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import EnvironmentProblem, TrainingError, TrainSettingsError
 from ..paths import CacheLayout, default_cache_dir
-from .api import TrainedPair, TrainRequest
+from .api import TrainedPair, TrainRequest, finished_summary
 from .common import Log, sha256_file, write_json
 from .config import RECIPE_VERSION, RecipeConfig, recipe_digest
 from .corpus import DRAFT, HELDOUT, SPLITS, TRAIN, Corpus, load_corpus
@@ -168,19 +168,20 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
         request.out_dir if request.out_dir is not None else trained_root(request.cache_dir) / digest
     )
     export = request.export
-    if final.complete() and not request.force:
-        summary = json.loads(final.summary.read_text())
-        if summary.get("recipe_digest") == digest:
-            log(f"cached: {final.root} (pass --force to retrain)")
-            _export(final, export)
-            return TrainedPair.from_summary(summary, cached=True)
-        if request.out_dir is not None:
-            # The user's folder holds another recipe's pair: neither reused nor replaced.
-            raise TrainSettingsError(
-                f"--out-dir {final.root}: holds the pair of recipe "
-                f"{summary.get('recipe_digest')}, not this recipe's {digest} "
-                "(pass --force to replace it)"
-            )
+    summary = None
+    if not request.force and final.complete():
+        summary = finished_summary(final.summary, users=request.out_dir is not None)
+    if summary is not None and summary["recipe_digest"] == digest:
+        log(f"cached: {final.root} (pass --force to retrain)")
+        _export(final, export)
+        return TrainedPair.from_summary(summary, cached=True)
+    if summary is not None and request.out_dir is not None:
+        # The user's folder holds another recipe's pair: neither reused nor replaced.
+        raise TrainSettingsError(
+            f"--out-dir {final.root}: holds the pair of recipe "
+            f"{summary['recipe_digest']}, not this recipe's {digest} "
+            "(pass --force to replace it)"
+        )
     _require_packages()
     work = RunPaths(final.root.parent / f".{final.root.name}.tmp-{os.getpid()}")
     shutil.rmtree(work.root, ignore_errors=True)

@@ -24,15 +24,31 @@ def digest(path: str) -> str:
     return h.hexdigest()
 
 
+USAGE = "usage: python3 join.py [DEST]"
+
+
 def main(argv: "list[str]") -> int:
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        print("join.py: unknown argument " + repr(argv[-1]) + " (" + USAGE + ")", file=sys.stderr)
+        return 2
     dest = os.path.abspath(argv[0]) if argv else HERE
     sums = {}
-    with open(os.path.join(HERE, "SHA256SUMS"), encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                value, name = line.split(None, 1)
-                sums[name.strip().lstrip("*")] = value
-    archive = next(n for n in sums if n.endswith(".tar"))
+    try:
+        with open(os.path.join(HERE, "SHA256SUMS"), encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    value, name = line.split(None, 1)
+                    sums[name.strip().lstrip("*")] = value
+    except (OSError, ValueError) as e:
+        print(
+            "join.py: cannot read " + os.path.join(HERE, "SHA256SUMS") + ": " + str(e),
+            file=sys.stderr,
+        )
+        return 1
+    archive = next((n for n in sums if n.endswith(".tar")), None)
+    if archive is None:
+        print("join.py: SHA256SUMS names no .tar archive", file=sys.stderr)
+        return 1
     # By number: names carry three digits at least, so part-1000 sorts before part-101.
     parts = sorted(
         (n for n in sums if n.startswith(archive + ".part-")),

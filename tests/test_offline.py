@@ -1,0 +1,91 @@
+"""``--offline`` means no network in every command: each runs here with an empty cache, its
+index and every proxy setting pointed at a port that takes connections, counts them and
+closes them (``tests/index_server.refusing_index``). None may be made: a command reaches
+its answer, or its one-line error, from the cache alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from tooling.cli import main
+from tooling.errors import CacheMissError, NetworkError
+
+from .index_server import refusing_index
+from .wheels import build_wheel
+
+
+def _wheel(tmp_path: Path) -> str:
+    (tmp_path / "dist").mkdir(exist_ok=True)
+    return str(build_wheel(tmp_path / "dist", "vllm", "0.20.1+dflash.12.abc"))
+
+
+#: Every command and sub-command, with what it is asked (``{tmp}``: the test's folder,
+#: ``{wheel}``: a wheel made there), and the exit it must give: its answer from the cache,
+#: or its cache miss.
+COMMANDS: dict[str, tuple[list[str], int | None]] = {
+    "fetch": (["fetch"], CacheMissError.exit_code),
+    "patch": (["patch", "--work-dir", "{tmp}/w"], CacheMissError.exit_code),
+    # Each release's miss is in its row, and the canary fails with the first.
+    "patch status": (
+        ["patch", "status", "--no-probes", "--bases", "0.20.1"],
+        CacheMissError.exit_code,
+    ),
+    "patch export": (["patch", "export", "--check"], CacheMissError.exit_code),
+    "build": (["build", "--no-probes", "--work-dir", "{tmp}/w"], CacheMissError.exit_code),
+    # pip installs the wheel into a new virtualenv, from the file alone (--no-index).
+    "verify": (["verify", "--wheel", "{wheel}", "--probe-python", sys.executable], None),
+    "probe": (["probe", "--root", "{tmp}", "--python", sys.executable], None),
+    "probe-env": (["probe-env"], CacheMissError.exit_code),
+    "smoke": (["smoke", "--dry-run", "--tiny", "--gpus", "1x80"], 0),
+    "train": (["train", "--preset", "smoke", "--python", sys.executable], None),
+    "bundle": (["bundle", "--wheel", "{wheel}", "--out", "{tmp}/out"], CacheMissError.exit_code),
+    "release": (["release", "--dist", "{tmp}/dist"], None),
+}
+#: Those that start interpreters of their own (a virtualenv, the probes, the recipe, uv):
+#: the slow tier.
+SLOW = {"verify", "probe", "train", "bundle"}
+
+
+def _names(group: click.Group, prefix: str = "") -> set[str]:
+    names = set()
+    for name, command in group.commands.items():
+        names.add(f"{prefix}{name}")
+        if isinstance(command, click.Group):
+            names |= _names(command, f"{prefix}{name} ")
+    return names
+
+
+def test_every_command_is_tried_offline() -> None:
+    assert set(COMMANDS) == _names(main)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in COMMANDS]
+)
+def test_offline_makes_no_connection(tmp_path: Path, name: str) -> None:
+    args, code = COMMANDS[name]
+    given = [a.format(tmp=tmp_path, wheel=_wheel(tmp_path)) for a in args]
+    with refusing_index() as refusing:
+        env = {
+            **refusing.environ(),
+            "VLLM_DFLASH_CACHE": str(tmp_path / "cache"),
+            "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+            "TOOLING_PROBE_PYTHON": "",
+        }
+        result: Any = CliRunner(env=env).invoke(
+            main, ["--no-progress", "--offline", "--index-url", refusing.url, *given]
+        )
+    assert refusing.connections == 0, result.stderr
+    assert result.exit_code != NetworkError.exit_code, result.stderr
+    assert "onnection refused" not in result.stderr and "Traceback" not in result.stderr
+    if code is not None:
+        assert result.exit_code == code, result.stderr
+    if result.exit_code not in (0, 2):
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and result.stderr.endswith(errors[0] + "\n"), result.stderr
