@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from tooling.cli import main
-from tooling.errors import CacheMissError, NetworkError
+from tooling.errors import CacheMissError, NetworkError, ProbeError
 
 from .index_server import refusing_index
 from .wheels import build_wheel
@@ -46,10 +46,28 @@ COMMANDS: dict[str, tuple[list[str], int | None]] = {
     "train": (["train", "--preset", "smoke", "--python", sys.executable], None),
     "bundle": (["bundle", "--wheel", "{wheel}", "--out", "{tmp}/out"], CacheMissError.exit_code),
     "release": (["release", "--dist", "{tmp}/dist"], None),
+    # A group alone is Click's usage answer.
+    "fuzz": (["fuzz"], 2),
+    # The fuzzer reads no index: with an interpreter that has no vLLM, it says so.
+    "fuzz scheduler": (
+        [
+            "fuzz",
+            "scheduler",
+            "--python",
+            sys.executable,
+            "--cases",
+            "1",
+            "--jobs",
+            "1",
+            "--out",
+            "{tmp}/fuzz",
+        ],
+        ProbeError.exit_code,
+    ),
 }
 #: Those that start interpreters of their own (a virtualenv, the probes, the recipe, uv):
 #: the slow tier.
-SLOW = {"verify", "probe", "train", "bundle"}
+SLOW = {"verify", "probe", "train", "bundle", "fuzz scheduler"}
 
 
 def _names(group: click.Group, prefix: str = "") -> set[str]:
