@@ -217,3 +217,17 @@ def answering_interpreter(folder: Path, payload: str) -> tuple[Path, dict[str, s
     (folder / "answer.json").write_text(payload)
     env = {"PAYLOAD": str(folder / "answer.json"), "TOOLING_NO_PROBE_CACHE": "1"}
     return python, env
+
+
+def run_tooling(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """A real ``tooling`` process (``python -m tooling --no-progress ARGS``) run to its end,
+    its output captured; ``env`` adds to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "tooling", "--no-progress", *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

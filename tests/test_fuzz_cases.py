@@ -5,8 +5,6 @@ many jobs run them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,8 @@ from tooling.errors import FuzzCaseError
 from tooling.fuzzing.cases import FORMAT, MAX_BYTES, read_case_file
 from tooling.fuzzing.scheduler import CampaignPlan
 from tooling.paths import REPO_DIR
+
+from .helpers import run_tooling
 
 CASES = sorted((REPO_DIR / "tests" / "data" / "sched-fuzz").glob("*.json"))
 
@@ -87,23 +87,15 @@ def test_a_missing_key_and_foreign_files_are_refused(tmp_path):
 def test_replaying_a_file_that_is_not_a_case_is_one_line_exit_26(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something else"}')
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tooling",
-            "--no-progress",
-            "fuzz",
-            "scheduler",
-            "--root",
-            str(tmp_path),
-            "--replay",
-            str(bad),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_tooling(
+        "fuzz",
+        "scheduler",
+        "--root",
+        str(tmp_path),
+        "--replay",
+        str(bad),
+        "--out",
+        str(tmp_path / "out"),
         timeout=60,
     )
     assert result.returncode == 26

@@ -6,15 +6,14 @@ passes the patched tree (slow: the probe interpreter and both trees)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tooling.fuzzing.cases import read_case_file
 from tooling.paths import REPO_DIR
+
+from .helpers import run_tooling
 
 pytestmark = pytest.mark.slow
 
@@ -28,27 +27,18 @@ PATCHED_CASES = 150
 
 def fuzz(probe_python: Path, tree: Path, out: Path, *args: str) -> tuple[int, dict, str]:
     """``tooling fuzz scheduler --json`` on ``tree``: exit status, its JSON, its stderr."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tooling",
-            "--no-progress",
-            "fuzz",
-            "scheduler",
-            "--root",
-            str(tree),
-            "--out",
-            str(out),
-            "--jobs",
-            "1",
-            "--json",
-            *args,
-        ],
-        env={**os.environ, "TOOLING_PROBE_PYTHON": str(probe_python)},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_tooling(
+        "fuzz",
+        "scheduler",
+        "--root",
+        str(tree),
+        "--out",
+        str(out),
+        "--jobs",
+        "1",
+        "--json",
+        *args,
+        env={"TOOLING_PROBE_PYTHON": str(probe_python)},
     )
     return result.returncode, json.loads(result.stdout), result.stderr
 

@@ -108,38 +108,26 @@ class Doc:
         """A finite number, whole or not (true and false are not)."""
         return self._typed(data, key, default, _is_number, "a finite number")
 
-    def texts(self, data: Any, key: str, default: Any = MISSING) -> Any:
-        """A list of strings, as a tuple."""
+    def _list(
+        self, data: Any, key: str, default: Any, item: Callable[[Any], bool], name: str
+    ) -> Any:
+        """A list whose every item passes ``item``, as a tuple."""
         value = self._typed(
-            data,
-            key,
-            default,
-            lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-            "a list of strings",
+            data, key, default, lambda v: isinstance(v, list) and all(item(x) for x in v), name
         )
         return tuple(value) if isinstance(value, list) else value
+
+    def texts(self, data: Any, key: str, default: Any = MISSING) -> Any:
+        """A list of strings, as a tuple."""
+        return self._list(data, key, default, lambda x: isinstance(x, str), "a list of strings")
 
     def numbers(self, data: Any, key: str, default: Any = MISSING) -> Any:
         """A list of finite numbers, as a tuple."""
-        value = self._typed(
-            data,
-            key,
-            default,
-            lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
-            "a list of numbers",
-        )
-        return tuple(value) if isinstance(value, list) else value
+        return self._list(data, key, default, _is_number, "a list of numbers")
 
     def wholes(self, data: Any, key: str, default: Any = MISSING) -> Any:
         """A list of whole numbers, as a tuple."""
-        value = self._typed(
-            data,
-            key,
-            default,
-            lambda v: isinstance(v, list) and all(_is_whole(x) for x in v),
-            "a list of whole numbers",
-        )
-        return tuple(value) if isinstance(value, list) else value
+        return self._list(data, key, default, _is_whole, "a list of whole numbers")
 
     def table(self, data: Any, key: str, default: Any = MISSING) -> Any:
         return self._typed(data, key, default, lambda v: isinstance(v, Mapping), "a table")
