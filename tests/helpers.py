@@ -14,9 +14,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tooling.building.manifest import BuildManifest
 from tooling.fetching.upstream import Upstream
 from tooling.fsutil import locked
 from tooling.patching.apply import ApplyOptions
@@ -230,4 +232,23 @@ def run_tooling(
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def plain_manifest(version: str, **fields: Any) -> BuildManifest:
+    """The build manifest of a wheel of ``version`` that carries no patch, as test wheels
+    stamp it; ``fields`` set the rest (a build tag)."""
+    return BuildManifest(
+        version=version,
+        base_version="0.20.1",
+        mode="precompiled",
+        source="pypi",
+        upstream=[],
+        series_digest="0" * 64,
+        validated_base="0.20.1",
+        patches=[],
+        skipped=[],
+        files=[],
+        toolchain={},
+        **fields,
     )

@@ -130,6 +130,8 @@ def test_a_variable_the_probed_code_does_not_read_is_forked_and_reaches_the_run(
     assert evidence == [f"cannot import vllm: RuntimeError: {v}" for v in ("first", "second")]
 
 
+# Waits out a real timeout (seconds of wall time): the slow tier.
+@pytest.mark.slow
 def test_a_run_past_its_timeout_is_stopped_with_the_server(tmp_path, interpreter):
     python, starts = interpreter
     hangs = target_of(

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tooling.building.manifest import MANIFEST_NAME, BuildManifest
+from tooling.building.manifest import MANIFEST_NAME
 from tooling.cli import main
 from tooling.errors import ArchiveError, ReleaseError
 from tooling.patching.status import BaseStatus
@@ -24,6 +24,8 @@ from tooling.release.release import (
     upstream_since,
     write_release,
 )
+
+from .helpers import plain_manifest
 
 WORKFLOWS = sorted((REPO_DIR / ".github" / "workflows").glob("*.yml"))
 #: Jobs that only decide whether another job runs, and say why when it does not.
@@ -110,19 +112,7 @@ def test_every_make_target_has_help():
 
 def small_built_wheel(dist: Path, payload: bytes) -> Path:
     """A wheel as the build names and stamps it (its manifest inside), ``payload`` stored."""
-    manifest = BuildManifest(
-        version="0.20.1+dflash.6.0",
-        base_version="0.20.1",
-        mode="precompiled",
-        source="pypi",
-        upstream=[],
-        series_digest="0" * 64,
-        validated_base="0.20.1",
-        patches=[],
-        skipped=[],
-        files=[],
-        toolchain={},
-    )
+    manifest = plain_manifest("0.20.1+dflash.6.0")
     wheel = dist / "vllm-0.20.1+dflash.6.0-cp38-abi3-manylinux_2_35_x86_64.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("vllm/blob.bin", payload)

@@ -13,29 +13,18 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tooling.building.manifest import MANIFEST_NAME, BuildManifest
+from tooling.building.manifest import MANIFEST_NAME
 from tooling.cli import main
 from tooling.errors import ReleaseError
+
+from .helpers import plain_manifest
 
 VERSION = "0.20.1+dflash.12.3ab8ddb5"
 BUILT = f"vllm-{VERSION}-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 
 
 def _manifest(**changed: Any) -> dict[str, Any]:
-    manifest = BuildManifest(
-        version=VERSION,
-        base_version="0.20.1",
-        mode="precompiled",
-        source="pypi",
-        upstream=[],
-        series_digest="0" * 64,
-        validated_base="0.20.1",
-        patches=[],
-        skipped=[],
-        files=[],
-        toolchain={},
-        build_tag="1",
-    )
+    manifest = plain_manifest(VERSION, build_tag="1")
     return {**asdict(manifest), **changed}
 
 

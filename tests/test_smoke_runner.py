@@ -416,6 +416,8 @@ def test_stock_build_fails_fix_checks_but_stays_lossless(tmp_path, standin_vllm,
     assert "2 aux_layers (fail)" in report.summary_line()
 
 
+# Waits out a real time limit (seconds of wall time): the slow tier.
+@pytest.mark.slow
 def test_spent_time_limit_still_writes_the_report_and_stops_servers(
     tmp_path, standin_vllm, monkeypatch
 ) -> None:
