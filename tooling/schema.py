@@ -11,13 +11,16 @@ key and the value.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, NoReturn, TypeVar
 
 from .errors import ToolingError
 
 T = TypeVar("T")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class _Missing:
@@ -141,3 +144,24 @@ class Doc:
             lambda v: isinstance(v, list) and all(isinstance(x, Mapping) for x in v),
             "a list of tables",
         )
+
+    def only_keys(self, data: Any, known: frozenset[str]) -> None:
+        """Fail on a key ``data`` holds that is none of ``known`` (a misspelt setting would
+        otherwise be ignored)."""
+        unknown = sorted(set(self.mapping(data)) - known)
+        if unknown:
+            self.fail(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+    def file_name(self, data: Any, key: str, where: str = "") -> str:
+        """A file's bare name (no folder, no ``..``): a path would reach outside ``where``."""
+        name: str = self.text(data, key)
+        if PurePath(name).name != name or name in ("", ".", ".."):
+            self.fail(f"{key} {name!r} is not a file name{where}")
+        return name
+
+    def sha256(self, data: Any, key: str) -> str:
+        """A sha256 digest as 64 hex digits, in lower case."""
+        digest: str = self.text(data, key).lower()
+        if not _HEX64.match(digest):
+            self.fail(f"{key} {digest!r} is not 64 hex digits")
+        return digest

@@ -13,7 +13,6 @@ from ..errors import ConfigError, UnknownBaseError
 from ..schema import Doc
 from .gitinput import checked
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
 
 
@@ -84,31 +83,21 @@ _ARTIFACT_KEYS = frozenset({"filename", "size", "sha256", "wheel_commit"})
 _GIT_KEYS = frozenset({"tag", "commit", "commit_verified"})
 
 
-def _known_keys(doc: Doc, table: Any, known: frozenset[str]) -> None:
-    unknown = sorted(set(doc.mapping(table)) - known)
-    if unknown:
-        doc.fail(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
-
-
 def _artifact(table: Any, doc: Doc) -> Artifact:
-    _known_keys(doc, table, _ARTIFACT_KEYS)
-    filename = doc.text(table, "filename")
+    doc.only_keys(table, _ARTIFACT_KEYS)
     # The cache keeps the file under this name: a path would write outside it.
-    if Path(filename).name != filename or filename in ("", ".", ".."):
-        doc.fail(f"filename {filename!r} is not a file name")
-    sha256 = doc.text(table, "sha256").lower()
-    if not _HEX64.match(sha256):
-        doc.fail(f"sha256 {sha256!r} is not 64 hex digits")
+    filename = doc.file_name(table, "filename")
+    sha256 = doc.sha256(table, "sha256")
     size = doc.whole(table, "size", None, least=1)
     return Artifact(filename=filename, sha256=sha256, size=size)
 
 
 def _base(version: str, table: Any, path: Path) -> Base:
     doc = Doc(f"{path}: [bases.{version!r}]", ConfigError)
-    _known_keys(doc, table, _BASE_KEYS)
+    doc.only_keys(table, _BASE_KEYS)
     git = doc.table(table, "git")
     git_doc = doc.inner(".git")
-    _known_keys(git_doc, git, _GIT_KEYS)
+    git_doc.only_keys(git, _GIT_KEYS)
     pin = GitPin(
         tag=checked(git_doc.text(git, "tag"), f"{git_doc.where}: tag", ConfigError),
         commit=git_doc.text(git, "commit").lower(),
@@ -145,7 +134,7 @@ def load_bases(path: Path) -> BaseCatalog:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
     doc = Doc(str(path), ConfigError)
-    _known_keys(doc, data, _TOP_KEYS)
+    doc.only_keys(data, _TOP_KEYS)
     tables = doc.table(data, "bases", {})
     bases = {version: _base(version, t, path) for version, t in tables.items()}
     if not bases:

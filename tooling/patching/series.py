@@ -123,28 +123,17 @@ PATCH_KEYS = frozenset(
 )
 #: The ledger's own keys, beside its patches.
 LEDGER_KEYS = frozenset({"validated_base", "patch"})
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _unknown_keys(doc: Doc, table: dict, known: frozenset[str]) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        doc.fail(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
 
 
 def _patch(entry: dict, index: int, folder: Path, doc: Doc) -> Patch:
     """One ``[[patch]]`` entry, every value checked against its type (a string where a
     list is due would be read letter by letter, ``"no"`` as true)."""
-    _unknown_keys(doc, entry, PATCH_KEYS)
+    doc.only_keys(entry, PATCH_KEYS)
     patch_id = doc.text(entry, "id")
     if not _ID.match(patch_id):
         doc.fail(f"id {patch_id!r} is not lower-case-with-dashes")
-    file = doc.text(entry, "file")
-    if Path(file).name != file or file in ("", ".", ".."):
-        doc.fail(f"file {file!r} is not a file name in {folder}")
-    sha = doc.text(entry, "sha256").lower()
-    if not _HEX64.match(sha):
-        doc.fail(f"sha256 {sha!r} is not 64 hex digits")
+    file = doc.file_name(entry, "file", f" in {folder}")
+    sha = doc.sha256(entry, "sha256")
     files = doc.texts(entry, "files")
     if not files:
         doc.fail("files is empty: a patch touches at least one file")
@@ -192,7 +181,7 @@ def load_series(path: Path, *, check_digests: bool = True) -> Series:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SeriesError(f"{path}: not valid TOML ({e})") from None
     doc = Doc(str(path), SeriesError)
-    _unknown_keys(doc, data, LEDGER_KEYS)
+    doc.only_keys(data, LEDGER_KEYS)
     entries = doc.tables(data, "patch", [])
     if not entries:
         raise SeriesError(f"{path}: lists no patches")

@@ -263,7 +263,6 @@ def engine_config(settings: Settings, root: Path) -> Any:
 
 def kv_cache_specs(config: Any, layer_types: list[str]) -> dict[str, Any]:
     """Each layer's KV-cache spec, as the seed's layers give theirs once the block is sized."""
-    import torch
     from vllm.model_executor.models import ModelRegistry
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, get_kv_quant_mode
@@ -308,7 +307,6 @@ def kv_cache_specs(config: Any, layer_types: list[str]) -> dict[str, Any]:
     if spec is not None:
         for j in range(DRAFTER_LAYERS):
             specs[f"draft_model.layers.{j}.self_attn.attn"] = attention(DRAFTER_ATTENTION)
-    del torch
     return specs
 
 
