@@ -194,3 +194,39 @@ def test_a_stopped_training_says_so_once_and_leaves_nothing(
         "error: interrupted (SIGTERM)"
     ]
     assert list(scratch.iterdir()) == [] and list(trained.iterdir()) == []
+
+
+_LOST_STOP = """
+import sys
+from pathlib import Path
+from tooling.trainer.api import TrainRequest
+from tooling.trainer.common import Log, StopRequest
+from tooling.trainer.recipe import train
+# A SIGTERM whose KeyboardInterrupt Python dropped (raised inside a finalizer): the
+# handler recorded it, nothing else saw it.
+StopRequest.signum = 15
+try:
+    train(TrainRequest(preset="smoke", out_dir=Path(sys.argv[1])), Log())
+except KeyboardInterrupt as e:
+    print("stopped", e.args[0])
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_the_run_did_not_see_still_keeps_its_pair_unpublished(
+    tmp_path: Path, probe_env: tuple[str, dict[str, str]]
+) -> None:
+    """CI once found a published pair after a SIGTERM, the command exiting 143: the run had
+    gone on to the end. A recorded stop is read before the pair is published."""
+    python, env = probe_env
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [python, "-c", _LOST_STOP, str(run)],
+        cwd=REPO_DIR,
+        env={**env, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.stdout.strip() == "stopped 15", done.stderr[-3000:]
+    assert not run.exists() and not list(tmp_path.glob(".run.tmp-*"))

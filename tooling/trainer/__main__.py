@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import ToolingError
 from .api import TrainRequest, write_outcome
-from .common import Log
+from .common import Log, StopRequest
 from .recipe import train
 
 
@@ -53,6 +53,7 @@ def _request(argv: list[str]) -> tuple[TrainRequest, Path | None]:
 def _stop(signum: int, _frame: object) -> None:
     # A second signal while the run folder is removed ends the process at once.
     signal.signal(signum, signal.SIG_DFL)
+    StopRequest.signum = signum
     raise KeyboardInterrupt(signum)
 
 

@@ -99,3 +99,20 @@ def sha256_file(path: Path) -> str:
     """sha256 of a file's bytes."""
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class StopRequest:
+    """The signal that asked this process to stop, if one did.
+
+    The handler raises KeyboardInterrupt as well, but Python drops an exception raised
+    while a finalizer (``__del__``, a weakref callback) runs: the run went on and published
+    its pair after a SIGTERM. The recipe reads this before it publishes.
+    """
+
+    signum: int | None = None
+
+    @classmethod
+    def check(cls) -> None:
+        """Raise KeyboardInterrupt(signum) once a stop was asked for."""
+        if cls.signum is not None:
+            raise KeyboardInterrupt(cls.signum)

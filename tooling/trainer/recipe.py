@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import EnvironmentProblem, TrainingError, TrainSettingsError
 from ..paths import CacheLayout, default_cache_dir
 from .api import TrainedPair, TrainRequest, finished_summary
-from .common import Log, sha256_file, write_json
+from .common import Log, StopRequest, sha256_file, write_json
 from .config import RECIPE_VERSION, RecipeConfig, recipe_digest
 from .corpus import DRAFT, HELDOUT, SPLITS, TRAIN, Corpus, load_corpus
 
@@ -189,6 +189,10 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
     log.open(work.log)
     try:
         summary = _train_into(cfg, corpus, digest, work, final, request.device, deadline, log)
+        summary["wall_s"] = time.perf_counter() - t_start
+        write_json(work.summary, summary)
+        log(f"done in {summary['wall_s']:.1f}s: {final.root}")
+        StopRequest.check()
     except BaseException:
         log.close()
         if export is not None and work.log.is_file():
@@ -196,9 +200,6 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
             shutil.copy2(work.log, export / "train.log")
         shutil.rmtree(work.root, ignore_errors=True)
         raise
-    summary["wall_s"] = time.perf_counter() - t_start
-    write_json(work.summary, summary)
-    log(f"done in {summary['wall_s']:.1f}s: {final.root}")
     log.close()
     if final.root.exists():
         shutil.rmtree(final.root)
