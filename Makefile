@@ -66,12 +66,12 @@ status: $(STAMP) ## Status of every patch on every pinned release (the canary)
 	@$(TOOLING) probe-env >/dev/null
 	$(TOOLING) patch status --bases all
 
-canary-docs: $(STAMP) ## docs/canary.md from a fresh `patch status --bases all --json`
+canary-docs: $(STAMP) ## docs/reference/canary.md from a fresh `patch status --bases all --json`
 	@$(TOOLING) probe-env >/dev/null
 	@mkdir -p build
 	$(TOOLING) patch status --bases all --json > build/.canary-status.json
 	mv build/.canary-status.json build/canary-status.json
-	$(BIN)/python -m tooling.canary_doc build/canary-status.json -o docs/canary.md
+	$(BIN)/python -m tooling.canary_doc build/canary-status.json -o docs/reference/canary.md
 
 # The releases whose status goes into the release notes (the full matrix is `make status`).
 RELEASE_STATUS_BASES ?= 0.20.1,0.22.0,0.26.0,0.33.0
