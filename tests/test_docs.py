@@ -7,7 +7,6 @@ import copy
 import json
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -15,6 +14,8 @@ import pytest
 
 from tooling.canary_doc import TITLE, grouped_rows, release_label, render
 from tooling.fetching.bases import load_bases
+
+from .helpers import run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -164,13 +165,7 @@ def test_release_labels() -> None:
 
 
 def run_renderer(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tooling.canary_doc", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_module("tooling.canary_doc", *args)
 
 
 def bases_pinning(folder: Path, *versions: str) -> Path:

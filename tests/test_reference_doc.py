@@ -5,7 +5,6 @@ and every error class with its exit code."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -14,6 +13,8 @@ import pytest
 from tooling import errors
 from tooling.cli import main
 from tooling.cli.reference import PAGE, REGENERATE, commands, error_classes, escape, render
+
+from .helpers import run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,13 +90,7 @@ def test_help_text_is_escaped_for_a_table_cell(text: str, cell: str) -> None:
 
 
 def run_generator(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tooling.cli.reference", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_module("tooling.cli.reference", *args)
 
 
 def test_the_command_writes_the_page_and_checks_it(tmp_path: Path) -> None:

@@ -17,10 +17,9 @@ from typing import Any
 
 from .errors import ReleaseError, ToolingError, exit_code_for
 from .fetching.bases import load_bases
-from .fsutil import atomic_write_text
 from .paths import REPO_DIR
 from .release.release import read_status
-from .report import STATUS_LEGEND, markdown_table, status_cells
+from .report import STATUS_LEGEND, markdown_table, status_cells, write_page
 
 TITLE = "# The canary: every patch on every pinned release"
 #: The pinned releases the page covers, every one.
@@ -108,11 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ToolingError as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_code_for(e)
-    try:
-        atomic_write_text(args.output, page)
-    except OSError as e:
-        parser.error(f"{args.output}: cannot write ({e.strerror or e})")
-    return 0
+    return write_page(parser, args.output, page)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ from typing import Any
 import click
 
 from .. import errors
-from ..fsutil import atomic_write_text
 from ..paths import REPO_DIR
+from ..report import markdown_table, write_page
 
 TITLE = "# The command line: every command, option and exit code"
 PAGE = REPO_DIR / "docs" / "reference" / "cli.md"
@@ -144,12 +144,12 @@ def command_section(path: str, command: click.Command) -> list[str]:
         links = [f"[`{n}`](#{anchor(f'{path} {n}')})" for n in names]
         lines += ["Commands: " + ", ".join(links) + ".", ""]
     rows = [
-        f"| {flags(p)} | {type_cell(p)} | {default_cell(p)} | {help_cell(p)} |"
+        [flags(p), type_cell(p), default_cell(p), help_cell(p)]
         for p in command.params
         if not getattr(p, "hidden", False)
     ]
     if rows:
-        lines += ["| option | takes | default | what it does |", "|---|---|---|---|", *rows, ""]
+        lines += [*markdown_table(["option", "takes", "default", "what it does"], rows), ""]
     lines += [
         "Exit codes: 0 on success; a failure exits with its own code ([the table](#exit-codes)).",
         "",
@@ -174,16 +174,16 @@ def error_classes() -> list[type[errors.ToolingError]]:
     return sorted(found, key=lambda c: (c.exit_code, c.__name__))
 
 
-def exit_code_rows() -> list[str]:
-    """The exit-code table's rows, by code: the codes of no class, then one a class."""
-    rows = [(n, f"| {code} | {what} | | {meaning} |") for n, code, what, meaning in OTHER_CODES]
+def exit_code_rows() -> list[list[str]]:
+    """The exit-code table's rows, by code: the codes no class owns among one a class."""
+    rows = [(n, [code, what, "", meaning]) for n, code, what, meaning in OTHER_CODES]
     for cls in error_classes():
         meaning = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split())
         is_a = "" if cls is errors.ToolingError else f"`{cls.__mro__[1].__name__}`"
         if cls is errors.ToolingError:
             meaning += " Also an unexpected error (a bug): one line, the traceback with --debug."
         rows.append(
-            (cls.exit_code, f"| {cls.exit_code} | `{cls.__name__}` | {is_a} | {escape(meaning)} |")
+            (cls.exit_code, [str(cls.exit_code), f"`{cls.__name__}`", is_a, escape(meaning)])
         )
     # sorted() is stable: within a code, classes stay in error_classes()'s name order.
     return [row for _, row in sorted(rows, key=lambda r: r[0])]
@@ -212,9 +212,7 @@ def render(main: click.Group, name: str = "tooling") -> str:
         "A failure prints one line on stderr (or its JSON document under `--json`) and exits",
         "with its class's code; a subclass without a code of its own has its parent's.",
         "",
-        "| code | error | is a | what it means |",
-        "|---|---|---|---|",
-        *exit_code_rows(),
+        *markdown_table(["code", "error", "is a", "what it means"], exit_code_rows()),
     ]
     return "\n".join(lines) + "\n"
 
@@ -241,11 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         return 0
-    try:
-        atomic_write_text(args.output, page)
-    except OSError as e:
-        parser.error(f"{args.output}: cannot write ({e.strerror or e})")
-    return 0
+    return write_page(parser, args.output, page)
 
 
 if __name__ == "__main__":
