@@ -99,6 +99,28 @@ def test_readme_has_one_row_per_patch_in_the_ledger() -> None:
     assert rows == [(str(n), pid) for n, pid in enumerate(ids, start=1)]
 
 
+def test_the_evidence_page_links_every_notebook_page() -> None:
+    """A dated page added to docs/notebook/ and not to docs/evidence.md is a page no door
+    reaches."""
+    evidence = ROOT / "docs" / "evidence.md"
+    linked = {(evidence.parent / t.partition("#")[0]).resolve() for t in relative_links(evidence)}
+    pages = sorted((ROOT / "docs" / "notebook").glob("*.md"))
+    assert pages and [p.name for p in pages if p.resolve() not in linked] == []
+
+
+def test_the_evidence_page_has_every_figure_of_readmes_acceptance_table() -> None:
+    """The README's figures of acceptance and speed, each on the evidence page beside its
+    source: a figure changed in one place and not the other fails here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("| engine | Qwen3, K = 3 |")[1].split("\n\n")[0]
+    speed = re.search(r"Decode speed at K = 15 .*?0\.45 at 64", readme, re.DOTALL)
+    assert speed is not None
+    figures = set(re.findall(r"\d+\.\d+", table + speed.group(0)))
+    assert len(figures) >= 20
+    evidence = (ROOT / "docs" / "evidence.md").read_text(encoding="utf-8")
+    assert sorted(f for f in figures if f not in evidence) == []
+
+
 def test_the_canary_page_is_generated_for_this_series() -> None:
     """docs/reference/canary.md is written by make canary-docs: its header says so, and it has
     a column per patch of the ledger, so a patch added without running it again fails here."""
