@@ -135,7 +135,8 @@ def command_section(path: str, command: click.Command) -> list[str]:
         p.human_readable_name.upper() for p in command.params if isinstance(p, click.Argument)
     ]
     if isinstance(command, click.Group):
-        usage.append("COMMAND")
+        # `tooling patch` runs alone too (it applies the series); its subcommands are optional.
+        usage.append("[COMMAND]" if command.invoke_without_command else "COMMAND")
     lines = [f"## `{path}`", "", f"`{' '.join(usage)}`", ""]
     for paragraph in help_paragraphs(command):
         lines += [paragraph, ""]
