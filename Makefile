@@ -12,7 +12,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 3155328
 export SOURCE_DATE_EPOCH
 
 .DEFAULT_GOAL := help
-.PHONY: help wheel check test lint verify smoke status canary-docs release check-patches clean probe-env
+.PHONY: help wheel check test lint verify smoke status canary-docs reference-docs release check-patches clean probe-env
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -66,12 +66,15 @@ status: $(STAMP) ## Status of every patch on every pinned release (the canary)
 	@$(TOOLING) probe-env >/dev/null
 	$(TOOLING) patch status --bases all
 
-canary-docs: $(STAMP) ## docs/canary.md from a fresh `patch status --bases all --json`
+canary-docs: $(STAMP) ## docs/reference/canary.md from a fresh `patch status --bases all --json`
 	@$(TOOLING) probe-env >/dev/null
 	@mkdir -p build
 	$(TOOLING) patch status --bases all --json > build/.canary-status.json
 	mv build/.canary-status.json build/canary-status.json
-	$(BIN)/python -m tooling.canary_doc build/canary-status.json -o docs/canary.md
+	$(BIN)/python -m tooling.canary_doc build/canary-status.json -o docs/reference/canary.md
+
+reference-docs: $(STAMP) ## docs/reference/cli.md from the Click commands and tooling/errors.py
+	$(BIN)/python -m tooling.cli.reference -o docs/reference/cli.md
 
 # The releases whose status goes into the release notes (the full matrix is `make status`).
 RELEASE_STATUS_BASES ?= 0.20.1,0.22.0,0.26.0,0.33.0

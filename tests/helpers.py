@@ -235,6 +235,20 @@ def run_tooling(
     )
 
 
+def run_module(
+    module: str, *args: str | Path, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` run from the repository's root to its end, its output captured:
+    the page generators (``tooling.canary_doc``, ``tooling.cli.reference``) as make runs them."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def plain_manifest(version: str, **fields: Any) -> BuildManifest:
     """The build manifest of a wheel of ``version`` that carries no patch, as test wheels
     stamp it; ``fields`` set the rest (a build tag)."""

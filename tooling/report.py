@@ -1,9 +1,14 @@
-"""Tables for the end-of-command summaries (plain text) and for generated Markdown."""
+"""Tables for the end-of-command summaries (plain text) and for generated Markdown, and how
+a generator program writes its page."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from .fsutil import atomic_write_text
 
 #: What a cell of the status matrix means, for every page that shows the matrix.
 STATUS_LEGEND = (
@@ -41,6 +46,16 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
         "|" + "---|" * len(headers),
         *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
     ]
+
+
+def write_page(parser: argparse.ArgumentParser, output: Path, page: str) -> int:
+    """A generated page written whole at ``output`` (0), or the program's usage error naming
+    the page it cannot write (a folder that is not there, a read-only one)."""
+    try:
+        atomic_write_text(output, page)
+    except OSError as e:
+        parser.error(f"{output}: cannot write ({e.strerror or e})")
+    return 0
 
 
 def status_cells(entry: Mapping[str, Any], patch_ids: Sequence[str]) -> list[str]:

@@ -57,7 +57,7 @@ GIB = 1 << 30
 SPEC = "vllm:spec_decode_"
 #: Patches whose ablations the acceptance table shows (the three that move acceptance).
 #: KV cache per engine, GiB, sized from the engines' own "maximum concurrency" lines on the
-#: recipe's pair (docs/results/2026-12-01-trained-hybrid.md); a call's engines share one GPU.
+#: recipe's pair (docs/notebook/2026-12-01-trained-hybrid.md); a call's engines share one GPU.
 KV_GIB = 8
 KV_GIB_SEED_K = 12  # 16 requests at the seed's K
 KV_GIB_SPEED = 48  # 64 requests at the seed's K

@@ -41,7 +41,7 @@ from .distribution import (
 #: The counters kept per prompt when prompts are served one at a time.
 PER_PROMPT = (f"{SPEC}num_drafts", f"{SPEC}num_accepted_tokens")
 #: Passes per speed level: the first traffic, then the steady ones. Compiles for new shapes
-#: can reach past the first pass (docs/results/2026-12-01-trained-hybrid.md), so the steady
+#: can reach past the first pass (docs/notebook/2026-12-01-trained-hybrid.md), so the steady
 #: figure is a median of several.
 SPEED_PASSES = 6
 
