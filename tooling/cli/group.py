@@ -18,6 +18,7 @@ import click
 import git
 
 from ..errors import EnvironmentProblem, LogFileError, ToolingError, exit_code_for
+from ..gitutil import git_commands_logged
 from ..progress import BarSafeHandler
 from .options import Settings
 
@@ -49,14 +50,16 @@ JSON_ASKED = "tooling.json_asked"
 @contextlib.contextmanager
 def logging_for_run() -> Iterator[None]:
     """The package's log lines on stderr, INFO and above, bare (the text as printed before
-    there was logging), for one run of the command line; the handlers this run added
-    (--log-file's too) are closed and removed when it ends."""
+    there was logging), for one run of the command line, the git commands GitPython runs
+    among them; the handlers this run added (--log-file's too) are closed and removed when
+    it ends."""
     handler = BarSafeHandler(logging.INFO)
     before = log.handlers[:], log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:
-        yield
+        with git_commands_logged():
+            yield
     finally:
         for added in log.handlers[:]:
             if added not in before[0]:
