@@ -152,6 +152,9 @@ def test_verbose_adds_each_git_command_as_a_child_process(tmp_path, git_remote):
     assert any(re.fullmatch(fetched, line) for line in lines), lines
     assert any(line.startswith("start git rev-parse --verify --quiet ") for line in lines), lines
     assert any(line.startswith("start git archive --format=tar ") for line in lines), lines
+    # The stages' own steps among them, each under its module's logger.
+    assert f"fetch vLLM 0.20.1 from {url}" in lines, lines
+    assert any(re.fullmatch(r"tag v0\.20\.1 is commit [0-9a-f]{40}", line) for line in lines)
 
 
 def test_a_log_file_names_the_git_commands_under_the_git_helpers(tmp_path, git_remote):
@@ -160,8 +163,10 @@ def test_a_log_file_names_the_git_commands_under_the_git_helpers(tmp_path, git_r
     result = fetch_git(tmp_path, url, patches, "--log-file", str(log))
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
+    text = log.read_text()
     assert re.search(
         rf"^{STAMP} DEBUG tooling\.gitutil: start git archive --format=tar \S+ \(in .*\)$",
-        log.read_text(),
+        text,
         re.MULTILINE,
-    ), log.read_text()
+    ), text
+    assert re.search(rf"^{STAMP} DEBUG tooling\.fetching\.gitsource: tag v0\.20\.1 ", text, re.M)
