@@ -37,6 +37,8 @@ class GitCommands(logging.Handler):
         args = record.args
         if not (str(record.msg).startswith("Popen(") and isinstance(args, tuple) and args):
             return
+        if not logger.isEnabledFor(logging.DEBUG):  # without -v or --log-file: nothing to say
+            return
         command, cwd = args[0], args[1] if len(args) > 1 else None
         if isinstance(command, (list, tuple)):
             logger.debug("start %s (in %s)", shown([str(a) for a in command]), cwd)
