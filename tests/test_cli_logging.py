@@ -14,6 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from tooling.cli import main
+from tooling.paths import REPO_DIR
+
+from .helpers import git
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 
@@ -85,7 +88,85 @@ def test_a_log_file_that_cannot_be_written_is_a_usage_error(tmp_path):
 
 
 def test_a_run_leaves_no_handler_behind(tmp_path, without_vllm):
-    package = logging.getLogger("tooling")
-    before = list(package.handlers), package.level
+    loggers = [logging.getLogger("tooling"), logging.getLogger("git.cmd")]
+    before = [(list(logger.handlers), logger.level) for logger in loggers]
     run("-v", "--log-file", str(tmp_path / "log"), "verify", "--python", str(without_vllm))
-    assert (list(package.handlers), package.level) == before
+    assert [(list(logger.handlers), logger.level) for logger in loggers] == before
+
+
+@pytest.fixture
+def git_remote(tmp_path: Path) -> tuple[str, Path]:
+    """A real remote whose tag v0.20.1 the patches folder's bases.toml pins: ``tooling fetch
+    --source git`` from it runs git (init, fetch, rev-parse, archive) and nothing else."""
+    remote = tmp_path / "remote"
+    (remote / "vllm").mkdir(parents=True)
+    (remote / "vllm" / "__init__.py").write_text("__version__ = '0.20.1'\n")
+    git(remote, "init", "-q", "-b", "main")
+    git(remote, "add", ".")
+    git(remote, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "r")
+    git(remote, "tag", "v0.20.1")
+    pinned = 'commit = "f98b2747f"'
+    text = (REPO_DIR / "patches" / "bases.toml").read_text()
+    assert pinned in text
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    commit = git(remote, "rev-parse", "HEAD")
+    (patches / "bases.toml").write_text(text.replace(pinned, f'commit = "{commit}"', 1))
+    return f"file://{remote}", patches
+
+
+def fetch_git(tmp_path: Path, url: str, patches: Path, *group: str):
+    return run(
+        *group,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--patches-dir",
+        str(patches),
+        "fetch",
+        "--source",
+        "git",
+        "--no-wheel",
+        "--git-url",
+        url,
+    )
+
+
+def test_verbose_adds_each_git_command_as_a_child_process(tmp_path, git_remote):
+    """Git runs through GitPython, not the child-process runner; -v shows its commands in
+    the runner's words, with the folder each ran in."""
+    url, patches = git_remote
+    plain = fetch_git(tmp_path, url, patches)
+    assert plain.exit_code == 0, plain.output
+    assert plain.stderr == ""
+    logged = fetch_git(tmp_path / "again", url, patches, "-v")
+    assert logged.exit_code == 0, logged.output
+    # stdout as without -v: the same answer, of the second run's cache.
+    cache = str(tmp_path / "cache")
+    assert logged.stdout == plain.stdout.replace(cache, str(tmp_path / "again" / "cache"))
+    clone = re.escape(str(tmp_path / "again" / "cache" / "git"))
+    lines = logged.stderr.splitlines()
+    fetched = (
+        rf"start git fetch -- {re.escape(url)} '\+refs/heads/\*:refs/heads/\*' "
+        rf"'\+refs/tags/\*:refs/tags/\*' \(in {clone}/\S+\)"
+    )
+    assert any(re.fullmatch(fetched, line) for line in lines), lines
+    assert any(line.startswith("start git rev-parse --verify --quiet ") for line in lines), lines
+    assert any(line.startswith("start git archive --format=tar ") for line in lines), lines
+    # The stages' own steps among them, each under its module's logger.
+    assert f"fetch vLLM 0.20.1 from {url}" in lines, lines
+    assert any(re.fullmatch(r"tag v0\.20\.1 is commit [0-9a-f]{40}", line) for line in lines)
+
+
+def test_a_log_file_names_the_git_commands_under_the_git_helpers(tmp_path, git_remote):
+    url, patches = git_remote
+    log = tmp_path / "run.log"
+    result = fetch_git(tmp_path, url, patches, "--log-file", str(log))
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    text = log.read_text()
+    assert re.search(
+        rf"^{STAMP} DEBUG tooling\.gitutil: start git archive --format=tar \S+ \(in .*\)$",
+        text,
+        re.MULTILINE,
+    ), text
+    assert re.search(rf"^{STAMP} DEBUG tooling\.fetching\.gitsource: tag v0\.20\.1 ", text, re.M)

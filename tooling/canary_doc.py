@@ -10,16 +10,20 @@ order.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .entry import entry_logging
 from .errors import ReleaseError, ToolingError, exit_code_for
 from .fetching.bases import load_bases
 from .paths import REPO_DIR
 from .release.release import read_status
 from .report import STATUS_LEGEND, markdown_table, status_cells, write_page
+
+logger = logging.getLogger(__name__)
 
 TITLE = "# The canary: every patch on every pinned release"
 #: The pinned releases the page covers, every one.
@@ -102,12 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--bases", type=Path, default=BASES, help="the pinned releases the matrix must cover"
     )
     args = parser.parse_args(argv)
-    try:
-        page = render(read_matrix(args.status_json, args.bases))
-    except ToolingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_code_for(e)
-    return write_page(parser, args.output, page)
+    with entry_logging():
+        try:
+            page = render(read_matrix(args.status_json, args.bases))
+        except ToolingError as e:
+            logger.error("error: %s", e)
+            return exit_code_for(e)
+        done = write_page(parser, args.output, page)
+        logger.debug("wrote %s", args.output)
+    return done
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from .errors import CacheWriteError, ToolingError
 
 CHUNK = 1 << 20
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def sha256_file(path: Path) -> str:
@@ -140,7 +140,7 @@ def locked(target: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if not waited:
-                log.info("waiting for another tooling process using %s", target)
+                logger.info("waiting for another tooling process using %s", target)
                 waited = True
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:

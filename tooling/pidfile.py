@@ -12,9 +12,14 @@ dependencies.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
+
+from .entry import answer, entry_logging
+
+logger = logging.getLogger(__name__)
 
 
 class NoRecord(Exception):
@@ -58,6 +63,11 @@ def running(path: Path) -> int | None:
 
 
 def main(argv: list[str]) -> int:
+    with entry_logging():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tooling.pidfile")
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record")
@@ -69,14 +79,16 @@ def main(argv: list[str]) -> int:
     try:
         if args.command == "record":
             record(args.file, args.pid)
+            logger.debug("recorded process %d in %s", args.pid, args.file)
             return 0
         pid = running(args.file)
     except NoRecord as e:
-        print(f"error: {e}", file=sys.stderr)
+        logger.error("error: %s", e)
         return 2
     if pid is None:
+        logger.debug("the process %s recorded has ended", args.file)
         return 1
-    print(pid)
+    answer(str(pid))
     return 0
 
 

@@ -14,6 +14,7 @@ anything else is installed.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from . import procs
+
+logger = logging.getLogger(__name__)
 
 #: Sections that apply to ``pip install``, lowest precedence first (the environment wins).
 _SECTIONS = ("global", "install", ":env:")
@@ -110,6 +113,9 @@ def uv_pip_install(python: Path | str, args: list[str], **run: Any) -> int:
     """``uv pip install ARGS`` into ``python``'s environment with pip's index settings;
     uv's exit code. ``run``: more ``subprocess.Popen`` arguments (where output goes)."""
     settings = read_pip_settings()
+    logger.debug(
+        "pip's index settings for uv: %s", procs.redacted(" ".join(settings.uv_args())) or "none"
+    )
     cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python), *args]
     with procs.started(
         [*cmd, *settings.uv_args()],

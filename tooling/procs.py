@@ -64,7 +64,12 @@ def shown(cmd: Sequence[str]) -> str:
         first = next((line.strip() for line in arg.splitlines() if line.strip()), "")
         return arg if arg == first and len(arg) <= 160 else f"{first[:80]} ..."
 
-    return re.sub(r"://[^/@\s]+@", "://***@", shlex.join(short(a) for a in cmd))
+    return redacted(shlex.join(short(a) for a in cmd))
+
+
+def redacted(text: str) -> str:
+    """``text`` for the log with a URL's password (``scheme://user:pass@``) left out."""
+    return re.sub(r"://[^/@\s]+@", "://***@", text)
 
 
 def start_group(

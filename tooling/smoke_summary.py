@@ -11,12 +11,16 @@ so it sits outside ``tooling.smoke``, whose package imports the serving dependen
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
+from .entry import answer, entry_logging
 from .errors import SmokeError
 from .fsutil import read_bounded
 from .schema import Doc
+
+logger = logging.getLogger(__name__)
 
 #: The largest document read: a smoke's is tens of kB.
 LIMIT = 16 << 20
@@ -47,15 +51,16 @@ def summary_lines(path: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m tooling.smoke_summary FILE", file=sys.stderr)
-        return 2
-    try:
-        lines = summary_lines(Path(argv[0]))
-    except SmokeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print("\n".join(lines))
+    with entry_logging():
+        if len(argv) != 1:
+            logger.error("usage: python -m tooling.smoke_summary FILE")
+            return 2
+        try:
+            lines = summary_lines(Path(argv[0]))
+        except SmokeError as e:
+            logger.error("error: %s", e)
+            return 1
+    answer("\n".join(lines))
     return 0
 
 

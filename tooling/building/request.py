@@ -4,6 +4,7 @@ in its work tree (locked), and the wheel built in the mode asked; the stage's on
 
 from __future__ import annotations
 
+import logging
 import platform
 import zlib
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from ..patching.request import apply_options
 from ..patching.series import Series
 from ..patching.worktree import check_work_dir, default_work_dir
 from .build import BuildOptions, BuildResult, build_precompiled, source_date_epoch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ def build_requested(
     work = (
         request.work_dir or default_work_dir(upstream.base.version, git_commit, series.skipped)
     ).resolve()
+    logger.debug("build a %s wheel of vLLM %s in %s", request.mode, upstream.base.version, work)
     # Held until the wheel is written: the build reads the tree's commits after it is patched.
     with locked(work):
         options = apply_options(

@@ -11,6 +11,7 @@ as a precompiled build.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -41,6 +42,8 @@ from .build import (
     version_stamp,
 )
 from .wheelfile import open_wheel
+
+logger = logging.getLogger(__name__)
 
 #: Free space a build needs in its output/scratch folder.
 DISK_FULL_GIB = 30
@@ -191,6 +194,7 @@ def build_from_source(
         export_tree(git.Repo(tree), report.head, tree_copy)
         out_dir = Path(tmp) / "out"
         log = options.dist_dir / f".{identity.version}-source-build.log"
+        logger.debug("vLLM's own build of %s with %s, its output in %s", tree_copy, python, log)
         # vLLM's build runs its backend, cmake and the compilers as children of its own.
         with (
             open(log, "wb") as out,
@@ -210,6 +214,7 @@ def build_from_source(
         identity = identity_of(built.name)
         stamped = runtime_version(upstream.base.version, series)
         target = options.dist_dir / identity.filename
+        logger.debug("vLLM's build made %s; stamped, it becomes %s", built.name, target)
         with open_wheel(built) as produced:
             # setuptools-scm wrote the wheel's version; with --build-tag that is the
             # bare base version, so the stamp is applied here as in precompiled mode.

@@ -19,6 +19,7 @@ import base64
 import contextlib
 import errno
 import hashlib
+import logging
 import mmap
 import os
 import struct
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import ArchiveError, BuildError
+
+logger = logging.getLogger(__name__)
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
@@ -207,6 +210,7 @@ def write_wheel(target: BinaryIO, source_path: Path, members: Iterable[Member]) 
     """
     with open(source_path, "rb") as src:
         entries = _plan(src, list(members))
+        logger.debug("write %d members, their bytes from %s", len(entries), source_path)
         mm = mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             # One worker: digest updates must stay in write order.

@@ -17,12 +17,14 @@ from typing import Any, NoReturn
 import click
 import git
 
+from ..entry import PACKAGE_LOG, package_logging
 from ..errors import EnvironmentProblem, LogFileError, ToolingError, exit_code_for
+from ..gitutil import git_commands_logged
 from ..progress import BarSafeHandler
 from .options import Settings
 
 #: The logger every module's ``logging.getLogger(__name__)`` sits under.
-log = logging.getLogger("tooling")
+log = PACKAGE_LOG
 
 #: --log-file's lines: when, how severe and which module, then the message.
 LOG_FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -49,20 +51,11 @@ JSON_ASKED = "tooling.json_asked"
 @contextlib.contextmanager
 def logging_for_run() -> Iterator[None]:
     """The package's log lines on stderr, INFO and above, bare (the text as printed before
-    there was logging), for one run of the command line; the handlers this run added
-    (--log-file's too) are closed and removed when it ends."""
-    handler = BarSafeHandler(logging.INFO)
-    before = log.handlers[:], log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
+    there was logging), for one run of the command line, the git commands GitPython runs
+    among them; the handlers this run added (--log-file's too) are closed and removed when
+    it ends."""
+    with package_logging(BarSafeHandler(logging.INFO)), git_commands_logged():
         yield
-    finally:
-        for added in log.handlers[:]:
-            if added not in before[0]:
-                log.removeHandler(added)
-                added.close()
-        log.setLevel(before[1])
 
 
 class LogFile(logging.FileHandler):

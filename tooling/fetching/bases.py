@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 import tomllib
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from typing import Any
 from ..errors import ConfigError, UnknownBaseError
 from ..schema import Doc
 from .gitinput import checked
+
+logger = logging.getLogger(__name__)
 
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
 
@@ -142,6 +145,7 @@ def load_bases(path: Path) -> BaseCatalog:
     default = doc.text(data, "default", next(iter(bases)))
     if default not in bases:
         raise ConfigError(f"{path}: default base {default!r} is not pinned")
+    logger.debug("%s: %d pinned bases, default %s", path, len(bases), default)
     return BaseCatalog(
         path=path,
         default=default,

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import http.client
 import json
+import logging
 import os
 import re
 import tarfile
@@ -27,9 +28,12 @@ from pathlib import Path
 from ..errors import ArchiveError, CacheMissError, CacheWriteError, IntegrityError, NetworkError
 from ..fsutil import CHUNK, atomic_output, locked, sha256_file, staging_dir
 from ..paths import CacheLayout
+from ..procs import redacted
 from ..progress import progress_bar
 from . import unpacked
 from .bases import Artifact, Base
+
+logger = logging.getLogger(__name__)
 
 #: The one default for every index client: fetch joins project pages onto it,
 #: bundle hands it to uv and pip as --index-url (both take it with or without the slash).
@@ -156,6 +160,7 @@ def resolve_url(artifact: Artifact, index_url: str) -> str:
 def download(url: str, target: Path, artifact: Artifact, show_progress: bool) -> None:
     """Stream ``url`` to ``target``, hashing as it goes; rename only if the hash matches."""
     digest = hashlib.sha256()
+    logger.debug("download %s to %s", redacted(url), target)
     try:
         with _open(url) as response, atomic_output(target) as out:
             total = artifact.size or int(response.headers.get("Content-Length") or 0) or None
@@ -214,6 +219,7 @@ def ensure_artifact(artifact: Artifact, options: FetchOptions, *, verify: bool =
             # would fail.
             if verify or (artifact.size is not None and path.stat().st_size != artifact.size):
                 verify_artifact(path, artifact)
+            logger.debug("cached: %s", path)
             return path
         if options.offline:
             raise CacheMissError(
@@ -235,8 +241,10 @@ def extract_sdist(sdist: Path, dest: Path) -> Path:
     with locked(dest):
         if dest.is_dir():
             if unpacked.unchanged(dest):
+                logger.debug("unpacked already: %s", dest)
                 return _tree_root(dest, sdist)
             unpacked.reject(dest)
+        logger.debug("unpack %s into %s", sdist.name, dest)
         try:
             with staging_dir(dest) as tmp:
                 with tarfile.open(sdist, "r:*") as tar:

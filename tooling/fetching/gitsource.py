@@ -9,6 +9,7 @@ shipped an engine that booted and emitted garbage.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import tarfile
 from dataclasses import dataclass
@@ -20,8 +21,11 @@ from ..errors import ArchiveError, CacheMissError, GitSourceError
 from ..fsutil import locked, staging_dir
 from ..gitutil import git_error_summary
 from ..paths import CacheLayout
+from ..procs import redacted
 from .bases import Base
 from .gitinput import ALLOWED_PROTOCOLS, checked
+
+logger = logging.getLogger(__name__)
 
 _REFSPECS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
@@ -59,6 +63,7 @@ def update_clone(url: str, cache: CacheLayout, offline: bool) -> git.Repo:
     path = clone_dir(cache, url)
     with locked(path):
         if path.is_dir():
+            logger.debug("cached clone of %s: %s", redacted(url), path)
             repo = git.Repo(path)
             if not offline:
                 _fetch(repo, url, "--prune")
@@ -151,6 +156,7 @@ def fetch_git(
     ref = checked(ref or base.git.tag, "ref", GitSourceError)
     repo = update_clone(url, cache, offline)
     kind, commit = resolve_ref(repo, ref)
+    logger.debug("%s %s is commit %s", kind, ref, commit)
     check_pin(repo, base, ref, kind, commit, allow_moving_ref)
     source_dir = export_tree(repo, commit, cache.sources / f"git-{commit}")
     return GitSource(

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import IntegrityError
 from ..fsutil import atomic_write_text
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def listing_path(dest: Path) -> Path:
@@ -82,7 +82,7 @@ def reject(dest: Path) -> Path:
     aside.parent.mkdir(exist_ok=True)
     os.rename(dest, aside)
     listing_path(dest).unlink(missing_ok=True)
-    log.warning(
+    logger.warning(
         "%s: changed since it was unpacked from the pinned sdist; moved aside to %s, "
         "unpacking it again",
         dest,

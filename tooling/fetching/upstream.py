@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..procs import redacted
 from .bases import Base, BaseCatalog
 from .fetch import FetchOptions, ensure_artifact, fetch_pypi
 from .gitsource import GitSource, fetch_git
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,9 @@ def fetch_upstream(
 
     ``verify_wheel=False``: the caller verifies the cached wheel itself (see ensure_artifact).
     """
+    logger.debug(
+        "fetch vLLM %s from %s", base.version, "PyPI" if git is None else redacted(git.url)
+    )
     if git is None:
         src = fetch_pypi(base, options, with_wheel=with_wheel, verify_wheel=verify_wheel)
         return Upstream(base, "pypi", src.source_dir, src.wheel, sdist=src.sdist)

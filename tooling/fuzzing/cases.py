@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 from ..errors import FuzzCaseError
 from ..fsutil import atomic_write_text
 from ..probes._schedsim import KINDS, OUTCOME_PASS, Req, Settings
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "dflash-schedfuzz-case/1"
 #: A case file is a few kilobytes; anything far larger is not one (and is not read whole).
@@ -112,4 +115,5 @@ def read_case_file(path: Path) -> CaseFile:
 
 
 def write_case_file(path: Path, case_file: CaseFile) -> None:
+    logger.debug("case (%s) written to %s", case_file.kind, path)
     atomic_write_text(path, json.dumps(case_file.to_json(), indent=1) + "\n")

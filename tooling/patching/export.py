@@ -8,6 +8,7 @@ forgets to export a change made in the work tree.
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,8 @@ from ..fsutil import atomic_output, atomic_write_text, run_prefix, sha256_bytes
 from . import worktree
 from .apply import ApplyOptions, apply_series
 from .series import Series
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,6 +129,7 @@ def export_patches(work_dir: Path, series: Series) -> ExportResult:
     for (name, data), exported in zip(rendered, result.patches, strict=False):
         if exported.state == "unchanged":
             continue
+        logger.debug("export %s (%s)", patches_dir / name, exported.state)
         with atomic_output(patches_dir / name) as f:
             f.write(data)
         if exported.state == "updated":
@@ -142,6 +146,7 @@ def check_export(upstream: Upstream, series: Series, baselines: Path | None = No
     with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-export-")) as tmp:
         work = Path(tmp) / "work"
         options = ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs", baselines=baselines)
+        logger.debug("check the export on a scratch tree %s", work)
         apply_series(upstream, series, work, options)
         rendered = render_patches(git.Repo(work))
     return replace(compare(rendered, series.path.parent, series), check=True)

@@ -6,6 +6,7 @@ applies the series builds the same way.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from .apply import ApplyOptions, SeriesReport, apply_series
 from .export import ExportResult, check_export, export_patches
 from .series import Series, load_ledger
 from .worktree import check_work_dir, default_work_dir
+
+logger = logging.getLogger(__name__)
 
 
 def three_way_preimages(
@@ -96,6 +99,7 @@ def patch_requested(request: PatchRequest) -> SeriesReport:
         request.work_dir or default_work_dir(upstream.base.version, git_commit, series.skipped)
     ).resolve()
     with locked(work):
+        logger.debug("apply %d patches in %s", len(series.patches), work)
         return apply_series(upstream, series, work, options)
 
 
@@ -125,4 +129,5 @@ def export_requested(
     with locked(work.resolve()):
         if not work.is_dir():
             raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")
+        logger.debug("export the commits of %s over %s", work, patches_dir)
         return export_patches(work, series)

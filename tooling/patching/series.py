@@ -10,6 +10,7 @@ is applied.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from ..fetching.bases import load_bases
 from ..fsutil import sha256_file
 from ..probing import probe_modules
 from ..schema import Doc
+
+logger = logging.getLogger(__name__)
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -203,6 +206,7 @@ def load_series(path: Path, *, check_digests: bool = True) -> Series:
         for p in patches:
             check_digest(p)
     validated = doc.text(data, "validated_base", None)
+    logger.debug("%s: %d patches, validated on %s", path, len(patches), validated or "none")
     return Series(path=path, patches=patches, validated_base=validated or None)
 
 

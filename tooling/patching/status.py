@@ -8,6 +8,7 @@ patch that goes in but does not change behaviour.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,8 @@ from ..fetching.upstream import fetch_upstream
 from ..probing import scratch_folder
 from .apply import NO_PROBE_PYTHON, ApplyOptions, SeriesReport, apply_series
 from .series import Series
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,6 +53,7 @@ class BaseStatus:
 def base_status(
     base: Base, series: Series, fetch: FetchOptions, options: ApplyOptions, scratch: Path
 ) -> BaseStatus:
+    logger.debug("status of the series on vLLM %s", base.version)
     try:
         upstream = fetch_upstream(base, fetch, with_wheel=False)
         work = scratch / f"vllm-{base.version}"
@@ -61,6 +65,7 @@ def base_status(
         )
         return BaseStatus(base.version, report)
     except ToolingError as e:
+        logger.debug("vLLM %s: %s", base.version, e)
         return BaseStatus(base.version, None, error=str(e), exit_code=e.exit_code)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import re
 import shutil
@@ -25,6 +26,8 @@ from ..errors import WorkTreeError
 from ..fetching import unpacked
 from ..fsutil import check_creatable, discard, locked, staging_dir
 from ..gitutil import git_error_lines
+
+logger = logging.getLogger(__name__)
 
 BASELINE_TAG = "baseline"
 BRANCH = "dflash"
@@ -166,7 +169,9 @@ def clear_way(work_dir: Path) -> Path | None:
     if person_work(work_dir):
         saved = work_dir.with_name(f"{work_dir.name}.saved-{time.strftime('%Y%m%d-%H%M%S')}")
         os.rename(work_dir, saved)
+        logger.debug("moved %s aside to %s: it holds a person's work", work_dir, saved)
         return saved
+    logger.debug("remove the old work tree %s", work_dir)
     discard(work_dir)
     return None
 
@@ -187,6 +192,7 @@ def create_from_tree(
         # Not shared: the tree keeps its own objects (hard links to one pack where it can),
         # so it outlives a cleared cache.
         return create_from_clone(bare, BRANCH, work_dir, shared=False)
+    logger.debug("work tree %s from a copy of %s", work_dir, source_dir)
     with staging_dir(work_dir) as tmp:
         shutil.copytree(source_dir, tmp, symlinks=True, dirs_exist_ok=True)
         repo = git.Repo.init(tmp, initial_branch=BRANCH)
@@ -214,7 +220,9 @@ def baseline_repo(source_dir: Path, message: str, baselines: Path) -> Path:
     bare = baselines / f"{listing.hexdigest()[:32]}.git"
     with locked(bare):
         if bare.is_dir():
+            logger.debug("baseline of %s: %s", source, bare)
             return bare
+        logger.debug("commit %s as a baseline in %s", source, bare)
         with staging_dir(bare) as tmp:
             repo = git.Repo.init(tmp, bare=True, initial_branch=BRANCH)
             _configure(repo)
@@ -228,6 +236,7 @@ def baseline_repo(source_dir: Path, message: str, baselines: Path) -> Path:
 
 def create_from_clone(clone: Path, commit: str, work_dir: Path, *, shared: bool = True) -> git.Repo:
     """A new work tree from a cached clone; the baseline is the upstream commit itself."""
+    logger.debug("work tree %s from %s at %s", work_dir, clone, commit)
     with staging_dir(work_dir) as tmp:
         repo = git.Repo.clone_from(str(clone), tmp, shared=shared, no_checkout=True)
         _configure(repo)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -59,6 +60,8 @@ from typing import Any
 
 from ..fsutil import atomic_output, sha256_bytes, sha256_file
 from ..probes.result import ProbeResult, ProbeStatus
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = 1
 #: Files of the probed tree at least this large have their digest remembered by stat.
@@ -277,9 +280,11 @@ class ProbeCache:
                 hit = _read_entry(entry)
                 if hit is not None and set(hit.results) == set(self.names):
                     _touch(listed)
+                    logger.debug("probe cache hit: %s", entry)
                     return hit
         finally:
             hasher.save()
+        logger.debug("probe cache miss in %s", self.folder)
         return None
 
     def store(
@@ -315,6 +320,7 @@ class ProbeCache:
             },
         )
         self._prune()
+        logger.debug("probe verdicts kept in the cache: %s", digest)
         return True
 
     def _list(self, imports: Any, scratch: str) -> dict[str, Any] | None:

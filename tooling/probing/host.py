@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import signal
@@ -34,6 +35,8 @@ from ..procs import start_server, stop_group
 from .cache import relevant_env
 from .launch import ProbeTarget, child_env, launch_child, new_run_folder, remove_run_folder
 from .package import copy_probe_package, probe_command
+
+logger = logging.getLogger(__name__)
 
 #: Imported once by the server: what every probe run imports anyway, and no vLLM.
 PRELOAD = ("torch", "transformers", "openai", "aiohttp", "networkx", "numpy", "pydantic")
@@ -103,6 +106,7 @@ class ProbeHost:
             self.close()
             return None
         self.forks += 1
+        logger.debug("probe run forked from the host %s in %s", self.pid, workdir)
         return ForkedRun(self, target, env, workdir, argv, log)
 
     def _start_server(self) -> None:

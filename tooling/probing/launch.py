@@ -4,6 +4,7 @@ the interpreter of its own it gets when no ``ProbeHost`` forks it."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ from typing import Protocol
 from ..fsutil import dead_run_folders, run_prefix
 from ..procs import start_group
 from .package import probe_command
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ def launch_child(
 ) -> subprocess.Popen[bytes]:
     """A probe run in an interpreter of its own, its output in ``log``, leading a process
     group of its own (``ProbeRun.close`` stops the group)."""
+    logger.debug("probe run of %s in an interpreter of its own", target.describe())
     return start_group(
         probe_command(target.python, "child", argv),
         log=log,

@@ -3,11 +3,14 @@ exist, the copy it imports, and the command that runs one of the copy's entry po
 
 from __future__ import annotations
 
+import logging
 import pkgutil
 import shutil
 from pathlib import Path
 
 from .. import probes
+
+logger = logging.getLogger(__name__)
 
 #: The folder copied into the probed interpreter's search path.
 PACKAGE_DIR = Path(probes.__file__).resolve().parent
@@ -37,6 +40,7 @@ def copy_probe_package(folder: Path) -> Path:
     )
     marker = folder / _CHILD_PACKAGE / "__init__.py"
     marker.write_text("")
+    logger.debug("probes copied into %s", folder / _CHILD_PACKAGE)
     return marker
 
 

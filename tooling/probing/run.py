@@ -15,6 +15,7 @@ verify`` (on an installed environment). Which probe proves which fix is the ledg
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,8 @@ from .launch import (
     new_run_folder,
     remove_run_folder,
 )
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 900
 
@@ -174,6 +177,7 @@ def start_probes(
     starting one (``tooling.probing.host``).
     """
     workdir = new_run_folder("dflash-probes-", target.pycache)
+    logger.debug("%d probes of %s in %s", len(names), target.describe(), workdir)
     env = child_env(target, workdir)
     cache = None
     if target.cache is not None:

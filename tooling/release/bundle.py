@@ -27,6 +27,7 @@ interrupted run leaves nothing that looks like a bundle.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -58,6 +59,8 @@ from .download import download, resolve
 from .files import BundleFile, bundle_file, describe, sums_text
 from .lock import Resolution
 from .split import check_part_count, split_bundle, tar_bytes_at_most
+
+logger = logging.getLogger(__name__)
 
 #: install.txt, install.sh, bundle.json, the lock and SHA256SUMS together, at most: what a
 #: bundle holds beside its wheels, for the part count checked before it is written.
@@ -96,6 +99,7 @@ def write_bundle(
     """
     name = config.name or default_bundle_name(config)
     final = config.out_dir / name
+    logger.debug("write the bundle %s: %d wheels", final, len(plan.include))
     sources: list[tuple[PlanEntry, Path]] = []
     for entry in plan.include:
         path = config.wheel if entry.source == "patched" else wheels.get(entry.name)
@@ -224,5 +228,6 @@ def write_lock(resolution: Resolution, path: Path) -> None:
 def lock_bundle(config: BundleConfig, path: Path) -> BundlePlan:
     """resolve -> plan, and the lock written to ``path``; nothing downloaded (``--lock-only``)."""
     resolution, plan = resolve_and_plan(config)
+    logger.debug("write the lock of %d requirements to %s", len(resolution.requirements), path)
     write_lock(resolution, path)
     return plan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -18,6 +19,8 @@ from ..errors import BundleError
 from ..fetching.bases import Base
 from ..fetching.fetch import DEFAULT_INDEX_URL
 from .lock import ROOT, Requirement
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PYTHON_VERSION = "3.12"
 DEFAULT_PLATFORM = "manylinux_2_35_x86_64"
@@ -249,6 +252,12 @@ def plan_bundle(
             kept_present.append((name, version))
         else:
             include.append(PlanEntry(name, version, "extra"))
+    logger.debug(
+        "plan: %d wheels to carry, %d present already, %d skipped",
+        len(include),
+        len(kept_present),
+        len(skipped),
+    )
     return BundlePlan(tuple(include), tuple(kept_present), tuple(skipped))
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -19,6 +20,8 @@ from ..fsutil import run_scratch
 from ..progress import step_bar
 from .bundle_plan import BundleConfig, BundlePlan, PlanEntry
 from .lock import Resolution, parse_lock
+
+logger = logging.getLogger(__name__)
 
 
 def uv_platform(platform: str) -> str:
@@ -67,6 +70,7 @@ def resolve(config: BundleConfig, scratch: Path | None = None) -> Resolution:
     if not config.wheel.is_file():
         raise BundleError(f"{config.wheel}: no such wheel")
     _uv_available()
+    logger.debug("resolve what %s needs at run time (uv pip compile)", config.wheel.name)
     with run_scratch("bundle", scratch) as tmp:
         req_in = Path(tmp) / "requirements.in"
         req_in.write_text("\n".join([str(config.wheel.resolve()), *config.pins]) + "\n")
@@ -217,6 +221,13 @@ def download(
                 lines.append(f"{e.name}=={e.version}{hashes}")
             req_file.write_text("\n".join(lines) + "\n")
             cmd = _pip_download_cmd(config, dest, req_file, hashed)
+            logger.debug(
+                "download %d wheels %s into %s (pip's output in %s)",
+                len(batch),
+                "by their hashes" if hashed else "unhashed",
+                dest,
+                log,
+            )
             _run_pip(cmd, len(batch), "download", config, log, tmp)
     return _match_wheels(wanted, dest)
 

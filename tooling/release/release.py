@@ -10,6 +10,7 @@ upstream) or as superseded on later releases.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from ..errors import ReleaseError
 from ..fsutil import atomic_write_text, read_bounded, sha256_bytes, sha256_file
 from ..patching.series import Series
 from ..report import STATUS_LEGEND, markdown_table, status_cells
+
+logger = logging.getLogger(__name__)
 
 UPSTREAM_STATUSES = ("superseded", "already-applied")
 #: The largest status matrix read: every pinned release's is under a megabyte.
@@ -214,6 +217,7 @@ def write_release(
     }
     sums = "".join(f"{digests[f]}  {f.relative_to(dist)}\n" for f in sorted(digests))
     checksums = dist / "SHA256SUMS"
+    logger.debug("release files of %s: %s", wheel.name, ", ".join(f.name for f in sorted(digests)))
     atomic_write_text(notes, notes_text)
     atomic_write_text(manifest_path, manifest_text)
     atomic_write_text(checksums, sums)

@@ -5,6 +5,7 @@ or the whole bundle; the command's one entry.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 from ..building.build import single_wheel
 from ..fetching.bases import Base
 from . import bundle, bundle_plan
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class BundleOutcome:
 def bundle_requested(request: BundleRequest) -> BundleOutcome:
     """The lock alone (``lock_only``) or the whole bundle."""
     config = request.config()
+    logger.debug(
+        "bundle %s for %s, Python %s", config.wheel, config.platform, config.python_version
+    )
     if request.lock_only is not None:
         plan = bundle.lock_bundle(config, request.lock_only)
         return BundleOutcome(config, plan, None, request.lock_only)

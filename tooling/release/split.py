@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import sys
 import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
+from ..entry import answer, entry_logging
 from ..errors import BundleError, ToolingError
 from ..fsutil import sha256_file, staging_dir
 from ..progress import progress_bar
 from .files import BundleFile, bundle_file, sums_text
+
+logger = logging.getLogger(__name__)
 
 
 class _PartWriter:
@@ -108,6 +112,9 @@ def split_bundle(
     sizes = [p.stat().st_size for p in entries if p.is_file()]
     total = sum(sizes)
     check_part_count(tar_bytes_at_most(sizes, len(entries) + 1), limit, f"splitting {bundle_dir}")
+    logger.debug(
+        "split %s (%d bytes) into parts of %d bytes in %s", bundle_dir, total, limit, parts_dir
+    )
     with staging_dir(parts_dir) as tmp:
         writer = _PartWriter(tmp, stem, limit)
         try:
@@ -143,14 +150,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("parts_dir", type=Path)
     parser.add_argument("part_bytes", type=int)
     args = parser.parse_args(argv)
+    with entry_logging():
+        return _split(args)
+
+
+def _split(args: argparse.Namespace) -> int:
     try:
         parts_dir, _ = split_bundle(
             args.folder, args.parts_dir, args.part_bytes, show_progress=False
         )
     except ToolingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        logger.error("error: %s", e)
         return e.exit_code
-    print(parts_dir)
+    answer(str(parts_dir))
     return 0
 
 

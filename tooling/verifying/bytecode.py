@@ -23,12 +23,15 @@ time.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import procs
 from ..errors import EnvironmentProblem
 from ..fsutil import atomic_write_text, locked
+
+logger = logging.getLogger(__name__)
 
 #: Runs in the install's interpreter, passed as ``-c`` (so sys.path[0] is the working folder, as
 #: for any ``-c``): argv = site, the file of known keys, then the top folders to walk.
@@ -88,6 +91,13 @@ def check_bytecode(
         timeout_s=900,
     )
     data = json.loads(out.strip().splitlines()[-1])
+    logger.debug(
+        "bytecode of %s: %d checked (%d known equal), %d differ",
+        python,
+        data["checked"],
+        data["known"],
+        len(data["differ"]),
+    )
     if known is not None and data["verified"]:
         _keep(known, data["verified"])
     return BytecodeCheck(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from .. import procs
 from ..fsutil import run_prefix
+
+logger = logging.getLogger(__name__)
 
 #: Seconds one ``pip install`` of a wheel may take, bytecode compiling included.
 INSTALL_TIMEOUT_S = 1800
@@ -46,5 +49,6 @@ def pip_install(
         except subprocess.TimeoutExpired:
             return f"pip did not finish within {INSTALL_TIMEOUT_S}s"
     if result.returncode == 0:
+        logger.debug("pip installed %s", wheel.name)
         return None
     return (result.stderr.strip().splitlines() or ["pip failed"])[-1]

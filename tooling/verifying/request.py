@@ -8,6 +8,7 @@ site-packages folder (``site``), or a wheel pip-installed into a scratch virtual
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from .verify import (
     locate_with_python,
     verify,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ def verify_requested(request: VerifyRequest) -> VerifyReport:
                 target = ProbeTarget(
                     python=questioner, root=dist.site, pycache=pycache, cache=request.cache.probes
                 )
+        logger.debug("verify vLLM %s in %s, probed by %s", dist.version, dist.site, target.python)
         return verify(
             dist,
             target,

@@ -14,6 +14,7 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -37,22 +38,26 @@ from ..probing import ABSENT, PRESENT, ProbeResult, ProbeTarget, start_probes
 from .bytecode import BytecodeCheck, check_bytecode
 from .install import pip_install
 
+logger = logging.getLogger(__name__)
+
 # The .dist-info folder is the distribution's own path, not found through its RECORD, whose
-# damage is verify's to report: it is not a vLLM that is missing.
+# damage is verify's to report: it is not a vLLM that is missing. Its one line on stdout is
+# its answer (JSON), read back by locate_with_python.
 _LOCATE = r"""
 import json, os, importlib.metadata as md
 try:
     dist = md.distribution("vllm")
 except md.PackageNotFoundError:
-    print(json.dumps(None))
+    answer = None
 else:
     site = str(dist.locate_file(""))
     folder = getattr(dist, "_path", None)
-    print(json.dumps({
+    answer = {
         "version": dist.version,
         "site": site,
         "dist_info": os.path.relpath(folder, site) if folder is not None else None,
-    }))
+    }
+print(json.dumps(answer))
 """
 
 _PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
@@ -364,6 +369,7 @@ def verify(
     known = registry()
     with start_probes(probe_target, known.probes, log=log) as run:
         files_checked, problems = check_files(dist)
+        logger.debug("%d files of RECORD checked: %d problems", files_checked, len(problems))
         bytecode = check_bytecode(
             runtime_python or probe_target.python,
             dist.site,
@@ -430,6 +436,7 @@ def install_into_fresh_env(
             f"cannot create a virtualenv at {dest}: {e.strerror or e}"
         ) from None
     python = dest / "bin" / "python"
+    logger.debug("a fresh virtualenv %s for %s", dest, wheel.name)
     where = f"cannot ask the probe interpreter {probe_python} for its site-packages"
     purelib = _ask(probe_python, _PURELIB, where, ProbeError).strip()
     where = f"cannot ask the new virtualenv's python {python} for its site-packages"

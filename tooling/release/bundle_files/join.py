@@ -27,10 +27,20 @@ def digest(path: str) -> str:
 USAGE = "usage: python3 join.py [DEST]"
 
 
+def _say(line: str) -> None:
+    """What the person who runs it reads: where the bundle is and how to install it."""
+    print(line)
+
+
+def _refuse(why: str, code: int = 1) -> int:
+    """Why nothing was unpacked, one line on stderr; the exit code."""
+    print("join.py: " + why, file=sys.stderr)
+    return code
+
+
 def main(argv: "list[str]") -> int:
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        print("join.py: unknown argument " + repr(argv[-1]) + " (" + USAGE + ")", file=sys.stderr)
-        return 2
+        return _refuse("unknown argument " + repr(argv[-1]) + " (" + USAGE + ")", 2)
     dest = os.path.abspath(argv[0]) if argv else HERE
     sums = {}
     try:
@@ -40,15 +50,10 @@ def main(argv: "list[str]") -> int:
                     value, name = line.split(None, 1)
                     sums[name.strip().lstrip("*")] = value
     except (OSError, ValueError) as e:
-        print(
-            "join.py: cannot read " + os.path.join(HERE, "SHA256SUMS") + ": " + str(e),
-            file=sys.stderr,
-        )
-        return 1
+        return _refuse("cannot read " + os.path.join(HERE, "SHA256SUMS") + ": " + str(e))
     archive = next((n for n in sums if n.endswith(".tar")), None)
     if archive is None:
-        print("join.py: SHA256SUMS names no .tar archive", file=sys.stderr)
-        return 1
+        return _refuse("SHA256SUMS names no .tar archive")
     # By number: names carry three digits at least, so part-1000 sorts before part-101.
     parts = sorted(
         (n for n in sums if n.startswith(archive + ".part-")),
@@ -62,8 +67,7 @@ def main(argv: "list[str]") -> int:
         elif digest(path) != sums[name]:
             bad.append(name + " is corrupt (sha256 differs from SHA256SUMS)")
     if bad:
-        print("join.py: " + "; ".join(bad), file=sys.stderr)
-        return 1
+        return _refuse("; ".join(bad))
     os.makedirs(dest, exist_ok=True)
     joined = os.path.join(dest, archive)
     tmp = joined + ".part"
@@ -76,8 +80,7 @@ def main(argv: "list[str]") -> int:
                     out.write(block)
     if whole.hexdigest() != sums[archive]:
         os.remove(tmp)
-        print("join.py: the joined " + archive + " does not match SHA256SUMS", file=sys.stderr)
-        return 1
+        return _refuse("the joined " + archive + " does not match SHA256SUMS")
     os.replace(tmp, joined)
     with tarfile.open(joined) as tar:
         if hasattr(tarfile, "data_filter"):
@@ -85,13 +88,12 @@ def main(argv: "list[str]") -> int:
         else:
             for member in tar.getmembers():
                 if member.name.startswith(("/", "..")) or "/../" in member.name:
-                    print("join.py: unsafe path " + member.name, file=sys.stderr)
-                    return 1
+                    return _refuse("unsafe path " + member.name)
             tar.extractall(dest)
     os.remove(joined)
     folder = os.path.join(dest, archive[: -len(".tar")])
-    print("bundle ready: " + folder)
-    print("install: sh " + os.path.join(folder, "install.sh") + " [--target DIR]")
+    _say("bundle ready: " + folder)
+    _say("install: sh " + os.path.join(folder, "install.sh") + " [--target DIR]")
     return 0
 
 

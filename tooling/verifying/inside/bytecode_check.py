@@ -19,6 +19,12 @@ import os
 import sys
 from typing import Any
 
+
+def _answer(found: "dict[str, Any]") -> None:
+    """The check's answer, its one line on stdout: the parent reads the last line as JSON."""
+    print(json.dumps(found))
+
+
 site, known_file, tops = sys.argv[1], sys.argv[2], sys.argv[3:]
 known: set[str] = set()
 if known_file != "-" and os.path.isfile(known_file):
@@ -122,4 +128,4 @@ for top in tops:
                 pyc = importlib.util.cache_from_source(source, optimization=optimize or "")
                 if os.path.isfile(pyc):
                     check(source, pyc, optimize)
-print(json.dumps(out))
+_answer(out)
