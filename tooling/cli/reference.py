@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import logging
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -22,8 +23,11 @@ from typing import Any
 import click
 
 from .. import errors
+from ..entry import entry_logging
 from ..paths import REPO_DIR
 from ..report import markdown_table, write_page
+
+logger = logging.getLogger(__name__)
 
 TITLE = "# The command line: every command, option and exit code"
 PAGE = REPO_DIR / "docs" / "reference" / "cli.md"
@@ -231,16 +235,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     page = render(tooling_main)
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
-        if current != page:
-            print(
-                f"error: {args.output} is not the generated page: run `{REGENERATE}`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    return write_page(parser, args.output, page)
+    with entry_logging():
+        if args.check:
+            current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
+            if current != page:
+                logger.error(
+                    "error: %s is not the generated page: run `%s`", args.output, REGENERATE
+                )
+                return 1
+            return 0
+        return write_page(parser, args.output, page)
 
 
 if __name__ == "__main__":
