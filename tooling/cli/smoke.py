@@ -190,7 +190,7 @@ def smoke_command(
 ) -> None:
     """Serve a target with a DFlash drafter on a GPU and check every fix at run time."""
     from ..smoke import EngineSettings, GpuFacts, SmokeConfig, Timeouts
-    from ..smoke.request import SmokeRequest, smoke_requested
+    from .smoke_request import SmokeRequest, smoke_requested
 
     settings = settings_of(ctx)
     workdir = (workdir or Path("build") / "smoke" / time.strftime("%Y%m%d-%H%M%S")).resolve()
