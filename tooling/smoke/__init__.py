@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from .checks import CheckResult
 from .config import EngineSettings, GpuFacts, SmokeConfig, Timeouts
-from .plan import SmokePlan
+from .plan import SmokePlan, describe_plan
 from .report import SmokeReport, format_table
-from .runner import describe_plan, run_smoke
+from .runner import run_smoke
 from .server import ServeOptions, build_serve_command
 
 __all__ = [

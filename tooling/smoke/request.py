@@ -13,9 +13,9 @@ from typing import Any
 from ..errors import SmokeError
 from ..fsutil import check_creatable
 from .config import SmokeConfig
-from .plan import render
+from .plan import describe_plan, render
 from .report import format_table
-from .runner import describe_plan, run_smoke
+from .runner import run_smoke
 from .site import install_for_smoke, put_first
 
 
