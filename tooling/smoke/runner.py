@@ -36,12 +36,11 @@ from . import checks
 from .config import (
     GpuFacts,
     SmokeConfig,
-    read_drafter_info,
 )
 from .logscan import aux_layers_from_log_file
 from .metrics import SpecDecodeStats
 from .observe import ServerObservations, observe_server
-from .pair import PairFacts
+from .pair import PairFacts, read_drafter_info
 from .plan import (
     TINY_MODULE,
     Role,
