@@ -12,19 +12,21 @@ The public API (the Click command is a thin layer over it):
   ``tooling.trained``'s.
 - :func:`build_serve_command`, :class:`ServeOptions`: the ``vllm serve`` argv.
 
-Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectations), ``server``
-and ``client`` (``vllm serve`` and its HTTP API; their process groups always stop, through
-``tooling.procs``),
-``metrics`` (``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``checks`` (pure
+Modules (the toolchain's side): ``config`` (settings, prompts, drafter expectations), ``pair``
+(the pair's figures and refusals; the one reader of a model's config.json), ``plan/`` (the
+plan: its data, GPU memory, deadlines, the reference's placement, ``plan_smoke``,
+``describe_plan``), ``preflight`` (vLLM and the GPUs, before anything starts), ``runner`` (the
+plan executed wave by wave, with ``run_state`` and ``run_steps``), ``server`` and ``client``
+(``vllm serve`` and its HTTP API; their process groups always stop, through
+``tooling.procs``), ``observe`` (what a server is asked), ``load`` (the concurrent bursts),
+``metrics`` (``/metrics`` parsing), ``logscan`` (the aux-layer log line), ``checks/`` (pure
 verdicts), ``verdicts`` (the run's checks from its observations), ``report`` (table, JSON,
-plot), ``load`` (the concurrent bursts), ``observe`` (what a server is asked), ``pair`` (the pair's
-sizes and refusals), ``plan`` (the plan),
-``preflight`` (vLLM and the GPUs, before anything starts), ``runner`` (the plan executed),
-``distribution`` (the first-token comparison), ``site`` (the wheel under test installed),
-``reference_pool`` (the reference comparison's children: started early, work handed out late).
-``serving/`` runs inside the serving interpreter: ``engine_run`` (in-process vLLM, GPU),
-``distribution`` (one engine's first tokens), ``reference`` (the reference ``dflash``
-recomputation), ``tiny`` (seeded tiny models), ``preflight``.
+plot), ``distribution`` (the first-token comparison), ``site`` (the wheel under test
+installed), ``reference_pool`` (the reference comparison's children: started early, work
+handed out late). ``serving/`` runs inside the serving interpreter: ``engine_run``
+(in-process vLLM, GPU), ``distribution`` (one engine's first tokens), ``reference`` and
+``reference_model`` (the reference ``dflash`` recomputation), ``tiny`` (seeded tiny models),
+``preflight``.
 """
 
 from __future__ import annotations
