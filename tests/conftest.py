@@ -27,7 +27,8 @@ from tooling.fetching.bases import Base, BaseCatalog, load_bases
 from tooling.fetching.fetch import FetchOptions, fetch_pypi
 from tooling.fetching.upstream import Upstream, fetch_upstream
 from tooling.fsutil import locked
-from tooling.patching.apply import SeriesReport, apply_series
+from tooling.patching.apply import apply_series
+from tooling.patching.outcome import SeriesReport
 from tooling.patching.series import Series, load_series
 from tooling.paths import REPO_DIR, CacheLayout, default_cache_dir
 from tooling.probing.env import ensure_probe_env, ensure_reference_dflash, probe_python_from

@@ -13,18 +13,16 @@ import pytest
 from tooling.errors import SeriesError, WorkTreeError
 from tooling.fetching.upstream import Upstream
 from tooling.patching import worktree
-from tooling.patching.apply import (
+from tooling.patching.apply import apply_series, describe_conflict, load_report
+from tooling.patching.hunks import parse_diff
+from tooling.patching.outcome import (
     ALREADY_APPLIED,
     APPLIED,
     CONFLICT,
     NOT_ATTEMPTED,
     SUPERSEDED,
-    apply_series,
     decide,
-    describe_conflict,
-    load_report,
 )
-from tooling.patching.hunks import parse_diff
 from tooling.patching.series import load_series
 from tooling.probing import ABSENT, PRESENT
 

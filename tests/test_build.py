@@ -17,11 +17,10 @@ import git
 import pytest
 from wheel.wheelfile import WheelFile
 
-from tooling.building.build import (
+from tooling.building.build import BuildOptions, build_precompiled
+from tooling.building.identity import (
     VERSION_FILE,
     VERSION_STAMP,
-    BuildOptions,
-    build_precompiled,
     plan_identity,
     rewrite_wheel_file,
     runtime_version,

@@ -13,7 +13,16 @@ import pytest
 from tooling.paths import PACKAGE_DIR
 
 #: The pipeline's stages, in order: each may import the ones before it.
-STAGES = ("fetching", "patching", "building", "verifying", "smoke", "fuzzing", "release")
+STAGES = (
+    "fetching",
+    "patching",
+    "building",
+    "verifying",
+    "smoke",
+    "trained",
+    "fuzzing",
+    "release",
+)
 #: Free to import everything: the command line, the program's entry, and the program that
 #: renders the canary's page from a run (``python -m tooling.canary_doc``).
 EDGE = ("cli", "__main__", "canary_doc")
@@ -128,6 +137,7 @@ def test_the_probes_import_only_each_other(module):
 CHILD_RUN = (
     "tooling.probes",
     "tooling.smoke.serving",
+    "tooling.trained.serving",
     "tooling.verifying.inside",
     "tooling.trainer",
 )

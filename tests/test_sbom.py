@@ -11,12 +11,13 @@ import pytest
 from spdx_tools.spdx.parser.parse_anything import parse_file
 from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
 
-from tooling.building.build import WheelIdentity, make_manifest
+from tooling.building.build import make_manifest
+from tooling.building.identity import WheelIdentity
 from tooling.building.manifest import BuildManifest, ChangedFile, PatchEntry
 from tooling.building.sbom import SBOM_NAME, sbom_bytes
 from tooling.errors import BuildError
 from tooling.fetching.upstream import Upstream
-from tooling.patching.apply import APPLIED, PatchOutcome, SeriesReport
+from tooling.patching.outcome import APPLIED, PatchOutcome, SeriesReport
 
 WHEEL = "vllm-0.20.1+dflash.6.0123456789ab-1-cp38-abi3-manylinux_2_35_x86_64.whl"
 

@@ -1,5 +1,5 @@
-"""The acceptance table's two sides: ``tooling.smoke.acceptance`` (toolchain) starts
-``tooling.smoke.serving.acceptance`` (serving interpreter) once per engine folder, that folder
+"""The acceptance table's two sides: ``tooling.trained.acceptance`` (toolchain) starts
+``tooling.trained.serving.acceptance`` (serving interpreter) once per engine folder, that folder
 first on PYTHONPATH, and turns each child's result into a row."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tooling.smoke.acceptance import figures, measure_engines, table_markdown
-from tooling.smoke.serving.acceptance import SPEC
+from tooling.trained.acceptance import figures, measure_engines, table_markdown
+from tooling.trained.serving.acceptance import SPEC
 
 
 def _trained(folder: Path) -> Path:
@@ -48,13 +48,13 @@ def test_each_engine_runs_in_a_serving_child_with_its_folder_first(tmp_path: Pat
 
 def test_the_serving_child_refuses_a_wrong_command_line() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tooling.smoke.serving.acceptance", "measure"],
+        [sys.executable, "-m", "tooling.trained.serving.acceptance", "measure"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert "usage: python -m tooling.smoke.serving.acceptance run" in result.stderr
+    assert "usage: python -m tooling.trained.serving.acceptance run" in result.stderr
 
 
 def test_a_row_reads_the_serving_sides_counters() -> None:

@@ -19,6 +19,7 @@ from tooling.smoke import checks
 from tooling.smoke import distribution as d
 from tooling.smoke.serving.distribution import DistributionRequest
 from tooling.smoke.serving.tiny import TinySpec, hybrid_config
+from tooling.trained import hybrid_proof as hp
 
 
 def run(tokens: list[int], shift: float = 0.0, garbage: bool = False) -> dict:
@@ -127,7 +128,7 @@ def _results(stock_garbage: bool, patched_garbage: bool = False) -> dict:
     return {"plain": plain, "patched-k15": spec(patched_garbage), "stock-k15": spec(stock_garbage)}
 
 
-PLAN = [v for v in d.VARIANTS if v.name in ("plain", "patched-k15", "stock-k15")]
+PLAN = [v for v in hp.VARIANTS if v.name in ("plain", "patched-k15", "stock-k15")]
 
 
 def test_the_report_passes_a_fixed_engine_and_catches_stock_on_k_plus_one():
@@ -272,16 +273,16 @@ def test_the_report_command_exits_1_on_a_failure(tmp_path, capsys):
     for name, result in _results(stock_garbage=False).items():
         (tmp_path / f"{name}.out.json").write_text(json.dumps(result))
     (tmp_path / "plan.json").write_text(json.dumps([vars(v) for v in PLAN]))
-    assert d.main(["report", str(tmp_path)]) == 1
+    assert hp.main(["report", str(tmp_path)]) == 1
     assert "the check is blind" in capsys.readouterr().out
     for name, result in _results(stock_garbage=True).items():
         (tmp_path / f"{name}.out.json").write_text(json.dumps(result))
-    assert d.main(["report", str(tmp_path), "--json"]) == 0
+    assert hp.main(["report", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
 
 
 def test_the_plan_is_what_the_engines_read(tmp_path: Path):
-    variants = d.write_plan(tmp_path, "/models/target", "/models/drafter")
+    variants = hp.write_plan(tmp_path, "/models/target", "/models/drafter")
     for v in variants:
         data = json.loads((tmp_path / f"{v.name}.in.json").read_text())
         request = DistributionRequest.from_json(data)

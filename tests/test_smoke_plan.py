@@ -22,10 +22,10 @@ from tooling.smoke.plan import (
     Role,
     kv_cache_bytes,
     models_draw,
+    pair_facts,
     plan_smoke,
     render,
 )
-from tooling.smoke.runner import pair_facts
 from tooling.smoke.serving.tiny import TinySpec, drafter_config, hybrid_config
 
 from .smoke_models import write_model, write_seed_pair

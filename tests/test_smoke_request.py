@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tooling.cli.smoke_request import SmokeRequest, smoke_requested
 from tooling.errors import SmokeError
 from tooling.smoke import GpuFacts, SmokeConfig
-from tooling.smoke.request import SmokeRequest, smoke_requested
 
 
 def test_a_dry_run_returns_the_plan_and_writes_nothing(tmp_path: Path) -> None:

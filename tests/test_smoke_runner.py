@@ -669,7 +669,7 @@ def test_warm_cache_plan_and_its_one_line_errors(tmp_path) -> None:
 
 def test_a_child_past_its_limit_is_named_as_timed_out_not_as_an_exit(tmp_path) -> None:
     """The limit's message, not the exit status the stop gave the killed child."""
-    from tooling.smoke.runner import _Run
+    from tooling.smoke.run_state import SmokeRun as _Run
 
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
     run = _Run(SmokeConfig(workdir=tmp_path / "w", tiny=True), notify=lambda _: None)

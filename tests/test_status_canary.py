@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from tooling.cli import main
 from tooling.errors import CacheMissError, PatchConflictError, ProbeError
-from tooling.patching.apply import SeriesReport
+from tooling.patching.outcome import SeriesReport
 from tooling.patching.series import load_series
 from tooling.patching.status import BaseStatus, Canary
 from tooling.paths import REPO_DIR

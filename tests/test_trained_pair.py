@@ -1,6 +1,6 @@
 """The trained hybrid pair's GPU verdicts, judged here on results of the engine's own shape.
 
-The engine side (``tooling.smoke.serving.trained_run``) needs a GPU; these tests give the
+The engine side (``tooling.trained.serving.trained_run``) needs a GPU; these tests give the
 judge the JSON that side writes and check that each verdict can fail.
 """
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tooling.smoke import trained_pair as tp
+from tooling.trained import hybrid as tp
+from tooling.trained import hybrid_plan as hp
+from tooling.trained import hybrid_verdicts as hv
 
 from .helpers import run_gpu_script
 
@@ -96,24 +98,24 @@ def _result(
     (default: ``drafts`` and ``accepted`` split evenly); ``at_once``: the outputs with 16
     at once (default: ``outputs``), each position's top-2 3.0 apart but ``ties``."""
     spec = {
-        f"{tp.SPEC}num_drafts": drafts,
-        f"{tp.SPEC}num_draft_tokens": drafts * k,
-        f"{tp.SPEC}num_accepted_tokens": accepted,
-        f"{tp.SPEC}num_accepted_tokens_per_pos": [drafts] * 4 + [0] * (k - 4),
+        f"{hp.SPEC}num_drafts": drafts,
+        f"{hp.SPEC}num_draft_tokens": drafts * k,
+        f"{hp.SPEC}num_accepted_tokens": accepted,
+        f"{hp.SPEC}num_accepted_tokens_per_pos": [drafts] * 4 + [0] * (k - 4),
     }
     outputs = outputs or OUTPUTS
-    by_level = {c: (at_once or outputs) if c > 1 else outputs for c in tp.ACCEPTANCE_CONCURRENCY}
+    by_level = {c: (at_once or outputs) if c > 1 else outputs for c in hp.ACCEPTANCE_CONCURRENCY}
     if per_prompt is None:
         half = accepted // 2
         per_prompt = [(drafts // 2, half), (drafts - drafts // 2, accepted - half)]
     counters = [
-        {f"{tp.SPEC}num_drafts": d, f"{tp.SPEC}num_accepted_tokens": a} for d, a in per_prompt
+        {f"{hp.SPEC}num_drafts": d, f"{hp.SPEC}num_accepted_tokens": a} for d, a in per_prompt
     ]
     # ``running``: the most requests the engine ran at once (0: as many as asked).
     speed = {
         str(c): [{"seconds": 2.0, "tokens": 100 * c, "most_running": running or c}]
         + [{"seconds": 1.0 if k else 3.0, "tokens": 100 * c, "most_running": running or c}] * 2
-        for c in tp.SPEED_CONCURRENCY
+        for c in hp.SPEED_CONCURRENCY
     }
     return {
         "ok": True,
@@ -130,9 +132,9 @@ def _result(
                 "most_running": running or c,
                 **({"per_prompt": counters} if c == 1 and k else {}),
             }
-            for c in tp.ACCEPTANCE_CONCURRENCY
+            for c in hp.ACCEPTANCE_CONCURRENCY
         },
-        "speed": speed if name in (tp.PLAIN_SPEED, f"patched-k{K}-speed") else {},
+        "speed": speed if name in (hp.PLAIN_SPEED, f"patched-k{K}-speed") else {},
     }
 
 
@@ -154,7 +156,7 @@ def _run(
     ``FULL_DRAFTER_FIX`` on the full-attention drafter (default: changed, as on a GPU)."""
     pair = _pair(tmp)
     work = tmp / "work"
-    chosen = tp.plan(pair, work)
+    chosen = hp.plan(pair, work)
     clean = {n: _completion([10, 11, 12, 13]) for n in LOSSLESS}
     garbage = dict(clean)
     garbage[f"k{K}-len{K + 1}"] = _completion([77, 78, 79, 80])
@@ -163,7 +165,7 @@ def _run(
     for v in chosen:
         if v.prefix_caching:
             result = _result(v.name, v.k, prefixed)
-        elif v.name == tp.PLAIN:
+        elif v.name == hp.PLAIN:
             result = _result(v.name, 0, clean, at_once=plain_at_once, ties=plain_ties)
         elif v.speed:
             result = _result(v.name, v.k, {}, running=patched_running if v.drafted else 0)
@@ -191,11 +193,11 @@ def _run(
 
 def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: Path) -> None:
     pair = _pair(tmp_path)
-    chosen = tp.plan(pair, tmp_path / "work")
+    chosen = hp.plan(pair, tmp_path / "work")
     names = [v.name for v in chosen]
     assert names[0] == "plain" and f"stock-k{K}" in names
-    assert {f"no-{p}-k{K}" for p in tp.ABLATED} <= set(names)
-    assert {v.site for v in chosen} == set(tp.SITES)
+    assert {f"no-{p}-k{K}" for p in hp.ABLATED} <= set(names)
+    assert {v.site for v in chosen} == set(hp.SITES)
     request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
     assert request["engine"]["num_speculative_tokens"] == K
     assert request["engine"]["drafter"].endswith("drafter")
@@ -214,29 +216,29 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
 def test_speed_has_a_call_of_its_own_at_vllms_default_tokens_per_step(tmp_path: Path) -> None:
     # The recipe's budget holds 64 requests at K = 15 to fewer at once: the speed pair
     # leaves vLLM its default, measures nothing else, and takes turns on the GPU.
-    chosen = tp.plan(_pair(tmp_path), tmp_path / "work")
+    chosen = hp.plan(_pair(tmp_path), tmp_path / "work")
     speed = [v for v in chosen if v.speed]
-    assert [(v.name, v.k) for v in speed] == [(tp.PLAIN_SPEED, 0), (f"patched-k{K}-speed", K)]
+    assert [(v.name, v.k) for v in speed] == [(hp.PLAIN_SPEED, 0), (f"patched-k{K}-speed", K)]
     assert {v.call for v in speed} == {max(v.call for v in chosen)}
     assert all(v.call < speed[0].call for v in chosen if not v.speed)
     for v in speed:
         request = json.loads((tmp_path / "work" / f"{v.name}.in.json").read_text())
         assert request["engine"]["max_num_batched_tokens"] is None
         assert request["lossless"] == [] and request["acceptance_concurrency"] == []
-        assert request["speed"]["concurrency"] == list(tp.SPEED_CONCURRENCY)
+        assert request["speed"]["concurrency"] == list(hp.SPEED_CONCURRENCY)
         assert request["barrier_count"] == 2
 
 
 def test_fix_12s_pair_serves_the_drafter_with_every_layer_full_attention(tmp_path: Path) -> None:
     pair = _pair(tmp_path)
-    chosen = tp.plan(pair, tmp_path / "work")
+    chosen = hp.plan(pair, tmp_path / "work")
     full = [v for v in chosen if v.full_drafter]
-    assert [(v.site, v.k) for v in full] == [("patched", K), (f"no-{tp.FULL_DRAFTER_FIX}", K)]
-    folder = tmp_path / "work" / tp.FULL_DRAFTER
+    assert [(v.site, v.k) for v in full] == [("patched", K), (f"no-{hp.FULL_DRAFTER_FIX}", K)]
+    folder = tmp_path / "work" / hp.FULL_DRAFTER
     for v in full:
         request = json.loads((tmp_path / "work" / f"{v.name}.in.json").read_text())
         assert request["engine"]["drafter"] == str(folder)
-        assert request["acceptance_concurrency"] == list(tp.ACCEPTANCE_CONCURRENCY)
+        assert request["acceptance_concurrency"] == list(hp.ACCEPTANCE_CONCURRENCY)
     config = json.loads((folder / "config.json").read_text())
     assert config["layer_types"] == ["full_attention"] * 3
     # The weights are the pair's own; the pair's folder is not written.
@@ -251,7 +253,7 @@ def test_without_fix_12_lossless_under_load_means_the_check_cannot_see_its_fault
 ) -> None:
     text, ok = _run(tmp_path / "a")
     assert ok, text
-    assert f"| no-{tp.FULL_DRAFTER_FIX}-k{K}-full-drafter | FAIL |" in text
+    assert f"| no-{hp.FULL_DRAFTER_FIX}-k{K}-full-drafter | FAIL |" in text
     # Its acceptance is not the pair's: no acceptance row for either engine.
     assert "full-drafter" not in text.split("## Strict")[0].split("## Acceptance")[1]
     text, ok = _run(tmp_path / "b", unfixed_at_once=OUTPUTS)
@@ -260,7 +262,7 @@ def test_without_fix_12_lossless_under_load_means_the_check_cannot_see_its_fault
 
 
 def test_each_calls_engines_fit_one_h200_beside_their_working_memory() -> None:
-    chosen = tp.variants((15, 7))
+    chosen = hp.variants((15, 7))
     for call in {v.call for v in chosen}:
         engines = [v for v in chosen if v.call == call]
         # About 2 GiB each for weights, CUDA graphs and activations, of an H200's 139.
@@ -270,9 +272,9 @@ def test_each_calls_engines_fit_one_h200_beside_their_working_memory() -> None:
 def test_the_prefix_cache_pair_serves_only_the_prompts_that_share_a_prefix(
     tmp_path: Path,
 ) -> None:
-    chosen = tp.plan(_pair(tmp_path), tmp_path / "work")
+    chosen = hp.plan(_pair(tmp_path), tmp_path / "work")
     prefixed = [v for v in chosen if v.prefix_caching]
-    assert [(v.name, v.k) for v in prefixed] == [(tp.PLAIN_PREFIX, 0), (f"patched-k{K}-prefix", K)]
+    assert [(v.name, v.k) for v in prefixed] == [(hp.PLAIN_PREFIX, 0), (f"patched-k{K}-prefix", K)]
     for v in prefixed:
         request = json.loads((tmp_path / "work" / f"{v.name}.in.json").read_text())
         assert request["engine"]["engine_args"]["enable_prefix_caching"] is True
@@ -284,7 +286,7 @@ def test_a_prefix_prompt_that_found_nothing_in_the_cache_proves_nothing(tmp_path
     text, ok = _run(tmp_path, cached=0)
     assert not ok
     assert f"patched-k{K}-prefix: prefix-b found no tokens in the prefix cache" in text
-    assert f"{tp.PLAIN_PREFIX}: prefix-b found no tokens in the prefix cache" in text
+    assert f"{hp.PLAIN_PREFIX}: prefix-b found no tokens in the prefix cache" in text
 
 
 def test_figures_at_a_concurrency_the_engine_did_not_reach_are_refused(tmp_path: Path) -> None:
@@ -312,14 +314,14 @@ def test_a_difference_at_a_near_tie_is_excused_and_listed_a_larger_one_fails(
         out["prefix-a"] = _completion([10, 11, 99, 98])
         return out
 
-    tie = tp.TIE_MARGIN
+    tie = hp.TIE_MARGIN
     plain = {n: _completion([10, 11, 12, 13], margin=tie) for n in LOSSLESS}
-    verdict = tp.lossless(
+    verdict = hv.lossless(
         "x", {"ok": True, "lossless": plain}, {"ok": True, "lossless": differing(tie)}
     )
     assert verdict.ok and [p.prompt for p in verdict.ties] == ["prefix-a"]
     plain = {n: _completion([10, 11, 12, 13], margin=2 * tie) for n in LOSSLESS}
-    verdict = tp.lossless(
+    verdict = hv.lossless(
         "x", {"ok": True, "lossless": plain}, {"ok": True, "lossless": differing(tie)}
     )
     assert not verdict.ok and verdict.failures[0].first_difference == 2
@@ -329,9 +331,9 @@ def test_a_failure_within_one_bf16_step_still_fails_and_is_named() -> None:
     clean = {n: _completion([10, 11, 12, 13]) for n in LOSSLESS}
     broken = dict(clean)
     broken["to-max-model-len"] = _completion([10, 11, 12, 50])
-    plain = {n: _completion([10, 11, 12, 13], margin=tp.BF16_STEP) for n in LOSSLESS}
+    plain = {n: _completion([10, 11, 12, 13], margin=hp.BF16_STEP) for n in LOSSLESS}
     lines, problems = tp.lossless_section(
-        [tp.Variant("plain", "patched", 0, 1), tp.Variant(f"patched-k{K}", "patched", K, 1)],
+        [hp.Variant("plain", "patched", 0, 1), hp.Variant(f"patched-k{K}", "patched", K, 1)],
         {
             "plain": {"ok": True, "lossless": plain},
             f"patched-k{K}": {"ok": True, "lossless": broken},
@@ -372,7 +374,7 @@ def test_acceptance_is_set_beside_the_reference_on_the_outputs_they_share(tmp_pa
         patched_accepted=60,
         patched_outputs=other,
         patched_per_prompt=[(5, 20), (5, 40)],
-        plain_ties={3: tp.BF16_STEP},
+        plain_ties={3: hp.BF16_STEP},
     )
     assert ok, text
     assert "| 7.000 | " in text and "| 5.000 / 5.000 (1 of 2) |" in text
@@ -449,15 +451,15 @@ def test_under_load_a_margin_of_one_bf16_step_read_in_fp32_is_within_that_noise(
         "acceptance": {"1": {"completions": alone}, "16": {"completions": at_once}},
     }
     fixed = {"ok": True, "acceptance": {"16": {"completions": drafted}}}
-    chosen = [tp.Variant(tp.PLAIN, "patched", 0, 1), tp.Variant("patched-k15", "patched", 15, 1)]
-    lines, problems = tp.load_section(chosen, {tp.PLAIN: plain, "patched-k15": fixed})
+    chosen = [hp.Variant(hp.PLAIN, "patched", 0, 1), hp.Variant("patched-k15", "patched", 15, 1)]
+    lines, problems = tp.load_section(chosen, {hp.PLAIN: plain, "patched-k15": fixed})
     assert problems == [], lines
     assert "| patched-k15 | pass | 2 | - | prompt 1 @ 1: 0.0625 |" in lines
     assert "one at a time and at once 0.0625" in lines[1]
     # A step more than the noise still fails.
     drafted[1] = completion([4, 22, 6], 1, {"22": -0.9, "24": -1.0})
     at_once[1] = completion([4, 24, 6], 1, {"24": -0.9, "22": -1.0})
-    lines, problems = tp.load_section(chosen, {tp.PLAIN: plain, "patched-k15": fixed})
+    lines, problems = tp.load_section(chosen, {hp.PLAIN: plain, "patched-k15": fixed})
     assert problems == ["patched-k15: not lossless with 16 requests at once"]
 
 
@@ -473,7 +475,7 @@ def test_under_load_a_plain_engine_that_moves_too_far_on_its_own_gives_no_verdic
 
 def test_under_load_without_the_plain_engines_logprobs_there_is_no_verdict() -> None:
     plain = {"ok": True, "acceptance": {"1": {"outputs": OUTPUTS}, "16": {"outputs": OUTPUTS}}}
-    lines, problems = tp.load_section([tp.Variant(tp.PLAIN, "patched", 0, 1)], {tp.PLAIN: plain})
+    lines, problems = tp.load_section([hp.Variant(hp.PLAIN, "patched", 0, 1)], {hp.PLAIN: plain})
     assert problems == ["lossless under load: no plain outputs with logprobs to compare with"]
     assert problems[0] in lines
 
@@ -481,7 +483,7 @@ def test_under_load_without_the_plain_engines_logprobs_there_is_no_verdict() -> 
 def test_an_engine_that_did_not_run_is_no_pass(tmp_path: Path) -> None:
     pair = _pair(tmp_path)
     work = tmp_path / "work"
-    tp.plan(pair, work)
+    hp.plan(pair, work)
     text, ok = tp.report(pair, work)
     assert not ok and "error: no result" in text
 
@@ -507,7 +509,7 @@ def test_trained_hybrid_names_the_installs_it_lacks_before_training(tmp_path: Pa
         ],
     )
     assert result.exit_code == SmokeError.exit_code
-    missing = ", ".join(sorted(s for s in tp.SITES if s != "patched"))
+    missing = ", ".join(sorted(s for s in hp.SITES if s != "patched"))
     assert result.stderr == f"error: --trained-hybrid needs --engine NAME=DIR for {missing}\n"
     # Refused before any training: nothing was written but the work folder.
     assert [p.name for p in (tmp_path / "work").iterdir()] == []
@@ -517,16 +519,16 @@ def test_a_call_on_a_host_names_the_installs_its_engines_folder_lacks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tooling.errors import SmokeError
-    from tooling.smoke import trained
+    from tooling.trained import measure as trained
 
     root = tmp_path / "engines"
-    for site in ("patched", "stock", f"no-{tp.ABLATED[0]}"):
+    for site in ("patched", "stock", f"no-{hp.ABLATED[0]}"):
         (root / site).mkdir(parents=True)
     pair = _pair(tmp_path)
     work = tmp_path / "work"
     code = trained.main(["run-call", str(pair), str(work), "1", "--engines-root", str(root)])
     assert code == SmokeError.exit_code
-    lacking = ", ".join(sorted(set(tp.SITES) - {"patched", "stock", f"no-{tp.ABLATED[0]}"}))
+    lacking = ", ".join(sorted(set(hp.SITES) - {"patched", "stock", f"no-{hp.ABLATED[0]}"}))
     assert capsys.readouterr().err == f"error: {root} lacks {lacking}\n"
     assert not work.exists()
 
@@ -540,7 +542,7 @@ def test_the_host_chain_fails_when_a_call_fails(tmp_path: Path) -> None:
     done = run_gpu_script("trained-hybrid.sh", "chain", work=work)
     assert done.returncode != 0, done.stdout
     # No engines folder at all is named as lacking every install, in one line per call.
-    lacking = f"error: {work / 'engines'} lacks {', '.join(sorted(tp.SITES))}\n"
+    lacking = f"error: {work / 'engines'} lacks {', '.join(sorted(hp.SITES))}\n"
     assert done.stderr.count(lacking) == done.stdout.count(": done in ") >= 2
     assert "Traceback" not in done.stderr
 
@@ -553,10 +555,10 @@ def test_the_steady_speed_is_the_median_pass_so_a_pass_still_compiling_does_not_
 
     plain = {"speed": {"1": passes(3.89, 0.527, 0.522, 0.524, 0.530, 0.525)}}
     drafted = {"speed": {"1": passes(4.64, 0.317, 0.205, 0.206, 0.204, 0.205)}}
-    (row,) = tp.speed_rows(plain, drafted)
+    (row,) = hv.speed_rows(plain, drafted)
     assert (row.plain_steady_s, row.drafted_steady_s) == (0.525, 0.205)
     assert row.ratio == pytest.approx(0.525 / 0.205)
     assert (row.plain_first_s, row.drafted_first_s) == (3.89, 4.64)
     # Two steady passes (an earlier run's) give their mean, as before.
-    (row,) = tp.speed_rows(plain, {"speed": {"1": passes(4.64, 0.317, 0.205)}})
+    (row,) = hv.speed_rows(plain, {"speed": {"1": passes(4.64, 0.317, 0.205)}})
     assert row.drafted_steady_s == pytest.approx(0.261)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The hybrid defects' proof on one GPU host (tooling/smoke/distribution.py says what it
+# The hybrid defects' proof on one GPU host (tooling/trained/hybrid_proof.py says what it
 # compares): the seed-shaped pair, each engine variant of one call in its own process, all
 # at once on one GPU, each with its own compile cache and a fixed KV cache.
 #   hybrid-proof.sh CALL   (1: the plain engine and the K=15 pair: first tokens, mixed steps,
@@ -32,7 +32,7 @@ if [ ! -f "$pair/tiny.json" ]; then
     > "$proof/pair.log" 2>&1 || { tail -20 "$proof/pair.log"; exit 1; }
   echo "seed-shaped pair written in $(( $(date +%s) - start ))s: $(du -sh "$pair" | cut -f1)"
 fi
-PYTHONPATH=$SITE python3 -m tooling.smoke.distribution plan "$proof" \
+PYTHONPATH=$SITE python3 -m tooling.trained.hybrid_proof plan "$proof" \
   --target "$pair/target" --drafter "$pair/drafter" > "$proof/variants.txt" || exit 1
 start=$(date +%s)
 while read -r name site variant_call; do
@@ -55,7 +55,7 @@ else:
     print(f"{name}: {r.get('error')}")
 PY
 done
-PYTHONPATH=$SITE python3 -m tooling.smoke.distribution report "$proof" --through-call "$call" \
+PYTHONPATH=$SITE python3 -m tooling.trained.hybrid_proof report "$proof" --through-call "$call" \
   > "$OUT/report-$call.txt"
 rc=$?
 cat "$OUT/report-$call.txt"

@@ -100,8 +100,8 @@ case $step in
     ablations=""
     if [[ " $* " == *" trained "* ]]; then
       ablations=$(cd "$here/../.." && PYTHONPATH=$SITE python3 -c \
-        'from tooling.smoke.trained_pair import SITES; print(*(s[3:] for s in SITES if s.startswith("no-")))') \
-        || { mark "no ablation list: tooling.smoke.trained_pair does not import"; exit 1; }
+        'from tooling.trained.hybrid_plan import SITES; print(*(s[3:] for s in SITES if s.startswith("no-")))') \
+        || { mark "no ablation list: tooling.trained.hybrid_plan does not import"; exit 1; }
     fi
     mark "building the engines' installs"
     PROBES=0 ABLATIONS=$ablations bash "$here/host-setup.sh" "$parts" build \

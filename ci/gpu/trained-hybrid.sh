@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The trained hybrid pair on one GPU host (tooling/smoke/trained_pair.py says what is judged).
+# The trained hybrid pair on one GPU host (tooling/trained/hybrid.py says what is judged).
 #   trained-hybrid.sh train   start the recipe (tooling train --arch hybrid) in its own session
 #   trained-hybrid.sh wait    wait for it (at most WAIT_S seconds, default 540)
 #   trained-hybrid.sh CALL    one call of `tooling smoke --trained-hybrid` (1: the largest K
@@ -19,7 +19,7 @@
 #   trained-hybrid.sh import-pair PARTS
 #                             join and check such carried parts into the pair's folder
 # Needs host-setup.sh's installs: $ENGINES/patched, stock and the no-<patch> ablations
-# trained_pair.SITES names (hybrid-session.sh passes them as ABLATIONS); the recipe trains
+# hybrid_plan.SITES names (hybrid-session.sh passes them as ABLATIONS); the recipe trains
 # with the bundle's dflash and flash-linear-attention and the payload's train-wheels/
 # (make-parts.sh).
 # Writes $OUT/trained-CALL.tar.gz (results and logs, no compile caches) and
@@ -101,7 +101,7 @@ case $step in
     mkdir -p "$OUT"
     WAIT_S=${WAIT_S:-1200} bash "$here/trained-hybrid.sh" wait || exit 1
     # The plan's calls: one per K the recipe measured, then the speed pair's.
-    last=$(PYTHONPATH=$SITE python3 -m tooling.smoke.trained_pair plan "$pair" "$runs" \
+    last=$(PYTHONPATH=$SITE python3 -m tooling.trained.hybrid plan "$pair" "$runs" \
       | awk '{print $3}' | sort -n | tail -1) || exit 1
     [ -n "$last" ] || { echo "error: no calls planned on $pair" >&2; exit 1; }
     # Each call's report judges every result so far; a call that failed fails the chain.
@@ -146,7 +146,7 @@ esac
 call=$step
 mkdir -p "$runs"
 start=$(date +%s)
-PYTHONPATH=$SITE python3 -m tooling.smoke.trained run-call "$pair" "$runs" "$call" \
+PYTHONPATH=$SITE python3 -m tooling.trained.measure run-call "$pair" "$runs" "$call" \
   --engines-root "$ENGINES" --time-limit "${TIME_LIMIT:-540}" > "$OUT/trained-report-$call.txt"
 rc=$?
 echo "call $call: done in $(( $(date +%s) - start ))s"

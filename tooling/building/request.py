@@ -17,7 +17,8 @@ from ..fetching.bases import BaseCatalog
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import SourceRequest, fetch_requested
 from ..fsutil import locked
-from ..patching.apply import NO_PROBE_PYTHON, SeriesReport, ensure_patched
+from ..patching.apply import NO_PROBE_PYTHON, ensure_patched
+from ..patching.outcome import SeriesReport
 from ..patching.request import apply_options
 from ..patching.series import Series
 from ..patching.worktree import check_work_dir, default_work_dir

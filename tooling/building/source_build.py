@@ -29,18 +29,10 @@ from ..errors import BuildError, EnvironmentProblem
 from ..fetching.gitsource import export_tree
 from ..fetching.upstream import Upstream
 from ..fsutil import run_prefix
-from ..patching.apply import SeriesReport
+from ..patching.outcome import SeriesReport
 from ..patching.series import Series
-from .build import (
-    VERSION_FILE,
-    BuildResult,
-    assemble,
-    identity_of,
-    make_manifest,
-    plan_identity,
-    runtime_version,
-    version_stamp,
-)
+from .build import BuildResult, assemble, identity_of, make_manifest
+from .identity import VERSION_FILE, plan_identity, runtime_version, version_stamp
 from .wheelfile import open_wheel
 
 logger = logging.getLogger(__name__)

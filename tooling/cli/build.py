@@ -9,7 +9,7 @@ import click
 from ..building.build import BuildResult
 from ..building.request import WheelRequest, build_requested
 from ..fetching.upstream import SourceRequest
-from ..patching.apply import SeriesReport
+from ..patching.outcome import SeriesReport
 from ..report import human_size, table
 from . import environ
 from .environ import CACHED_NOTE

@@ -10,7 +10,7 @@ import click
 from click.core import ParameterSource
 
 from ..fetching.upstream import SourceRequest
-from ..patching.apply import SeriesReport
+from ..patching.outcome import SeriesReport
 from ..patching.request import PatchRequest, export_requested, patch_requested
 from ..patching.status import canary
 from ..report import table

@@ -4,12 +4,18 @@ run time (stage: ``tooling.smoke``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import SmokeError
 from .options import FiniteRange, emit, json_option, settings_of
+
+if TYPE_CHECKING:
+    from ..smoke import SmokeConfig
+    from .smoke_request import SmokeRequest
 
 
 @click.command("smoke")
@@ -153,90 +159,104 @@ from .options import FiniteRange, emit, json_option, settings_of
 )
 @json_option
 @click.pass_context
-def smoke_command(
-    ctx: click.Context,
-    tiny: bool,
-    target: str | None,
-    drafter: str | None,
-    wheel: Path | None,
-    workdir: Path | None,
-    expect: str,
-    min_acceptance_length: float | None,
-    fidelity_gate: float,
-    no_fidelity: bool,
-    num_speculative_tokens: int,
-    gpu_memory_utilization: float,
-    kv_cache_memory_bytes: int | None,
-    time_limit: float | None,
-    tiny_arch: str,
-    tiny_hidden_size: int | None,
-    quick: bool,
-    gpus: str | None,
-    enforce_eager: bool,
-    kv_cache_dtype: str,
-    tensor_parallel_size: int,
-    disable_custom_all_reduce: bool,
-    distributed_executor_backend: str | None,
-    no_load: bool,
-    no_audit: bool,
-    warm_cache: bool,
-    stock_site: Path | None,
-    stock_wheel: Path | None,
-    sequential: bool,
-    dry_run: bool,
-    trained: bool,
-    trained_hybrid: bool,
-    engines: tuple[str, ...],
-) -> None:
+def smoke_command(ctx: click.Context, **options: Any) -> None:
     """Serve a target with a DFlash drafter on a GPU and check every fix at run time."""
-    from ..smoke import EngineSettings, GpuFacts, SmokeConfig, Timeouts
-    from ..smoke.request import SmokeRequest, smoke_requested
+    from .smoke_request import smoke_requested
 
     settings = settings_of(ctx)
-    workdir = (workdir or Path("build") / "smoke" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    config = SmokeConfig(
-        workdir=workdir,
-        target=target,
-        drafter=drafter,
-        tiny=tiny,
-        engine=EngineSettings(
-            num_speculative_tokens=num_speculative_tokens,
-            gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            enforce_eager=enforce_eager,
-            kv_cache_dtype=kv_cache_dtype,
-            tensor_parallel_size=tensor_parallel_size,
-            disable_custom_all_reduce=disable_custom_all_reduce,
-            distributed_executor_backend=distributed_executor_backend,
-        ),
-        timeouts=Timeouts(total=time_limit),
-        fidelity_gate=fidelity_gate,
-        min_acceptance_length=min_acceptance_length,
-        run_fidelity=not no_fidelity,
-        expect=expect,
-        tiny_arch=tiny_arch,
-        tiny_hidden_size=tiny_hidden_size,
-        quick=quick,
-        gpus=GpuFacts.parse(gpus) if gpus else None,
-        load=not no_load,
-        audit=not no_audit,
-        warm_cache=warm_cache,
-        other_site=str(stock_site.resolve()) if stock_site else None,
-        overlap_engines=False if sequential else None,
-    )
+    asked = SmokeOptions(**options)
     outcome = smoke_requested(
-        SmokeRequest(
-            config=config,
-            cache_dir=settings.cache.root,
-            wheel=wheel,
-            stock_wheel=stock_wheel,
-            trained=trained,
-            trained_hybrid=trained_hybrid,
-            engines=engines,
-            dry_run=dry_run,
-        ),
+        asked.request(settings.cache.root),
         notify=None if settings.json else lambda m: click.echo(m, err=True),
     )
     emit(settings, outcome.data, outcome.text)
     if outcome.failure is not None:
         raise SmokeError(outcome.failure)
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    """The command's options as typed (each field one option's parameter)."""
+
+    tiny: bool
+    target: str | None
+    drafter: str | None
+    wheel: Path | None
+    workdir: Path | None
+    expect: str
+    min_acceptance_length: float | None
+    fidelity_gate: float
+    no_fidelity: bool
+    num_speculative_tokens: int
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    time_limit: float | None
+    tiny_arch: str
+    tiny_hidden_size: int | None
+    quick: bool
+    gpus: str | None
+    enforce_eager: bool
+    kv_cache_dtype: str
+    tensor_parallel_size: int
+    disable_custom_all_reduce: bool
+    distributed_executor_backend: str | None
+    no_load: bool
+    no_audit: bool
+    warm_cache: bool
+    stock_site: Path | None
+    stock_wheel: Path | None
+    sequential: bool
+    dry_run: bool
+    trained: bool
+    trained_hybrid: bool
+    engines: tuple[str, ...]
+
+    def config(self) -> SmokeConfig:
+        """The run's settings (the workdir resolved, by default one per start time)."""
+        from ..smoke import EngineSettings, GpuFacts, SmokeConfig, Timeouts
+
+        workdir = self.workdir or Path("build") / "smoke" / time.strftime("%Y%m%d-%H%M%S")
+        return SmokeConfig(
+            workdir=workdir.resolve(),
+            target=self.target,
+            drafter=self.drafter,
+            tiny=self.tiny,
+            engine=EngineSettings(
+                num_speculative_tokens=self.num_speculative_tokens,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                enforce_eager=self.enforce_eager,
+                kv_cache_dtype=self.kv_cache_dtype,
+                tensor_parallel_size=self.tensor_parallel_size,
+                disable_custom_all_reduce=self.disable_custom_all_reduce,
+                distributed_executor_backend=self.distributed_executor_backend,
+            ),
+            timeouts=Timeouts(total=self.time_limit),
+            fidelity_gate=self.fidelity_gate,
+            min_acceptance_length=self.min_acceptance_length,
+            run_fidelity=not self.no_fidelity,
+            expect=self.expect,
+            tiny_arch=self.tiny_arch,
+            tiny_hidden_size=self.tiny_hidden_size,
+            quick=self.quick,
+            gpus=GpuFacts.parse(self.gpus) if self.gpus else None,
+            load=not self.no_load,
+            audit=not self.no_audit,
+            warm_cache=self.warm_cache,
+            other_site=str(self.stock_site.resolve()) if self.stock_site else None,
+            overlap_engines=False if self.sequential else None,
+        )
+
+    def request(self, cache_dir: Path) -> SmokeRequest:
+        from .smoke_request import SmokeRequest
+
+        return SmokeRequest(
+            config=self.config(),
+            cache_dir=cache_dir,
+            wheel=self.wheel,
+            stock_wheel=self.stock_wheel,
+            trained=self.trained,
+            trained_hybrid=self.trained_hybrid,
+            engines=self.engines,
+            dry_run=self.dry_run,
+        )

@@ -16,8 +16,9 @@ from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import SourceRequest, fetch_requested, fetch_upstream
 from ..fsutil import locked
 from ..probing.env import resolve_probe_python
-from .apply import ApplyOptions, SeriesReport, apply_series
+from .apply import ApplyOptions, apply_series
 from .export import ExportResult, check_export, export_patches
+from .outcome import SeriesReport
 from .series import Series, load_ledger
 from .worktree import check_work_dir, default_work_dir
 

@@ -21,7 +21,8 @@ from ..fetching.bases import Base
 from ..fetching.fetch import FetchOptions
 from ..fetching.upstream import fetch_upstream
 from ..probing import scratch_folder
-from .apply import NO_PROBE_PYTHON, ApplyOptions, SeriesReport, apply_series
+from .apply import NO_PROBE_PYTHON, ApplyOptions, apply_series
+from .outcome import SeriesReport
 from .series import Series
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,6 @@ machine that has no torch and the children can be handed the same values as JSON
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -353,29 +352,6 @@ def drafter_info_from_config(config: dict[str, Any]) -> DrafterInfo:
     )
 
 
-def find_model_file(model: str, filename: str) -> Path:
-    """``filename`` of a local model folder, or of a hub model already in the local HF cache."""
-    local = Path(model)
-    if local.is_dir():
-        path = local / filename
-        if not path.is_file():
-            raise SmokeError(f"{local}: no {filename}")
-        return path
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        raise SmokeError(
-            f"{model}: not a folder, and huggingface_hub is not importable to look in the HF cache"
-        ) from None
-    cached = try_to_load_from_cache(model, filename)
-    if not isinstance(cached, str):
-        raise SmokeError(
-            f"{model}: not a folder and its {filename} is not in the local HF cache "
-            "(the smoke runs offline: download the model first)"
-        )
-    return Path(cached)
-
-
 #: The Gated DeltaNet prefill kernel for hybrid targets. vLLM's default on sm90 is
 #: FlashInfer's (JIT-compiled at first run), which needs flashinfer, a package the
 #: offline bundle leaves out; the Triton/FLA kernel is vLLM's own, and the DFlash
@@ -406,21 +382,3 @@ def target_info_from_config(config: dict[str, Any]) -> TargetInfo:
         ),
         multimodal="vision_config" in config,
     )
-
-
-def _read_config(model: str, role: str) -> dict[str, Any]:
-    """``model``'s config.json (local folder or HF cache); ``role`` names it in errors."""
-    path = find_model_file(model, "config.json")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise SmokeError(f"{path}: cannot read the {role} config: {e}") from None
-
-
-def read_target_info(target: str) -> TargetInfo:
-    return target_info_from_config(_read_config(target, "target"))
-
-
-def read_drafter_info(drafter: str) -> DrafterInfo:
-    """Read the drafter's config.json (local folder or HF cache) into DrafterInfo."""
-    return drafter_info_from_config(_read_config(drafter, "drafter"))

@@ -8,7 +8,11 @@ folders are only read.
 
 For ``--tiny`` the pair does not exist yet when the run is planned (it is
 generated while the preflight runs), so its figures come from the configs the
-generator writes and a parameter count of those shapes.
+generator writes (``serving.tiny`` builds them) and a parameter count of those shapes.
+
+This is the one module that reads a model's ``config.json`` (``find_model_file``): the plan
+and the runner take what it read, and ``config`` only interprets contents it is handed
+(``drafter_info_from_config``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from ..errors import SmokeError, SmokePairError
 from ..schema import Doc
-from .config import find_model_file
+from .config import DrafterInfo, drafter_info_from_config
 from .pair_schema import block_size, check_figures, check_pair, safetensors_bytes
 
 #: Architecture name endings vLLM serves as a causal LM (a multimodal one with
@@ -233,6 +237,43 @@ def weight_bytes(model: str) -> int:
         raise SmokePairError(f"{model}: no safetensors weights to size the model by") from None
     except (OSError, ValueError) as e:
         raise SmokePairError(f"{model}: cannot read its safetensors sizes: {e}") from None
+
+
+def find_model_file(model: str, filename: str) -> Path:
+    """``filename`` of a local model folder, or of a hub model already in the local HF cache."""
+    local = Path(model)
+    if local.is_dir():
+        path = local / filename
+        if not path.is_file():
+            raise SmokeError(f"{local}: no {filename}")
+        return path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        raise SmokeError(
+            f"{model}: not a folder, and huggingface_hub is not importable to look in the HF cache"
+        ) from None
+    cached = try_to_load_from_cache(model, filename)
+    if not isinstance(cached, str):
+        raise SmokeError(
+            f"{model}: not a folder and its {filename} is not in the local HF cache "
+            "(the smoke runs offline: download the model first)"
+        )
+    return Path(cached)
+
+
+def _read_config(model: str, role: str) -> dict[str, Any]:
+    """``model``'s config.json (local folder or HF cache); ``role`` names it in errors."""
+    path = find_model_file(model, "config.json")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SmokeError(f"{path}: cannot read the {role} config: {e}") from None
+
+
+def read_drafter_info(drafter: str) -> DrafterInfo:
+    """Read the drafter's config.json (local folder or HF cache) into DrafterInfo."""
+    return drafter_info_from_config(_read_config(drafter, "drafter"))
 
 
 def _config(model: str, role: str) -> tuple[Path, dict[str, Any]]:

@@ -1,6 +1,6 @@
-"""What ``tooling smoke`` was asked for, carried out: the wheel under test installed and put
-first, then the trained pair's acceptance table, a dry run's plan, or the smoke run itself; the
-stage's one entry for the command.
+"""What ``tooling smoke`` was asked for: the request every program of the command reads, what
+none of them runs refused, the wheel under test installed and put first, and the smoke run (or
+a dry run's plan). The trained pairs' programs are ``tooling.trained.request``'s.
 """
 
 from __future__ import annotations
@@ -13,14 +13,10 @@ from typing import Any
 from ..errors import SmokeError
 from ..fsutil import check_creatable
 from .config import SmokeConfig
-from .plan import render
+from .plan import describe_plan, render
 from .report import format_table
-from .runner import describe_plan, run_smoke
-from .site import install_for_smoke, parse_engines, put_first
-
-#: Each engine process of ``--trained-hybrid`` (start, the checks, speed) ends within this,
-#: unless --time-limit says otherwise.
-TRAINED_ENGINE_LIMIT_S = 900.0
+from .runner import run_smoke
+from .site import install_for_smoke, put_first
 
 
 @dataclass(frozen=True)
@@ -52,53 +48,41 @@ class SmokeOutcome:
     """Why the run failed, once its result is shown."""
 
 
-def smoke_requested(
-    request: SmokeRequest, notify: Callable[[str], None] | None = None
-) -> SmokeOutcome:
-    """Run ``request``; ``notify`` hears the smoke run's progress lines."""
+def check_request(request: SmokeRequest) -> None:
+    """Refuse what no program of the command runs, before anything is written or installed."""
     config = request.config
-    workdir = config.workdir
     if request.stock_wheel is not None and config.other_site is not None:
         raise SmokeError("give --stock-site or --stock-wheel, not both")
     if request.engines and not (request.trained or request.trained_hybrid):
         raise SmokeError("--engine names installs for --trained or --trained-hybrid: add one")
-    if request.dry_run:
-        if request.trained or request.trained_hybrid:
-            raise SmokeError(
-                "--dry-run prints a smoke's plan, which --trained and --trained-hybrid do not "
-                "make: drop one of them"
-            )
-        # A plan writes nothing: no workdir, no install of --wheel.
-        plan = describe_plan(config)
-        return SmokeOutcome({"ok": True, "plan": plan.to_json()}, render(plan))
+    if request.dry_run and (request.trained or request.trained_hybrid):
+        raise SmokeError(
+            "--dry-run prints a smoke's plan, which --trained and --trained-hybrid do not "
+            "make: drop one of them"
+        )
+
+
+def prepare_workdir(request: SmokeRequest) -> Path:
+    """The workdir made, and the wheel under test installed there and put first."""
+    workdir = request.config.workdir
     check_creatable(workdir, "--workdir", SmokeError)
     workdir.mkdir(parents=True, exist_ok=True)
     if request.wheel is not None:
         put_first(install_for_smoke(request.wheel.resolve(), workdir / "site"))
-    if request.trained:
-        from .trained import measure_trained
+    return workdir
 
-        measured = measure_trained(workdir, parse_engines(request.engines), request.cache_dir)
-        failed = ", ".join(measured.failed)
-        return SmokeOutcome(
-            measured.data,
-            measured.table,
-            f"engines failed to run: {failed} (logs in {workdir})" if failed else None,
-        )
-    if request.trained_hybrid:
-        from .trained import measure_trained_hybrid
 
-        hybrid = measure_trained_hybrid(
-            workdir,
-            parse_engines(request.engines),
-            request.cache_dir,
-            config.timeouts.total or TRAINED_ENGINE_LIMIT_S,
-        )
-        return SmokeOutcome(
-            hybrid.data,
-            hybrid.text,
-            None if hybrid.ok else f"the trained hybrid pair's checks failed (see {workdir})",
-        )
+def smoke_run_requested(
+    request: SmokeRequest, notify: Callable[[str], None] | None = None
+) -> SmokeOutcome:
+    """The smoke run of a checked ``request`` (``check_request``), or its plan for a dry run;
+    ``notify`` hears the run's progress lines."""
+    config = request.config
+    if request.dry_run:
+        # A plan writes nothing: no workdir, no install of --wheel.
+        plan = describe_plan(config)
+        return SmokeOutcome({"ok": True, "plan": plan.to_json()}, render(plan))
+    workdir = prepare_workdir(request)
     if request.stock_wheel is not None:
         stock_site = install_for_smoke(request.stock_wheel.resolve(), workdir / "stock-site")
         config = replace(config, other_site=str(stock_site.resolve()))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import checks
@@ -42,6 +43,150 @@ def _why(obs: ServerObservations | None, key: str) -> str:
     return obs.errors.get(key, "")
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """What the steps observed, as ``evaluate`` is handed it."""
+
+    config: SmokeConfig
+    info: DrafterInfo | None
+    info_error: str
+    spec: ServerObservations | None
+    plain: ServerObservations | None
+    engine_result: dict[str, Any] | None
+    engine_error: str
+    fidelity: dict[str, Any] | None
+    fidelity_error: str
+    warm: dict[str, dict[str, Any] | None] | None
+    first_tokens: Report | None
+    first_tokens_error: str
+    block_size: int | None
+
+    @property
+    def noise(self) -> float | None:
+        return self.first_tokens.noise if self.first_tokens else None
+
+    @property
+    def fidelity_tie(self) -> checks.TieTolerance:
+        return checks.TieTolerance(self.config.fidelity_tie_tolerance, self.noise)
+
+
+def _lossless(seen: _Seen) -> CheckResult:
+    spec, plain = seen.spec, seen.plain
+    if spec is None or plain is None or "lossless" in spec.errors or "lossless" in plain.errors:
+        why = _why(spec, "lossless") or _why(plain, "lossless")
+        return checks.error(checks.LOSSLESS, f"completions missing: {why}")
+    return checks.check_lossless(
+        spec.completions,
+        plain.completions,
+        list(LOSSLESS_PROMPTS),
+        margins=(seen.fidelity or {}).get("divergences"),
+        tolerance=seen.config.lossless_tie_tolerance,
+        noise=seen.noise,
+    )
+
+
+def _aux_layers(seen: _Seen) -> CheckResult:
+    """The server log; the in-process run's record when the log has none."""
+    spec, info, engine_result = seen.spec, seen.info, seen.engine_result
+    if info is None:
+        return checks.error(checks.AUX_LAYERS, seen.info_error)
+    observed = spec.aux_layers if spec else None
+    source = f"the server log {spec.log}" if spec else "the server log"
+    if observed is None and engine_result and engine_result.get("aux_layers"):
+        observed = tuple(engine_result["aux_layers"])
+        source = "the in-process model runner"
+    layers = (seen.fidelity or {}).get("feature_layers") or {}
+    captured = tuple(layers["nearest"]) if layers.get("nearest") else None
+    return checks.check_aux_layers(observed, info.expected_aux_layers(), source, captured)
+
+
+def _drafter_windows(seen: _Seen) -> CheckResult:
+    if seen.info is None:
+        return checks.error(checks.DRAFTER_WINDOWS, seen.info_error)
+    if seen.engine_result is None:
+        return checks.error(checks.DRAFTER_WINDOWS, seen.engine_error)
+    return checks.check_windows(seen.engine_result["windows"], seen.info.expected_windows())
+
+
+def _prefix_cache(seen: _Seen) -> CheckResult:
+    spec, plain = seen.spec, seen.plain
+    if spec is None or spec.prefix is None:
+        why = _why(spec, "prefix")
+        return checks.error(checks.PREFIX_CACHE, f"no prefix-cache observation: {why}")
+    control = plain.prefix if plain else None
+    return checks.check_prefix_cache(spec.prefix, control, seen.block_size)
+
+
+def _fidelity(seen: _Seen) -> CheckResult:
+    if seen.fidelity is None:
+        return checks.error(checks.FIDELITY, seen.fidelity_error)
+    tie = seen.fidelity_tie
+    gated = with_tolerance(seen.fidelity, tie.value)
+    verdict = checks.check_fidelity(gated, seen.config.fidelity_gate, tie)
+    if seen.config.engine.kv_cache_dtype != "auto":
+        # A quantized KV cache is not the bf16 reference's arithmetic: the
+        # figure is reported, not gated.
+        verdict = replace(verdict, status=checks.INFO)
+    return verdict
+
+
+def _acceptance(seen: _Seen) -> CheckResult:
+    spec = seen.spec
+    if spec is None or "metrics" in spec.errors:
+        why = _why(spec, "metrics")
+        return checks.error(checks.ACCEPTANCE, f"no /metrics: {why}")
+    return checks.check_acceptance(spec.spec_stats, seen.config.min_acceptance_length)
+
+
+def _warm_cache(seen: _Seen) -> CheckResult:
+    expected = seen.info.expected_aux_layers() if seen.info else None
+    tie = seen.fidelity_tie.value
+    runs = {
+        name: with_tolerance(run, tie) if run else run for name, run in (seen.warm or {}).items()
+    }
+    return checks.check_warm_cache(runs, seen.config.fidelity_gate, expected)
+
+
+def _slot_audit(seen: _Seen) -> CheckResult:
+    """The in-process concurrent batch."""
+    engine_result = seen.engine_result
+    if engine_result is None or engine_result.get("slot_audit") is None:
+        return checks.error(checks.SLOT_AUDIT, f"no in-process run: {seen.engine_error}")
+    audit, boundary = engine_result["slot_audit"], engine_result.get("boundary_prompt")
+    return checks.check_slot_audit(audit, boundary)
+
+
+def _load(seen: _Seen) -> CheckResult:
+    """Concurrent load through both servers."""
+    spec, plain = seen.spec, seen.plain
+    if spec is None or plain is None or spec.load is None or plain.load is None:
+        why = _why(spec, "load") or _why(plain, "load") or "no bursts ran"
+        return checks.error(checks.LOAD, f"no concurrent load: {why}")
+    return checks.check_load(spec.load, plain.load)
+
+
+def _first_tokens(seen: _Seen) -> CheckResult:
+    """The first tokens of K, K+1 and K+2-token prompts, each alone."""
+    if seen.first_tokens is None:
+        return checks.error(checks.FIRST_TOKENS, seen.first_tokens_error)
+    return checks.check_first_tokens(seen.first_tokens)
+
+
+#: Each check's judge, in the report's order (1 to 10).
+_JUDGES: tuple[tuple[str, Callable[[_Seen], CheckResult]], ...] = (
+    (checks.LOSSLESS, _lossless),
+    (checks.AUX_LAYERS, _aux_layers),
+    (checks.DRAFTER_WINDOWS, _drafter_windows),
+    (checks.PREFIX_CACHE, _prefix_cache),
+    (checks.FIDELITY, _fidelity),
+    (checks.ACCEPTANCE, _acceptance),
+    (checks.WARM_CACHE, _warm_cache),
+    (checks.SLOT_AUDIT, _slot_audit),
+    (checks.LOAD, _load),
+    (checks.FIRST_TOKENS, _first_tokens),
+)
+
+
 def evaluate(
     *,
     config: SmokeConfig,
@@ -67,126 +212,23 @@ def evaluate(
     ``first_tokens`` also gives checks 1 and 5 the plain noise it measured: their tie
     tolerances grow to twice it where that is past their floors.
     """
-    results: list[CheckResult] = []
-    noise = first_tokens.noise if first_tokens else None
-
-    def skip(check: str) -> CheckResult | None:
+    seen = _Seen(
+        config,
+        info,
+        info_error,
+        spec,
+        plain,
+        engine_result,
+        engine_error,
+        fidelity,
+        fidelity_error,
+        warm,
+        first_tokens,
+        first_tokens_error,
+        block_size,
+    )
+    results = []
+    for check, judge in _JUDGES:
         why = planned.get(check, "run")
-        return None if why == "run" else checks.skipped(check, why)
-
-    # 1. lossless
-    if skipped := skip(checks.LOSSLESS):
-        results.append(skipped)
-    elif spec is None or plain is None or "lossless" in spec.errors or "lossless" in plain.errors:
-        why = _why(spec, "lossless") or _why(plain, "lossless")
-        results.append(checks.error(checks.LOSSLESS, f"completions missing: {why}"))
-    else:
-        results.append(
-            checks.check_lossless(
-                spec.completions,
-                plain.completions,
-                list(LOSSLESS_PROMPTS),
-                margins=(fidelity or {}).get("divergences"),
-                tolerance=config.lossless_tie_tolerance,
-                noise=noise,
-            )
-        )
-
-    # 2. aux layers: the server log; the in-process run's record when the log has none
-    if skipped := skip(checks.AUX_LAYERS):
-        results.append(skipped)
-    elif info is None:
-        results.append(checks.error(checks.AUX_LAYERS, info_error))
-    else:
-        observed = spec.aux_layers if spec else None
-        source = f"the server log {spec.log}" if spec else "the server log"
-        if observed is None and engine_result and engine_result.get("aux_layers"):
-            observed = tuple(engine_result["aux_layers"])
-            source = "the in-process model runner"
-        layers = (fidelity or {}).get("feature_layers") or {}
-        captured = tuple(layers["nearest"]) if layers.get("nearest") else None
-        results.append(
-            checks.check_aux_layers(observed, info.expected_aux_layers(), source, captured)
-        )
-
-    # 3. drafter windows
-    if skipped := skip(checks.DRAFTER_WINDOWS):
-        results.append(skipped)
-    elif info is None:
-        results.append(checks.error(checks.DRAFTER_WINDOWS, info_error))
-    elif engine_result is None:
-        results.append(checks.error(checks.DRAFTER_WINDOWS, engine_error))
-    else:
-        results.append(checks.check_windows(engine_result["windows"], info.expected_windows()))
-
-    # 4. prefix cache
-    if skipped := skip(checks.PREFIX_CACHE):
-        results.append(skipped)
-    elif spec is None or spec.prefix is None:
-        why = _why(spec, "prefix")
-        results.append(checks.error(checks.PREFIX_CACHE, f"no prefix-cache observation: {why}"))
-    else:
-        control = plain.prefix if plain else None
-        results.append(checks.check_prefix_cache(spec.prefix, control, block_size))
-
-    # 5. fidelity
-    fidelity_tie = checks.TieTolerance(config.fidelity_tie_tolerance, noise)
-    if skipped := skip(checks.FIDELITY):
-        results.append(skipped)
-    elif fidelity is None:
-        results.append(checks.error(checks.FIDELITY, fidelity_error))
-    else:
-        gated = with_tolerance(fidelity, fidelity_tie.value)
-        verdict = checks.check_fidelity(gated, config.fidelity_gate, fidelity_tie)
-        if config.engine.kv_cache_dtype != "auto":
-            # A quantized KV cache is not the bf16 reference's arithmetic: the
-            # figure is reported, not gated.
-            verdict = replace(verdict, status=checks.INFO)
-        results.append(verdict)
-
-    # 6. acceptance
-    if skipped := skip(checks.ACCEPTANCE):
-        results.append(skipped)
-    elif spec is None or "metrics" in spec.errors:
-        why = _why(spec, "metrics")
-        results.append(checks.error(checks.ACCEPTANCE, f"no /metrics: {why}"))
-    else:
-        results.append(checks.check_acceptance(spec.spec_stats, config.min_acceptance_length))
-
-    # 7. warm compile cache
-    if skipped := skip(checks.WARM_CACHE):
-        results.append(skipped)
-    else:
-        expected = info.expected_aux_layers() if info else None
-        runs = {
-            name: with_tolerance(run, fidelity_tie.value) if run else run
-            for name, run in (warm or {}).items()
-        }
-        results.append(checks.check_warm_cache(runs, config.fidelity_gate, expected))
-
-    # 8. lookahead-slot audit (the in-process concurrent batch)
-    if skipped := skip(checks.SLOT_AUDIT):
-        results.append(skipped)
-    elif engine_result is None or engine_result.get("slot_audit") is None:
-        results.append(checks.error(checks.SLOT_AUDIT, f"no in-process run: {engine_error}"))
-    else:
-        audit, boundary = engine_result["slot_audit"], engine_result.get("boundary_prompt")
-        results.append(checks.check_slot_audit(audit, boundary))
-
-    # 9. concurrent load through both servers
-    if skipped := skip(checks.LOAD):
-        results.append(skipped)
-    elif spec is None or plain is None or spec.load is None or plain.load is None:
-        why = _why(spec, "load") or _why(plain, "load") or "no bursts ran"
-        results.append(checks.error(checks.LOAD, f"no concurrent load: {why}"))
-    else:
-        results.append(checks.check_load(spec.load, plain.load))
-
-    # 10. first tokens of K, K+1 and K+2-token prompts, each alone
-    if skipped := skip(checks.FIRST_TOKENS):
-        results.append(skipped)
-    elif first_tokens is None:
-        results.append(checks.error(checks.FIRST_TOKENS, first_tokens_error))
-    else:
-        results.append(checks.check_first_tokens(first_tokens))
+        results.append(judge(seen) if why == "run" else checks.skipped(check, why))
     return results

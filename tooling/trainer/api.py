@@ -31,7 +31,7 @@ from ..procs import started
 from ..schema import Doc
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
 
-#: What a run folder holds (``recipe.RunPaths``).
+#: What a run folder holds (``common.RunPaths``).
 RUN_ENTRIES = frozenset(
     {
         "target",

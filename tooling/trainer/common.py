@@ -116,3 +116,42 @@ class StopRequest:
         """Raise KeyboardInterrupt(signum) once a stop was asked for."""
         if cls.signum is not None:
             raise KeyboardInterrupt(cls.signum)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run folder."""
+
+    root: Path
+
+    @property
+    def target(self) -> Path:
+        return self.root / "target"
+
+    @property
+    def drafter(self) -> Path:
+        return self.root / "drafter"
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts.json"
+
+    @property
+    def reference(self) -> Path:
+        return self.root / "reference.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def recipe(self) -> Path:
+        return self.root / "recipe.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "train.log"
+
+    def complete(self) -> bool:
+        """Whether the folder holds a finished run (the summary is written last)."""
+        return self.summary.is_file() and self.target.is_dir() and self.drafter.is_dir()

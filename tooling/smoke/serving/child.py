@@ -1,6 +1,6 @@
 """The contract of the smoke's child processes: read a JSON request, write a JSON result.
 
-A child (``engine_run``, ``reference``, ``acceptance``) runs in another
+A child (``engine_run``, ``reference``, ``tooling.trained.serving.acceptance``) runs in another
 interpreter, often beside a vLLM the parent must not import. Whatever
 happens, it writes ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``
 so the parent always has a verdict to read.

@@ -49,6 +49,17 @@ from typing import Any
 
 from .agreement import MAX_EXAMPLES, Tally
 from .child import serve
+from .reference_model import (
+    EngineFeatures,
+    context_features,
+    divergence_margins,
+    layer_sums,
+    load_pair,
+    pick_device,
+    reference_logits,
+    target_hidden_states,
+    tie_margins,
+)
 
 
 @dataclass(frozen=True)
@@ -113,201 +124,6 @@ def accepted_length(drafts: list[int], sequence: list[int], position: int) -> in
     return accepted
 
 
-def _pick_device(requested: str) -> str:
-    import torch
-
-    if requested != "auto":
-        return requested
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def load_pair(target: str, drafter: str, device: str, dtype: str) -> tuple[Any, Any]:
-    """The HF target and the reference drafter, in eval mode on ``device``."""
-    import torch
-    import transformers
-    from dflash.model import DFlashDraftModel
-
-    torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    # The class the checkpoint names (Qwen3_5ForConditionalGeneration loads its
-    # own weight layout; the Auto mapping would pick the text-only class).
-    config = transformers.AutoConfig.from_pretrained(target)
-    names = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, names[0], None) if names else None
-    cls = cls or transformers.AutoModelForCausalLM
-    target_model = cls.from_pretrained(target, dtype=torch_dtype).to(device)
-    draft_model = DFlashDraftModel.from_pretrained(drafter, dtype=torch_dtype).to(device)
-    return target_model.eval(), draft_model.eval()
-
-
-def _embedding_scale(draft_model: Any) -> float:
-    # The reference scales the block's embeddings by input_embedding_scale (1.0 unless set).
-    config = draft_model.config
-    dflash_config = getattr(config, "dflash_config", None) or {}
-    default = getattr(config, "input_embedding_scale", 1.0)
-    return float(dflash_config.get("input_embedding_scale", default))
-
-
-def _output_head(target_model: Any) -> Any:
-    # As the reference: the target's lm_head, else its output embeddings.
-    head = getattr(target_model, "lm_head", None)
-    return head if head is not None else target_model.get_output_embeddings()
-
-
-def target_hidden_states(target_model: Any, sequence: list[int]) -> list[Any]:
-    """The HF target's hidden states over ``sequence``: embeddings, then each layer's output."""
-    import torch
-
-    device = next(target_model.parameters()).device
-    ids = torch.tensor([sequence], dtype=torch.long, device=device)
-    with torch.inference_mode():
-        out = target_model(ids, output_hidden_states=True, use_cache=False)
-    if ids.is_cuda:
-        # The GPU runs the pass after the call returns: without the wait its time lands in
-        # the phase that first reads a result (the features'), and the phases mislead.
-        torch.cuda.synchronize(device)
-    return list(out.hidden_states)
-
-
-def context_features(target_model: Any, draft_model: Any, sequence: list[int]) -> Any:
-    """[1, len(sequence), n*hidden]: the drafter's context feature at every position."""
-    from dflash.model import extract_context_feature
-
-    hidden = target_hidden_states(target_model, sequence)
-    return extract_context_feature(hidden, draft_model.target_layer_ids)
-
-
-@dataclass
-class EngineFeatures:
-    """The context features vLLM handed its drafter, by prompt and position."""
-
-    by_prompt: dict[int, dict[int, Any]]
-
-    @classmethod
-    def load(cls, path: str) -> EngineFeatures:
-        import torch
-
-        packed = torch.load(path, map_location="cpu")
-        return cls(
-            {
-                int(prompt): dict(zip(positions, rows, strict=True))
-                for prompt, (positions, rows) in packed.items()
-            }
-        )
-
-    def sequence_features(self, index: int, sequences: list[list[int]]) -> Any | None:
-        """[1, n, D] for sequence ``index``, positions 0..n-1; None if one is missing.
-
-        A prompt served partly from the prefix cache never handed its drafter the
-        cached positions; those come from another prompt with the same tokens up
-        to that position (same tokens, same causal state).
-        """
-        import torch
-
-        sequence = sequences[index]
-        rows = []
-        for position in range(len(sequence)):
-            row = self.by_prompt.get(index, {}).get(position)
-            if row is None:
-                row = next(
-                    (
-                        self.by_prompt[j][position]
-                        for j in self.by_prompt
-                        if position in self.by_prompt[j]
-                        and sequences[j][: position + 1] == sequence[: position + 1]
-                    ),
-                    None,
-                )
-            if row is None:
-                # A proposal never reads past its bonus position; later gaps are cut.
-                break
-            rows.append(row)
-        if not rows:
-            return None
-        return torch.stack(rows)[None]
-
-
-def reference_logits(
-    target_model: Any, draft_model: Any, features: Any, position: int, bonus: int, k: int
-) -> Any:
-    """[k, vocab] float32 logits of the reference's k drafts after ``bonus`` at ``position``.
-
-    The context is ``features[:, :position]``: every token before the bonus.
-    """
-    import torch
-
-    device = features.device
-    block = torch.tensor([[bonus] + [draft_model.mask_token_id] * k], device=device)
-    with torch.inference_mode():
-        noise = target_model.get_input_embeddings()(block) * _embedding_scale(draft_model)
-        positions = torch.arange(position + 1 + k, device=device)[None, :]
-        hidden = draft_model(
-            target_hidden=features[:, :position, :],
-            noise_embedding=noise,
-            position_ids=positions,
-            past_key_values=None,
-            use_cache=False,
-        )[:, -k:, :]
-        logits = draft_model.compute_logits(hidden, _output_head(target_model))
-    return logits[0].float()
-
-
-def divergence_margins(
-    target_model: Any, divergences: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Per divergence: how far below the target's best next-token logit each side's token is."""
-    import torch
-
-    device = next(target_model.parameters()).device
-    margins = []
-    for d in divergences:
-        ids = torch.tensor([d["context"]], dtype=torch.long, device=device)
-        with torch.inference_mode():
-            logits = target_model(ids, use_cache=False).logits[0, -1:].float()
-        spec_gap, plain_gap = tie_margins(logits.expand(2, -1), list(d["tokens"]))
-        margins.append(
-            {
-                "spec_gap": spec_gap,
-                "plain_gap": plain_gap,
-                "argmax": int(logits[0].argmax()),
-                "best": float(logits[0].max()),
-                # How far apart the target's logits are there: a lost token is a draw
-                # from this spread, a tie a small fraction of it.
-                "spread": float(logits[0].std()),
-            }
-        )
-    return margins
-
-
-def tie_margins(logits: Any, tokens: list[int]) -> list[float]:
-    """Per position: how far below the reference's best logit each given token's logit is.
-
-    0.0 where the token is the reference's argmax; a small value marks a near tie
-    that bf16 rounding on either side can flip.
-    """
-    best = logits.max(dim=-1).values
-    chosen = logits[list(range(len(tokens))), tokens]
-    return [float(m) for m in (best - chosen).tolist()]
-
-
-def layer_sums(features: Any, hidden: list[Any]) -> tuple[list[list[float]], list[float]]:
-    """Squared distance of each slice of ``features`` [n, S*H] (known positions) to each
-    HF state of ``hidden`` ([1, >=n, H] each, on the same device), and each state's squared
-    norm there. Summed on the states' device, not the host's CPU, which the engines starting
-    beside a comparison keep busy compiling."""
-    width = hidden[0].shape[-1]
-    slices = features.shape[-1] // width
-    n = features.shape[0]
-    squared = [[0.0] * len(hidden) for _ in range(slices)]
-    norms = []
-    for layer, state in enumerate(hidden):
-        ref = state[0, :n].float()
-        norms.append(float((ref * ref).sum()))
-        for s in range(slices):
-            diff = features[:, s * width : (s + 1) * width].float() - ref
-            squared[s][layer] = float((diff * diff).sum())
-    return squared, norms
-
-
 @dataclass
 class LoadedPair:
     """The models a reference child loaded (ModelSetup), and how long that took."""
@@ -320,7 +136,7 @@ class LoadedPair:
     @classmethod
     def load(cls, setup: ModelSetup) -> LoadedPair:
         start = time.monotonic()
-        device = _pick_device(setup.device)
+        device = pick_device(setup.device)
         target, drafter = load_pair(setup.target, setup.drafter, device, setup.dtype)
         return cls(target, drafter, device, time.monotonic() - start)
 
@@ -353,7 +169,7 @@ def tally(
     plus what each side's drafts would have had accepted, as counts that add up.
     ``progress`` hears one line per prompt done: how far, and the phases' seconds so far
     (a comparison that runs long says where its time goes before it ends)."""
-    target_model, draft_model, device = pair.target, pair.drafter, pair.device
+    target_model, device = pair.target, pair.device
     counts = Tally(
         context=request.context,
         tie_tolerance=request.tie_tolerance,
@@ -381,82 +197,93 @@ def tally(
         if not 0 <= index < len(request.prompts):
             counts.skipped["no_context"] += len(proposals)
             continue
-        sequence = sequences[index]
-        sequential = all(p.get("group", "sequential") == "sequential" for p in proposals)
-        # The HF target pass gates with context "target"; otherwise it serves only the
-        # sequential prompts' other-context figure and layer distances (a hybrid
-        # target's torch GDN fallback made it a third of the step's time).
-        hf_features = hidden = None
-        if request.context == "target" or sequential:
-            with times.phase("target"):
-                hidden = target_hidden_states(target_model, sequence)
-                from dflash.model import extract_context_feature
-
-                hf_features = extract_context_feature(hidden, draft_model.target_layer_ids)
-        with times.phase("features"):
-            recorded = (
-                engine_features.sequence_features(index, sequences) if engine_features else None
-            )
-            if recorded is not None:
-                recorded = recorded.to(device=device)
-        if recorded is not None:
-            if hidden is not None:
-                with times.phase("distances"):
-                    counts.distances.absorb(*layer_sums(recorded[0], hidden))
-            recorded = recorded.to(dtype=target_model.dtype)
-        gated_features = recorded if request.context == "engine" else hf_features
-        # The agreement with the context the gate does not use is reported only, and
-        # only for the sequential prompts: a second drafter pass per proposal would double
-        # the comparison's time.
-        other_features = hf_features if request.context == "engine" else recorded
-        for proposal in proposals:
-            position, bonus = int(proposal["position"]), int(proposal["bonus"])
-            drafts = [int(t) for t in proposal["drafts"]]
-            if position < 1 or position > len(sequence):
-                # Drafted after the output was cut at max_tokens: context unknown.
-                counts.skipped["no_context"] += 1
-                continue
-            if position < len(sequence) and sequence[position] != bonus:
-                counts.skipped["bonus_mismatch"] += 1
-                continue
-            k = len(drafts)
-            if gated_features is None or gated_features.shape[1] < position:
-                counts.skipped["no_context"] += 1
-                continue
-            with times.phase("drafter"):
-                logits = reference_logits(
-                    target_model, draft_model, gated_features, position, bonus, k
-                )
-                ours = [int(t) for t in logits.argmax(dim=-1).tolist()]
-            group = str(proposal.get("group", "sequential"))
-            other_known = other_features is not None and other_features.shape[1] >= position
-            if group == "sequential" and other_known:
-                with times.phase("other_context"):
-                    alt = reference_logits(
-                        target_model, draft_model, other_features, position, bonus, k
-                    )
-                    counts.other.add(drafts, [int(t) for t in alt.argmax(dim=-1).tolist()])
-            gaps = tie_margins(logits, drafts)
-            accepted = (
-                accepted_length(drafts, sequence, position),
-                accepted_length(ours, sequence, position),
-            )
-            differs = counts.record(group, drafts, ours, gaps, accepted)
-            if differs and len(counts.examples) < MAX_EXAMPLES:
-                counts.examples.append(
-                    {
-                        "prompt": index,
-                        "position": position,
-                        "engine": drafts,
-                        "reference": ours,
-                        "margins": gaps,
-                    }
-                )
+        _tally_prompt(pair, request, counts, times, index, proposals, sequences, engine_features)
     if progress is not None and by_prompt:
         progress(_progress_line(len(by_prompt), len(by_prompt), counts.seconds))
     with times.phase("divergences"):
         counts.divergences = divergence_margins(target_model, request.divergences)
     return counts
+
+
+def _tally_prompt(
+    pair: LoadedPair,
+    request: FidelityInput,
+    counts: Tally,
+    times: PhaseTimes,
+    index: int,
+    proposals: list[dict[str, Any]],
+    sequences: list[list[int]],
+    engine_features: EngineFeatures | None,
+) -> None:
+    """Add one prompt's proposals to ``counts``."""
+    target_model, draft_model, device = pair.target, pair.drafter, pair.device
+    sequence = sequences[index]
+    sequential = all(p.get("group", "sequential") == "sequential" for p in proposals)
+    # The HF target pass gates with context "target"; otherwise it serves only the
+    # sequential prompts' other-context figure and layer distances (a hybrid
+    # target's torch GDN fallback made it a third of the step's time).
+    hf_features = hidden = None
+    if request.context == "target" or sequential:
+        with times.phase("target"):
+            hidden = target_hidden_states(target_model, sequence)
+            from dflash.model import extract_context_feature
+
+            hf_features = extract_context_feature(hidden, draft_model.target_layer_ids)
+    with times.phase("features"):
+        recorded = engine_features.sequence_features(index, sequences) if engine_features else None
+        if recorded is not None:
+            recorded = recorded.to(device=device)
+    if recorded is not None:
+        if hidden is not None:
+            with times.phase("distances"):
+                counts.distances.absorb(*layer_sums(recorded[0], hidden))
+        recorded = recorded.to(dtype=target_model.dtype)
+    gated_features = recorded if request.context == "engine" else hf_features
+    # The agreement with the context the gate does not use is reported only, and
+    # only for the sequential prompts: a second drafter pass per proposal would double
+    # the comparison's time.
+    other_features = hf_features if request.context == "engine" else recorded
+    for proposal in proposals:
+        position, bonus = int(proposal["position"]), int(proposal["bonus"])
+        drafts = [int(t) for t in proposal["drafts"]]
+        if position < 1 or position > len(sequence):
+            # Drafted after the output was cut at max_tokens: context unknown.
+            counts.skipped["no_context"] += 1
+            continue
+        if position < len(sequence) and sequence[position] != bonus:
+            counts.skipped["bonus_mismatch"] += 1
+            continue
+        k = len(drafts)
+        if gated_features is None or gated_features.shape[1] < position:
+            counts.skipped["no_context"] += 1
+            continue
+        with times.phase("drafter"):
+            logits = reference_logits(target_model, draft_model, gated_features, position, bonus, k)
+            ours = [int(t) for t in logits.argmax(dim=-1).tolist()]
+        group = str(proposal.get("group", "sequential"))
+        other_known = other_features is not None and other_features.shape[1] >= position
+        if group == "sequential" and other_known:
+            with times.phase("other_context"):
+                alt = reference_logits(
+                    target_model, draft_model, other_features, position, bonus, k
+                )
+                counts.other.add(drafts, [int(t) for t in alt.argmax(dim=-1).tolist()])
+        gaps = tie_margins(logits, drafts)
+        accepted = (
+            accepted_length(drafts, sequence, position),
+            accepted_length(ours, sequence, position),
+        )
+        differs = counts.record(group, drafts, ours, gaps, accepted)
+        if differs and len(counts.examples) < MAX_EXAMPLES:
+            counts.examples.append(
+                {
+                    "prompt": index,
+                    "position": position,
+                    "engine": drafts,
+                    "reference": ours,
+                    "margins": gaps,
+                }
+            )
 
 
 def _progress_line(done: int, total: int, seconds: dict[str, float]) -> str:

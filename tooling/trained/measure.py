@@ -16,7 +16,7 @@ from typing import Any
 from .. import procs
 from ..errors import SmokeError
 from ..trainer.api import TrainRequest, train_in
-from . import trained_pair
+from . import hybrid, hybrid_plan
 from .acceptance import measure_engines, table_markdown
 
 
@@ -57,17 +57,17 @@ class TrainedHybrid:
 
 
 def _missing_sites(engines: dict[str, Path]) -> list[str]:
-    """The installs ``trained_pair.variants`` use that ``engines`` does not name."""
-    return sorted(set(trained_pair.SITES) - set(engines))
+    """The installs ``hybrid_plan.variants`` use that ``engines`` does not name."""
+    return sorted(set(hybrid_plan.SITES) - set(engines))
 
 
 def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: float) -> None:
     """Serve every variant of ``call`` (planned in ``work``) at once on this GPU, each in a
     process of its own with ``engines[site]`` first on its path and a compile cache of its own
     (so no engine reads another's compiled graphs), each stopped at ``time_limit_s``."""
-    chosen = [v for v in trained_pair.load_variants(work) if v.call == call]
+    chosen = [v for v in hybrid_plan.load_variants(work) if v.call == call]
 
-    def serve(variant: trained_pair.Variant) -> procs.ChildResult:
+    def serve(variant: hybrid_plan.Variant) -> procs.ChildResult:
         path = os.pathsep.join(
             filter(None, [str(engines[variant.site]), os.environ.get("PYTHONPATH")])
         )
@@ -80,7 +80,7 @@ def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: floa
             [
                 sys.executable,
                 "-m",
-                "tooling.smoke.serving.trained_run",
+                "tooling.trained.serving.trained_run",
                 str(work / f"{variant.name}.in.json"),
                 str(work / f"{variant.name}.out.json"),
             ],
@@ -97,11 +97,11 @@ def measure_trained_hybrid(
     workdir: Path, engines: dict[str, Path], cache_dir: Path, time_limit_s: float
 ) -> TrainedHybrid:
     """Train (or reuse) the hybrid recipe's pair, then run every engine of
-    ``trained_pair.variants`` on it, one call (one K) at a time, and judge them
-    (``trained_pair.report``).
+    ``hybrid_plan.variants`` on it, one call (one K) at a time, and judge them
+    (``hybrid.report``).
 
     ``engines`` names a vLLM install for every site the variants use (``patched``, ``stock``
-    and ``no-<patch>`` for each of ``trained_pair.ABLATED``); a missing one is refused before
+    and ``no-<patch>`` for each of ``hybrid_plan.ABLATED``); a missing one is refused before
     any training.
     """
     missing = _missing_sites(engines)
@@ -111,10 +111,10 @@ def measure_trained_hybrid(
         Path(sys.executable), TrainRequest(arch="hybrid", cache_dir=cache_dir, export=workdir)
     )
     work = workdir / "trained"
-    chosen = trained_pair.plan(pair.output_dir, work)
+    chosen = hybrid_plan.plan(pair.output_dir, work)
     for call in sorted({v.call for v in chosen}):
         run_call(work, engines, call, time_limit_s)
-    text, ok = trained_pair.report(pair.output_dir, work)
+    text, ok = hybrid.report(pair.output_dir, work)
     data = {
         "ok": ok,
         "pair": pair.to_json(),
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
     """``run-call PAIR WORK CALL --engines-root DIR``: one call of ``--trained-hybrid`` on a
     GPU host whose commands are bounded in time (``ci/gpu/trained-hybrid.sh``), an install
     per site as ``DIR/<site>``; then the report of every call so far. Exit 0 when it passes."""
-    parser = argparse.ArgumentParser(prog="python -m tooling.smoke.trained")
+    parser = argparse.ArgumentParser(prog="python -m tooling.trained.measure")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run-call")
     p.add_argument("pair", type=Path)
@@ -144,9 +144,9 @@ def main(argv: list[str]) -> int:
     if missing:
         print(f"error: {root} lacks {', '.join(missing)}", file=sys.stderr)
         return SmokeError.exit_code
-    trained_pair.plan(args.pair, args.work)
+    hybrid_plan.plan(args.pair, args.work)
     run_call(args.work, engines, args.call, args.time_limit)
-    text, ok = trained_pair.report(args.pair, args.work, args.call)
+    text, ok = hybrid.report(args.pair, args.work, args.call)
     print(text, end="")
     return 0 if ok else 1
 

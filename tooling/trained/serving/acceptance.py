@@ -1,6 +1,6 @@
 """Acceptance of the vLLM importable here on the trained pair (runs inside the SERVING
-interpreter, started by ``tooling.smoke.acceptance.measure_engines`` as
-``python -m tooling.smoke.serving.acceptance run IN.json OUT.json`` with the measured install
+interpreter, started by ``tooling.trained.acceptance.measure_engines`` as
+``python -m tooling.trained.serving.acceptance run IN.json OUT.json`` with the measured install
 first on PYTHONPATH).
 
 The held-out prompts of the recipe, greedy, ``ignore_eos``, 3 drafted tokens; acceptance from
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .child import exit_now, serve
+from ...smoke.serving.child import exit_now, serve
 
 #: The prefix of vLLM's spec-decode counters (the toolchain's table reads them by it too).
 SPEC = "vllm:spec_decode_"
@@ -95,7 +95,7 @@ def run_engine(request: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     """``run IN.json OUT.json``: measure this interpreter's vLLM; exit 0 when it ran."""
     if len(argv) != 3 or argv[0] != "run":
-        usage = "usage: python -m tooling.smoke.serving.acceptance run IN.json OUT.json"
+        usage = "usage: python -m tooling.trained.serving.acceptance run IN.json OUT.json"
         print(usage, file=sys.stderr)
         return 2
     return serve(Path(argv[1]), Path(argv[2]), run_engine)

@@ -1,8 +1,8 @@
 """One engine on the trained pair: the lossless prompts, acceptance, and decode speed.
 
-Runs on the GPU host as ``python -m tooling.smoke.serving.trained_run IN.json OUT.json`` in
+Runs on the GPU host as ``python -m tooling.trained.serving.trained_run IN.json OUT.json`` in
 the interpreter of the vLLM under test, one engine (one variant and K, or the plain target)
-per process, the way users run vLLM (compiled, CUDA graphs). ``tooling.smoke.trained_pair``
+per process, the way users run vLLM (compiled, CUDA graphs). ``tooling.trained.hybrid``
 plans the requests and judges the results. Workloads, each optional:
 
 - ``lossless``: the recipe's checked prompts, each served alone in order (so the prefix-cache
@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .acceptance import SPEC, _counters, _delta
-from .child import exit_now, serve
-from .distribution import (
+from ...smoke.serving.child import exit_now, serve
+from ...smoke.serving.distribution import (
     DistributionRequest,
     RunningCounter,
     _result,
     greedy_params,
     start_engine,
 )
+from .acceptance import SPEC, _counters, _delta
 
 #: The counters kept per prompt when prompts are served one at a time.
 PER_PROMPT = (f"{SPEC}num_drafts", f"{SPEC}num_accepted_tokens")

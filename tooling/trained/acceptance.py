@@ -1,7 +1,7 @@
 """The acceptance table across vLLM engines on the trained pair (toolchain side).
 
 ``measure_engines`` starts each engine as a child, inside the interpreter whose vLLM is measured
-(``python -m tooling.smoke.serving.acceptance run IN.json OUT.json`` with that install first on
+(``python -m tooling.trained.serving.acceptance run IN.json OUT.json`` with that install first on
 PYTHONPATH; ``serving.acceptance`` is the engine side). The rest is pure: the engines' figures
 beside the reference package's from the same recipe run, as a table and a plot.
 """
@@ -204,7 +204,7 @@ def measure_engines(
             [
                 sys.executable,
                 "-m",
-                "tooling.smoke.serving.acceptance",
+                "tooling.trained.serving.acceptance",
                 "run",
                 str(out_dir / "acceptance-request.json"),
                 str(raw),
