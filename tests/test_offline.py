@@ -72,7 +72,8 @@ SLOW = {"verify", "probe", "train", "bundle", "fuzz scheduler"}
 
 def _names(group: click.Group, prefix: str = "") -> set[str]:
     names = set()
-    for name, command in group.commands.items():
+    for name in group.list_commands(click.Context(group)):
+        command = group.get_command(click.Context(group), name)
         names.add(f"{prefix}{name}")
         if isinstance(command, click.Group):
             names |= _names(command, f"{prefix}{name} ")
