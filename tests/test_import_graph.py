@@ -12,8 +12,9 @@ import pytest
 
 from tooling.paths import PACKAGE_DIR
 
-#: The pipeline's stages, in order: each may import the ones before it.
-STAGES = ("fetching", "patching", "building", "verifying", "smoke", "fuzzing", "release")
+#: The pipeline's stages, in order: each may import the ones before it. ``host`` (the GPU
+#: host's steps) runs the others there, and only the command line imports it.
+STAGES = ("fetching", "patching", "building", "verifying", "smoke", "fuzzing", "release", "host")
 #: Free to import everything: the command line, the program's entry, and the program that
 #: renders the canary's page from a run (``python -m tooling.canary_doc``).
 EDGE = ("cli", "__main__", "canary_doc")

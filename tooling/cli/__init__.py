@@ -21,8 +21,9 @@ from .group import ToolingGroup, configure_logging, interrupted
 from .options import settings_of
 
 #: Each command by name: its module here and the Click object in it, imported when the
-#: command runs (or help lists it): a command's run imports no other command's dependencies
-#: (GitPython above all, which a GPU host's python3 lacks before the bundle is installed).
+#: command runs (or help lists it). ``tooling host`` runs on a GPU host's python3, which has
+#: no GitPython before the bundle it installs brings it: the other commands' modules import
+#: it, and are not imported for ``host``.
 COMMANDS = {
     "fetch": ("fetch", "fetch_command"),
     "patch": ("patch", "patch_group"),
@@ -35,6 +36,7 @@ COMMANDS = {
     "bundle": ("bundle", "bundle_command"),
     "release": ("release", "release_command"),
     "fuzz": ("fuzz", "fuzz_group"),
+    "host": ("host", "host_group"),
 }
 
 
