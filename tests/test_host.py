@@ -18,7 +18,7 @@ from tooling.patching.series import load_ledger
 from tooling.paths import REPO_DIR
 from tooling.release.split import split_bundle
 
-from .helpers import HANG_GUARD_S
+from .helpers import HANG_GUARD_S, run_gpu_script
 
 GPU = REPO_DIR / "ci" / "gpu"
 SERIES = load_ledger(REPO_DIR / "patches")
@@ -47,6 +47,18 @@ def test_ablations_asked_for_are_those_alone() -> None:
     assert ablations(SERIES, []) == []
     with pytest.raises(HostUsageError, match="ABLATIONS: no-such-patch is not a patch"):
         ablations(SERIES, ["no-such-patch"])
+
+
+def test_an_unknown_ablation_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    done = run_gpu_script(
+        "host-setup.sh", str(tmp_path), "build", work=work, ABLATIONS="gdn-gate-gathr"
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "error: host-setup.sh: ABLATIONS: gdn-gate-gathr is not a patch of the series\n"
+    )
+    assert not work.exists()
 
 
 def test_the_tables_are_the_usage_lines() -> None:
@@ -117,3 +129,13 @@ def test_verbose_shows_each_child_it_runs(tmp_path: Path) -> None:
     assert "start du -sh" in done.stderr
     assert done.stdout.startswith("trained pair carried in: ")
     assert (work / "hybrid-pair" / "summary.json").is_file()
+
+
+def test_a_call_past_the_pairs_last_is_refused(tmp_path: Path) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "hybrid-pair").mkdir(parents=True)
+    (work / "hybrid-pair" / "summary.json").write_text("{}")
+    out.mkdir()
+    done = run_gpu_script("trained-hybrid.sh", "export-pair", "1", work=work, out=out)
+    assert (done.returncode, done.stderr) == (2, "error: CALL 1 past the last, 0\n")
+    assert list(out.iterdir()) == []
