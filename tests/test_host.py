@@ -139,3 +139,18 @@ def test_a_call_past_the_pairs_last_is_refused(tmp_path: Path) -> None:
     done = run_gpu_script("trained-hybrid.sh", "export-pair", "1", work=work, out=out)
     assert (done.returncode, done.stderr) == (2, "error: CALL 1 past the last, 0\n")
     assert list(out.iterdir()) == []
+
+
+def test_a_steps_generated_weights_go_and_its_reports_stay(tmp_path: Path) -> None:
+    """The smoke writes its pair's weights a folder below ``models/``: they were found only
+    directly in it."""
+    from tooling.host.session import generated_weights
+
+    step = tmp_path / "seed-full"
+    deep = step / "seed-full" / "models" / "target" / "model-00001.safetensors"
+    flat = step / "pair" / "models" / "model.safetensors"
+    kept = [step / "seed-full" / "report.json", step / "user" / "model.safetensors"]
+    for path in (deep, flat, *kept):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    assert sorted(generated_weights(step)) == sorted([deep, flat])

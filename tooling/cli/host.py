@@ -228,6 +228,14 @@ def _trained_words(words: tuple[str, ...]) -> tuple[str, str | None]:
     return step, rest[0] if rest else None
 
 
+def train_settings() -> trained_.TrainSettings:
+    """TRAIN_WHEELS (paths, made absolute) and TRAIN_ARGS, for the recipe's start."""
+    return trained_.TrainSettings(
+        wheels=tuple(absolute(w) for w in (env("TRAIN_WHEELS") or "").split()),
+        args=tuple((env("TRAIN_ARGS") or "").split()),
+    )
+
+
 def _calls() -> list[int]:
     given = env("CALLS") or ""
     if len(given) > 99 or any(c not in "0123456789 " for c in given):
@@ -252,10 +260,7 @@ def trained_command(ctx: click.Context, words: tuple[str, ...]) -> None:
     wait_s = optional_number("WAIT_S", env("WAIT_S"))
     calls = _calls()
     layout, where = layout_of(ctx), absolute(out) if out else None
-    settings = trained_.TrainSettings(
-        wheels=tuple(absolute(w) for w in (env("TRAIN_WHEELS") or "").split()),
-        args=tuple((env("TRAIN_ARGS") or "").split()),
-    )
+    settings = train_settings()
     code = 0
     if step == "train":
         trained_.train(layout, settings)
@@ -314,7 +319,7 @@ def session_command(ctx: click.Context, words: tuple[str, ...]) -> None:
             ctx.exit(session_.background(parts, steps, layout, ablated))
         given = env("PAIR_PARTS")
         pair_parts = absolute(given) if given else None
-        session_.start(parts, steps, layout, pair_parts, trained_.TrainSettings())
+        session_.start(parts, steps, layout, pair_parts, train_settings())
         return
     out = absolute(required("OUT", env("OUT"), OUT_BACK))
     if command == "collect":

@@ -4,6 +4,7 @@ host brought back in small parts split again for a later session (``pair-parts.s
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -35,10 +36,17 @@ EXTRAS = (
 TRAIN_WHEELS = (
     "triton==3.7.1 --hash=sha256:7e40869937a68206ec70d7f25bb7ec6433cb083f9135e1f36dbd318dc449a728\n"
 )
+#: pip download of exactly the pinned bytes, for the host's interpreter and platform.
+PIP_DOWNLOAD = (
+    "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--require-hashes",
+    "--only-binary=:all:",
+)  # fmt: skip
 TRAIN_PLATFORM = (
     "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
     "--platform", "manylinux_2_28_x86_64",
 )  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ def _checked_out(out: Path, what: str) -> None:
 
 def make_parts(out: Path, size: int, cache: Path, settings: PartsSettings) -> None:
     """The payload (bundle/, the sdist, train-wheels/) split into parts of ``size`` bytes."""
+    logger.debug("step: make the parts into %s", out)
     _checked_out(out, ": give a new folder for the parts")
     wheels = sorted((cache / "pypi").glob(f"{VLLM}-*.whl"))
     if len(wheels) != 1:
@@ -93,15 +102,7 @@ def make_parts(out: Path, size: int, cache: Path, settings: PartsSettings) -> No
         shutil.copy(cache / "pypi" / f"{VLLM}.tar.gz", payload)
         if settings.training:
             (work / "train-wheels.txt").write_text(TRAIN_WHEELS)
-            pip = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-            ]
-            pip += ["--no-deps", "--require-hashes", "--only-binary=:all:", *TRAIN_PLATFORM]
+            pip = [sys.executable, "-m", "pip", *PIP_DOWNLOAD, *TRAIN_PLATFORM]
             pip += ["-r", str(work / "train-wheels.txt"), "-d", str(payload / "train-wheels")]
             if run(pip, env=env) != 0:
                 raise HostStepError("the recipe's train-wheels could not be downloaded")
@@ -128,6 +129,7 @@ def split_words(words: list[str]) -> tuple[str, str | None, list[str]]:
 def pair_parts(out: Path, size: int, folders: list[Path]) -> None:
     """The pair's parts in ``folders`` (each a device command's folder), checked, joined and
     split again into parts of ``size`` bytes in ``out``."""
+    logger.debug("step: the pair from %s into %s", folders, out)
     _checked_out(out, "")
     for folder in folders:
         if not folder.is_dir():

@@ -5,6 +5,7 @@ in its own process, all at once on one GPU, each with its own compile cache."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from .layout import (
 #: The calls: 1 the plain engine and the K=15 pair; 2 the K=3 pair and the K=15 engine
 #: without the GDN gate patch; 3 PIECEWISE graphs under 64 concurrent requests.
 CALLS = ("1", "2", "3")
+
+logger = logging.getLogger(__name__)
 
 
 def engine_line(result: Path) -> str:
@@ -58,6 +61,7 @@ def _seed_pair(layout: Layout, proof: Path, pair: Path) -> None:
 def proof(call: str, layout: Layout, out: Path, time_limit: int) -> int:
     """One call's engines, then the report of every call so far into ``out``; its exit
     status is the report's."""
+    logger.debug("step: hybrid proof call %s", call)
     proof_dir, pair = layout.work / "proof", layout.work / "seed-pair"
     proof_dir.mkdir(parents=True, exist_ok=True)
     if not (pair / "tiny.json").is_file():

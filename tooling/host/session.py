@@ -6,6 +6,7 @@ written so far."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tarfile
 import time
@@ -19,6 +20,8 @@ from ..paths import REPO_DIR
 from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
 from .setup import SetupStep, setup
 from .trained import RECIPE, TrainSettings, import_pair, train
+
+logger = logging.getLogger(__name__)
 
 
 class Kind(StrEnum):
@@ -34,6 +37,8 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class Step:
+    """A session step: its name, what kind of work it is and, for a smoke, its variant."""
+
     name: str
     kind: Kind
     variant: str = ""
@@ -65,8 +70,16 @@ STEPS = {
 }
 #: What fits one session with the recipe's training beside the smokes.
 DEFAULT_STEPS = ("seed", "seed-stock", "trained")
-#: Below a step's folder: the weights of a pair it generated, deleted once it has ended.
-WEIGHTS = "*/models/*.safetensors"
+
+
+def generated_weights(folder: Path) -> list[Path]:
+    """The weights of the pairs a step generated (under a ``models/`` folder of its own):
+    they go once it has ended; its manifests, configs and reports stay."""
+    found = []
+    for path in folder.rglob("*.safetensors"):
+        if "models" in path.relative_to(folder).parts[:-1]:
+            found.append(path)
+    return found
 
 
 def mark(line: str) -> None:
@@ -87,6 +100,7 @@ def start(
 ) -> None:
     """Install the bundle, start the recipe (or carry the pair in) when a step needs the
     pair, then the session in the background."""
+    logger.debug("step: start a session of %s", " ".join(steps))
     check_steps(steps)
     record = layout.session / "background.pid"
     # A second start would reinstall the site the running session imports from.
@@ -162,6 +176,7 @@ def background(parts: Path, steps: list[str], layout: Layout, ablated: list[str]
     """The session itself: the engines' installs, then each step; a step's status is in
     its mark, and its generated weights go once it has ended (the next step needs the
     disk)."""
+    logger.debug("step: the session, %s", " ".join(steps))
     session = layout.session
     mark("building the engines' installs")
     env = layout.env(None, PROBES="0", ABLATIONS=" ".join(ablated))
@@ -190,7 +205,7 @@ def background(parts: Path, steps: list[str], layout: Layout, ablated: list[str]
         else:
             code = _trained(layout, step, env)
         mark(f"{name}: exit {code}")
-        for weights in (session / name).glob(f"**/{WEIGHTS}"):
+        for weights in generated_weights(session / name):
             weights.unlink()
     return 0
 
@@ -220,6 +235,7 @@ def collect(layout: Layout, out: Path) -> None:
     """Where the session stands, and every step's text in one file, the reports and the
     processes' logs packed apart (if the logs are too many to bring back, only they are
     left out); never the models or the compile caches."""
+    logger.debug("step: collect the session into %s", out)
     session = layout.session
     for line in _lines(session / "session.log"):
         say(line)
@@ -254,6 +270,7 @@ def _lines(path: Path) -> list[str]:
 def wait(layout: Layout, seconds: int, out: Path) -> None:
     """Wait for the session to end, at most ``seconds``; collect, then say where it stands
     and the running smoke's last progress lines."""
+    logger.debug("step: wait for the session (at most %ds)", seconds)
     record = layout.session / "background.pid"
     if not record.is_file():
         raise HostUsageError(f"{record}: no session was started here")

@@ -70,6 +70,7 @@ def check_parts(parts: Path, step: SetupStep) -> None:
 
 def install(parts: Path, layout: Layout) -> None:
     """Join the parts into ``$WORK/joined`` and install the bundle into ``$SITE``."""
+    logger.debug("step: join %s, install the bundle into %s", parts, layout.site)
     env = layout.env()
     if run([PYTHON, str(parts / "join.py"), str(layout.work / "joined")], env=env) != 0:
         raise HostStepError(f"{parts}: the parts do not join (join.py says why above)")
@@ -123,6 +124,7 @@ def _build(layout: Layout, dist: Path, options: list[str], record: Path) -> Path
 def build_engines(layout: Layout, chosen: list[Ablation], probe_python: str | None) -> None:
     """The patched wheel (probed by ``probe_python``, or not at all: None), stock and the
     ablations, each pip-installed into its own folder under ``$ENGINES``."""
+    logger.debug("step: build the engines into %s (%d ablations)", layout.engines, len(chosen))
     payload = layout.payload
     official = _one_wheel(payload / "bundle" / "wheels", f"{VLLM}-*.whl")
     pypi = layout.cache / "pypi"

@@ -55,6 +55,7 @@ def production_smoke(
 ) -> int:
     """One variant into ``out``: its JSON, its stderr, its workdir; its check table
     printed; its exit status."""
+    logger.debug("step: production smoke %s into %s", variant.name, out)
     out.mkdir(parents=True, exist_ok=True)
     cmd = [*SMOKE, *smoke_args(variant, settings)]
     cmd += ["--workdir", str(out / variant.name), "--json"]
@@ -99,6 +100,7 @@ def production_smoke_all(
 ) -> int:
     """Each variant in a child of its own (``tooling host smoke``), all at once; every check
     table at the end; the worst exit status."""
+    logger.debug("step: production smokes %s at once", " ".join(shared.variants))
     out.mkdir(parents=True, exist_ok=True)
     env = layout.env(
         None,
@@ -133,6 +135,7 @@ def production_smoke_all(
 
 def smoke_pair(layout: Layout) -> None:
     """``tooling smoke --tiny`` on the patched and on the stock install at once."""
+    logger.debug("step: tiny smokes on patched and stock")
     expected = {"patched": "fixed", "stock": "stock"}
     children = [
         Child(
@@ -161,6 +164,7 @@ def smoke_pair(layout: Layout) -> None:
 def acceptance(layout: Layout, wait_s: int) -> None:
     """Wait (at most ``wait_s``) for the recipe's summary while the recipe runs, then
     ``tooling smoke --trained`` over every engine installed."""
+    logger.debug("step: acceptance over %s", layout.engines)
     summary = layout.work / "train-out" / "summary.json"
     limit = wait_s
     while not summary.is_file() and limit > 0 and running(Modules.TRAINER):

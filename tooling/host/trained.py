@@ -4,6 +4,7 @@ for, its calls run and reported, and the pair carried to a later session in part
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import subprocess
@@ -25,6 +26,8 @@ EXTRAS = ("dflash", "flash_linear_attention", "fla_core")
 PAIR_PART_BYTES = 15 << 20
 PARTS_A_COMMAND = 4
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -42,6 +45,7 @@ def _project(wheel: Path) -> str:
 def train(layout: Layout, settings: TrainSettings) -> None:
     """Start the recipe (``tooling train --arch hybrid``) in a session of its own, which
     outlives this command, on ``$SITE`` with its extras before it."""
+    logger.debug("step: start the hybrid recipe into %s", layout.pair)
     extras = layout.work / "train-extras"
     # A fresh folder: no package of an earlier run's wheels stays beside this run's.
     shutil.rmtree(extras, ignore_errors=True)
@@ -76,6 +80,7 @@ def train(layout: Layout, settings: TrainSettings) -> None:
 def wait(layout: Layout, wait_s: int, out: Path | None) -> int:
     """Wait for the recipe (at most ``wait_s``), show its log's end, copy its reports into
     ``out``; 1 while there is no trained pair."""
+    logger.debug("step: wait for the recipe (at most %ds)", wait_s)
     limit = wait_s
     while running(RECIPE) and limit > 0:
         time.sleep(5)
@@ -94,6 +99,7 @@ def wait(layout: Layout, wait_s: int, out: Path | None) -> int:
 def call(number: int, layout: Layout, out: Path, time_limit: int) -> int:
     """One call of the trained pair's engines, then the report of every call so far into
     ``out`` with the runs packed (no compile caches); the call's exit status."""
+    logger.debug("step: trained pair call %d", number)
     layout.runs.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     cmd = [PYTHON, "-m", Modules.TRAINED_CALL, "run-call", str(layout.pair), str(layout.runs)]
@@ -124,6 +130,7 @@ def planned_calls(layout: Layout) -> int:
 def chain(layout: Layout, wait_s: int, calls: list[int], time_limit: int) -> int:
     """Wait for the pair, then every call (or ``calls``) into ``$WORK/results``; a call that
     failed fails the chain."""
+    logger.debug("step: chain of calls %s", calls or "all planned")
     out = layout.work / "results"
     out.mkdir(parents=True, exist_ok=True)
     if wait(layout, wait_s, out) != 0:
@@ -137,6 +144,7 @@ def chain(layout: Layout, wait_s: int, calls: list[int], time_limit: int) -> int
 def export_pair(number: int, layout: Layout, out: Path) -> None:
     """Call ``number``'s four parts of the pair into ``out`` (the first call's with
     SHA256SUMS and join.py too), so a later session carries it in."""
+    logger.debug("step: export the pair, call %d", number)
     if not (layout.pair / "summary.json").is_file():
         raise HostStepError(f"no trained pair in {layout.pair}")
     parts = layout.work / "pair-parts"
@@ -165,6 +173,7 @@ def check_pair_parts(parts: Path) -> None:
 
 def import_pair(parts: Path, layout: Layout) -> None:
     """Join and check carried parts into the pair's folder."""
+    logger.debug("step: import the pair from %s", parts)
     check_pair_parts(parts)
     if layout.pair.exists():
         raise HostStepError(f"{layout.pair} is there already")
@@ -183,6 +192,7 @@ def import_pair(parts: Path, layout: Layout) -> None:
 
 def collect(layout: Layout, out: Path) -> None:
     """What the chain has written so far, into ``out``."""
+    logger.debug("step: collect the chain into %s", out)
     results = layout.work / "results"
     for source in [*sorted(results.glob("trained-*")), results / "train-out"]:
         if source.is_dir():
@@ -198,6 +208,7 @@ def train_drafter(layout: Layout) -> None:
     """``train-background.sh``: the trained-drafter recipe in a session of its own, with the
     host's own transformers (the reference package's cached loop needs it): only dflash
     comes from the bundle."""
+    logger.debug("step: start the drafter recipe")
     wheels = sorted((layout.payload / "bundle" / "wheels").glob("dflash-*.whl"))
     if len(wheels) != 1:
         raise HostStepError(
