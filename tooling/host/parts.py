@@ -5,6 +5,7 @@ host brought back in small parts split again for a later session (``pair-parts.s
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 from ..errors import HostStepError, HostUsageError
 from ..paths import REPO_DIR
 from ..release.split import split_bundle
-from .layout import PYTHON, Layout, run, say, shown
+from .layout import PYTHON, run, say, shown
 from .setup import VLLM
 
 #: A part's default size: under what a device command carries.
@@ -80,7 +81,8 @@ def make_parts(out: Path, size: int, cache: Path, settings: PartsSettings) -> No
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "tmp").mkdir()
-        env = Layout(work).env(None, TMPDIR=str(work / "tmp"))
+        # The build machine's own settings (its cache above all), not the GPU host's.
+        env = {**os.environ, "TMPDIR": str(work / "tmp")}
         cmd = [
             sys.executable,
             "-m",
@@ -151,7 +153,7 @@ def pair_parts(out: Path, size: int, folders: list[Path]) -> None:
         # join.py checks every part against SHA256SUMS and the whole archive's digest.
         joined = Path(tmp) / "joined"
         join = [PYTHON, str(given / "join.py"), str(joined)]
-        if run(join, env=Layout(Path(tmp)).env(), stdout=subprocess.DEVNULL) != 0:
+        if run(join, env={**os.environ}, stdout=subprocess.DEVNULL) != 0:
             raise HostStepError("the pair's parts do not join (join.py says why above)")
         (pair,) = [p for p in joined.iterdir() if p.is_dir()]
         if not (pair / "summary.json").is_file():

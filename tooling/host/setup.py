@@ -135,7 +135,7 @@ def build_engines(layout: Layout, chosen: list[Ablation], probe_python: str | No
     _pip_install(layout, "stock", official)
     _pip_install(layout, "patched", patched)
     for ablation in chosen:
-        logger.info("ablation %s: without %s", ablation.engine, ", ".join(ablation.skipped))
+        logger.debug("ablation %s: without %s", ablation.engine, ", ".join(ablation.skipped))
         skips = [word for pid in ablation.skipped for word in ("--skip", pid)]
         wheel = _build(
             layout,
