@@ -3,6 +3,7 @@ real series and the real scripts' usage lines, and its children shown under ``-v
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -154,3 +155,31 @@ def test_a_steps_generated_weights_go_and_its_reports_stay(tmp_path: Path) -> No
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
     assert sorted(generated_weights(step)) == sorted([deep, flat])
+
+
+def test_the_variants_sharing_a_gpu_run_at_once_under_one_deadline(tmp_path: Path) -> None:
+    """``production-smoke-all.sh``: each variant a smoke of its own (dry runs here, their
+    plans written as on the host), the shared deadline and fixed KV cache in each plan, every
+    variant's lines printed under its name."""
+    out = tmp_path / "out"
+    done = run_gpu_script(
+        "production-smoke-all.sh",
+        work=tmp_path / "work",
+        out=out,
+        cwd=tmp_path,
+        PATCHED_SITE="site",
+        STOCK_SITE="stock",
+        VARIANTS="default qwen3",
+        SMOKE_ARGS="--dry-run --gpus 1x139",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("all variants done in ")
+    assert lines[1] == "=== default" and lines[2].startswith("production smoke default: exit 0")
+    assert "=== qwen3" in lines
+    for name in ("default", "qwen3"):
+        plan = json.loads((out / f"{name}.json").read_text())["plan"]
+        assert plan["time_limit_s"] == 500
+        assert plan["engine"]["kv_cache_memory_bytes"] == 4 << 30
+        assert plan["engine"]["gpu_memory_utilization"] == 0.1
+        assert (out / f"{name}.summary").is_file()
