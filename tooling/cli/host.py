@@ -312,11 +312,7 @@ def session_command(ctx: click.Context, words: tuple[str, ...]) -> None:
         steps = rest[1:] or list(session_.DEFAULT_STEPS)
         parts = absolute(rest[0])
         if command == "background":
-            # Only the trained pair's calls serve the ablations: the installs its plan uses.
-            from ..smoke.trained_pair import SITES
-
-            ablated = [s[3:] for s in SITES if s.startswith("no-")] if "trained" in steps else []
-            ctx.exit(session_.background(parts, steps, layout, ablated))
+            ctx.exit(session_.background(parts, steps, layout))
         given = env("PAIR_PARTS")
         pair_parts = absolute(given) if given else None
         session_.start(parts, steps, layout, pair_parts, train_settings())

@@ -19,7 +19,7 @@ from ..release.split import split_bundle
 from .layout import PYTHON, run, say, shown
 from .setup import VLLM
 
-#: A part's default size: under what a device command carries.
+#: A part's default size: what one call carries to the host.
 PART_BYTES = 60 << 20
 #: The toolchain's GPU-host extras the bundle carries: the reference dflash, GitPython for
 #: the offline builds, flash-linear-attention for the hybrid recipe's training.
@@ -129,7 +129,7 @@ def split_words(words: list[str]) -> tuple[str, str | None, list[str]]:
 
 
 def pair_parts(out: Path, size: int, folders: list[Path]) -> None:
-    """The pair's parts in ``folders`` (each a device command's folder), checked, joined and
+    """The pair's parts in ``folders`` (each one command's folder), checked, joined and
     split again into parts of ``size`` bytes in ``out``."""
     logger.debug("step: the pair from %s into %s", folders, out)
     _checked_out(out, "")

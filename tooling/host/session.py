@@ -19,7 +19,7 @@ from ..errors import HostRefusal, HostUsageError
 from ..paths import REPO_DIR
 from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
 from .setup import SetupStep, setup
-from .trained import RECIPE, TrainSettings, import_pair, train
+from .trained import RECIPE, TrainSettings, import_pair, train, trained_ablations
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def start(
             import_pair(pair_parts, layout)
         else:
             train(layout, trainer)
-    # Without OUT: a device command's folder to bring back, which a step writing there from
+    # Without OUT: the folder a command brings back, which a step writing there from
     # the background would fill with files that command was not run for.
     env = {k: v for k, v in layout.env().items() if k != "OUT"}
     cmd = [PYTHON, "-m", Modules.TOOLING, "host", "session", "--", "background", str(parts)]
@@ -172,12 +172,14 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
         return run(cmd, env=env, stdout=log, stderr=log)
 
 
-def background(parts: Path, steps: list[str], layout: Layout, ablated: list[str]) -> int:
+def background(parts: Path, steps: list[str], layout: Layout) -> int:
     """The session itself: the engines' installs, then each step; a step's status is in
     its mark, and its generated weights go once it has ended (the next step needs the
     disk)."""
     logger.debug("step: the session, %s", " ".join(steps))
     session = layout.session
+    # Only the trained pair's calls serve the ablations: the installs its plan uses.
+    ablated = trained_ablations() if "trained" in steps else []
     mark("building the engines' installs")
     env = layout.env(None, PROBES="0", ABLATIONS=" ".join(ablated))
     build = [PYTHON, "-m", Modules.TOOLING, "host", "setup", "--", str(parts), "build"]

@@ -4,6 +4,7 @@ for, its calls run and reported, and the pair carried to a later session in part
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import shutil
@@ -22,7 +23,7 @@ from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, ta
 RECIPE = f"{Modules.TRAINER} train --arch hybrid"
 #: The bundle's wheels the recipe imports from an unpacked folder beside ``$SITE``.
 EXTRAS = ("dflash", "flash_linear_attention", "fla_core")
-#: A part of the pair a device command brings back, and how many a command.
+#: A part of the pair one command brings back, and how many a command.
 PAIR_PART_BYTES = 15 << 20
 PARTS_A_COMMAND = 4
 
@@ -36,6 +37,13 @@ class TrainSettings:
 
     wheels: tuple[Path, ...] = ()
     args: tuple[str, ...] = ()
+
+
+def trained_ablations() -> list[str]:
+    """The patches whose ablations the trained pair's plan runs (its ``no-<patch>`` sites),
+    from the plan's module as ``Modules`` names it."""
+    sites: tuple[str, ...] = importlib.import_module(Modules.TRAINED_PLAN).SITES
+    return [site.removeprefix("no-") for site in sites if site.startswith("no-")]
 
 
 def _project(wheel: Path) -> str:
