@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -164,22 +164,32 @@ def test_a_second_start_while_a_session_runs_is_refused_before_it_installs(
 
 
 def test_a_steps_logged_status_is_its_smokes(tmp_path: Path) -> None:
-    """The session's log line for a step is the exit status of the step's smoke: a copy of
-    the scripts whose GPU work (the engines' builds, the pair's draw on the GPU, the smoke)
-    is stood in for by programs that exit as that work would."""
-    gpu = tmp_path / "ci" / "gpu"
-    shutil.copytree(REPO_DIR / "ci" / "gpu", gpu)
-    (gpu / "host-setup.sh").write_text("exit 0\n")
-    (gpu / "production-smoke.sh").write_text('echo "production smoke $1: exit 17"; exit 17\n')
-    draw = tmp_path / "bin" / "python3"
-    draw.parent.mkdir()
-    draw.write_text("#!/bin/sh\nexit 0\n")
-    draw.chmod(0o755)
+    """The session's log line for a step is the exit status of the step's smoke: the session
+    runs as on the host, its GPU work (the engines' builds, the pair's draw on the GPU, the
+    smoke) stood in for by a python3 whose children exit as that work would; the session
+    itself runs in this interpreter."""
+    stand_in = tmp_path / "bin" / "python3"
+    stand_in.parent.mkdir()
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        f'  *"host --script hybrid-session.sh"*) exec {sys.executable} "$@" ;;\n'
+        '  *"host smoke"*) echo "production smoke pair: exit 17"; exit 17 ;;\n'
+        "esac\n"
+        "exit 0\n"
+    )
+    stand_in.chmod(0o755)
     work = tmp_path / "work"
     (work / "session").mkdir(parents=True)
     done = subprocess.run(
-        ["bash", str(gpu / "hybrid-session.sh"), "background", str(tmp_path), "seed-full-pair"],
-        env={**os.environ, "WORK": str(work), "PATH": f"{draw.parent}:{os.environ['PATH']}"},
+        [
+            "bash",
+            str(REPO_DIR / "ci" / "gpu" / "hybrid-session.sh"),
+            "background",
+            str(tmp_path),
+            "seed-full-pair",
+        ],
+        env={**os.environ, "WORK": str(work), "PATH": f"{stand_in.parent}:{os.environ['PATH']}"},
         capture_output=True,
         text=True,
         timeout=60,

@@ -12,7 +12,8 @@ import pytest
 
 from tooling.paths import PACKAGE_DIR
 
-#: The pipeline's stages, in order: each may import the ones before it.
+#: The pipeline's stages, in order: each may import the ones before it. ``host`` (the GPU
+#: host's steps) runs the others there, and only the command line imports it.
 STAGES = (
     "fetching",
     "patching",
@@ -22,6 +23,7 @@ STAGES = (
     "trained",
     "fuzzing",
     "release",
+    "host",
 )
 #: Free to import everything: the command line, the program's entry, and the program that
 #: renders the canary's page from a run (``python -m tooling.canary_doc``).

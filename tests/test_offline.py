@@ -14,7 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from tooling.cli import main
-from tooling.errors import CacheMissError, NetworkError, ProbeError
+from tooling.errors import (
+    CacheMissError,
+    HostRefusal,
+    HostStepError,
+    NetworkError,
+    ProbeError,
+)
 
 from .index_server import refusing_index
 from .wheels import build_wheel
@@ -48,6 +54,20 @@ COMMANDS: dict[str, tuple[list[str], int | None]] = {
     "release": (["release", "--dist", "{tmp}/dist"], None),
     # A group alone is Click's usage answer.
     "fuzz": (["fuzz"], 2),
+    # The GPU host's steps: refused before they start what needs the host (a GPU, the
+    # bundle's parts), or, for the parts made here, the cache's miss of the official wheel.
+    "host": (["host"], 2),
+    "host setup": (["host", "setup", "{tmp}/parts"], HostRefusal.exit_code),
+    "host smoke": (["host", "smoke", "default"], HostRefusal.exit_code),
+    "host smoke-all": (["host", "smoke-all"], HostRefusal.exit_code),
+    "host smoke-pair": (["host", "smoke-pair", "more"], HostRefusal.exit_code),
+    "host acceptance": (["host", "acceptance", "more"], HostRefusal.exit_code),
+    "host train-background": (["host", "train-background", "more"], HostRefusal.exit_code),
+    "host proof": (["host", "proof", "1"], HostRefusal.exit_code),
+    "host trained": (["host", "trained", "collect"], HostRefusal.exit_code),
+    "host session": (["host", "session", "wait", "5"], HostRefusal.exit_code),
+    "host make-parts": (["host", "make-parts", "{tmp}/parts"], HostStepError.exit_code),
+    "host pair-parts": (["host", "pair-parts", "{tmp}/o", "--", "{tmp}"], HostRefusal.exit_code),
     # The fuzzer reads no index: with an interpreter that has no vLLM, it says so.
     "fuzz scheduler": (
         [
@@ -72,7 +92,8 @@ SLOW = {"verify", "probe", "train", "bundle", "fuzz scheduler"}
 
 def _names(group: click.Group, prefix: str = "") -> set[str]:
     names = set()
-    for name, command in group.commands.items():
+    for name in group.list_commands(click.Context(group)):
+        command = group.get_command(click.Context(group), name)
         names.add(f"{prefix}{name}")
         if isinstance(command, click.Group):
             names |= _names(command, f"{prefix}{name} ")

@@ -190,6 +190,31 @@ class LogFileError(ToolingError):
     exit_code = 27
 
 
+class HostRefusal(ToolingError):
+    """A GPU host step refuses before it does anything, as the host's state stands: a
+    session already running, a process record that is none, a CALL past the last. Exit 2,
+    the code the GPU host's scripts (``ci/gpu``) have always refused with."""
+
+    exit_code = 2
+
+
+class HostUsageError(HostRefusal):
+    """An argument or setting a GPU host step does not take (an unknown step, a number that
+    is not plain digits, a setting missing): named after the script it was given to, with
+    that script's usage line when ``usage``."""
+
+    def __init__(self, message: str, *, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class HostStepError(ToolingError):
+    """A GPU host step failed: the parts do not join, the bundle does not install, a build
+    or an install of an engine failed, no trained pair to carry."""
+
+    exit_code = 28
+
+
 def error_for_exit_code(code: int, message: str) -> ToolingError:
     """The error a child process of ours reported by its exit code (the trainer's, which
     runs in another interpreter), to raise again in this one."""

@@ -8,6 +8,7 @@ line on stderr. Shared options live in ``options``.
 
 from __future__ import annotations
 
+import importlib
 import signal
 from pathlib import Path
 
@@ -16,21 +17,43 @@ import click
 from .. import __version__
 from ..fetching.fetch import DEFAULT_INDEX_URL
 from . import environ
-from .build import build_command
-from .bundle import bundle_command
-from .fetch import fetch_command
-from .fuzz import fuzz_group
 from .group import ToolingGroup, configure_logging, interrupted
 from .options import settings_of
-from .patch import patch_group
-from .probe import probe_command, probe_env_command
-from .release import release_command
-from .smoke import smoke_command
-from .train import train_command
-from .verify import verify_command
+
+#: Each command by name: its module here and the Click object in it, imported when the
+#: command runs (or help lists it). ``tooling host`` runs on a GPU host's python3, which has
+#: no GitPython before the bundle it installs brings it: the other commands' modules import
+#: it, and are not imported for ``host``.
+COMMANDS = {
+    "fetch": ("fetch", "fetch_command"),
+    "patch": ("patch", "patch_group"),
+    "build": ("build", "build_command"),
+    "verify": ("verify", "verify_command"),
+    "probe": ("probe", "probe_command"),
+    "probe-env": ("probe", "probe_env_command"),
+    "smoke": ("smoke", "smoke_command"),
+    "train": ("train", "train_command"),
+    "bundle": ("bundle", "bundle_command"),
+    "release": ("release", "release_command"),
+    "fuzz": ("fuzz", "fuzz_group"),
+    "host": ("host", "host_group"),
+}
 
 
-@click.group(cls=ToolingGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class MainGroup(ToolingGroup):
+    """The top group: its commands from ``COMMANDS``, each module imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(name for name in self.commands if name not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            module, name = COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(f".{module}", __name__), name))
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tooling")
 @click.option(
     "--cache-dir",
@@ -85,19 +108,3 @@ def main(
     settings.offline = offline
     settings.progress = not no_progress
     settings.patches_dir_option = patches_dir
-
-
-for command in (
-    fetch_command,
-    patch_group,
-    build_command,
-    verify_command,
-    probe_command,
-    probe_env_command,
-    smoke_command,
-    train_command,
-    bundle_command,
-    release_command,
-    fuzz_group,
-):
-    main.add_command(command)

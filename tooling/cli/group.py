@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-import git
 
 from ..entry import PACKAGE_LOG, package_logging
 from ..errors import EnvironmentProblem, LogFileError, ToolingError, exit_code_for
@@ -148,11 +147,6 @@ class ToolingGroup(click.Group):
             done = super().invoke(ctx)
         except ToolingError as e:
             fail(ctx, str(e), exit_code_for(e))
-        except git.GitCommandNotFound:
-            problem = EnvironmentProblem(
-                "git is not installed (not found on PATH); the work tree needs it"
-            )
-            fail(ctx, str(problem), problem.exit_code)
         except KeyboardInterrupt as e:
             signum = getattr(e, "signum", signal.SIGINT)
             fail(ctx, f"interrupted ({signal.Signals(signum).name})", 128 + signum)
@@ -161,21 +155,39 @@ class ToolingGroup(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as e:
-            settings = ctx.find_object(Settings)
-            if settings is not None and settings.debug:
-                traceback.print_exc()
-                ctx.exit(1)
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            fail(
-                ctx,
-                f"unexpected {type(e).__name__}: {first} (rerun with --debug for the traceback)",
-                1,
+            if not _git_missing(e):
+                unexpected(ctx, e)
+            problem = EnvironmentProblem(
+                "git is not installed (not found on PATH); the work tree needs it"
             )
+            fail(ctx, str(problem), problem.exit_code)
         # The command's own answer stands; a log asked for and not kept is its own failure.
         incomplete = log_file_failure()
         if incomplete is not None and ctx.parent is None:
             fail(ctx, str(incomplete), incomplete.exit_code)
         return done
+
+
+def _git_missing(error: Exception) -> bool:
+    """Whether ``error`` is GitPython's "no git executable". Looked up only once GitPython is
+    imported (a command that has not imported it cannot have raised it): `tooling host` runs
+    on a GPU host's python3, which has no GitPython before the bundle is installed."""
+    git = sys.modules.get("git")
+    return git is not None and isinstance(error, git.GitCommandNotFound)
+
+
+def unexpected(ctx: click.Context, error: Exception) -> NoReturn:
+    """A bug: one line and exit 1, the traceback only under --debug."""
+    settings = ctx.find_object(Settings)
+    if settings is not None and settings.debug:
+        traceback.print_exc()
+        ctx.exit(1)
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    fail(
+        ctx,
+        f"unexpected {type(error).__name__}: {first} (rerun with --debug for the traceback)",
+        1,
+    )
 
 
 def usage_failed(ctx: click.Context, error: click.UsageError) -> NoReturn:

@@ -10,19 +10,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
 from ..fetching.bases import BaseCatalog, load_bases
 from ..fetching.fetch import DEFAULT_INDEX_URL, FetchOptions
-from ..fetching.upstream import SourceRequest, Upstream, fetch_requested
-from ..patching.apply import ApplyOptions
-from ..patching.request import apply_options
 from ..patching.series import Series, load_ledger
 from ..paths import CacheLayout
 from ..probing.env import resolve_probe_python
 from . import environ
+
+if TYPE_CHECKING:
+    from ..fetching.upstream import SourceRequest, Upstream
+    from ..patching.apply import ApplyOptions
 
 #: A command function the shared option decorators wrap and hand back.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,6 +63,10 @@ class Settings:
     def fetch(
         self, request: SourceRequest, *, with_wheel: bool = True, verify_wheel: bool = True
     ) -> Upstream:
+        # Imported here, as GitPython is: `tooling host` runs on a GPU host's python3 that
+        # has no GitPython until the bundle it installs brings it (tests/test_host_python.py).
+        from ..fetching.upstream import fetch_requested
+
         return fetch_requested(
             self.catalog(),
             request,
@@ -83,6 +88,8 @@ class Settings:
         *,
         probes: bool = True,
     ) -> ApplyOptions:
+        from ..patching.request import apply_options
+
         return apply_options(
             series,
             self.catalog(),
@@ -225,6 +232,8 @@ def base_options(f: F) -> F:
 
     @functools.wraps(f)
     def command(*args: Any, **kwargs: Any) -> Any:
+        from ..fetching.upstream import SourceRequest
+
         request = SourceRequest(*(kwargs.pop(name) for name in BASE_PARAMS))
         if request.source != "git":
             for name, flag in GIT_ONLY.items():

@@ -1,0 +1,185 @@
+"""``tooling host`` (``tooling/host``): the GPU host's steps as data and plans, checked on the
+real series and the real scripts' usage lines, and its children shown under ``-v``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tooling.errors import HostUsageError
+from tooling.host.session import STEPS
+from tooling.host.setup import ablations
+from tooling.host.variants import VARIANTS, SmokeSettings, smoke_args, smoke_site
+from tooling.patching.series import load_ledger
+from tooling.paths import REPO_DIR
+from tooling.release.split import split_bundle
+
+from .helpers import HANG_GUARD_S, run_gpu_script
+
+GPU = REPO_DIR / "ci" / "gpu"
+SERIES = load_ledger(REPO_DIR / "patches")
+
+
+def _usage(script: str) -> str:
+    text = (GPU / script).read_text()
+    return re.search(r'\. "\$here/args\.sh" "([^"]*)"', text).group(1)  # type: ignore[union-attr]
+
+
+def test_every_patch_has_its_ablation_with_the_patches_written_on_it() -> None:
+    planned = ablations(SERIES, None)
+    assert [a.patch for a in planned] == [p.id for p in SERIES.patches]
+    for ablation in planned:
+        written_on = [p.id for p in SERIES.patches if ablation.patch in p.requires]
+        assert ablation.skipped == (ablation.patch, *written_on)
+        assert ablation.engine == f"no-{ablation.patch}"
+    # series.toml has patches written on others: their ablations skip more than one.
+    assert any(len(a.skipped) > 1 for a in planned)
+
+
+def test_ablations_asked_for_are_those_alone() -> None:
+    first, second = SERIES.patches[0].id, SERIES.patches[1].id
+    # A comma-joined group (as the scripts printed them) counts by its first id.
+    assert [a.patch for a in ablations(SERIES, [f"{second},{first}", first])] == [second, first]
+    assert ablations(SERIES, []) == []
+    with pytest.raises(HostUsageError, match="ABLATIONS: no-such-patch is not a patch"):
+        ablations(SERIES, ["no-such-patch"])
+
+
+def test_an_unknown_ablation_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    done = run_gpu_script(
+        "host-setup.sh", str(tmp_path), "build", work=work, ABLATIONS="gdn-gate-gathr"
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "error: host-setup.sh: ABLATIONS: gdn-gate-gathr is not a patch of the series\n"
+    )
+    assert not work.exists()
+
+
+def test_the_tables_are_the_usage_lines() -> None:
+    """The scripts' usage lines name the variants and the session's steps the tables hold."""
+    smoke = _usage("production-smoke.sh").split()[-1]
+    assert smoke.split("|") == list(VARIANTS)
+    session = re.search(r"\[([a-z0-9|-]+) \.\.\.\]", _usage("hybrid-session.sh"))
+    assert session and session.group(1).split("|") == list(STEPS)
+
+
+def test_each_variant_asks_the_smoke_what_the_scripts_asked() -> None:
+    settings = SmokeSettings(
+        patched_site="/e/patched:/site", stock_site="/e/stock", pair="/p", time_limit=500
+    )
+    limit = ["--time-limit", "500"]
+    assert smoke_args(VARIANTS["default"], settings) == ["--tiny", *limit]
+    # The warm cache's other wheel: stock whole, or the patched site's first folder.
+    assert smoke_args(VARIANTS["warm"], settings)[3:7] == [
+        "--warm-cache",
+        "--stock-site",
+        "/e/stock",
+        "--no-load",
+    ]
+    assert "/e/patched" in smoke_args(VARIANTS["stock-warm"], settings)
+    assert smoke_site(VARIANTS["stock-warm"], settings) == "/e/stock:/e/patched:/site"
+    assert smoke_args(VARIANTS["pair"], settings) == [
+        *limit,
+        "--target",
+        "/p/target",
+        "--drafter",
+        "/p/drafter",
+        "--num-speculative-tokens",
+        "15",
+    ]
+    more = SmokeSettings(patched_site="/s", more=("--quick",))
+    assert smoke_args(VARIANTS["seed-full"], more) == [
+        "--tiny",
+        "--tiny-arch",
+        "seed",
+        "--tiny-hidden-size",
+        "5120",
+        "--num-speculative-tokens",
+        "15",
+        "--quick",
+    ]
+
+
+def _pair_parts(tmp_path: Path) -> Path:
+    pair = tmp_path / "made" / "hybrid-pair"
+    pair.mkdir(parents=True)
+    (pair / "summary.json").write_text("{}")
+    parts, _ = split_bundle(pair, tmp_path / "parts", 1 << 20, show_progress=False)
+    return parts
+
+
+def test_verbose_shows_each_child_it_runs(tmp_path: Path) -> None:
+    parts, work = _pair_parts(tmp_path), tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, "-m", "tooling", "-v", "host", "trained", "--", "import-pair", str(parts)],
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "WORK": str(work)},
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        cwd=REPO_DIR,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"start python3 {parts}/join.py {work}/pair-import" in done.stderr
+    assert "start du -sh" in done.stderr
+    assert done.stdout.startswith("trained pair carried in: ")
+    assert (work / "hybrid-pair" / "summary.json").is_file()
+
+
+def test_a_call_past_the_pairs_last_is_refused(tmp_path: Path) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "hybrid-pair").mkdir(parents=True)
+    (work / "hybrid-pair" / "summary.json").write_text("{}")
+    out.mkdir()
+    done = run_gpu_script("trained-hybrid.sh", "export-pair", "1", work=work, out=out)
+    assert (done.returncode, done.stderr) == (2, "error: CALL 1 past the last, 0\n")
+    assert list(out.iterdir()) == []
+
+
+def test_a_steps_generated_weights_go_and_its_reports_stay(tmp_path: Path) -> None:
+    """The smoke writes its pair's weights a folder below ``models/``: they were found only
+    directly in it."""
+    from tooling.host.session import generated_weights
+
+    step = tmp_path / "seed-full"
+    deep = step / "seed-full" / "models" / "target" / "model-00001.safetensors"
+    flat = step / "pair" / "models" / "model.safetensors"
+    kept = [step / "seed-full" / "report.json", step / "user" / "model.safetensors"]
+    for path in (deep, flat, *kept):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    assert sorted(generated_weights(step)) == sorted([deep, flat])
+
+
+def test_the_variants_sharing_a_gpu_run_at_once_under_one_deadline(tmp_path: Path) -> None:
+    """``production-smoke-all.sh``: each variant a smoke of its own (dry runs here, their
+    plans written as on the host), the shared deadline and fixed KV cache in each plan, every
+    variant's lines printed under its name."""
+    out = tmp_path / "out"
+    done = run_gpu_script(
+        "production-smoke-all.sh",
+        work=tmp_path / "work",
+        out=out,
+        cwd=tmp_path,
+        PATCHED_SITE="site",
+        STOCK_SITE="stock",
+        VARIANTS="default qwen3",
+        SMOKE_ARGS="--dry-run --gpus 1x139",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("all variants done in ")
+    assert lines[1] == "=== default" and lines[2].startswith("production smoke default: exit 0")
+    assert "=== qwen3" in lines
+    for name in ("default", "qwen3"):
+        plan = json.loads((out / f"{name}.json").read_text())["plan"]
+        assert plan["time_limit_s"] == 500
+        assert plan["engine"]["kv_cache_memory_bytes"] == 4 << 30
+        assert plan["engine"]["gpu_memory_utilization"] == 0.1
+        assert (out / f"{name}.summary").is_file()

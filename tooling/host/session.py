@@ -1,0 +1,295 @@
+"""``hybrid-session.sh``: one GPU session's work on the seed's family, in the background (it
+outlasts any one command): ``start`` installs and starts it, ``background`` is the session
+itself running its steps one after another, ``collect`` and ``wait`` bring back what it has
+written so far."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tarfile
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from .. import pidfile, procs
+from ..errors import HostRefusal, HostUsageError
+from ..paths import REPO_DIR
+from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
+from .setup import SetupStep, setup
+from .trained import RECIPE, TrainSettings, import_pair, train, trained_ablations
+
+logger = logging.getLogger(__name__)
+
+
+class Kind(StrEnum):
+    SMOKE = "smoke"
+    """A production smoke variant."""
+    DRAWN = "drawn"
+    """The 5120-wide pair drawn once on the GPU, then smoked as a user's own pair."""
+    PAIR = "pair"
+    """The recipe alone: wait for it to write the pair."""
+    TRAINED = "trained"
+    """The trained pair's calls, once the recipe has written the pair."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """A session step: its name, what kind of work it is and, for a smoke, its variant."""
+
+    name: str
+    kind: Kind
+    variant: str = ""
+    smoke_args: str = ""
+    """SMOKE_ARGS the step's smoke gets."""
+
+
+STEPS = {
+    s.name: s
+    for s in (
+        Step("seed", Kind.SMOKE, "seed"),
+        # Its first tokens of K+1-token prompts must be wrong (--expect stock).
+        Step(
+            "seed-stock",
+            Kind.SMOKE,
+            "stock",
+            "--tiny-arch seed --num-speculative-tokens 15 --quick",
+        ),
+        Step("tiny", Kind.SMOKE, "default"),
+        Step("ray", Kind.SMOKE, "ray"),
+        Step("ray-tp2", Kind.SMOKE, "ray-tp2"),
+        Step("seed-full", Kind.SMOKE, "seed-full"),
+        Step("seed-full-quick", Kind.SMOKE, "seed-full", "--quick"),
+        Step("seed-full-pair", Kind.DRAWN, "pair"),
+        Step("seed-full-pair-quick", Kind.DRAWN, "pair", "--quick"),
+        Step("pair", Kind.PAIR),
+        Step("trained", Kind.TRAINED),
+    )
+}
+#: What fits one session with the recipe's training beside the smokes.
+DEFAULT_STEPS = ("seed", "seed-stock", "trained")
+
+
+def generated_weights(folder: Path) -> list[Path]:
+    """The weights of the pairs a step generated (under a ``models/`` folder of its own):
+    they go once it has ended; its manifests, configs and reports stay."""
+    found = []
+    for path in folder.rglob("*.safetensors"):
+        if "models" in path.relative_to(folder).parts[:-1]:
+            found.append(path)
+    return found
+
+
+def mark(line: str) -> None:
+    say(f"[{time.strftime('%H:%M:%S')}] {line}")
+
+
+def check_steps(steps: list[str]) -> None:
+    if any(STEPS[s].kind is Kind.TRAINED for s in steps) and any(
+        s.startswith("seed-full") for s in steps
+    ):
+        raise HostUsageError(
+            "seed-full's 57 GB leave no disk for trained's installs: one per session"
+        )
+
+
+def start(
+    parts: Path, steps: list[str], layout: Layout, pair_parts: Path | None, trainer: TrainSettings
+) -> None:
+    """Install the bundle, start the recipe (or carry the pair in) when a step needs the
+    pair, then the session in the background."""
+    logger.debug("step: start a session of %s", " ".join(steps))
+    check_steps(steps)
+    record = layout.session / "background.pid"
+    # A second start would reinstall the site the running session imports from.
+    with contextlib.suppress(pidfile.NoRecord):
+        if record.is_file() and (pid := pidfile.running(record)) is not None:
+            raise HostRefusal(
+                f"{layout.session}: a session is already running (pid {pid}): wait for it"
+            )
+    layout.session.mkdir(parents=True, exist_ok=True)
+    setup(parts, SetupStep.INSTALL, layout, [], None)
+    if any(STEPS[s].kind in (Kind.PAIR, Kind.TRAINED) for s in steps):
+        if pair_parts is not None:
+            import_pair(pair_parts, layout)
+        else:
+            train(layout, trainer)
+    # Without OUT: the folder a command brings back, which a step writing there from
+    # the background would fill with files that command was not run for.
+    env = {k: v for k, v in layout.env().items() if k != "OUT"}
+    cmd = [PYTHON, "-m", Modules.TOOLING, "host", "session", "--", "background", str(parts)]
+    log = layout.session / "session.log"
+    child = procs.start_group([*cmd, *steps], log=log, env=env, truncate_log=True)
+    pidfile.record(record, child.pid)
+    say(f"session started (pid {child.pid}): {' '.join(steps)}; log {log}")
+
+
+def _smoke(step: Step, out: Path, text: Path, env: dict[str, str]) -> int:
+    """``tooling host smoke`` of the step's variant into ``out``, its lines into ``text``."""
+    env = {**env, "OUT": str(out)}
+    if step.smoke_args:
+        env["SMOKE_ARGS"] = step.smoke_args
+    cmd = [PYTHON, "-m", Modules.TOOLING, "host", "smoke", "--", step.variant]
+    with written(text) as log:
+        return run(cmd, env=env, stdout=log, stderr=log)
+
+
+def _drawn(layout: Layout, step: Step, env: dict[str, str]) -> int:
+    """The 5120-wide pair drawn on the GPU, then smoked as a user's pair; with --quick,
+    then bench/bench_reference.py on it: where the reference comparison's time goes."""
+    session, pair = layout.session, layout.session / "seed-5120"
+    site = f"{env['PATCHED_SITE']}:{REPO_DIR}"
+    began = time.monotonic()
+    draw = [PYTHON, "-m", Modules.TINY, str(pair), "--arch", "seed", "--hidden-size", "5120"]
+    with written(session / "draw.txt") as log:
+        code = run(
+            [*draw, "--device", "cuda"], env={**env, "PYTHONPATH": site}, stdout=log, stderr=log
+        )
+    mark(f"the pair drawn on the GPU: exit {code} in {since(began)}s")
+    if code != 0:
+        return code
+    out, text = session / step.name, session / f"{step.name}.txt"
+    code = _smoke(step, out, text, {**env, "PAIR": str(pair)})
+    if not step.smoke_args:
+        return code
+    mark(f"the pair's quick smoke: exit {code}")
+    bench = [PYTHON, str(REPO_DIR / "bench" / "bench_reference.py")]
+    bench += ["--target", str(pair / "target"), "--drafter", str(pair / "drafter")]
+    bench += ["--engine-result", str(out / "pair" / "engine.json")]
+    bench += ["--json", str(session / "bench-reference.json")]
+    with written(session / "bench-reference.txt") as log:
+        return run(bench, env={**env, "PYTHONPATH": site}, stdout=log, stderr=log, limit_s=480)
+
+
+def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
+    command = "wait" if step.kind is Kind.PAIR else "chain"
+    if command == "wait":
+        env = {"WAIT_S": "1500", **env}
+    cmd = [PYTHON, "-m", Modules.TOOLING, "host", "trained", "--", command]
+    with written(layout.session / f"{step.name}.txt") as log:
+        return run(cmd, env=env, stdout=log, stderr=log)
+
+
+def background(parts: Path, steps: list[str], layout: Layout) -> int:
+    """The session itself: the engines' installs, then each step; a step's status is in
+    its mark, and its generated weights go once it has ended (the next step needs the
+    disk)."""
+    logger.debug("step: the session, %s", " ".join(steps))
+    session = layout.session
+    # Only the trained pair's calls serve the ablations: the installs its plan uses.
+    ablated = trained_ablations() if "trained" in steps else []
+    mark("building the engines' installs")
+    env = layout.env(None, PROBES="0", ABLATIONS=" ".join(ablated))
+    build = [PYTHON, "-m", Modules.TOOLING, "host", "setup", "--", str(parts), "build"]
+    with written(session / "build.log") as log:
+        if run(build, env=env, stdout=log, stderr=log) != 0:
+            mark(f"build failed: {session / 'build.log'}")
+            return 1
+    sites = {
+        "PATCHED_SITE": f"{layout.engine('patched')}:{layout.site}",
+        "STOCK_SITE": str(layout.engine("stock")),
+    }
+    for name in steps:
+        step = STEPS[name]
+        # Beside the recipe's training the GPU holds its processes too; alone, each smoke
+        # lists any vLLM or Ray process it left behind. `pair` only waits for the training.
+        shared = step.kind is not Kind.PAIR and running(RECIPE)
+        env = {k: v for k, v in layout.env(None, **sites).items() if k != "SHARED_GPU"}
+        if shared:
+            env["SHARED_GPU"] = "1"
+        mark(f"{name}{' (beside the training)' if shared else ''}")
+        if step.kind is Kind.SMOKE:
+            code = _smoke(step, session / name, session / f"{name}.txt", env)
+        elif step.kind is Kind.DRAWN:
+            code = _drawn(layout, step, env)
+        else:
+            code = _trained(layout, step, env)
+        mark(f"{name}: exit {code}")
+        for weights in generated_weights(session / name):
+            weights.unlink()
+    return 0
+
+
+def _pack(
+    layout: Layout, archive: Path, roots: tuple[str, ...], suffixes: tuple[str, ...], mib: int
+) -> None:
+    """Into ``archive``, the files under ``roots`` (in ``$WORK``) ending in ``suffixes``,
+    of at most ``mib`` MiB, never a compile cache's."""
+    names = []
+    for root in roots:
+        for folder, _, files in os.walk(layout.work / root):
+            for name in files:
+                path = Path(folder) / name
+                if (
+                    path.suffix in suffixes
+                    and "vllm-cache" not in str(path.relative_to(layout.work))
+                    and path.stat().st_size <= mib << 20
+                ):
+                    names.append(path.relative_to(layout.work))
+    with tarfile.open(archive, "w:gz") as tar:
+        for relative in sorted(names):
+            tar.add(layout.work / relative, arcname=str(relative), recursive=False)
+
+
+def collect(layout: Layout, out: Path) -> None:
+    """Where the session stands, and every step's text in one file, the reports and the
+    processes' logs packed apart (if the logs are too many to bring back, only they are
+    left out); never the models or the compile caches."""
+    logger.debug("step: collect the session into %s", out)
+    session = layout.session
+    for line in _lines(session / "session.log"):
+        say(line)
+    for line in tail(layout.work / "train-hybrid.log", 3, skip="[transformers]"):
+        say(line)
+    texts = [
+        *sorted(session.glob("*.txt")),
+        *sorted((layout.work / "results").glob("trained-report-*.txt")),
+    ]
+    with open(out / "texts.txt", "w", encoding="utf-8") as joined:
+        for text in texts:
+            body = text.read_text(errors="replace").rstrip("\n")
+            joined.write(f"== {text.relative_to(layout.work)}\n{body}\n\n")
+    _pack(
+        layout,
+        out / "reports.tgz",
+        ("session", "results", "train-out", "trained"),
+        (".json", ".txt"),
+        3,
+    )
+    _pack(layout, out / "logs.tgz", ("session", "trained"), (".log", ".err"), 7)
+    say(shown(["ls", "-la", str(out)], env=layout.env()))
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def wait(layout: Layout, seconds: int, out: Path) -> None:
+    """Wait for the session to end, at most ``seconds``; collect, then say where it stands
+    and the running smoke's last progress lines."""
+    logger.debug("step: wait for the session (at most %ds)", seconds)
+    record = layout.session / "background.pid"
+    if not record.is_file():
+        raise HostUsageError(f"{record}: no session was started here")
+    try:
+        pidfile.running(record)
+        end = time.monotonic() + seconds
+        while pidfile.running(record) is not None and time.monotonic() < end:
+            time.sleep(2)
+        state = "ended" if pidfile.running(record) is None else "running"
+    except pidfile.NoRecord as e:
+        raise HostRefusal(str(e)) from None
+    with open(out / "collect.txt", "w", encoding="utf-8") as text, contextlib.redirect_stdout(text):
+        collect(layout, out)
+    for line in _lines(layout.session / "session.log"):
+        say(line)
+    errs = sorted(layout.session.glob("*/*.err"), key=lambda p: p.stat().st_mtime)
+    if errs:
+        for line in [x for x in _lines(errs[-1]) if x.startswith("[smoke]")][-8:]:
+            say(line)
+    say(f"session: {state}")
