@@ -46,11 +46,18 @@ OTHER_CODES = (
 )
 
 
+def subcommands(group: click.Group) -> list[tuple[str, click.Command]]:
+    """``group``'s commands in name order, through Click's API: the top group imports a
+    command's module only when asked for it."""
+    ctx = click.Context(group)
+    found = ((name, group.get_command(ctx, name)) for name in sorted(group.list_commands(ctx)))
+    return [(name, command) for name, command in found if command is not None]
+
+
 def commands(group: click.Group, path: str) -> Iterator[tuple[str, click.Command]]:
     """``group`` and every command under it, depth first, subcommands in name order."""
     yield path, group
-    for name in group.list_commands(click.Context(group)):
-        command = group.commands[name]
+    for name, command in subcommands(group):
         if command.hidden:
             continue
         if isinstance(command, click.Group):
@@ -145,7 +152,7 @@ def command_section(path: str, command: click.Command) -> list[str]:
     for paragraph in help_paragraphs(command):
         lines += [paragraph, ""]
     if isinstance(command, click.Group):
-        names = sorted(n for n, c in command.commands.items() if not c.hidden)
+        names = [n for n, c in subcommands(command) if not c.hidden]
         links = [f"[`{n}`](#{anchor(f'{path} {n}')})" for n in names]
         lines += ["Commands: " + ", ".join(links) + ".", ""]
     rows = [
