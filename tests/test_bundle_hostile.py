@@ -324,7 +324,7 @@ def test_make_parts_stopped_while_pip_downloads_leaves_nothing_running_or_behind
         text=True,
     )
     wait_until(
-        lambda: any(scratch.glob("tmp.*/tmp/dflash-bundle-*/pip-unpack-*")),
+        lambda: any(scratch.glob("*/tmp/dflash-bundle-*/pip-unpack-*")),
         "pip downloading",
         alive=script,
     )
