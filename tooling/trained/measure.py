@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import procs
+from ..entry import answer, entry_logging
 from ..errors import SmokeError
 from ..trainer.api import TrainRequest, train_in
 from . import hybrid, hybrid_plan
 from .acceptance import measure_engines, table_markdown
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -140,14 +144,15 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     root = args.engines_root
     engines = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
-    missing = _missing_sites(engines)
-    if missing:
-        print(f"error: {root} lacks {', '.join(missing)}", file=sys.stderr)
-        return SmokeError.exit_code
-    hybrid_plan.plan(args.pair, args.work)
-    run_call(args.work, engines, args.call, args.time_limit)
+    with entry_logging():
+        missing = _missing_sites(engines)
+        if missing:
+            logger.error("error: %s lacks %s", root, ", ".join(missing))
+            return SmokeError.exit_code
+        hybrid_plan.plan(args.pair, args.work)
+        run_call(args.work, engines, args.call, args.time_limit)
     text, ok = hybrid.report(args.pair, args.work, args.call)
-    print(text, end="")
+    answer(text.removesuffix("\n"))
     return 0 if ok else 1
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,11 +62,13 @@ class Budget:
 
 
 class Log:
-    """Timestamped lines to stderr and, once opened, to a log file."""
+    """The recipe's lines, each stamped with the seconds since the run began: INFO under the
+    logger of the stage that says it (the trainer's entry puts them on its stderr, which
+    ``train_in`` streams to the user as the child's log) and, once opened, in the run's
+    ``train.log``, which outlives the process."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self) -> None:
         self.t0 = time.perf_counter()
-        self.stream = stream if stream is not None else sys.stderr
         self.file: TextIO | None = None
 
     def open(self, path: Path) -> None:
@@ -79,9 +81,9 @@ class Log:
             self.file.close()
             self.file = None
 
-    def __call__(self, message: str) -> None:
+    def __call__(self, logger: logging.Logger, message: str) -> None:
         line = f"[{time.perf_counter() - self.t0:7.1f}s] {message}"
-        print(line, file=self.stream, flush=True)
+        logger.info("%s", line)
         if self.file is not None:
             self.file.write(line + "\n")
             self.file.flush()
