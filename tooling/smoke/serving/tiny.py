@@ -404,6 +404,7 @@ def write_tiny_models(
     """Generate the pair under ``root`` (``target/``, ``drafter/``, ``tiny.json``) and return it.
     ``device``: where to draw it in bf16; None: fp32 on the CPU."""
     spec = spec or TinySpec()
+    logger.debug("write the tiny %s pair into %s", spec.arch, root)
     root.mkdir(parents=True, exist_ok=True)
     write_target(root / "target", spec, device)
     write_drafter(root / "drafter", spec, device)
