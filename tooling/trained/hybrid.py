@@ -366,6 +366,7 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
         "by_speculative_tokens", {}
     )
     chosen, results = load_results(work, through_call)
+    logger.debug("report of %d variants' results in %s", len(chosen), work)
     lines: list[str] = []
     for v in chosen:
         r = results[v.name]

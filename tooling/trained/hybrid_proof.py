@@ -45,6 +45,7 @@ VARIANTS = [
 
 
 def write_plan(out: Path, target: str, drafter: str) -> list[Variant]:
+    logger.debug("write the proof's %d engine requests into %s", len(VARIANTS), out)
     out.mkdir(parents=True, exist_ok=True)
     for v in VARIANTS:
         (out / f"{v.name}.in.json").write_text(

@@ -70,6 +70,7 @@ def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: floa
     process of its own with ``engines[site]`` first on its path and a compile cache of its own
     (so no engine reads another's compiled graphs), each stopped at ``time_limit_s``."""
     chosen = [v for v in hybrid_plan.load_variants(work) if v.call == call]
+    logger.debug("call %d: %s at once", call, ", ".join(v.name for v in chosen))
 
     def serve(variant: hybrid_plan.Variant) -> procs.ChildResult:
         path = os.pathsep.join(

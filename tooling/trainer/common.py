@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+logger = logging.getLogger(__name__)
+
 
 def lr_factor(progress: float, warmup_frac: float, min_ratio: float) -> float:
     """Learning-rate multiplier at ``progress`` in [0, 1]: linear warm-up, then cosine decay."""
@@ -73,6 +75,7 @@ class Log:
 
     def open(self, path: Path) -> None:
         """Also write every later line to ``path``."""
+        logger.debug("the recipe's lines also in %s", path)
         self.file = path.open("a", encoding="utf-8")
 
     def close(self) -> None:
@@ -81,9 +84,9 @@ class Log:
             self.file.close()
             self.file = None
 
-    def __call__(self, logger: logging.Logger, message: str) -> None:
+    def __call__(self, under: logging.Logger, message: str) -> None:
         line = f"[{time.perf_counter() - self.t0:7.1f}s] {message}"
-        logger.info("%s", line)
+        under.info("%s", line)
         if self.file is not None:
             self.file.write(line + "\n")
             self.file.flush()
@@ -95,6 +98,7 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+    logger.debug("wrote %s", path)
 
 
 def sha256_file(path: Path) -> str:

@@ -51,6 +51,7 @@ def run_engine(request: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     prompts = [p["token_ids"] for p in request["prompts"]]
+    logger.debug("start the engine of %s: %d prompts", request["target"], len(prompts))
     started = time.monotonic()
     llm = LLM(
         model=request["target"],
