@@ -145,17 +145,16 @@ def train_target(
 ) -> TrainResult:
     """Train on windows of ``stream`` (a 1-D token tensor on the model's device).
 
-    The first optimizer step runs outside the time cap: it compiles the kernels (Triton's
-    autotuning of flash-linear-attention's, on a GPU), which says nothing about how long
-    training takes. Its seconds are reported apart (``first_step_s``). The main phase then
-    follows the learning-rate schedule to ``target_time_cap_s`` (or the step count). Then,
-    given ``decisiveness`` (the median top-2 logit margin of the model's greedy choices) and
-    ``target_extra_time_s``, training goes on at the schedule's last rate, checked every
-    ``target_check_every_s`` (at least one step between two checks; the extra time counted
-    from the end of the first check), until the margin clears ``min_target_margin`` with
-    ``DECISIVE_HEADROOM`` or the extra time is spent: the recipe asks for a decisive target,
-    not a number of steps. Returns the phase summary (``time_s``: the whole phase, first
-    step included); the model is trained in place.
+    The first optimizer step runs outside the time cap: it compiles the kernels (Triton's autotuning
+    of flash-linear-attention's, on a GPU), which says nothing about how long training takes. Its
+    seconds are reported apart (``first_step_s``). The main phase then follows the learning-rate
+    schedule to ``target_time_cap_s`` (or the step count). Then, given ``decisiveness`` (the median
+    top-2 logit margin of the model's greedy choices) and ``target_extra_time_s``, training goes on
+    at the schedule's last rate, checked every ``target_check_every_s`` (at least one step between
+    two checks; the extra time counted from the end of the first check), until the margin clears
+    ``min_target_margin`` with ``DECISIVE_HEADROOM`` or the extra time is spent: the recipe asks for
+    a decisive target, not a number of steps. Returns the phase summary (``time_s``: the whole
+    phase, first step included); the model is trained in place.
     """
     device = stream.device
     seq = cfg.target_seq_len
