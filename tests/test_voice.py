@@ -190,3 +190,21 @@ def test_an_entry_answers_on_stdout_alone(tmp_path):
     assert (refused.returncode, refused.stdout) == (2, "")
     assert refused.stderr.startswith(f"error: {broken}: not a record of a process")
     assert refused.stderr.count("\n") == 1
+
+
+def test_an_entrys_own_info_line_reaches_its_stderr():
+    """Run as a program, an entry's module is ``__main__``, outside the package's logger: its
+    own INFO lines (the reference child's progress, which its log shows) reach stderr as a
+    stage's do, bare; its DEBUG lines do not."""
+    script = (
+        "import logging\n"
+        "from tooling.entry import entry_logging\n"
+        "with entry_logging():\n"
+        "    logging.getLogger(__name__).info('1/2 prompts compared')\n"
+        "    logging.getLogger(__name__).debug('a step')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_DIR)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "1/2 prompts compared\n")
