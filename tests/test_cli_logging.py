@@ -170,3 +170,23 @@ def test_a_log_file_names_the_git_commands_under_the_git_helpers(tmp_path, git_r
         re.MULTILINE,
     ), text
     assert re.search(rf"^{STAMP} DEBUG tooling\.fetching\.gitsource: tag v0\.20\.1 ", text, re.M)
+
+
+def test_verbose_adds_the_smokes_steps_and_its_plan_stays_the_same(tmp_path):
+    """The smoke logs its steps under its own modules: ``-v`` shows them (the dry run's
+    plan, as ``tooling.smoke.plan.describe`` made it), and without it stderr stays empty;
+    the plan on stdout is the same either way."""
+    command = ["smoke", "--tiny", "--dry-run", "--gpus", "1x80", "--workdir", str(tmp_path / "w")]
+    plain = run(*command)
+    logged = run("-v", *command)
+    assert plain.exit_code == logged.exit_code == 0, logged.output
+    assert plain.stderr == ""
+    assert logged.stdout == plain.stdout
+    lines = logged.stderr.splitlines()
+    assert "dry run: the plan alone" in lines, lines
+    assert any(line.startswith("plan: side by side: all 5 engines fit at once") for line in lines)
+    log = tmp_path / "run.log"
+    run("--log-file", str(log), *command)
+    assert re.search(
+        rf"^{STAMP} DEBUG tooling\.smoke\.plan\.describe: plan: ", log.read_text(), re.M
+    )

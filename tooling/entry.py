@@ -48,11 +48,24 @@ def package_logging(handler: logging.Handler) -> Iterator[None]:
         PACKAGE_LOG.setLevel(before[1])
 
 
-def entry_logging() -> contextlib.AbstractContextManager[None]:
-    """An internal entry's run: its ``error: ...`` (and any stage's INFO line) on stderr."""
+@contextlib.contextmanager
+def entry_logging() -> Iterator[None]:
+    """An internal entry's run: its ``error: ...`` (and its own or any stage's INFO line) on
+    stderr."""
     handler = Stderr()
     handler.setLevel(logging.INFO)
-    return package_logging(handler)
+    # Run as ``python -m tooling.X``, the entry's module is ``__main__``: its own logger sits
+    # outside the package's, and its INFO lines (a child's progress in its log) went nowhere.
+    main = logging.getLogger("__main__")
+    level = main.level
+    main.addHandler(handler)
+    main.setLevel(logging.INFO)
+    try:
+        with package_logging(handler):
+            yield
+    finally:
+        main.removeHandler(handler)
+        main.setLevel(level)
 
 
 def answer(text: str) -> None:

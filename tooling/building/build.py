@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import logging
 import time
 import zipfile
 from collections.abc import Callable
@@ -56,6 +57,8 @@ from .wheelfile import (
     record_hash,
     write_wheel,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -180,6 +183,7 @@ def build_precompiled(
         upstream, series, report, identity, stamped, "precompiled", files, epoch, notes
     )
     target = options.dist_dir / identity.filename
+    logger.debug("write %s: %d files from the patched tree", target, len(files) - 1)
     try:
         digest = assemble(
             official,

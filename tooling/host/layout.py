@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from .. import procs
+from ..entry import answer
 from ..errors import HostStepError, HostUsageError
 from ..paths import REPO_DIR
 
@@ -118,7 +119,7 @@ class Layout:
 
 def say(line: str) -> None:
     """A line of the step's own output, in order with its children's (they share stdout)."""
-    print(line, flush=True)
+    answer(line)
 
 
 def run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -46,6 +47,8 @@ from .outcome import (
     decide,
 )
 from .series import Patch, Series
+
+logger = logging.getLogger(__name__)
 
 REPORT_FILE = "dflash-series.json"
 #: git apply's words for a patch file it cannot parse (a ledger problem, not a conflict).
@@ -277,6 +280,7 @@ def _apply_one(
     status = decide(forward_ok, reverse_ok, probe_before.status if probe_before else None)
     trailers = {worktree.TRAILER_FILE: patch.file.name, worktree.TRAILER_SHA: patch.sha256}
     outcome.status = status
+    logger.debug("patch %s: %s", patch.id, status)
     if status == APPLIED:
         outcome.commit = worktree.am(repo, patch.file, trailers)
         outcome.method = "strict"
@@ -401,6 +405,7 @@ def ensure_patched(
     if work_dir.is_dir():
         report = reusable_report(work_dir, upstream, series)
         if report is not None and (report.probe_python or not require_probes):
+            logger.debug("%s: the series is applied already (its saved report)", work_dir)
             return report
     report = apply_series(upstream, series, work_dir, options)
     on_applied(report)

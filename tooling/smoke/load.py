@@ -8,6 +8,7 @@ not compiled or captured yet ("first traffic"). The measured burst follows.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,8 @@ from typing import Any
 
 from ..errors import SmokeError
 from . import client
+
+logger = logging.getLogger(__name__)
 
 PREFIX_LENGTHS = (16, 48, 96, 160)
 SUFFIX_TOKENS = (4, 40)
@@ -95,6 +98,7 @@ def burst(base_url: str, model: str, items: list[LoadItem], *, timeout_s: float)
     with ThreadPoolExecutor(max_workers=max(len(items), 1)) as pool:
         answers = list(pool.map(one, items))
     result = BurstResult(wall_s=time.monotonic() - start)
+    logger.debug("burst of %d requests to %s in %.1fs", len(items), base_url, result.wall_s)
     for latency, answer, error in answers:
         result.completions.append(answer)
         if error is None:

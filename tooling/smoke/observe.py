@@ -4,6 +4,7 @@ spec-decode counters on /metrics, and the concurrent bursts.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from .checks import PrefixObservation, prefix_prompt_tokens
 from .config import LOSSLESS_PROMPTS, PREFIX_MAX_TOKENS, PREFIX_PROMPT_TEXT, PREFIX_PROMPT_TOKENS
 from .logscan import block_size_from_log, read_log
 from .server import SERVED_MODEL_NAME, RunningServer
+
+logger = logging.getLogger(__name__)
 
 START = "start"
 REQUEST = "request"
@@ -151,6 +154,7 @@ def observe_server(
     ``prefix_ids`` (the prefix text's PREFIX_PROMPT_TOKENS ids, None: tokenize them here)
     are returned for the next server: the load bursts share them."""
     log = server.log
+    logger.debug("observe the server at %s (drafter: %s, load: %s)", server.base_url, drafter, load)
     obs = ServerObservations(log=log)
     model = SERVED_MODEL_NAME
     try:

@@ -4,6 +4,7 @@ run minutes later, and the GPUs it sees (``serving.preflight`` runs in that inte
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +14,8 @@ from ..errors import SmokeError
 from ..procs import log_tail, run_child
 from .config import RAY_VERSION, GpuFacts, SmokeConfig
 from .serving.tiny import TinySpec
+
+logger = logging.getLogger(__name__)
 
 MODULE = "tooling.smoke.serving.preflight"
 
@@ -31,6 +34,7 @@ def run_preflight(
     argv = [python, "-m", MODULE, str(out), json.dumps(model_architectures(config))]
     if config.engine.distributed_executor_backend == "ray":
         argv.append("--ray")
+    logger.debug("preflight: which vLLM %s imports (log: %s)", python, log)
     result = run_child(argv, log=log, env=env, timeout_s=timeout_s)
     if result.returncode != 0 or not out.is_file():
         raise SmokeError(f"{python} cannot import vllm: {log_tail(log)} (log: {log})")

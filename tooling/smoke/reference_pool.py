@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -25,6 +26,8 @@ from typing import Any
 from ..errors import SmokeError
 from ..procs import log_tail, start_group, stop_group
 from .serving.agreement import Tally, shard_prompts
+
+logger = logging.getLogger(__name__)
 
 MODULE = "tooling.smoke.serving.reference"
 
@@ -87,6 +90,12 @@ class ReferencePool:
         for proposal in request["proposals"]:
             counts[int(proposal["prompt"])] = counts.get(int(proposal["prompt"]), 0) + 1
         plan = shard_prompts(counts, self.shards)
+        logger.debug(
+            "%s reference: %d proposals to %d shards",
+            self.name,
+            sum(counts.values()),
+            len(self.procs),
+        )
         for i, proc in enumerate(self.procs):
             share = plan[i] if i < len(plan) else []
             work = {**request, "prompt_indices": share, "divergences": []}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from .checks import (
     WARM_CACHE,
     CheckResult,
 )
+
+logger = logging.getLogger(__name__)
 
 FIXED = "fixed"
 STOCK = "stock"
@@ -147,6 +150,7 @@ class SmokeReport:
         """Write the JSON report (default ``workdir/report.json``) atomically; return its path."""
         target = path or self.workdir / "report.json"
         atomic_write_text(target, json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        logger.debug("wrote %s", target)
         return target
 
 
@@ -180,6 +184,7 @@ def plot_acceptance(per_position: list[float], path: Path, title: str) -> Path |
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        logger.debug("no matplotlib: no plot of the acceptance")
         return None
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
     positions = list(range(1, len(per_position) + 1))

@@ -5,6 +5,7 @@ a dry run's plan). The trained pairs' programs are ``tooling.trained.request``'s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +18,8 @@ from .plan import describe_plan, render
 from .report import format_table
 from .runner import run_smoke
 from .site import install_for_smoke, put_first
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ def prepare_workdir(request: SmokeRequest) -> Path:
     workdir = request.config.workdir
     check_creatable(workdir, "--workdir", SmokeError)
     workdir.mkdir(parents=True, exist_ok=True)
+    logger.debug("workdir %s", workdir)
     if request.wheel is not None:
         put_first(install_for_smoke(request.wheel.resolve(), workdir / "site"))
     return workdir
@@ -80,6 +84,7 @@ def smoke_run_requested(
     config = request.config
     if request.dry_run:
         # A plan writes nothing: no workdir, no install of --wheel.
+        logger.debug("dry run: the plan alone")
         plan = describe_plan(config)
         return SmokeOutcome({"ok": True, "plan": plan.to_json()}, render(plan))
     workdir = prepare_workdir(request)

@@ -5,6 +5,7 @@ its waves observed so far (``Observed``)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from .plan import (
 )
 from .report import StepRecord
 from .server import child_environment
+
+logger = logging.getLogger(__name__)
 
 Notify = Callable[[str], None]
 
@@ -105,6 +108,8 @@ class SmokeRun:
         finally:
             record.seconds = time.monotonic() - start
             self.steps.append(record)
+            # The progress line names the start; the end shows with -v.
+            logger.debug("%s: %s in %.1fs", name, "ok" if record.ok else "failed", record.seconds)
 
     def start_child(
         self, module: str, args: list[str], *, log: Path, timeout_s: float, env: dict[str, str]
@@ -114,6 +119,7 @@ class SmokeRun:
         # In-process engine: the model runner must live in this interpreter.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         limit = self.deadline.limit(timeout_s)
+        logger.debug("child %s, within %.0fs", module, limit)
         proc = start_group([self.python, "-m", module, *args], log=log, env=env)
         return Child(module, proc, log, limit, time.monotonic())
 
@@ -226,6 +232,7 @@ class JsonChild:
         finally:
             self.child.stop()
         result = read_result(out_path, self.log)
+        logger.debug("%s: result in %s", self.step.name, out_path)
         if isinstance(result.get("startup_s"), (int, float)):
             self.run.started(result["startup_s"], f"{self.step.name}: engine started")
         return result

@@ -6,6 +6,7 @@ and its result read back."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from typing import Any
 
@@ -27,6 +28,8 @@ from .run_state import (
     SmokeRun,
 )
 from .verdicts import lossless_divergences
+
+logger = logging.getLogger(__name__)
 
 AUDIT_REQUESTS = 48
 
@@ -52,6 +55,7 @@ def _first_tokens_variants(plan: SmokePlan) -> list[distribution.Variant]:
 def first_tokens_child(run: SmokeRun, plan: SmokePlan, step: Step) -> JsonChild:
     """One engine of the first-token check (``serving.distribution``)."""
     variants = {v.name: v for v in _first_tokens_variants(plan)}
+    logger.debug("first-token engine %s on GPUs %s", variant_name(plan, step), step.gpus)
     engine = plan.engine
     engine_args: dict[str, Any] = {"kv_cache_dtype": engine.kv_cache_dtype}
     if engine.block_size is not None:
@@ -121,6 +125,7 @@ def engine_child(run: SmokeRun, plan: SmokePlan, step: Step) -> tuple[dict[str, 
     """One in-process engine run (``engine``: the main one, with the audited batch).
     Returns (its result, why it is missing)."""
     batch = step.run == "engine" and plan.runs(checks.SLOT_AUDIT)
+    logger.debug("in-process engine %s on GPUs %s (slot audit: %s)", step.run, step.gpus, batch)
     request = _engine_request(run, plan, step, batch=batch)
     d = plan.deadlines
     child = JsonChild(run, step, request, d.child_s(d.engine_run, run.first_start_s))

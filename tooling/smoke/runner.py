@@ -134,6 +134,7 @@ def _run_all(run: SmokeRun, pair: PairFacts) -> SmokeReport:
         shutil.rmtree(run.workdir / "vllm-cache-warm", ignore_errors=True)
     waves = plan.waves()[1:]
     for done, wave in enumerate(waves, 1):
+        logger.debug("wave %d of %d: %s", done, len(waves), ", ".join(s.name for s in wave))
         _wave(run, plan, wave, state)
         if done < len(waves):
             # A long run (the seed's width: a wave an engine) can be cut short with no

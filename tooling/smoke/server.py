@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -24,6 +25,8 @@ from ..errors import SmokeError
 from ..procs import StopOutcome, log_tail, start_group, stop_group
 from . import client
 from .config import EngineSettings
+
+logger = logging.getLogger(__name__)
 
 SERVED_MODEL_NAME = "smoke"
 LOCALHOST = "127.0.0.1"
@@ -251,6 +254,7 @@ def serve(
     """``vllm serve`` for ``options``, started (not yet healthy: ``wait_healthy``)
     inside the block and stopped after it."""
     cmd = build_serve_command(options, python)
+    logger.debug("serve %s at %s (log: %s)", options.target, options.base_url, log)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", encoding="utf-8") as f:
         f.write("$ " + " ".join(cmd) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -9,9 +10,12 @@ from pathlib import Path
 from ..errors import SmokeError
 from ..verifying.install import pip_install
 
+logger = logging.getLogger(__name__)
+
 
 def install_for_smoke(wheel: Path, folder: Path) -> Path:
     """pip-install ``wheel`` into ``folder`` (--target, no deps) for the smoke to import."""
+    logger.debug("install %s into %s", wheel.name, folder)
     failure = pip_install(wheel, target=folder)
     if failure is not None:
         raise SmokeError(f"pip could not install {wheel.name} for the smoke: {failure}")

@@ -9,6 +9,7 @@ beside the reference package's from the same recipe run, as a table and a plot.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -17,6 +18,8 @@ from typing import Any
 
 from .. import procs
 from .serving.acceptance import SPEC
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -199,6 +202,7 @@ def measure_engines(
         }
         log = out_dir / f"acceptance-{name}.log"
         log.unlink(missing_ok=True)  # this run's output only
+        logger.debug("measure engine %s (%s; log: %s)", name, folder, log)
         # Its own process group: a time-out stops the engine's core process too.
         run = procs.run_child(
             [

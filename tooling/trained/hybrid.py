@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..entry import answer, entry_logging
 from ..smoke.distribution import at_most
 from .hybrid_plan import (
     BF16_STEP,
@@ -57,6 +59,8 @@ from .hybrid_verdicts import (
     speed_rows,
     top2_margin,
 )
+
+logger = logging.getLogger(__name__)
 
 # -- the report --------------------------------------------------------------------------------
 
@@ -362,6 +366,7 @@ def report(pair: Path, work: Path, through_call: int | None = None) -> tuple[str
         "by_speculative_tokens", {}
     )
     chosen, results = load_results(work, through_call)
+    logger.debug("report of %d variants' results in %s", len(chosen), work)
     lines: list[str] = []
     for v in chosen:
         r = results[v.name]
@@ -402,11 +407,13 @@ def main(argv: list[str]) -> int:
             p.add_argument("--through-call", type=int)
     args = parser.parse_args(argv)
     if args.command == "plan":
-        for v in plan(args.pair, args.work):
-            print(v.name, v.site, v.call)
+        with entry_logging():
+            planned = plan(args.pair, args.work)
+        # One line per variant, as the GPU host's script reads them.
+        answer("\n".join(f"{v.name} {v.site} {v.call}" for v in planned))
         return 0
     text, ok = report(args.pair, args.work, args.through_call)
-    print(text, end="")
+    answer(text.removesuffix("\n"))
     return 0 if ok else 1
 
 

@@ -9,10 +9,13 @@ return and ``hybrid`` reports it.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 #: A plain run's top-2 logprob margin at or below which a differing greedy token is a tie.
 TIE_MARGIN = 2.0**-7
@@ -167,6 +170,7 @@ def plan(pair: Path, work: Path) -> list[Variant]:
     prompts = json.loads((pair / "prompts.json").read_text())
     engine = prompts["engine"]
     chosen = variants(tuple(prompts["speculative_tokens"]))
+    logger.debug("plan %d engine variants of %s in %s", len(chosen), pair, work)
     work.mkdir(parents=True, exist_ok=True)
     full = full_attention_drafter(pair / "drafter", work / FULL_DRAFTER)
     for v in chosen:

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..entry import answer, entry_logging
 from ..smoke.distribution import FLOOR, NOISE_HEADROOM, Report, Variant, build_report, request_for
+
+logger = logging.getLogger(__name__)
 
 VARIANTS = [
     Variant("plain", "patched", 0, 4, ["A3", "A15", "B", "E", "together"]),
@@ -41,6 +45,7 @@ VARIANTS = [
 
 
 def write_plan(out: Path, target: str, drafter: str) -> list[Variant]:
+    logger.debug("write the proof's %d engine requests into %s", len(VARIANTS), out)
     out.mkdir(parents=True, exist_ok=True)
     for v in VARIANTS:
         (out / f"{v.name}.in.json").write_text(
@@ -95,14 +100,15 @@ def main(argv: list[str]) -> int:
     report.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "plan":
-        for v in write_plan(args.out, args.target, args.drafter):
-            print(f"{v.name} {v.site} {v.call}")
+        with entry_logging():
+            planned = write_plan(args.out, args.target, args.drafter)
+        answer("\n".join(f"{v.name} {v.site} {v.call}" for v in planned))
         return 0
     variants = [Variant(**v) for v in json.loads((args.folder / "plan.json").read_text())]
     if args.through_call is not None:
         variants = [v for v in variants if v.call <= args.through_call]
     built = build_report(load_results(args.folder, variants), variants)
-    print(json.dumps(built.to_json(), indent=1) if args.json else render(built))
+    answer(json.dumps(built.to_json(), indent=1) if args.json else render(built))
     if built.failures:
         return 1
     return 3 if built.undetermined else 0

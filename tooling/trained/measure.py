@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import procs
+from ..entry import answer, entry_logging
 from ..errors import SmokeError
 from ..trainer.api import TrainRequest, train_in
 from . import hybrid, hybrid_plan
 from .acceptance import measure_engines, table_markdown
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +70,7 @@ def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: floa
     process of its own with ``engines[site]`` first on its path and a compile cache of its own
     (so no engine reads another's compiled graphs), each stopped at ``time_limit_s``."""
     chosen = [v for v in hybrid_plan.load_variants(work) if v.call == call]
+    logger.debug("call %d: %s at once", call, ", ".join(v.name for v in chosen))
 
     def serve(variant: hybrid_plan.Variant) -> procs.ChildResult:
         path = os.pathsep.join(
@@ -140,14 +145,15 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     root = args.engines_root
     engines = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
-    missing = _missing_sites(engines)
-    if missing:
-        print(f"error: {root} lacks {', '.join(missing)}", file=sys.stderr)
-        return SmokeError.exit_code
-    hybrid_plan.plan(args.pair, args.work)
-    run_call(args.work, engines, args.call, args.time_limit)
+    with entry_logging():
+        missing = _missing_sites(engines)
+        if missing:
+            logger.error("error: %s lacks %s", root, ", ".join(missing))
+            return SmokeError.exit_code
+        hybrid_plan.plan(args.pair, args.work)
+        run_call(args.work, engines, args.call, args.time_limit)
     text, ok = hybrid.report(args.pair, args.work, args.call)
-    print(text, end="")
+    answer(text.removesuffix("\n"))
     return 0 if ok else 1
 
 

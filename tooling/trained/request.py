@@ -4,8 +4,12 @@ checks."""
 
 from __future__ import annotations
 
+import logging
+
 from ..smoke.request import SmokeOutcome, SmokeRequest, prepare_workdir
 from ..smoke.site import parse_engines
+
+logger = logging.getLogger(__name__)
 
 #: Each engine process of ``--trained-hybrid`` (start, the checks, speed) ends within this,
 #: unless --time-limit says otherwise.
@@ -16,6 +20,7 @@ def trained_requested(request: SmokeRequest) -> SmokeOutcome:
     """Run a checked ``request`` (``smoke.request.check_request``) that asks for ``trained`` or
     ``trained_hybrid``."""
     workdir = prepare_workdir(request)
+    logger.debug("the %s pair, in %s", "trained" if request.trained else "trained hybrid", workdir)
     if request.trained:
         from .measure import measure_trained
 

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
 
+from ..entry import answer, entry_logging
 from ..errors import ToolingError
 from .api import TrainRequest, write_outcome
 from .common import Log, StopRequest
 from .recipe import train
+
+logger = logging.getLogger(__name__)
 
 
 def _request(argv: list[str]) -> tuple[TrainRequest, Path | None]:
@@ -59,6 +63,11 @@ def _stop(signum: int, _frame: object) -> None:
 
 def main(argv: list[str]) -> int:
     request, outcome = _request(argv)
+    with entry_logging():
+        return _train(request, outcome)
+
+
+def _train(request: TrainRequest, outcome: Path | None) -> int:
     # Stopped from outside (``train_in`` stopping its child, a GPU host's kill), the run
     # folder of weights being written is removed, as on any failure.
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -72,18 +81,19 @@ def main(argv: list[str]) -> int:
         # Under ``train_in`` (an outcome file) the parent stopped this child and says so
         # itself, on the same stderr: one line, not two.
         if outcome is None:
-            print(f"error: interrupted ({stopped.name})", file=sys.stderr)
+            logger.error("error: interrupted (%s)", stopped.name)
         return 128 + stopped
     except ToolingError as e:
         if outcome is not None:
             write_outcome(outcome, e)  # train_in reports it, as its own error
         else:
-            print(f"error: {e}", file=sys.stderr)
+            logger.error("error: %s", e)
         return e.exit_code
     if outcome is not None:
         write_outcome(outcome, pair)
+        logger.debug("wrote the pair to %s", outcome)
     else:
-        print(json.dumps(pair.to_json(), indent=2))
+        answer(json.dumps(pair.to_json(), indent=2))
     return 0
 
 

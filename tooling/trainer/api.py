@@ -13,6 +13,7 @@ these dataclasses on both sides, and a failure there is the same
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from dataclasses import asdict, dataclass
@@ -30,6 +31,8 @@ from ..fsutil import check_creatable, read_bounded, run_scratch
 from ..procs import started
 from ..schema import Doc
 from .config import ARCH_PRESETS, PRESETS, RecipeConfig, apply_overrides
+
+logger = logging.getLogger(__name__)
 
 #: What a run folder holds (``common.RunPaths``).
 RUN_ENTRIES = frozenset(
@@ -270,6 +273,7 @@ def train_in(python: Path, request: TrainRequest) -> TrainedPair:
         env["TMPDIR"] = str(scratch)
         outcome_file = tmp / "outcome.json"
         command = [str(python), "-m", "tooling.trainer", *request.argv()]
+        logger.debug("train in %s (its log follows on stderr)", python)
         try:
             with started(
                 [*command, "--outcome", str(outcome_file)],

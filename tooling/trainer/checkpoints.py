@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..errors import TrainingError
 from .common import Log
+
+logger = logging.getLogger(__name__)
 
 
 def load_target(path: Path, device: torch.device) -> nn.Module:
@@ -58,7 +61,7 @@ def check_saved(
         "tokenizer_roundtrip": hf_tok.encode(sample, add_special_tokens=False)
         == tok.encode(sample, add_special_tokens=False).ids,
     }
-    log(f"saved: {info}")
+    log(logger, f"saved: {info}")
     if not info["tokenizer_roundtrip"]:
         raise TrainingError(f"the saved tokenizer does not encode like the trained one: {info}")
     return info

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+logger = logging.getLogger(__name__)
 
 
 def lr_factor(progress: float, warmup_frac: float, min_ratio: float) -> float:
@@ -62,15 +64,18 @@ class Budget:
 
 
 class Log:
-    """Timestamped lines to stderr and, once opened, to a log file."""
+    """The recipe's lines, each stamped with the seconds since the run began: INFO under the
+    logger of the stage that says it (the trainer's entry puts them on its stderr, which
+    ``train_in`` streams to the user as the child's log) and, once opened, in the run's
+    ``train.log``, which outlives the process."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self) -> None:
         self.t0 = time.perf_counter()
-        self.stream = stream if stream is not None else sys.stderr
         self.file: TextIO | None = None
 
     def open(self, path: Path) -> None:
         """Also write every later line to ``path``."""
+        logger.debug("the recipe's lines also in %s", path)
         self.file = path.open("a", encoding="utf-8")
 
     def close(self) -> None:
@@ -79,9 +84,9 @@ class Log:
             self.file.close()
             self.file = None
 
-    def __call__(self, message: str) -> None:
+    def __call__(self, under: logging.Logger, message: str) -> None:
         line = f"[{time.perf_counter() - self.t0:7.1f}s] {message}"
-        print(line, file=self.stream, flush=True)
+        under.info("%s", line)
         if self.file is not None:
             self.file.write(line + "\n")
             self.file.flush()
@@ -93,6 +98,7 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+    logger.debug("wrote %s", path)
 
 
 def sha256_file(path: Path) -> str:

@@ -8,11 +8,14 @@ exist, so the same file lands in the same split on every host.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 TRAIN = "train"
 DRAFT = "draft"
@@ -122,6 +125,7 @@ def load_corpus(
     """
     root = stdlib_root() if root is None else root
     paths = list_sources(root)
+    logger.debug("corpus: %d Python sources under %s", len(paths), root)
     if max_files is not None and len(paths) > max_files:
         subset = sorted(paths, key=lambda p: unit_hash(seed + 1, p))[:max_files]
         paths = sorted(subset)

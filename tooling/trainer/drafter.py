@@ -13,6 +13,7 @@ anchor (and, in sliding layers, to the window, causally) and to its own block.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from .common import Budget, Log, lr_factor
 from .config import RecipeConfig
 from .target import TrainResult, text_config
 from .torchutil import amp, eval_mode, make_adamw, set_lr
+
+logger = logging.getLogger(__name__)
 
 
 def drafter_config(cfg: RecipeConfig, target: PretrainedConfig, mask_token_id: int) -> Qwen3Config:
@@ -267,9 +270,10 @@ def train_drafter(
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 202)
     budget = Budget(cfg.drafter_steps, time_cap_s, cfg.drafter_min_steps)
     log(
+        logger,
         f"drafter: {cfg.drafter_steps} steps of {cfg.drafter_batch} sequences x "
         f"{cfg.anchors_per_seq} blocks, cap {time_cap_s:.0f}s, "
-        f"at least {min(cfg.drafter_min_steps, cfg.drafter_steps)} steps"
+        f"at least {min(cfg.drafter_min_steps, cfg.drafter_steps)} steps",
     )
     curve: list[tuple[int, float]] = []
     running = torch.zeros(bs, device=device)  # loss, then accuracy per mask position
@@ -311,9 +315,10 @@ def train_drafter(
             acc = stats[1:]
             extra = {f"train_acc_pos{i + 1}": a for i, a in enumerate(acc)}
             log(
+                logger,
                 f"drafter step {step}/{cfg.drafter_steps} loss {value:.4f} acc "
                 + " ".join(f"{a:.3f}" for a in acc)
-                + f" ({budget.elapsed():.1f}s)"
+                + f" ({budget.elapsed():.1f}s)",
             )
             if not math.isfinite(value):
                 raise TrainingError(f"drafter loss is {value} at step {step}")

@@ -8,6 +8,7 @@ the target's argmax at every position (the labels).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -18,6 +19,8 @@ from .common import Log
 from .drafter import DrafterData
 from .target import features_and_greedy, greedy_generate, text_config
 from .tokenizer import EOT_ID
+
+logger = logging.getLogger(__name__)
 
 
 def sample_windows(
@@ -63,9 +66,12 @@ def build_drafter_data(
         done += chunk.shape[0]
         elapsed = time.perf_counter() - t0
         if done == chunk.shape[0] or done == count or (done // gen_batch) % 4 == 0:
-            log(f"drafter data: generated {done}/{count} ({elapsed:.1f}s)")
+            log(logger, f"drafter data: generated {done}/{count} ({elapsed:.1f}s)")
         if elapsed > time_cap_s and done < count:
-            log(f"drafter data: time cap {time_cap_s:.0f}s reached at {done}/{count} sequences")
+            log(
+                logger,
+                f"drafter data: time cap {time_cap_s:.0f}s reached at {done}/{count} sequences",
+            )
             break
     capped = done < count
     count = done

@@ -3,6 +3,7 @@ the reference accepts enough of; each raises TrainingError, naming the figure, b
 
 from __future__ import annotations
 
+import logging
 import statistics
 from typing import Any
 
@@ -10,6 +11,8 @@ from ..errors import TrainingError
 from .common import Log
 from .config import RecipeConfig
 from .reference_accept import PlainGreedy
+
+logger = logging.getLogger(__name__)
 
 
 def target_floor(cfg: RecipeConfig, plain: PlainGreedy, log: Log) -> dict[str, Any]:
@@ -30,7 +33,7 @@ def target_floor(cfg: RecipeConfig, plain: PlainGreedy, log: Log) -> dict[str, A
         "acceptance_margin_positions": len(unchosen),
         "min_target_margin": cfg.min_target_margin,
     }
-    log(f"target floor: {figures}")
+    log(logger, f"target floor: {figures}")
     for key, what, count in (
         ("target_median_margin", "", len(margins)),
         ("acceptance_median_margin", " of the acceptance prompts", len(unchosen)),
@@ -55,7 +58,7 @@ def drafter_floor(cfg: RecipeConfig, reference: dict[str, Any], log: Log) -> dic
         "acceptance_length": length,
         "min_acceptance_length": cfg.min_acceptance_length,
     }
-    log(f"drafter floor: {figures}")
+    log(logger, f"drafter floor: {figures}")
     if length < cfg.min_acceptance_length:
         raise TrainingError(
             f"drafter: reference mean acceptance length {length:.3f} at K={k} is below the "

@@ -7,6 +7,7 @@ time is spent.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +21,8 @@ from .hybrid import FULL_ATTENTION_INTERVAL
 from .reference_accept import dflash_loop_supported, dflash_run, minimal_run
 from .target import build_target, target_config
 from .torchutil import cast_parameters
+
+logger = logging.getLogger(__name__)
 
 
 def preflight(cfg: RecipeConfig, device: torch.device, log: Log) -> dict[str, Any]:
@@ -81,16 +84,18 @@ def preflight(cfg: RecipeConfig, device: torch.device, log: Log) -> dict[str, An
         agree = ref.output_ids == minimal.output_ids
     else:
         log(
+            logger,
             "preflight: dflash_generate cannot run here (a hybrid target's recurrent state "
             "cannot be cut back, or this transformers lacks "
             "DynamicCache.activate_past_recording); the reference acceptance will use the "
-            "minimal uncached loop"
+            "minimal uncached loop",
         )
     log(
+        logger,
         f"preflight: multi-block vs reference forward max |diff| {diff:.2e} "
         f"(bf16 {diff_bf16:.2e}); "
         f"dflash loop {'runs' if supported else 'unavailable'}"
-        + (f", agrees with minimal loop: {agree}" if agree is not None else "")
+        + (f", agrees with minimal loop: {agree}" if agree is not None else ""),
     )
     return {
         "equivalence_max_abs_diff": diff,

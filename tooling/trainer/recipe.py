@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -27,6 +28,8 @@ from .common import Log, RunPaths, StopRequest, write_json
 from .config import RecipeConfig, recipe_digest
 from .corpus import SPLITS, TRAIN, Corpus, load_corpus
 from .stages import train_into
+
+logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -89,7 +92,7 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
     if not request.force and final.complete():
         summary = finished_summary(final.summary, users=request.out_dir is not None)
     if summary is not None and summary["recipe_digest"] == digest:
-        log(f"cached: {final.root} (pass --force to retrain)")
+        log(logger, f"cached: {final.root} (pass --force to retrain)")
         _export(final, export)
         return TrainedPair.from_summary(summary, cached=True)
     if summary is not None and request.out_dir is not None:
@@ -108,7 +111,7 @@ def train(request: TrainRequest, log: Log) -> TrainedPair:
         summary = train_into(cfg, corpus, digest, work, final, request.device, deadline, log)
         summary["wall_s"] = time.perf_counter() - t_start
         write_json(work.summary, summary)
-        log(f"done in {summary['wall_s']:.1f}s: {final.root}")
+        log(logger, f"done in {summary['wall_s']:.1f}s: {final.root}")
         StopRequest.check()
     except BaseException:
         log.close()

@@ -17,6 +17,7 @@ last step as vLLM does (a whole block drafted, every agreeing draft counted).
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Iterator
@@ -42,6 +43,8 @@ from .config import RecipeConfig
 from .corpus import SourceFile
 from .target import greedy_generate
 from .tokenizer import EOT_ID
+
+logger = logging.getLogger(__name__)
 
 DFLASH_LOOP = "dflash.model.dflash_generate"
 MINIMAL_LOOP = "minimal-uncached"
@@ -386,9 +389,10 @@ def reference_summary(
     report = reports[cfg.block_size - 1]
     for k, r in reports.items():
         log(
+            logger,
             f"reference ({r.loop}, K={k}): mean acceptance length "
             f"{r.mean_acceptance_length:.3f}, per position "
-            + ", ".join(f"{x:.3f}" for x in r.acceptance_per_position)
+            + ", ".join(f"{x:.3f}" for x in r.acceptance_per_position),
         )
     plain, margins = plain_run.tokens, plain_run.margins
     lossless = sum(r.output_ids == g for r, g in zip(report.runs, plain, strict=True))
@@ -446,8 +450,9 @@ def reference_summary(
         }
     )
     log(
+        logger,
         f"reference: {lossless}/{len(ids)} equal to plain greedy; minimal loop equal on "
-        f"{out['crosscheck_minimal_loop']['outputs_equal']}/{len(cross)}"
+        f"{out['crosscheck_minimal_loop']['outputs_equal']}/{len(cross)}",
     )
     return out
 

@@ -5,6 +5,7 @@ and the reference's acceptance; then the run's summary. Heavy imports happen ins
 
 from __future__ import annotations
 
+import logging
 import platform
 import statistics
 import time
@@ -17,6 +18,8 @@ from ..errors import TrainingError
 from .common import Log, RunPaths, sha256_file, write_json
 from .config import RECIPE_VERSION, RecipeConfig
 from .corpus import DRAFT, HELDOUT, SPLITS, TRAIN, Corpus
+
+logger = logging.getLogger(__name__)
 
 
 def _versions() -> dict[str, str]:
@@ -118,8 +121,9 @@ def _tokenize(cfg: RecipeConfig, corpus: Corpus, work: RunPaths, log: Log) -> _T
         "mask_id": MASK_ID,
     }
     log(
+        logger,
         f"tokenizer: {tokenizer_info}; stream tokens "
-        + ", ".join(f"{s} {streams[s].size}" for s in SPLITS)
+        + ", ".join(f"{s} {streams[s].size}" for s in SPLITS),
     )
     return _Tokens(tok, split_docs, streams, tokenizer_info)
 
@@ -169,8 +173,9 @@ def _train_target(
     tconf = target_config(cfg, cfg.vocab_size)
     target = build_target(tconf, cfg.seed, device)
     log(
+        logger,
         f"target: {count_params(target) / 1e6:.1f}M parameters, "
-        f"attention {getattr(target.config, '_attn_implementation', '?')}"
+        f"attention {getattr(target.config, '_attn_implementation', '?')}",
     )
     on_device = {s: torch.from_numpy(streams[s].astype(np.int64)).to(device) for s in SPLITS}
 
@@ -189,7 +194,7 @@ def _train_target(
         s: eval_loss(target, on_device[s], cfg.target_seq_len, cfg.eval_tokens, cfg.target_batch)
         for s in SPLITS
     }
-    log("target loss (bf16): " + ", ".join(f"{s} {v:.4f}" for s, v in losses.items()))
+    log(logger, "target loss (bf16): " + ", ".join(f"{s} {v:.4f}" for s, v in losses.items()))
     del on_device
     lap("target_eval_save")
     return _Target(target, tconf, tres, losses, target_equal)
@@ -239,8 +244,9 @@ def _write_prompts(
     )
     chosen = choose_decisive(slots, lambda batch: greedy_margins(target, batch))
     log(
+        logger,
         f"lossless prompts: the most decisive of {cfg.lossless_candidates} windows each; "
-        f"greedy choices within {NEAR_TIE} of a tie: {chosen.near_ties}"
+        f"greedy choices within {NEAR_TIE} of a tie: {chosen.near_ties}",
     )
     prompts_doc["speculative_tokens"] = list(cfg.speculative_tokens)
     prompts_doc["engine"] = engine
@@ -291,7 +297,7 @@ def _drafter_data(
         streams[HELDOUT], cfg.data_eval_sequences, cfg.data_prompt_len, rng
     )
     eval_data, _ = continuations(eval_prompts)
-    log(f"drafter data: {data_stats}")
+    log(logger, f"drafter data: {data_stats}")
     return data, data_stats, eval_data
 
 
@@ -329,16 +335,17 @@ def _train_drafter(
     drafter = build_drafter(dconf, cfg.seed + 1, device)
     left = deadline - time.perf_counter() - cfg.reserve_s
     cap = min(cfg.drafter_time_cap_s, max(left, 0.25 * cfg.drafter_time_cap_s))
-    log(f"drafter: {count_params(drafter) / 1e6:.1f}M parameters; time cap {cap:.0f}s")
+    log(logger, f"drafter: {count_params(drafter) / 1e6:.1f}M parameters; time cap {cap:.0f}s")
     dres = train(drafter, target.model, data, cfg, cap, log)
     lap("drafter_train")
     drafter, drafter_equal = _saved_in_bf16(drafter, work.drafter, load_drafter, device)
     proxy = evaluate_drafter(drafter, target.model, eval_data, cfg.block_size)
-    log(f"drafter proxy on held-out continuations: {proxy}")
+    log(logger, f"drafter proxy on held-out continuations: {proxy}")
     trained_diff = check_on_data(drafter, target.model, eval_data)
     log(
+        logger,
         f"drafter: multi-block vs reference forward on held-out data (bf16) max |diff| "
-        f"{trained_diff:.3g}"
+        f"{trained_diff:.3g}",
     )
     return _Drafter(drafter, dres, cap, proxy, trained_diff, drafter_equal)
 
@@ -369,7 +376,7 @@ def train_into(
     seed_everything(cfg.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parts stay fp32; bf16 does the work
-    log(f"recipe {digest} on {device}; corpus {corpus.root}: {corpus.stats()}")
+    log(logger, f"recipe {digest} on {device}; corpus {corpus.root}: {corpus.stats()}")
     pre = preflight(cfg, device, log)
     lap("preflight")
 

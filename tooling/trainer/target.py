@@ -7,6 +7,7 @@ context features (HF ``hidden_states[id + 1]``, the reference's reading).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from .config import RecipeConfig
 from .hybrid import hybrid_config
 from .tokenizer import EOT_ID
 from .torchutil import amp, eval_mode, make_adamw, set_lr, sync
+
+logger = logging.getLogger(__name__)
 
 
 def target_config(cfg: RecipeConfig, vocab_size: int) -> PretrainedConfig:
@@ -142,17 +145,16 @@ def train_target(
 ) -> TrainResult:
     """Train on windows of ``stream`` (a 1-D token tensor on the model's device).
 
-    The first optimizer step runs outside the time cap: it compiles the kernels (Triton's
-    autotuning of flash-linear-attention's, on a GPU), which says nothing about how long
-    training takes. Its seconds are reported apart (``first_step_s``). The main phase then
-    follows the learning-rate schedule to ``target_time_cap_s`` (or the step count). Then,
-    given ``decisiveness`` (the median top-2 logit margin of the model's greedy choices) and
-    ``target_extra_time_s``, training goes on at the schedule's last rate, checked every
-    ``target_check_every_s`` (at least one step between two checks; the extra time counted
-    from the end of the first check), until the margin clears ``min_target_margin`` with
-    ``DECISIVE_HEADROOM`` or the extra time is spent: the recipe asks for a decisive target,
-    not a number of steps. Returns the phase summary (``time_s``: the whole phase, first
-    step included); the model is trained in place.
+    The first optimizer step runs outside the time cap: it compiles the kernels (Triton's autotuning
+    of flash-linear-attention's, on a GPU), which says nothing about how long training takes. Its
+    seconds are reported apart (``first_step_s``). The main phase then follows the learning-rate
+    schedule to ``target_time_cap_s`` (or the step count). Then, given ``decisiveness`` (the median
+    top-2 logit margin of the model's greedy choices) and ``target_extra_time_s``, training goes on
+    at the schedule's last rate, checked every ``target_check_every_s`` (at least one step between
+    two checks; the extra time counted from the end of the first check), until the margin clears
+    ``min_target_margin`` with ``DECISIVE_HEADROOM`` or the extra time is spent: the recipe asks for
+    a decisive target, not a number of steps. Returns the phase summary (``time_s``: the whole
+    phase, first step included); the model is trained in place.
     """
     device = stream.device
     seq = cfg.target_seq_len
@@ -165,8 +167,9 @@ def train_target(
     offsets = torch.arange(seq, device=device)
     budget = Budget(max_steps, cfg.target_time_cap_s)
     log(
+        logger,
         f"target: {max_steps} steps of {cfg.target_batch}x{seq} tokens "
-        f"({sampler.windows_per_epoch} windows per epoch), cap {cfg.target_time_cap_s:.0f}s"
+        f"({sampler.windows_per_epoch} windows per epoch), cap {cfg.target_time_cap_s:.0f}s",
     )
     curve: list[tuple[int, float]] = []
     running = torch.zeros((), device=device)
@@ -193,7 +196,7 @@ def train_target(
             running.zero_()
             count = 0
             of = f"/{max_steps}" if step <= max_steps else " (until decisive)"
-            log(f"target step {step}{of} loss {value:.4f} ({budget.elapsed():.1f}s)")
+            log(logger, f"target step {step}{of} loss {value:.4f} ({budget.elapsed():.1f}s)")
             if not math.isfinite(value):
                 raise TrainingError(f"target loss is {value} at step {step}")
 
@@ -206,7 +209,7 @@ def train_target(
         )
         sync(device)
         first_step_s = time.perf_counter() - started
-        log(f"target: first step (kernel compile) {first_step_s:.1f}s")
+        log(logger, f"target: first step (kernel compile) {first_step_s:.1f}s")
         # The cap's clock starts now, with the compiled kernels.
         budget = Budget(max_steps, cfg.target_time_cap_s)
     while not budget.done(step):
@@ -224,7 +227,7 @@ def train_target(
             with eval_mode(model):
                 margin = decisiveness()
             checks.append((round(time.perf_counter() - started, 1), margin))
-            log(f"target: median greedy margin {margin:.3f} (goal {goal:.3f})")
+            log(logger, f"target: median greedy margin {margin:.3f} (goal {goal:.3f})")
             if margin >= goal or (extra is not None and extra.done(0)):
                 break
             # The extra time's clock starts after the first check, as the cap's after the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..errors import TrainingError
+
+logger = logging.getLogger(__name__)
 
 EOT = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -83,6 +86,7 @@ def join_documents(docs: list[np.ndarray]) -> np.ndarray:
 
 def save_hf_tokenizer(tok: Tokenizer, directory: Path, model_max_length: int) -> None:
     """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json``."""
+    logger.debug("save the tokenizer into %s", directory)
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     added = {

@@ -5,6 +5,7 @@ sees."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 import tempfile
@@ -17,6 +18,8 @@ from ..preflight import query_gpus
 from ..server import child_environment
 from .make import plan_smoke
 from .model import SmokePlan
+
+logger = logging.getLogger(__name__)
 
 GPU_QUERY_S = 60.0
 
@@ -75,5 +78,8 @@ def describe_plan(config: SmokeConfig) -> SmokePlan:
         # The query's files go to a scratch folder: a plan writes nothing (a failed query
         # names the log's last lines).
         with tempfile.TemporaryDirectory(prefix="smoke-plan-") as scratch:
+            logger.debug("no --gpus: asking %s which GPUs torch sees", python)
             gpus = query_gpus(python, Path(scratch), child_environment(), GPU_QUERY_S)
-    return plan_smoke(config, pair, gpus)
+    plan = plan_smoke(config, pair, gpus)
+    logger.debug("plan: %s: %s", plan.layout, plan.why)
+    return plan

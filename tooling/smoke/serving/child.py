@@ -9,12 +9,15 @@ so the parent always has a verdict to read.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def serve(in_path: Path, out_path: Path, work: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
@@ -30,6 +33,7 @@ def serve(in_path: Path, out_path: Path, work: Callable[[dict[str, Any]], dict[s
             "traceback": traceback.format_exc()[-4000:],
         }
     out_path.write_text(json.dumps(result) + "\n", encoding="utf-8")
+    logger.debug("wrote %s (ok: %s)", out_path, result["ok"])
     return 0 if result["ok"] else 1
 
 

@@ -24,6 +24,7 @@ first pass queried (the bonus token's position + K), to compare with
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -34,6 +35,8 @@ from typing import Any
 
 from .child import exit_now, serve
 from .engine_run import ProposalRecorder, install_recorder
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -158,6 +161,7 @@ def start_engine(request: DistributionRequest) -> tuple[Any, float]:
         optional["kv_cache_memory_bytes"] = request.kv_cache_memory_bytes
     if request.max_num_batched_tokens is not None:
         optional["max_num_batched_tokens"] = request.max_num_batched_tokens
+    logger.debug("start the engine of %s (drafter: %s)", request.target, request.drafter)
     started = time.monotonic()
     llm = LLM(
         model=request.target,

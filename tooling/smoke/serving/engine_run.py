@@ -1,21 +1,19 @@
 """In-process vLLM run with the DFlash drafter: every proposal, each drafter layer's window.
 
-Runs on the GPU host as ``python -m tooling.smoke.serving.engine_run IN.json OUT.json``
-with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the model runner lives in this
-process. Before the engine exists, ``DFlashProposer.propose`` is wrapped to
-record, per call and request row, the bonus token (the target's sampled next
-token), its position and the drafted tokens, and the context features the
-target handed the drafter (the concatenated aux hidden states, per position).
-After start-up it reads the window each drafter attention layer computes with
-(``impl.sliding_window``) and the aux layers the runner derives from the
-drafter config. The fidelity prompts run one at a time; then (``concurrent``)
-a batch of shared-prefix prompts of several lengths runs at once, with the
-lookahead-slot audit (``slotaudit``) on every first drafter pass. That run
-then serves the boundary prompt alone (``slotaudit.boundary_prompt_length``
-tokens, the drafter group's manager block size read from the scheduler): its
-first pass ends on a block's first slot, the one slot a K-slot reservation
-leaves out, which a hybrid target's large blocks seldom meet otherwise. It is
-no fidelity prompt: nothing of it is recorded but the audit.
+Runs on the GPU host as ``python -m tooling.smoke.serving.engine_run IN.json OUT.json`` with
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the model runner lives in this process. Before the
+engine exists, ``DFlashProposer.propose`` is wrapped to record, per call and request row,
+the bonus token (the target's sampled next token), its position and the drafted tokens, and
+the context features the target handed the drafter (the concatenated aux hidden states, per
+position). After start-up it reads the window each drafter attention layer computes with
+(``impl.sliding_window``) and the aux layers the runner derives from the drafter config. The
+fidelity prompts run one at a time; then (``concurrent``) a batch of shared-prefix prompts
+of several lengths runs at once, with the lookahead-slot audit (``slotaudit``) on every
+first drafter pass. That run then serves the boundary prompt alone
+(``slotaudit.boundary_prompt_length`` tokens, the drafter group's manager block size read
+from the scheduler): its first pass ends on a block's first slot, the one slot a K-slot
+reservation leaves out, which a hybrid target's large blocks seldom meet otherwise. It is no
+fidelity prompt: nothing of it is recorded but the audit.
 
 Rows are matched to prompts by the request's prompt token ids (every prompt
 is distinct), so proposals of a concurrent batch are attributed correctly.
@@ -44,6 +42,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import os
 import random
 import sys
@@ -54,6 +53,8 @@ from typing import Any
 
 from .child import exit_now, serve
 from .slotaudit import SlotAudit, audit_first_pass, boundary_prompt_length
+
+logger = logging.getLogger(__name__)
 
 RANDOM_IDS = (10, 1000)
 """Token ids of the seeded random prompts: in any tokenizer's vocabulary."""
@@ -382,6 +383,7 @@ def run(request: EngineRunInput) -> dict[str, Any]:
 
     prompts = build_prompts(request.target, request.texts, request.lengths, request.seed)
     sequential = len(prompts)
+    logger.debug("in-process engine run of %s: %d prompts", request.target, sequential)
     concurrent = request.concurrent or []
     prompts += [[int(t) for t in item["prompt"]] for item in concurrent]
     recorder = ProposalRecorder(

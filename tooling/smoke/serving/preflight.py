@@ -16,9 +16,12 @@ effort: vLLM asks itself otherwise.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def gpus() -> dict[str, Any]:
@@ -88,6 +91,7 @@ def main(argv: list[str]) -> int:
     else:
         result = preflight(json.loads(argv[1]), ray="--ray" in argv[2:])
     out.write_text(json.dumps(result), encoding="utf-8")
+    logger.debug("wrote %s", out)
     return 0
 
 

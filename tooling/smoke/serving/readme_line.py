@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import logging
 import os
 import sys
 import time
@@ -37,6 +38,8 @@ from typing import Any
 from ...procs import log_tail, start_group, stop_group
 from ..client import get_text, is_healthy, post_json
 from ..server import free_port
+
+logger = logging.getLogger(__name__)
 
 K = 15
 READY_S = 900.0
@@ -247,6 +250,7 @@ def session(pair: Path, out: Path, variants: list[str]) -> int:
         time.sleep(5)
     records = {}
     for name in variants:
+        logger.debug("README line, variant %s", name)
         records[name] = run_variant(name, pair, out)
         try:
             table: Any = compare(records)

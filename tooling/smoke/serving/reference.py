@@ -39,6 +39,7 @@ shards while the engine still runs (``tooling.smoke.reference_pool``).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...entry import entry_logging
 from .agreement import MAX_EXAMPLES, Tally
 from .child import serve
 from .reference_model import (
@@ -60,6 +62,8 @@ from .reference_model import (
     target_hidden_states,
     tie_margins,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -292,7 +296,8 @@ def _progress_line(done: int, total: int, seconds: dict[str, float]) -> str:
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """A line of the comparison's progress, in the child's log (its stderr)."""
+    logger.info("%s", line)
 
 
 def compare(setup: ModelSetup, request: FidelityInput) -> dict[str, Any]:
@@ -331,7 +336,8 @@ def main(argv: list[str]) -> int:
     """Load the models named in ``argv[0]`` (a ModelSetup), then read from stdin the path
     of a FidelityInput and, on a second line if any, of a list of divergences, and write
     their Tally to ``argv[1]``; 0 when it ran."""
-    return serve(Path(argv[0]), Path(argv[1]), _load_then_tally)
+    with entry_logging():
+        return serve(Path(argv[0]), Path(argv[1]), _load_then_tally)
 
 
 if __name__ == "__main__":

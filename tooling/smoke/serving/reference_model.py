@@ -5,8 +5,11 @@ SERVING interpreter, for ``reference``)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def pick_device(requested: str) -> str:
@@ -24,6 +27,7 @@ def load_pair(target: str, drafter: str, device: str, dtype: str) -> tuple[Any, 
     from dflash.model import DFlashDraftModel
 
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+    logger.debug("load the reference pair %s, %s on %s (%s)", target, drafter, device, dtype)
     # The class the checkpoint names (Qwen3_5ForConditionalGeneration loads its
     # own weight layout; the Auto mapping would pick the text-only class).
     config = transformers.AutoConfig.from_pretrained(target)

@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ...entry import answer, entry_logging
 from ...fsutil import sha256_file
 from ...trainer.hybrid import hybrid_config as qwen3_5_config
+
+logger = logging.getLogger(__name__)
 
 #: Qwen3.6's own attention head width (a quarter of it rotates).
 HYBRID_ATTENTION_HEAD_DIM = 256
@@ -400,6 +404,7 @@ def write_tiny_models(
     """Generate the pair under ``root`` (``target/``, ``drafter/``, ``tiny.json``) and return it.
     ``device``: where to draw it in bf16; None: fp32 on the CPU."""
     spec = spec or TinySpec()
+    logger.debug("write the tiny %s pair into %s", spec.arch, root)
     root.mkdir(parents=True, exist_ok=True)
     write_target(root / "target", spec, device)
     write_drafter(root / "drafter", spec, device)
@@ -426,8 +431,9 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     spec = TinySpec.for_arch(args.arch, args.seed, hidden_size=args.hidden_size)
-    models = write_tiny_models(args.out, spec, args.device)
-    print(json.dumps(models.to_json()))
+    with entry_logging():
+        models = write_tiny_models(args.out, spec, args.device)
+    answer(json.dumps(models.to_json()))
     return 0
 
 

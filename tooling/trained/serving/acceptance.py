@@ -10,13 +10,17 @@ repeats (fix 3).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ...entry import entry_logging
 from ...smoke.serving.child import exit_now, serve
+
+logger = logging.getLogger(__name__)
 
 #: The prefix of vLLM's spec-decode counters (the toolchain's table reads them by it too).
 SPEC = "vllm:spec_decode_"
@@ -47,6 +51,7 @@ def run_engine(request: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     prompts = [p["token_ids"] for p in request["prompts"]]
+    logger.debug("start the engine of %s: %d prompts", request["target"], len(prompts))
     started = time.monotonic()
     llm = LLM(
         model=request["target"],
@@ -94,11 +99,11 @@ def run_engine(request: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """``run IN.json OUT.json``: measure this interpreter's vLLM; exit 0 when it ran."""
-    if len(argv) != 3 or argv[0] != "run":
-        usage = "usage: python -m tooling.trained.serving.acceptance run IN.json OUT.json"
-        print(usage, file=sys.stderr)
-        return 2
-    return serve(Path(argv[1]), Path(argv[2]), run_engine)
+    with entry_logging():
+        if len(argv) != 3 or argv[0] != "run":
+            logger.error("usage: python -m tooling.trained.serving.acceptance run IN.json OUT.json")
+            return 2
+        return serve(Path(argv[1]), Path(argv[2]), run_engine)
 
 
 if __name__ == "__main__":

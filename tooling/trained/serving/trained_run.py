@@ -21,6 +21,7 @@ plans the requests and judges the results. Workloads, each optional:
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sys
 import time
@@ -37,6 +38,8 @@ from ...smoke.serving.distribution import (
     start_engine,
 )
 from .acceptance import SPEC, _counters, _delta
+
+logger = logging.getLogger(__name__)
 
 #: The counters kept per prompt when prompts are served one at a time.
 PER_PROMPT = (f"{SPEC}num_drafts", f"{SPEC}num_accepted_tokens")
@@ -179,6 +182,7 @@ def run(request: TrainedRunRequest) -> dict[str, Any]:
 
     running = RunningCounter()
     running.install(Scheduler)
+    logger.debug("start the engine: %d lossless prompts", len(request.lossless))
     try:
         llm, startup_s = start_engine(request.engine)
         lossless: dict[str, Any] = {}
