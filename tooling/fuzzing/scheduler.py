@@ -135,6 +135,7 @@ def run_campaign(target: ProbeTarget, plan: CampaignPlan, out_dir: Path) -> Camp
             log = out_dir / "logs" / f"job-{j}.log"
             cmd = probe_command(target.python, MODULE, [str(job_file), str(output)])
             procs.append(start_group(cmd, log=log, env=env, cwd=workdir, truncate_log=True))
+            logger.debug("fuzz job %d started, its log %s", j, log)
         for j, proc in enumerate(procs):
             if proc.wait() != 0:
                 result.errors.append(
@@ -188,4 +189,6 @@ def _save(result: CampaignResult, out_dir: Path) -> None:
         validate_case(finding.case, str(path))
         write_case_file(path, CaseFile(finding.case, finding.kind, finding.detail, result.found_on))
         finding.saved = path
+        logger.debug("finding %s saved: %s", finding.kind, path)
     atomic_write_text(out_dir / SUMMARY, json.dumps(result.to_json(), indent=1) + "\n")
+    logger.debug("%d cases in %.1f s, summary: %s", result.cases, result.seconds, out_dir / SUMMARY)
