@@ -11,7 +11,7 @@ machine does not count; the ratio DFlash / plain is the figure to read.
 
 Run (the probe interpreter, with the tree to measure on its path):
   PYTHONPATH=build/work/vllm-0.20.1:. $(.venv/bin/tooling probe-env) \\
-      bench/bench_scheduler_step.py [--k 15] [--steps 200]
+      bench/bench_scheduler_step.py [--k 15] [--steps 200] [--max-num-seqs 256]
 """
 
 from __future__ import annotations
@@ -97,8 +97,11 @@ def _step(engine: Engine, k: int, rng: random.Random) -> tuple[float, int]:
     return spent, out.total_num_scheduled_tokens
 
 
-def measure(k: int, concurrent: int, steps: int, root: Path) -> Row:
-    engine = build_engine(Settings(k=k, max_model_len=1 << 16, kv_memory_factor=80.0), root)
+def measure(k: int, concurrent: int, steps: int, root: Path, max_num_seqs: int | None) -> Row:
+    settings = Settings(
+        k=k, max_num_seqs=max_num_seqs, max_model_len=1 << 16, kv_memory_factor=80.0
+    )
+    engine = build_engine(settings, root)
     if not isinstance(engine, Engine):
         raise SystemExit(f"k={k}: the engine did not build: {engine.outcome} {engine.detail}")
     _add_requests(engine, concurrent)
@@ -119,13 +122,18 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=15)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--concurrent", default="1,16,64")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="as on vllm serve (default: vLLM's; stock 0.20.1 cannot serve K = 15 at it)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp, h200_platform():
         for concurrent in (int(c) for c in args.concurrent.split(",")):
             for k in (0, args.k):
-                rows.append(measure(k, concurrent, args.steps, Path(tmp)))
+                rows.append(measure(k, concurrent, args.steps, Path(tmp), args.max_num_seqs))
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=1))
         return 0
