@@ -31,8 +31,8 @@ from tooling.probes._schedsim import (
     Req,
     Settings,
     build_engine,
+    engine_request,
     h200_platform,
-    prompt_tokens,
 )
 
 PROMPT_LEN = 512
@@ -51,20 +51,9 @@ class Row:
 
 
 def _add_requests(engine: Engine, concurrent: int) -> None:
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.request import Request
-
     for i in range(concurrent):
         req = Req(arrival=0, prompt_len=PROMPT_LEN, max_tokens=1 << 20)
-        engine.scheduler.add_request(
-            Request(
-                request_id=f"r{i}",
-                prompt_token_ids=prompt_tokens(i, req),
-                sampling_params=SamplingParams(max_tokens=req.max_tokens, ignore_eos=True),
-                pooling_params=None,
-                block_hasher=engine.hasher,
-            )
-        )
+        engine.scheduler.add_request(engine_request(i, req, engine.hasher))
 
 
 def _step(engine: Engine, k: int, rng: random.Random) -> tuple[float, int]:

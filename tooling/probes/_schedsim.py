@@ -414,3 +414,25 @@ def prompt_tokens(index: int, req: Req) -> list[int]:
     prefix = [1000 + (req.prefix * 7919 + i * 31) % 90000 for i in range(req.prefix_len)]
     own = [100000 + (index * 104729 + i * 17) % 140000 for i in range(req.prompt_len - len(prefix))]
     return (prefix + own)[: req.prompt_len]
+
+
+def engine_request(index: int, req: Req, hasher: Any) -> Any:
+    """vLLM's ``Request`` for the workload's request ``index``, greedy, as the engine core
+    receives it (``r<index>``, its prompt from :func:`prompt_tokens`)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(
+        max_tokens=req.max_tokens,
+        min_tokens=min(req.min_tokens, req.max_tokens),
+        stop_token_ids=[STOP_TOKEN] if req.stop else None,
+        ignore_eos=True,
+        temperature=0.0,
+    )
+    return Request(
+        request_id=f"r{index}",
+        prompt_token_ids=prompt_tokens(index, req),
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=hasher,
+    )

@@ -24,7 +24,7 @@ from ._schedsim import (
     Finding,
     Outcome,
     build_engine,
-    prompt_tokens,
+    engine_request,
 )
 
 #: Consecutive steps that pass over a prefilling request with budget, a slot and the blocks of
@@ -163,26 +163,8 @@ class _Driver:
         return scheduled
 
     def _add(self, index: int) -> None:
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        req = self.case.requests[index]
-        params = SamplingParams(
-            max_tokens=req.max_tokens,
-            min_tokens=min(req.min_tokens, req.max_tokens),
-            stop_token_ids=[STOP_TOKEN] if req.stop else None,
-            ignore_eos=True,
-            temperature=0.0,
-        )
-        self.scheduler.add_request(
-            Request(
-                request_id=f"r{index}",
-                prompt_token_ids=prompt_tokens(index, req),
-                sampling_params=params,
-                pooling_params=None,
-                block_hasher=self.engine.hasher,
-            )
-        )
+        req = engine_request(index, self.case.requests[index], self.engine.hasher)
+        self.scheduler.add_request(req)
 
     def _check_starvation(self, out: Any) -> None:
         """A prompt still prefilling must be scheduled in a step that has room for it: budget
