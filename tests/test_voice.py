@@ -72,6 +72,7 @@ PURE = {
     # them (a server observed, a burst sent) log under their own modules.
     "smoke/client.py",
     "trained/hybrid_verdicts.py",
+    "trained/serving/trace_split.py",
     # The recipe's settings, a config as data, its choice of prompts, torch helpers.
     "trainer/checked.py",
     "trainer/config.py",

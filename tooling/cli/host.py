@@ -17,6 +17,7 @@ from ..host import parts as parts_
 from ..host import proof as proof_
 from ..host import session as session_
 from ..host import smoke as smoke_
+from ..host import speed as speed_
 from ..host import trained as trained_
 from ..host.layout import (
     DEFAULT_WORK,
@@ -322,6 +323,34 @@ def session_command(ctx: click.Context, words: tuple[str, ...]) -> None:
         session_.collect(layout, out)
     else:
         session_.wait(layout, seconds, out)
+
+
+@host_group.command("speed", context_settings={"ignore_unknown_options": True})
+@click.argument("step", type=click.Choice(["draw", "start", "wait"]))
+@click.argument("words", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def speed_command(ctx: click.Context, step: str, words: tuple[str, ...]) -> None:
+    """DFlash against plain vLLM (tooling.trained.speed): draw ARCH DIR [DEVICE] | start PAIR
+    [RUN ARGS] | wait SECONDS (OUT: where the report and figures go)."""
+    layout = layout_of(ctx)
+    code = 0
+    if step == "draw":
+        if len(words) not in (2, 3) or words[0] not in speed_.ARCHES:
+            raise HostUsageError(f"draw needs ARCH ({', '.join(speed_.ARCHES)}) and DIR")
+        device = words[2] if len(words) == 3 else "cuda"
+        if device not in speed_.DEVICES:
+            raise HostUsageError(f"draw: DEVICE must be one of {', '.join(speed_.DEVICES)}")
+        speed_.draw(layout, words[0], absolute(words[1]), device)
+    elif step == "start":
+        if not words:
+            raise HostUsageError("start needs PAIR")
+        speed_.start(layout, absolute(words[0]), list(words[1:]))
+    else:
+        if len(words) != 1:
+            raise HostUsageError("wait needs SECONDS")
+        seconds = whole_number("SECONDS", words[0])
+        code = speed_.wait(layout, seconds, absolute(required("OUT", env("OUT"), OUT_BACK)))
+    ctx.exit(code)
 
 
 @host_group.command("make-parts")

@@ -55,6 +55,7 @@ class Modules:
     #: The plan's engine sites (its ``SITES``), which the ablations follow.
     TRAINED_SITES = "tooling.trained.hybrid_plan"
     TRAINED_CALL = "tooling.trained.measure"
+    SPEED = "tooling.trained.speed"
 
 
 @dataclass(frozen=True)

@@ -65,37 +65,46 @@ def _missing_sites(engines: dict[str, Path]) -> list[str]:
     return sorted(set(hybrid_plan.SITES) - set(engines))
 
 
-def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: float) -> None:
-    """Serve every variant of ``call`` (planned in ``work``) at once on this GPU, each in a
-    process of its own with ``engines[site]`` first on its path and a compile cache of its own
-    (so no engine reads another's compiled graphs), each stopped at ``time_limit_s``."""
-    chosen = [v for v in hybrid_plan.load_variants(work) if v.call == call]
-    logger.debug("call %d: %s at once", call, ", ".join(v.name for v in chosen))
+def serve_engines(
+    work: Path, engines: dict[str, Path], sites: dict[str, str], module: str, time_limit_s: float
+) -> None:
+    """Run ``python -m module work/NAME.in.json work/NAME.out.json`` for every ``NAME: site`` of
+    ``sites`` at once on this GPU, each in a process of its own with ``engines[site]`` first on
+    its path and a compile cache of its own (so no engine reads another's compiled graphs), each
+    stopped at ``time_limit_s``."""
+    logger.debug("%s: %s at once", module, ", ".join(sites))
 
-    def serve(variant: hybrid_plan.Variant) -> procs.ChildResult:
+    def serve(name: str) -> procs.ChildResult:
         path = os.pathsep.join(
-            filter(None, [str(engines[variant.site]), os.environ.get("PYTHONPATH")])
+            filter(None, [str(engines[sites[name]]), os.environ.get("PYTHONPATH")])
         )
         env = {
             **os.environ,
             "PYTHONPATH": path,
-            "VLLM_CACHE_ROOT": str(work / f"vllm-cache-{variant.name}"),
+            "VLLM_CACHE_ROOT": str(work / f"vllm-cache-{name}"),
         }
         return procs.run_child(
             [
                 sys.executable,
                 "-m",
-                "tooling.trained.serving.trained_run",
-                str(work / f"{variant.name}.in.json"),
-                str(work / f"{variant.name}.out.json"),
+                module,
+                str(work / f"{name}.in.json"),
+                str(work / f"{name}.out.json"),
             ],
-            log=work / f"{variant.name}.log",
+            log=work / f"{name}.log",
             env=env,
             timeout_s=time_limit_s,
         )
 
-    with ThreadPoolExecutor(max_workers=max(len(chosen), 1)) as pool:
-        list(pool.map(serve, chosen))
+    with ThreadPoolExecutor(max_workers=max(len(sites), 1)) as pool:
+        list(pool.map(serve, sites))
+
+
+def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: float) -> None:
+    """Serve every variant of ``call`` (planned in ``work``) at once (``serve_engines``)."""
+    chosen = [v for v in hybrid_plan.load_variants(work) if v.call == call]
+    sites = {v.name: v.site for v in chosen}
+    serve_engines(work, engines, sites, "tooling.trained.serving.trained_run", time_limit_s)
 
 
 def measure_trained_hybrid(

@@ -58,11 +58,15 @@ MANIFEST = "tiny.json"
 HYBRID = "hybrid"
 SEED = "seed"
 QWEN3 = "qwen3"
+#: The hybrid recipe's pair (``tooling/trainer/config.py`` preset ``hybrid``) with random
+#: weights: the trained pair's shapes, so its engines do the same work per step.
+TRAINED_SHAPE = "trained-shape"
 #: The architecture each target's config.json names; the drafter's is DRAFTER_ARCHITECTURE.
 TARGET_ARCHITECTURES = {
     QWEN3: "Qwen3ForCausalLM",
     HYBRID: "Qwen3_5ForConditionalGeneration",
     SEED: "Qwen3_5ForConditionalGeneration",
+    TRAINED_SHAPE: "Qwen3_5ForConditionalGeneration",
 }
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 EOS_TOKEN = "<|endoftext|>"
@@ -104,7 +108,7 @@ class TinySpec:
 
     @property
     def is_hybrid(self) -> bool:
-        return self.arch in (HYBRID, SEED)
+        return self.arch in (HYBRID, SEED, TRAINED_SHAPE)
 
     @property
     def architectures(self) -> tuple[str, str]:
@@ -128,6 +132,10 @@ class TinySpec:
             return cls.seed_shaped(seed, hidden_size or SEED_TEST_HIDDEN)
         if hidden_size is not None:
             raise ValueError(f"the {arch} pair has a fixed hidden size")
+        if arch == TRAINED_SHAPE:
+            return cls.trained_shaped(seed)
+        if hidden_size is not None:
+            raise ValueError(f"the {arch} pair has a fixed hidden size")
         if arch == QWEN3:
             return cls(seed=seed, arch=QWEN3)
         if arch == HYBRID:
@@ -140,6 +148,32 @@ class TinySpec:
                 draft_layer_types=("sliding_attention",) * 4 + ("full_attention",),
             )
         raise ValueError(f"unknown tiny architecture {arch!r}")
+
+    @classmethod
+    def trained_shaped(cls, seed: int) -> TinySpec:
+        """The hybrid recipe's pair (its ``hybrid`` preset) with random weights."""
+        from ...trainer.config import PRESETS
+
+        cfg = PRESETS["hybrid"]
+        return cls(
+            seed=seed,
+            arch=TRAINED_SHAPE,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.target_intermediate,
+            target_layers=cfg.target_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            draft_layer_types=cfg.drafter_layer_types,
+            sliding_window=cfg.sliding_window,
+            target_layer_ids=cfg.target_layer_ids,
+            block_size=cfg.block_size,
+            linear_num_key_heads=cfg.linear_num_key_heads,
+            linear_num_value_heads=cfg.linear_num_value_heads,
+            linear_head_dim=cfg.linear_head_dim,
+            draft_attention=(cfg.draft_num_heads, cfg.draft_num_kv_heads, cfg.draft_head_dim),
+        )
 
     @classmethod
     def seed_shaped(cls, seed: int, hidden_size: int) -> TinySpec:
@@ -424,7 +458,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tooling.smoke.serving.tiny")
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arch", choices=(HYBRID, SEED, QWEN3), default=HYBRID)
+    parser.add_argument("--arch", choices=(HYBRID, SEED, QWEN3, TRAINED_SHAPE), default=HYBRID)
     parser.add_argument("--hidden-size", type=int, help="the seed-shaped pair's width")
     parser.add_argument(
         "--device", choices=("cuda", "cpu"), help="draw in bf16 there (default: fp32 on the CPU)"

@@ -1,0 +1,454 @@
+"""One engine's decode speed on the trained pair, and where its step's time goes.
+
+Runs on the GPU host as ``python -m tooling.trained.serving.speed_run IN.json OUT.json`` in the
+interpreter of the vLLM under test, one engine per process, compiled with CUDA graphs (or as
+the request's engine arguments say). ``tooling.trained.speed`` plans the engines and reports.
+
+For each concurrency level, once every engine of the run has warmed up (the first traffic of
+each shape, where compiles and autotuning happen) and while it alone holds the run's lock:
+
+- **passes**: ``passes`` batches of ``level`` prompts, ``max_new_tokens`` each (greedy, no
+  EOS), timed end to end: tokens/s, as the trained pair's speed table has them, with the
+  acceptance length from vLLM's own counters and the CUDA-graph dispatch of every step;
+- **steps**: ``level`` requests, once all are decoding, ``window_steps`` engine steps timed one
+  by one: the step time and the tokens each step gave;
+- **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
+  ``torch.profiler``, split by ``trace_split`` into GPU time by what launched it, CPU time by
+  region and host waits; vLLM's own profiling scopes are on only inside the profile.
+
+Across the steady traffic it also reports anything compiled, captured or autotuned again
+(vLLM's compilation counter, Dynamo's counters, the entries of every Triton autotuner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import gc
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...smoke.serving.child import exit_now, serve
+from ...smoke.serving.distribution import DistributionRequest, RunningCounter, start_engine
+from . import trace_split
+from .trained_run import _generate, _mark_done, _spec, _wait_for_barrier
+
+logger = logging.getLogger(__name__)
+
+#: The region that marks each profiled engine step.
+STEP_REGION = "engine step"
+#: Methods timed as regions inside a profile: (module, class, method, region).
+REGIONS = (
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", "scheduler: schedule"),
+    (
+        "vllm.v1.core.sched.scheduler",
+        "Scheduler",
+        "update_from_output",
+        "scheduler: update_from_output",
+    ),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        "_build_attention_metadata",
+        "runner: attention metadata",
+    ),
+    (
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        "_update_states_after_model_execute",
+        "hybrid: accepted tokens",
+    ),
+    (
+        "vllm.v1.attention.backends.gdn_attn",
+        "GDNAttentionMetadataBuilder",
+        "build",
+        "gdn: metadata",
+    ),
+    ("vllm.v1.sample.rejection_sampler", "RejectionSampler", "forward", "rejection sampler"),
+    ("vllm.v1.spec_decode.dflash", "DFlashProposer", "set_inputs_first_pass", "drafter: inputs"),
+    (
+        "vllm.v1.spec_decode.dflash",
+        "DFlashProposer",
+        "build_model_inputs_first_pass",
+        "drafter: context kv",
+    ),
+    (
+        "vllm.v1.spec_decode.dflash",
+        "DFlashProposer",
+        "build_per_group_and_layer_attn_metadata",
+        "drafter: metadata",
+    ),
+)
+
+
+@dataclass
+class SpeedRunRequest:
+    name: str
+    engine: DistributionRequest
+    prompts: list[list[int]]
+    levels: list[int]
+    passes: int
+    max_new_tokens: int
+    window_steps: int
+    profile_levels: list[int]
+    profile_steps: int
+    lock: str
+    """A file every engine of the run locks while it measures, so no figure shares the GPU."""
+    barrier: str
+    """A folder where each engine leaves a file once warm."""
+    barrier_count: int
+    barrier_timeout_s: float = 900.0
+    constant_logits: bool = False
+    """Afterwards, zero every LM head (target's and drafter's): all logits are equal, greedy
+    picks token 0 everywhere and every draft is accepted; then time the steps again."""
+    partial: str | None = None
+    """Where the figures so far are written after each level, for a run cut short."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeedRunRequest:
+        values = dict(data)
+        values["engine"] = DistributionRequest.from_json(values["engine"])
+        return cls(**values)
+
+
+class Dispatches:
+    """The CUDA-graph mode and padded size of every forward the engine dispatched, the target's
+    and the drafter's apart (wraps ``CudagraphDispatcher.dispatch``)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.target: Any = None
+
+    def install(self) -> None:
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+        original = CudagraphDispatcher.dispatch
+        seen = self
+
+        def dispatch(self: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            mode, descriptor = original(self, num_tokens, *args, **kwargs)
+            who = "target" if self is seen.target else "drafter"
+            padded = getattr(descriptor, "num_tokens", num_tokens)
+            seen.counts[f"{who} {getattr(mode, 'name', mode)} {num_tokens}->{padded}"] += 1
+            return mode, descriptor
+
+        CudagraphDispatcher.dispatch = dispatch  # type: ignore[method-assign]
+
+    def take(self) -> dict[str, int]:
+        out = dict(self.counts.most_common())
+        self.counts.clear()
+        return out
+
+
+def _runner(llm: Any) -> Any:
+    return llm.collective_rpc(lambda worker: worker.model_runner)[0]
+
+
+def _autotune_entries() -> int:
+    import warnings
+
+    from triton.runtime.autotuner import Autotuner
+
+    with warnings.catch_warnings():
+        # isinstance on some of the process's objects warns (lazy modules).
+        warnings.simplefilter("ignore")
+        tuners = [o for o in gc.get_objects() if isinstance(o, Autotuner)]
+    return sum(len(getattr(o, "cache", {})) for o in tuners)
+
+
+def _compiles() -> dict[str, int]:
+    """vLLM's compilation counter, Dynamo's counters and Triton's autotune entries, now."""
+    from torch._dynamo.utils import counters
+    from vllm.compilation.counter import compilation_counter
+
+    now = {f"vllm.{k}": int(v) for k, v in dataclasses.asdict(compilation_counter).items()}
+    for group in ("stats", "frames", "recompiles"):
+        now.update({f"dynamo.{group}.{k}": int(v) for k, v in counters.get(group, {}).items()})
+    now["triton.autotune_entries"] = _autotune_entries()
+    return now
+
+
+def _grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def _acceptance_length(before: dict[str, float], after: dict[str, float]) -> float | None:
+    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
+        "vllm:spec_decode_num_drafts", 0
+    )
+    accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
+        "vllm:spec_decode_num_accepted_tokens", 0
+    )
+    return 1.0 + accepted / drafts if drafts else None
+
+
+def _passes(
+    llm: Any, request: SpeedRunRequest, level: int, running: RunningCounter, seen: Dispatches
+) -> list[dict[str, Any]]:
+    batch = [request.prompts[i % len(request.prompts)] for i in range(level)]
+    out = []
+    for _ in range(request.passes):
+        running.most = 0
+        seen.take()
+        before = _spec(llm)
+        begin = time.perf_counter()
+        done = _generate(llm, batch, request.max_new_tokens, None)
+        seconds = time.perf_counter() - begin
+        out.append(
+            {
+                "seconds": seconds,
+                "tokens": sum(len(o.outputs[0].token_ids) for o in done),
+                "most_running": running.most,
+                "acceptance_length": _acceptance_length(before, _spec(llm)),
+                "dispatch": seen.take(),
+            }
+        )
+    return out
+
+
+@contextlib.contextmanager
+def _profiling_scopes() -> Iterator[list[str]]:
+    """vLLM's own scopes and ``REGIONS`` as ``record_function`` regions, for one profile."""
+    import importlib
+
+    import vllm.v1.utils as vutils
+    from torch.profiler import record_function
+
+    missing: list[str] = []
+    restore: list[tuple[Any, str, Any]] = []
+    for module, cls_name, method, region in REGIONS:
+        cls = getattr(importlib.import_module(module), cls_name, None)
+        original = getattr(cls, method, None) if cls is not None else None
+        if original is None:
+            missing.append(f"{cls_name}.{method}")
+            continue
+
+        def timed(*args: Any, __fn: Any = original, __region: str = region, **kwargs: Any) -> Any:
+            with record_function(__region):
+                return __fn(*args, **kwargs)
+
+        restore.append((cls, method, original))
+        setattr(cls, method, timed)
+    scopes = vutils._PROFILER_FUNC
+    vutils._PROFILER_FUNC = record_function
+    try:
+        yield missing
+    finally:
+        vutils._PROFILER_FUNC = scopes
+        for cls, method, original in restore:
+            setattr(cls, method, original)
+
+
+def _decoding_window(
+    llm: Any, request: SpeedRunRequest, level: int, steps: int, mark: bool
+) -> dict[str, Any]:
+    """``level`` requests; once each has decoded a token, ``steps`` engine steps timed one by
+    one (each a ``STEP_REGION`` when ``mark``); the rest aborted and drained."""
+    from torch.profiler import record_function
+    from vllm.inputs import TokensPrompt
+
+    from ...smoke.serving.distribution import greedy_params
+
+    engine = llm.llm_engine
+    k = request.engine.num_speculative_tokens
+    ids = [f"window-{level}-{time.monotonic_ns()}-{i}" for i in range(level)]
+    for i, rid in enumerate(ids):
+        prompt = request.prompts[i % len(request.prompts)]
+        room = request.engine.max_model_len - len(prompt) - k - 2
+        tokens = max(min(room, (steps + 8) * (k + 1) + 8), 1)
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), greedy_params(tokens, None))
+    made: dict[str, int] = dict.fromkeys(ids, 0)
+    finished: set[str] = set()
+
+    def step() -> None:
+        for out in engine.step():
+            if out.request_id not in made:
+                continue
+            made[out.request_id] = len(out.outputs[0].token_ids)
+            if out.finished:
+                finished.add(out.request_id)
+
+    warm_steps = 0
+    while min(made.values()) < 1 and warm_steps < 10_000:
+        step()
+        warm_steps += 1
+    start = dict(made)
+    times = []
+    for _ in range(steps):
+        if finished:
+            break
+        begin = time.perf_counter()
+        with record_function(STEP_REGION) if mark else contextlib.nullcontext():
+            step()
+        times.append((time.perf_counter() - begin) * 1000.0)
+    tokens = sum(made[r] - start[r] for r in ids)
+    engine.abort_request([r for r in ids if r not in finished])
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {
+        "steps": len(times),
+        "step_ms_median": statistics.median(times) if times else None,
+        "step_ms_mean": statistics.fmean(times) if times else None,
+        "tokens_per_step": tokens / len(times) if times else None,
+        "prefill_steps": warm_steps,
+    }
+
+
+def _profile(llm: Any, request: SpeedRunRequest, level: int) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with tempfile.TemporaryDirectory(prefix="speed-trace-") as folder:
+        trace = Path(folder) / "trace.json"
+        with _profiling_scopes() as missing, profile(activities=activities) as prof:
+            window = _decoding_window(llm, request, level, request.profile_steps, mark=True)
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    steps, span = trace_split.step_window(events, STEP_REGION)
+    figures = trace_split.split(events, steps, span).per_step()
+    return {**figures, "window": window, "regions_missing": missing}
+
+
+def _save_partial(request: SpeedRunRequest, figures: dict[str, Any]) -> None:
+    if request.partial is None:
+        return
+    path = Path(request.partial)
+    temp = path.with_name(path.name + ".tmp")
+    temp.write_text(json.dumps({"ok": False, "error": "cut short", **figures}))
+    os.replace(temp, path)
+
+
+def _zero_lm_heads(worker: Any) -> int:
+    """Zero the LM head of the target and of the drafter; how many heads were zeroed."""
+    runner = worker.model_runner
+    models = [runner.get_model()]
+    drafter = getattr(getattr(runner, "drafter", None), "model", None)
+    if drafter is not None:
+        models.append(drafter)
+    zeroed = 0
+    for model in models:
+        model = model.unwrap() if hasattr(model, "unwrap") else model
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            if name.split(".")[-1] == "lm_head" and weight is not None:
+                weight.data.zero_()
+                zeroed += 1
+    return zeroed
+
+
+def _measure(llm: Any, request: SpeedRunRequest, running: RunningCounter) -> dict[str, Any]:
+    seen = Dispatches()
+    seen.target = _runner(llm).cudagraph_dispatcher
+    seen.install()
+    before = _compiles()
+    speed: dict[str, Any] = {}
+    steps: dict[str, Any] = {}
+    profiles: dict[str, Any] = {}
+    with open(request.lock, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for level in request.levels:
+                logger.info("%s: level %d", request.name, level)
+                speed[str(level)] = _passes(llm, request, level, running, seen)
+                steps[str(level)] = _decoding_window(
+                    llm, request, level, request.window_steps, mark=False
+                )
+                if level in request.profile_levels:
+                    try:
+                        profiles[str(level)] = _profile(llm, request, level)
+                    except Exception as exc:  # a profile that fails leaves the speed figures
+                        logger.exception("profile at %d", level)
+                        profiles[str(level)] = {"error": f"{type(exc).__name__}: {exc}"}
+                _save_partial(request, {"speed": speed, "steps": steps, "profile": profiles})
+            figures = {
+                "speed": speed,
+                "steps": steps,
+                "profile": profiles,
+                "steady_changes": _grown(before, _compiles()),
+            }
+            if request.constant_logits:
+                zeroed = sum(llm.collective_rpc(_zero_lm_heads))
+                figures["constant_logits"] = {
+                    "lm_heads_zeroed": zeroed,
+                    "steps": {
+                        str(level): _decoding_window(
+                            llm, request, level, request.window_steps, mark=False
+                        )
+                        for level in request.levels
+                    },
+                }
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return figures
+
+
+def _warm(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
+    """The first traffic of each level's shapes, before the measured passes."""
+    warm = {}
+    for level in request.levels:
+        batch = [request.prompts[i % len(request.prompts)] for i in range(level)]
+        begin = time.perf_counter()
+        done = _generate(llm, batch, request.max_new_tokens, None)
+        warm[str(level)] = {
+            "seconds": time.perf_counter() - begin,
+            "tokens": sum(len(o.outputs[0].token_ids) for o in done),
+        }
+        _decoding_window(llm, request, level, 4, mark=False)
+    return warm
+
+
+def run(request: SpeedRunRequest) -> dict[str, Any]:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import vllm
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    running = RunningCounter()
+    running.install(Scheduler)
+    try:
+        llm, startup_s = start_engine(request.engine)
+        warm = _warm(llm, request)
+    finally:
+        # An engine that failed must not keep the others waiting.
+        _mark_done(request)  # type: ignore[arg-type]
+    waited = _wait_for_barrier(request)  # type: ignore[arg-type]
+    measured = _measure(llm, request, running)
+    config = llm.llm_engine.vllm_config
+    compilation = config.compilation_config
+    return {
+        "name": request.name,
+        "vllm_version": getattr(vllm, "__version__", None),
+        "vllm_location": str(Path(vllm.__file__).parent),
+        "startup_s": startup_s,
+        "cudagraph_mode": str(compilation.cudagraph_mode),
+        "max_cudagraph_capture_size": compilation.max_cudagraph_capture_size,
+        "async_scheduling": bool(config.scheduler_config.async_scheduling),
+        "max_num_scheduled_tokens": config.scheduler_config.max_num_scheduled_tokens,
+        "num_gpu_blocks": config.cache_config.num_gpu_blocks,
+        "block_size": config.cache_config.block_size,
+        "num_speculative_tokens": request.engine.num_speculative_tokens,
+        "barrier_wait_s": waited,
+        "warm": warm,
+        **measured,
+    }
+
+
+def main(argv: list[str]) -> int:
+    return serve(Path(argv[0]), Path(argv[1]), lambda data: run(SpeedRunRequest.from_json(data)))
+
+
+if __name__ == "__main__":
+    exit_now(main(sys.argv[1:]))

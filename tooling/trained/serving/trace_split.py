@@ -1,0 +1,213 @@
+"""Where a profiled window of engine steps spent its time, read from torch's Chrome trace.
+
+Pure: ``split`` takes the trace's events (``torch.profiler`` ``export_chrome_trace``) and the
+number of engine steps in the window, and returns per-step figures:
+
+- GPU time by what launched each kernel: a kernel's launch (its ``cuda_runtime`` event, found
+  by correlation id) lies inside CPU regions (``user_annotation``: vLLM's own scopes and the
+  ones ``speed_run`` adds); the innermost region named in ``REGION_CATEGORIES`` gives the
+  category, and within the target's forward the kernel's name splits out the Gated DeltaNet
+  and attention kernels;
+- the GPU's busy time (the union of kernel intervals) and so its idle time;
+- CPU time per region, and host waits (``Synchronize`` calls and blocking copies) per region.
+
+The GPU host runs it right after each profile, so only the figures come back.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Regions, innermost first wins, and the category their kernels and CPU time count under.
+REGION_CATEGORIES: dict[str, str] = {
+    "scheduler: schedule": "scheduler",
+    "scheduler: update_from_output": "scheduler",
+    "gpu_model_runner: preprocess": "inputs and metadata",
+    "runner: attention metadata": "inputs and metadata",
+    "gdn: metadata": "inputs and metadata",
+    "gpu_model_runner: forward": "target forward",
+    "gpu_model_runner: postprocess": "bookkeeping",
+    "gpu_model_runner: sample": "sampling",
+    "rejection sampler": "rejection sampling",
+    "hybrid: accepted tokens": "bookkeeping",
+    "gpu_model_runner: draft": "drafter",
+    "drafter: inputs": "drafter inputs and metadata",
+    "drafter: metadata": "drafter inputs and metadata",
+    "drafter: context kv": "drafter context KV",
+    "gpu_model_runner: bookkeep": "bookkeeping",
+    "gpu_model_runner: ModelRunnerOutput": "bookkeeping",
+}
+#: Kernels of the target's forward counted apart, by name.
+KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "target forward: GDN",
+        re.compile(
+            r"fused_recurrent|gated_delta|causal_conv1d|chunk_|l2norm|solve_tril|"
+            r"recompute_w_u|fused_gdn|gdn_|kkt|fused_sigmoid_gating",
+            re.I,
+        ),
+    ),
+    ("target forward: attention", re.compile(r"flash|fmha|attn|attention", re.I)),
+)
+#: Runtime calls during which the host waits for the device.
+SYNC = re.compile(r"Synchronize|cudaMemcpy(?!Async)|cudaStreamWaitEvent", re.I)
+#: How many regions back ``_Regions.innermost`` looks for one still open.
+LOOKBACK = 256
+#: Outside every named region.
+UNNAMED = "other (engine loop, Python)"
+
+
+@dataclass
+class Split:
+    steps: int
+    window_ms: float
+    gpu_busy_ms: float
+    gpu_ms: dict[str, float] = field(default_factory=dict)
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+    sync_ms: dict[str, float] = field(default_factory=dict)
+    sync_calls: int = 0
+    kernels: int = 0
+    top_kernels: list[tuple[str, float, int]] = field(default_factory=list)
+
+    def per_step(self) -> dict[str, Any]:
+        n = max(self.steps, 1)
+
+        def each(values: dict[str, float]) -> dict[str, float]:
+            return {k: round(v / n, 4) for k, v in sorted(values.items(), key=lambda i: -i[1])}
+
+        return {
+            "steps": self.steps,
+            "step_ms": round(self.window_ms / n, 4),
+            "gpu_busy_ms": round(self.gpu_busy_ms / n, 4),
+            "gpu_idle_ms": round(max(self.window_ms - self.gpu_busy_ms, 0.0) / n, 4),
+            "gpu_ms": each(self.gpu_ms),
+            "cpu_ms": each(self.cpu_ms),
+            "sync_ms": each(self.sync_ms),
+            "sync_calls": round(self.sync_calls / n, 2),
+            "kernels": round(self.kernels / n, 1),
+            "top_kernels": [
+                {"name": name[:120], "ms_per_step": round(ms / n, 4), "per_step": round(c / n, 2)}
+                for name, ms, c in self.top_kernels
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class _Region:
+    name: str
+    begin: float
+    end: float
+
+
+class _Regions:
+    """The named CPU regions of one thread, to find the innermost one around an instant."""
+
+    def __init__(self, regions: list[_Region]) -> None:
+        self.regions = sorted(regions, key=lambda r: r.begin)
+        self.begins = [r.begin for r in self.regions]
+
+    def innermost(self, ts: float) -> str | None:
+        # Regions of one thread nest, so the latest-begun region still open at ts is the
+        # innermost; one engine step opens a few dozen, so a region further back than
+        # LOOKBACK belongs to an earlier step.
+        index = bisect.bisect_right(self.begins, ts)
+        for r in reversed(self.regions[max(index - LOOKBACK, 0) : index]):
+            if r.end >= ts:
+                return r.name
+        return None
+
+
+def _union_ms(intervals: Iterable[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for begin, finish in sorted(intervals):
+        if finish <= end:
+            continue
+        total += finish - max(begin, end)
+        end = finish
+    return total / 1000.0
+
+
+def _category(region: str | None, kernel: str) -> str:
+    if region is None:
+        return UNNAMED
+    category = REGION_CATEGORIES[region]
+    if category == "target forward":
+        for kind, pattern in KERNEL_KINDS:
+            if pattern.search(kernel):
+                return kind
+    return category
+
+
+def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float]) -> Split:
+    """The time of ``steps`` engine steps whose first began at ``window[0]`` and last ended at
+    ``window[1]`` (trace microseconds), from the trace's ``events``."""
+    begin, end = window
+    inside = [e for e in events if e.get("ph") == "X" and begin <= float(e.get("ts", -1)) <= end]
+    by_thread: dict[Any, list[_Region]] = defaultdict(list)
+    cpu_ms: Counter[str] = Counter()
+    for e in inside:
+        if e.get("cat") == "user_annotation" and e.get("name") in REGION_CATEGORIES:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            by_thread[e.get("tid")].append(_Region(e["name"], ts, ts + dur))
+            cpu_ms[e["name"]] += dur / 1000.0
+    regions = {tid: _Regions(r) for tid, r in by_thread.items()}
+
+    def region_of(e: dict[str, Any]) -> str | None:
+        found = regions.get(e.get("tid"))
+        return found.innermost(float(e["ts"])) if found else None
+
+    launches: dict[Any, str | None] = {}
+    sync_ms: Counter[str] = Counter()
+    sync_calls = 0
+    for e in inside:
+        if e.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        where = region_of(e)
+        correlation = (e.get("args") or {}).get("correlation")
+        if correlation is not None:
+            launches[correlation] = where
+        if SYNC.search(str(e.get("name", ""))):
+            sync_calls += 1
+            sync_ms[where or UNNAMED] += float(e.get("dur", 0.0)) / 1000.0
+    gpu_ms: Counter[str] = Counter()
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    intervals = []
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    for e in kernels:
+        correlation = (e.get("args") or {}).get("correlation")
+        if correlation not in launches:
+            continue  # launched outside the window
+        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        intervals.append((ts, ts + dur))
+        name = str(e.get("name", ""))
+        gpu_ms[_category(launches[correlation], name)] += dur / 1000.0
+        per_kernel[name][0] += dur / 1000.0
+        per_kernel[name][1] += 1
+    top = sorted(per_kernel.items(), key=lambda i: -i[1][0])[:25]
+    return Split(
+        steps=steps,
+        window_ms=(end - begin) / 1000.0,
+        gpu_busy_ms=_union_ms(intervals),
+        gpu_ms=dict(gpu_ms),
+        cpu_ms=dict(cpu_ms),
+        sync_ms=dict(sync_ms),
+        sync_calls=sync_calls,
+        kernels=len(intervals),
+        top_kernels=[(name, ms, int(count)) for name, (ms, count) in top],
+    )
+
+
+def step_window(events: list[dict[str, Any]], marker: str) -> tuple[int, tuple[float, float]]:
+    """The engine steps ``speed_run`` marked (``user_annotation`` events named ``marker``):
+    their count and the span from the first's start to the last's end."""
+    marks = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == marker]
+    if not marks:
+        raise ValueError(f"the trace has no {marker!r} regions")
+    first = min(float(e["ts"]) for e in marks)
+    last = max(float(e["ts"]) + float(e.get("dur", 0.0)) for e in marks)
+    return len(marks), (first, last)

@@ -1,0 +1,413 @@
+"""DFlash's decode speed against plain vLLM on the trained pair, and where each step's time
+goes (issue 45): ``plan`` writes one request per engine, ``run`` serves them all at once on one
+GPU (each measures alone, in turns: ``serving.speed_run``), ``report`` writes the tables.
+
+The engines: plain vLLM on stock 0.20.1 and on the fixed wheel (the series touches code plain
+serving runs), and DFlash at the pair's largest K on the fixed wheel, as shipped and with each
+candidate setting of ``CANDIDATES``. Every ratio is to the fixed wheel's plain engine of the
+same run, pass by pass.
+
+``python -m tooling.trained.speed run PAIR WORK --engines-root DIR`` on the GPU host
+(``tooling host speed``); ``report WORK`` anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shutil
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..entry import answer, entry_logging
+from ..errors import SmokeError
+from .hybrid_plan import GIB
+from .measure import serve_engines
+
+logger = logging.getLogger(__name__)
+
+LEVELS = (1, 4, 16, 32, 64)
+PROFILE_LEVELS = (1, 16, 64)
+PASSES = 5
+NEW_TOKENS = 128
+WINDOW_STEPS = 40
+PROFILE_STEPS = 10
+#: KV cache per engine, GiB: at K = 15 each request holds 1 + K Gated DeltaNet states (64
+#: requests of the trained pair's shapes; 32 of the seed's).
+KV_GIB_PLAIN = 6
+KV_GIB_DRAFTED = 40
+KV_GIB_SEED_PLAIN = 8
+KV_GIB_SEED_DRAFTED = 48
+PLAIN = "plain"
+STOCK = "plain-stock"
+DRAFTED = "dflash"
+MODULE = "tooling.trained.serving.speed_run"
+#: A pair with random weights (``tooling.smoke.serving.tiny``) is served this long a context,
+#: with this many prompts of PROMPT_LEN tokens drawn from its vocabulary.
+TINY_MAX_MODEL_LEN = 2048
+TINY_PROMPTS = 16
+PROMPT_LEN = 128
+
+
+@dataclass(frozen=True)
+class SpeedEngine:
+    name: str
+    site: str
+    drafted: bool
+    kv_cache_gib: int
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    constant_logits: bool = False
+
+
+#: Every engine a run can ask for by name: plain on stock and on the fixed wheel, DFlash as
+#: shipped, DFlash with one setting changed (a candidate fix measured beside it), and the
+#: seed-scale engines (the DFlash one measured again with every draft accepted).
+ENGINES = {
+    e.name: e
+    for e in (
+        SpeedEngine(STOCK, "stock", False, KV_GIB_PLAIN),
+        SpeedEngine(PLAIN, "patched", False, KV_GIB_PLAIN),
+        SpeedEngine(DRAFTED, "patched", True, KV_GIB_DRAFTED),
+        # CUDA graphs for verify steps of 64 requests at K = 15 (vLLM captures up to 512).
+        SpeedEngine(
+            "dflash-graphs-1024",
+            "patched",
+            True,
+            KV_GIB_DRAFTED,
+            {"compilation_config": {"max_cudagraph_capture_size": 1024}},
+        ),
+        SpeedEngine("seed-plain", "patched", False, KV_GIB_SEED_PLAIN),
+        SpeedEngine("seed-dflash", "patched", True, KV_GIB_SEED_DRAFTED, constant_logits=True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    levels: tuple[int, ...] = LEVELS
+    passes: int = PASSES
+    max_new_tokens: int = NEW_TOKENS
+    window_steps: int = WINDOW_STEPS
+    profile_levels: tuple[int, ...] = PROFILE_LEVELS
+    profile_steps: int = PROFILE_STEPS
+    k: int | None = None
+    """None: the trained pair's largest K (prompts.json)."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    target: Path
+    drafter: Path
+    prompts: list[list[int]]
+    max_model_len: int
+    max_num_seqs: int
+    ks: tuple[int, ...]
+
+
+def read_pair(pair: Path) -> Pair:
+    """The trained pair (its prompts.json), or a pair with random weights (tiny.json), whose
+    prompts are drawn from its vocabulary."""
+    if (pair / "prompts.json").is_file():
+        prompts = json.loads((pair / "prompts.json").read_text())
+        return Pair(
+            pair / "target",
+            pair / "drafter",
+            [p["token_ids"] for p in prompts["prompts"]],
+            prompts["engine"]["max_model_len"],
+            prompts["engine"]["max_num_seqs"],
+            tuple(prompts["speculative_tokens"]),
+        )
+    manifest = json.loads((pair / "tiny.json").read_text())
+    vocab = int(manifest["spec"]["vocab_size"])
+    draw = random.Random(int(manifest["spec"]["seed"]))
+    # Below the mask token and clear of the first ids (EOS and padding).
+    drawn = [[draw.randrange(8, vocab - 8) for _ in range(PROMPT_LEN)] for _ in range(TINY_PROMPTS)]
+    return Pair(
+        Path(manifest["target"]), Path(manifest["drafter"]), drawn, TINY_MAX_MODEL_LEN, 64, ()
+    )
+
+
+def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> list[SpeedEngine]:
+    """``work/NAME.in.json`` for each engine of ``names`` (``ENGINES``); ``work/engines.json``
+    lists every engine planned in ``work`` so far, these last."""
+    pair = read_pair(pair_dir)
+    k = settings.k if settings.k is not None else max(pair.ks)
+    chosen = [ENGINES[n] for n in names]
+    work.mkdir(parents=True, exist_ok=True)
+    barrier = work / "barrier"
+    shutil.rmtree(barrier, ignore_errors=True)
+    for e in chosen:
+        request = {
+            "name": e.name,
+            "engine": {
+                "target": str(pair.target),
+                "drafter": str(pair.drafter) if e.drafted else None,
+                "num_speculative_tokens": k if e.drafted else 0,
+                "vocab_size": 0,
+                "max_model_len": pair.max_model_len,
+                "max_num_seqs": max(pair.max_num_seqs, max(settings.levels)),
+                "kv_cache_memory_bytes": e.kv_cache_gib * GIB,
+                "engine_args": {"disable_log_stats": False, **e.engine_args},
+            },
+            "prompts": pair.prompts,
+            "levels": list(settings.levels),
+            "passes": settings.passes,
+            "max_new_tokens": settings.max_new_tokens,
+            "window_steps": settings.window_steps,
+            "profile_levels": [lv for lv in settings.profile_levels if lv in settings.levels],
+            "profile_steps": settings.profile_steps,
+            "lock": str(work / "speed.lock"),
+            "barrier": str(barrier),
+            "barrier_count": len(chosen),
+            "constant_logits": e.constant_logits,
+            "partial": str(work / f"{e.name}.partial.json"),
+        }
+        (work / f"{e.name}.in.json").write_text(json.dumps(request))
+    listed = work / "engines.json"
+    earlier = json.loads(listed.read_text()) if listed.is_file() else []
+    kept = [e for e in earlier if e["name"] not in names]
+    listed.write_text(json.dumps([*kept, *(asdict(e) for e in chosen)], indent=1))
+    return chosen
+
+
+def load(work: Path) -> tuple[list[SpeedEngine], dict[str, dict[str, Any]]]:
+    chosen = [SpeedEngine(**e) for e in json.loads((work / "engines.json").read_text())]
+    results = {}
+    for e in chosen:
+        out, partial = work / f"{e.name}.out.json", work / f"{e.name}.partial.json"
+        found = out if out.is_file() else partial
+        results[e.name] = json.loads(found.read_text()) if found.is_file() else {"ok": False}
+        if found is partial and partial.is_file():
+            results[e.name]["error"] = "cut short: the figures of the levels it finished"
+        if found is out and not results[e.name].get("ok") and partial.is_file():
+            # Failed after some levels: keep their figures beside the error.
+            results[e.name] = {**json.loads(partial.read_text()), **results[e.name]}
+    return chosen, results
+
+
+def _rates(result: dict[str, Any], level: str) -> list[float]:
+    return [p["tokens"] / p["seconds"] for p in result.get("speed", {}).get(level, [])]
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ratios(result: dict[str, Any], base: dict[str, Any], level: str) -> list[float]:
+    return [a / b for a, b in zip(_rates(result, level), _rates(base, level), strict=False)]
+
+
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def speed_table(chosen: list[SpeedEngine], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Decode tokens/s per level: the median pass, and the median of per-pass ratios to plain."""
+    base = results.get(PLAIN, {})
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("speed", {})})
+    head = "| concurrent | " + " | ".join(f"{e.name} tok/s (x plain)" for e in chosen) + " |"
+    lines = [head, "|---" * (len(chosen) + 1) + "|"]
+    for level in levels:
+        cells = []
+        for e in chosen:
+            r = results.get(e.name, {})
+            rate = _median(_rates(r, str(level)))
+            ratio = _median(_ratios(r, base, str(level)))
+            lengths = [
+                p["acceptance_length"]
+                for p in r.get("speed", {}).get(str(level), [])
+                if p.get("acceptance_length")
+            ]
+            al = f", AL {statistics.fmean(lengths):.2f}" if lengths else ""
+            most = min(
+                (p["most_running"] for p in r.get("speed", {}).get(str(level), [])), default=0
+            )
+            short = f", **{most} ran**" if r.get("speed") and most < level else ""
+            cells.append(f"{_fmt(rate)} ({_fmt(ratio, '.2f')}{al}{short})")
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def step_table(chosen: list[SpeedEngine], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Median engine step time and tokens per step once every request is decoding."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("steps", {})})
+    lines = [
+        "| concurrent | " + " | ".join(f"{e.name} ms/step (tok/step)" for e in chosen) + " |",
+        "|---" * (len(chosen) + 1) + "|",
+    ]
+    for level in levels:
+        cells = []
+        for e in chosen:
+            s = results.get(e.name, {}).get("steps", {}).get(str(level), {})
+            cells.append(
+                f"{_fmt(s.get('step_ms_median'), '.2f')} ({_fmt(s.get('tokens_per_step'), '.1f')})"
+            )
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def profile_table(chosen: list[SpeedEngine], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Per profiled level: GPU ms per step by what launched it, the GPU's idle time, CPU ms
+    per region and host waits."""
+    lines: list[str] = []
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("profile", {})})
+    for level in levels:
+        profiles = {
+            e.name: results.get(e.name, {}).get("profile", {}).get(str(level), {}) for e in chosen
+        }
+        rows: dict[str, dict[str, str]] = {}
+        for name, p in profiles.items():
+            if "error" in p:
+                rows.setdefault("profile failed", {})[name] = p["error"][:60]
+                continue
+            for key in ("step_ms", "gpu_busy_ms", "gpu_idle_ms", "kernels", "sync_calls"):
+                if key in p:
+                    rows.setdefault(key, {})[name] = _fmt(p[key], ".2f")
+            for group, label in (("gpu_ms", "GPU"), ("cpu_ms", "CPU"), ("sync_ms", "wait")):
+                for category, ms in p.get(group, {}).items():
+                    rows.setdefault(f"{label}: {category}", {})[name] = _fmt(ms, ".3f")
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"### {level} concurrent: ms per engine step",
+            "",
+            "| | " + " | ".join(profiles) + " |",
+            "|---" * (len(profiles) + 1) + "|",
+        ]
+        lines += [
+            f"| {row} | " + " | ".join(cells.get(n, "-") for n in profiles) + " |"
+            for row, cells in rows.items()
+        ]
+    return lines
+
+
+def _window(result: dict[str, Any], level: int, constant: bool = False) -> float | None:
+    steps = (result.get("constant_logits", {}) if constant else result).get("steps", {})
+    return steps.get(str(level), {}).get("step_ms_median")
+
+
+def projection(
+    plain: dict[str, Any], drafted: dict[str, Any], k: int, lengths: range = range(2, 9)
+) -> list[str]:
+    """Projected decode speedup at each acceptance length: ``a * plain step / DFlash step``,
+    the DFlash step read between its figure with every draft rejected (acceptance length 1)
+    and with every draft accepted (K + 1), in proportion."""
+    levels = sorted(int(lv) for lv in drafted.get("steps", {}))
+    lines = [
+        "| acceptance length | " + " | ".join(f"{lv} concurrent" for lv in levels) + " |",
+        "|---" * (len(levels) + 1) + "|",
+        "| plain step, ms | " + " | ".join(_fmt(_window(plain, lv), ".2f") for lv in levels) + " |",
+        "| DFlash step, AL 1, ms | "
+        + " | ".join(_fmt(_window(drafted, lv), ".2f") for lv in levels)
+        + " |",
+        f"| DFlash step, AL {k + 1}, ms | "
+        + " | ".join(_fmt(_window(drafted, lv, constant=True), ".2f") for lv in levels)
+        + " |",
+    ]
+    for a in lengths:
+        cells = []
+        for lv in levels:
+            base, low, high = _window(plain, lv), _window(drafted, lv), _window(drafted, lv, True)
+            if None in (base, low, high) or k < 1:
+                cells.append("-")
+                continue
+            step = low + (high - low) * (a - 1) / k  # type: ignore[operator]
+            cells.append(f"{a * base / step:.2f}x")  # type: ignore[operator]
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def report(work: Path) -> tuple[str, bool]:
+    """The run's tables, and whether every engine returned its figures."""
+    chosen, results = load(work)
+    failed = [e.name for e in chosen if not results[e.name].get("ok")]
+    lines = ["# DFlash against plain vLLM", ""]
+    for e in chosen:
+        r = results[e.name]
+        lines.append(
+            f"- `{e.name}` ({e.site}, K = {r.get('num_speculative_tokens', '?')}, "
+            f"{e.engine_args or 'defaults'}): "
+            f"{r.get('cudagraph_mode')}, capture up to {r.get('max_cudagraph_capture_size')}, "
+            f"async scheduling {r.get('async_scheduling')}, "
+            f"started in {_fmt(r.get('startup_s'), '.0f')} s; compiled or tuned again in steady "
+            f"traffic: {r.get('steady_changes') or 'nothing'}"
+            + (f"; **{r.get('error', 'no result')}**" if e.name in failed else "")
+        )
+    lines += ["", "## Decode tokens/s", "", *speed_table(chosen, results)]
+    lines += ["", "## Engine steps", "", *step_table(chosen, results)]
+    lines += ["", "## Where a step's time goes", *profile_table(chosen, results)]
+    for e in chosen:
+        constant = results[e.name].get("constant_logits")
+        if not constant:
+            continue
+        plain = next((results[o.name] for o in chosen if not o.drafted and o.site == e.site), {})
+        k = int(results[e.name].get("num_speculative_tokens") or 0)
+        lines += [
+            "",
+            f"## Projected speedup, `{e.name}` "
+            f"(LM heads zeroed: {constant.get('lm_heads_zeroed')})",
+            "",
+            *projection(plain, results[e.name], k),
+        ]
+    return "\n".join(lines) + "\n", not failed
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tooling.trained.speed")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("pair", type=Path)
+    p.add_argument("work", type=Path)
+    p.add_argument("--engines-root", type=Path, required=True)
+    p.add_argument("--engines", default=f"{PLAIN},{DRAFTED}", help="names of ENGINES")
+    p.add_argument("--time-limit", type=float, default=900.0)
+    p.add_argument("--levels", type=_ints, default=LEVELS)
+    p.add_argument("--profile-levels", type=_ints, default=PROFILE_LEVELS)
+    p.add_argument("--passes", type=int, default=PASSES)
+    p.add_argument("--window-steps", type=int, default=WINDOW_STEPS)
+    p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    p.add_argument("--k", type=int)
+    r = sub.add_parser("report")
+    r.add_argument("work", type=Path)
+    args = parser.parse_args(argv)
+    with entry_logging():
+        if args.command == "run":
+            names = [n for n in args.engines.split(",") if n]
+            unknown = [n for n in names if n not in ENGINES]
+            if unknown:
+                logger.error("error: unknown engines %s (known: %s)", unknown, ", ".join(ENGINES))
+                return SmokeError.exit_code
+            root = args.engines_root
+            engines = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
+            settings = Settings(
+                levels=args.levels,
+                passes=args.passes,
+                window_steps=args.window_steps,
+                max_new_tokens=args.new_tokens,
+                profile_levels=args.profile_levels,
+                k=args.k,
+            )
+            chosen = plan(args.pair, args.work, names, settings)
+            missing = sorted({e.site for e in chosen} - set(engines))
+            if missing:
+                logger.error("error: %s lacks %s", root, ", ".join(missing))
+                return SmokeError.exit_code
+            sites = {e.name: e.site for e in chosen}
+            serve_engines(args.work, engines, sites, MODULE, args.time_limit)
+    text, ok = report(args.work)
+    answer(text.removesuffix("\n"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
