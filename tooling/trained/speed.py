@@ -54,6 +54,9 @@ TINY_PROMPTS = 16
 PROMPT_LEN = 128
 
 
+GRAPHS_1024 = {"compilation_config": {"max_cudagraph_capture_size": 1024}}
+
+
 @dataclass(frozen=True)
 class SpeedEngine:
     name: str
@@ -62,6 +65,8 @@ class SpeedEngine:
     kv_cache_gib: int
     engine_args: dict[str, Any] = field(default_factory=dict)
     constant_logits: bool = False
+    k: int | None = None
+    """None: the run's K."""
 
 
 #: Every engine a run can ask for by name: plain on stock and on the fixed wheel, DFlash as
@@ -79,7 +84,12 @@ ENGINES = {
             "patched",
             True,
             KV_GIB_DRAFTED,
-            {"compilation_config": {"max_cudagraph_capture_size": 1024}},
+            GRAPHS_1024,
+        ),
+        # Fewer tokens drafted: what a speculation budget that lowers K would serve.
+        *(
+            SpeedEngine(f"dflash-k{k}", "patched", True, kv, GRAPHS_1024, k=k)
+            for k, kv in ((7, 24), (3, 12), (1, 8))
         ),
         SpeedEngine("seed-plain", "patched", False, KV_GIB_SEED_PLAIN),
         SpeedEngine("seed-dflash", "patched", True, KV_GIB_SEED_DRAFTED, constant_logits=True),
@@ -142,12 +152,13 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
     barrier = work / "barrier"
     shutil.rmtree(barrier, ignore_errors=True)
     for e in chosen:
+        k_e = e.k if e.k is not None else k
         request = {
             "name": e.name,
             "engine": {
                 "target": str(pair.target),
                 "drafter": str(pair.drafter) if e.drafted else None,
-                "num_speculative_tokens": k if e.drafted else 0,
+                "num_speculative_tokens": k_e if e.drafted else 0,
                 "vocab_size": 0,
                 "max_model_len": pair.max_model_len,
                 "max_num_seqs": max(pair.max_num_seqs, max(settings.levels)),
@@ -346,7 +357,11 @@ def report(work: Path) -> tuple[str, bool]:
         constant = results[e.name].get("constant_logits")
         if not constant:
             continue
-        plain = next((results[o.name] for o in chosen if not o.drafted and o.site == e.site), {})
+        # Its plain engine: the one of its name (seed-dflash: seed-plain), else any on its site.
+        twin = e.name.replace(DRAFTED, PLAIN)
+        plain = results.get(twin) or next(
+            (results[o.name] for o in chosen if not o.drafted and o.site == e.site), {}
+        )
         k = int(results[e.name].get("num_speculative_tokens") or 0)
         lines += [
             "",

@@ -160,10 +160,16 @@ def _autotune_entries() -> int:
 
     from triton.runtime.autotuner import Autotuner
 
+    def tuner(o: Any) -> bool:
+        try:
+            return isinstance(o, Autotuner)
+        except ReferenceError:  # a weak proxy whose object is gone
+            return False
+
     with warnings.catch_warnings():
         # isinstance on some of the process's objects warns (lazy modules).
         warnings.simplefilter("ignore")
-        tuners = [o for o in gc.get_objects() if isinstance(o, Autotuner)]
+        tuners = [o for o in gc.get_objects() if tuner(o)]
     return sum(len(getattr(o, "cache", {})) for o in tuners)
 
 
