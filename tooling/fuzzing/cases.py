@@ -44,7 +44,7 @@ class CaseFile:
         return {"format": FORMAT, **dataclasses.asdict(self)}
 
 
-def _check_fields(cls: type, data: Any, where: str) -> None:
+def check_fields(cls: type, data: Any, where: str) -> None:
     if not isinstance(data, dict):
         raise FuzzCaseError(f"{where}: expected a table of {cls.__name__} values")
     hints = typing.get_type_hints(cls)
@@ -74,19 +74,20 @@ def validate_case(data: Any, where: str) -> dict[str, Any]:
     """``data`` checked to be a case in the fuzzer's JSON form; returned as it is."""
     if not isinstance(data, dict) or set(data) - {"settings", "requests", "seed"}:
         raise FuzzCaseError(f"{where}: a case holds 'settings', 'requests' and 'seed'")
-    _check_fields(Settings, data.get("settings"), f"{where}: settings")
+    check_fields(Settings, data.get("settings"), f"{where}: settings")
     requests = data.get("requests")
     if not isinstance(requests, list) or len(requests) > MAX_REQUESTS:
         raise FuzzCaseError(f"{where}: 'requests' must be a list of at most {MAX_REQUESTS}")
     for i, req in enumerate(requests):
-        _check_fields(Req, req, f"{where}: requests[{i}]")
+        check_fields(Req, req, f"{where}: requests[{i}]")
     if type(data.get("seed", 0)) is not int:
         raise FuzzCaseError(f"{where}: 'seed' must be an integer")
     return data
 
 
-def read_case_file(path: Path) -> CaseFile:
-    """The case saved in ``path``; FuzzCaseError naming the file and key when it is none."""
+def load_case_json(path: Path, fmt: str) -> dict[str, Any]:
+    """The JSON table saved in ``path`` whose "format" is ``fmt``; FuzzCaseError naming the
+    file when it cannot be read, is too large, is not JSON or is of another format."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
@@ -98,8 +99,14 @@ def read_case_file(path: Path) -> CaseFile:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FuzzCaseError(f"{path}: not JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise FuzzCaseError(f"{path}: 'format' is not {FORMAT!r}: not a fuzz case")
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise FuzzCaseError(f"{path}: 'format' is not {fmt!r}: not a fuzz case")
+    return data
+
+
+def read_case_file(path: Path) -> CaseFile:
+    """The case saved in ``path``; FuzzCaseError naming the file and key when it is none."""
+    data = load_case_json(path, FORMAT)
     kind = data.get("kind")
     if kind not in (*KINDS, OUTCOME_PASS):
         raise FuzzCaseError(f"{path}: 'kind' must be one of {', '.join((*KINDS, 'pass'))}")
