@@ -67,7 +67,8 @@ class DistributionRequest:
     num_speculative_tokens: int = 0
     vocab_size: int = 248320
     max_model_len: int = 1024
-    max_num_seqs: int = 16
+    max_num_seqs: int | None = 16
+    """None: vLLM's default for the GPU."""
     max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.1
