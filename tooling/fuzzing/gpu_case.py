@@ -95,7 +95,7 @@ class GpuCase:
         return {"settings": asdict(self.settings), "requests": [asdict(r) for r in self.requests]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], where: str = "case") -> GpuCase:
+    def from_json(cls, data: Any, where: str = "case") -> GpuCase:
         """``data`` checked key by key (FuzzCaseError naming ``where`` and the key)."""
         if not isinstance(data, dict) or set(data) != {"settings", "requests"}:
             raise FuzzCaseError(f"{where}: a case holds 'settings' and 'requests'")

@@ -34,7 +34,12 @@ Runner = Callable[[list[GpuCase]], list[bool | None]]
 def workload_candidates(case: GpuCase) -> list[GpuCase]:
     """``case`` with a workload one step simpler, the boldest first."""
     reqs = case.requests
-    out = [replace(case, requests=tuple(w)) for w in smaller_workloads(reqs) if w]
+    # The scheduler fuzzer's simpler workloads keep each request's class: GpuReq here.
+    out = [
+        replace(case, requests=tuple(r for r in w if isinstance(r, GpuReq)))
+        for w in smaller_workloads(reqs)
+        if w
+    ]
     for i, r in enumerate(reqs):
         if r.logprobs > 2:
             fewer: tuple[GpuReq, ...] = (*reqs[:i], replace(r, logprobs=2), *reqs[i + 1 :])
