@@ -147,3 +147,13 @@ def _text(result: CampaignResult, out_dir: Path) -> str:
     if not result.findings:
         lines.append(f"no failing case; summary in {out_dir / 'summary.json'}")
     return "\n".join(lines)
+
+
+def _register() -> None:
+    """The GPU fuzzer's command, from its own module, under this group."""
+    from .fuzz_gpu import gpu_command
+
+    fuzz_group.add_command(gpu_command)
+
+
+_register()
