@@ -258,12 +258,18 @@ def test_acceptance_collapses_only_against_a_reference():
 
 
 def test_an_engine_pair_judged_hang_crash_and_refusal():
+    hung = [vars(r) for r in CASE.requests]
     stopped = PairRun(
-        {"dflash": {"workloads": [], "current": 2}, "plain": {"workloads": [], "current": None}},
+        {
+            "dflash": {"workloads": [], "current": 2, "current_requests": hung},
+            "plain": {"workloads": [], "current": None},
+        },
         10.0,
         {"dflash": True, "plain": False},
     )
-    assert [(v.kind, v.workload) for v in judge_pair(stopped, Mode()).verdicts] == [("hang", 2)]
+    judged = judge_pair(stopped, Mode())
+    assert [(v.kind, v.workload) for v in judged.verdicts] == [("hang", 2)]
+    assert judged.requests_of == {2: hung} and judged.served == 0
     ended = replace(stopped, stopped={"dflash": False, "plain": False})
     assert [v.kind for v in judge_pair(ended, Mode()).verdicts] == ["crash"]
     refused = PairRun({"dflash": {"refused": "ValueError: no"}, "plain": {}}, 1.0)

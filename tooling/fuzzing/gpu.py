@@ -120,7 +120,7 @@ class Campaign:
         self.report.pairs += 1
         if judged.refused:
             self.report.refused.append(f"{settings}: {judged.refused}")
-        self.report.workloads += len(judged.workloads)
+        self.report.workloads += judged.served
         self.report.requests += judged.requests
         self.report.excused += judged.excused
         if judged.acceptance is not None:
@@ -163,8 +163,8 @@ class Campaign:
         shrinkable: bool = True,
     ) -> None:
         workload = verdict.workload
-        if workload is not None and workload < len(judged.workloads):
-            requests = tuple(GpuReq(**r) for r in judged.workloads[workload])
+        if workload is not None and workload in judged.requests_of:
+            requests = tuple(GpuReq(**r) for r in judged.requests_of[workload])
         else:
             requests = alone(settings)
         case = GpuCase(settings, requests)
@@ -200,8 +200,10 @@ class Campaign:
                 f"shrink-{number}-{kind}-{next(rounds)}",
             )
             failing = {v.workload for v in judged.verdicts if v.kind == kind}
-            served = len(judged.workloads)
-            return [i in failing if i < served else None for i in range(len(batch))]
+            return [
+                True if i in failing else False if i < judged.served else None
+                for i in range(len(batch))
+            ]
 
         plan = shrink(case, answer, self.plan.shrink_seconds)
         logger.info("shrink of %s: %d steps, %d candidates asked", kind, plan.steps, plan.asked)

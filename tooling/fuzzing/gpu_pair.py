@@ -161,7 +161,9 @@ def run_pair(
                 "workloads": workloads,
                 "replay": [[asdict(r) for r in w] for w in replay or []],
                 "vocab_size": target.vocab_size,
-                "seconds": max(limit_s - 300, 60.0),
+                # Room for the last workload to end before the pair is stopped, which would
+                # read as a hang.
+                "seconds": max(limit_s - max(300.0, limit_s / 3), 30.0),
                 "figures_timeout_s": limit_s,
             }
             files[role] = (work / f"{role}.in.json", work / f"{role}.out.json")
@@ -198,8 +200,11 @@ class Judgement:
 
     verdicts: list[Verdict]
     refused: str | None = None
-    workloads: list[list[dict[str, Any]]] = field(default_factory=list)
-    """Each workload's requests, as served (the DFlash engine's record)."""
+    served: int = 0
+    """Workloads the DFlash engine finished (served or died in)."""
+    requests_of: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Each workload's requests by index: those served, and one an engine was in when its
+    process ended."""
     requests: int = 0
     excused: int = 0
     acceptance: float | None = None
@@ -214,7 +219,10 @@ def judge_pair(pair: PairRun, mode: Mode) -> Judgement:
     if refused:
         return Judgement([], refused=refused)
     verdicts: list[Verdict] = []
+    judged = Judgement(verdicts)
     for role, data in (("dflash", d_data), ("plain", p_data)):
+        if data.get("current") is not None and data.get("current_requests") is not None:
+            judged.requests_of[data["current"]] = data["current_requests"]
         if data.get("start_error"):
             verdicts.append(Verdict("crash", f"{role}: at start-up: {data['start_error']}", role))
         current = data.get("current")
@@ -227,9 +235,9 @@ def judge_pair(pair: PairRun, mode: Mode) -> Judgement:
             verdicts.append(Verdict("crash", what, role, current))
     d_runs = [WorkloadRun.from_json(w) for w in d_data.get("workloads", [])]
     p_runs = {w["index"]: WorkloadRun.from_json(w) for w in p_data.get("workloads", [])}
-    judged = Judgement(verdicts)
-    for d in d_runs:
-        judged.workloads.append(d_data["workloads"][len(judged.workloads)]["requests"])
+    for d, recorded in zip(d_runs, d_data.get("workloads", []), strict=True):
+        judged.requests_of[d.index] = recorded["requests"]
+        judged.served += 1
         p = p_runs.get(d.index)
         judged.requests += len(d.results)
         if p is None:  # the plain engine never served it: DFlash's own oracles only

@@ -302,6 +302,8 @@ def run(request: GpuRunRequest) -> dict[str, Any]:
     import vllm
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    # The campaign's limit counts from the process's start: the engine's start is in it.
+    deadline = None if request.seconds is None else time.monotonic() + request.seconds
     progress = Progress(Path(request.progress), request.role)
     figures_file = Path(request.figures_file)
     counter = StepCounter()
@@ -341,13 +343,13 @@ def run(request: GpuRunRequest) -> dict[str, Any]:
     if auditor is not None:
         auditor.runner = engine.model_executor.driver_worker.worker.model_runner
         driver.auditor = auditor
-    deadline = None if request.seconds is None else time.monotonic() + request.seconds
     for index, reqs in enumerate(_workloads(request, figures)):
         if deadline is not None and time.monotonic() > deadline:
             break
-        progress.write(current=index)
+        progress.write(current=index, current_requests=[asdict(r) for r in reqs])
         record = driver.run(index, reqs)
-        progress.write(current=None, workloads=[*progress.data["workloads"], record])
+        done = [*progress.data["workloads"], record]
+        progress.write(current=None, current_requests=None, workloads=done)
         if record["error"] is not None:
             progress.write(dead=True)
             break
