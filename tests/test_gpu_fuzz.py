@@ -538,3 +538,21 @@ def test_the_driver_reads_the_request_the_campaign_writes_and_asks_for_the_engin
     assert plain.drafter is None and plain.num_speculative_tokens == 0
     graphs = replace(request, settings=replace(CASE.settings, cudagraph_mode="FULL_DECODE_ONLY"))
     assert _engine_request(graphs).cudagraph_mode == "FULL_DECODE_ONLY"
+
+
+# -- the GPU host's step ---------------------------------------------------------------------
+
+
+def test_the_host_step_refuses_before_it_starts_anything(tmp_path):
+    from .helpers import run_gpu_script
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {k: "" for k in ("NOISE", "TIME_LIMIT", "FUZZ_ARGS")}
+    done = run_gpu_script("gpu-fuzz.sh", "patched", "seed", work=work, out=out, **env)
+    assert done.returncode == 2 and "gpu-fuzz.sh: NOISE is not set" in done.stderr
+    done = run_gpu_script("gpu-fuzz.sh", "patched", "trained", work=work, out=out, **env)
+    assert done.returncode == 28 and "no patched engine" in done.stderr
+    (work / "engines" / "patched").mkdir(parents=True)
+    done = run_gpu_script("gpu-fuzz.sh", "patched", "trained", work=work, out=out, **env)
+    assert done.returncode == 28 and "no trained pair" in done.stderr
+    assert not (out / "fuzz-patched-trained").exists()
