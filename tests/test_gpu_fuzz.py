@@ -494,9 +494,14 @@ def test_no_gpu_is_one_line_and_its_code(pair):
 
 @pytest.mark.slow
 def test_the_probe_interpreter_sees_no_gpu(pair, probe_python):
-    """torch without CUDA: ``torch.cuda.is_available()`` is false there."""
-    code, err = refusal("--pair", str(pair), "--python", str(probe_python))
-    assert code == 30 and "torch.cuda.is_available() is false" in err
+    """torch without CUDA: ``torch.cuda.is_available()`` is false there. Without --python
+    the command asks the probe interpreter, as ``tooling fuzz scheduler`` finds it."""
+    done = run_tooling(
+        "fuzz", "gpu", "--pair", str(pair), env={"TOOLING_PROBE_PYTHON": str(probe_python)}
+    )
+    assert done.returncode == 30, done.stderr
+    assert "torch.cuda.is_available() is false" in done.stderr
+    assert str(probe_python) in done.stderr and done.stderr.strip().count("\n") == 0
 
 
 def test_a_replay_file_that_is_not_a_case_is_one_line_and_its_code(tmp_path, pair):
