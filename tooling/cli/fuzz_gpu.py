@@ -15,7 +15,7 @@ from ..fuzzing.gpu_oracles import MODES, Mode
 from ..fuzzing.gpu_pair import GpuTarget, check_interpreter, check_pair
 from ..fuzzing.gpu_report import SUMMARY_MD, CampaignReport
 from ..report import table
-from .options import absolute, emit, json_option, settings_of
+from .options import absolute, emit, fuzz_campaign_options, json_option, settings_of
 
 #: Bounds on what a campaign may ask for before anything starts.
 MAX_SETTINGS = 100_000
@@ -53,12 +53,6 @@ MAX_WORKLOADS = 10_000
     help="Workloads each engine pair serves.",
 )
 @click.option(
-    "--seconds",
-    type=click.FloatRange(1, 7 * 24 * 3600),
-    default=None,
-    help="Start no engine pair after this long (each finishes its workloads and shrinks).",
-)
-@click.option(
     "--pair-seconds",
     type=click.FloatRange(60, 24 * 3600),
     default=1800.0,
@@ -92,21 +86,10 @@ MAX_WORKLOADS = 10_000
     show_default=True,
     help="Each engine's KV cache (fixed, so two engines share the GPU).",
 )
-@click.option("--no-shrink", is_flag=True, help="Save findings as found, not minimized.")
-@click.option(
-    "--replay",
-    "replay",
-    multiple=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Serve these saved cases again instead of drawing (repeatable).",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("build/fuzz/gpu"),
-    show_default=True,
-    help="Where the findings, summary.json and summary.md go.",
+@fuzz_campaign_options(
+    Path("build/fuzz/gpu"),
+    "Start no engine pair after this long (each finishes its workloads and shrinks).",
+    "Where the findings, summary.json and summary.md go.",
 )
 @json_option
 @click.pass_context

@@ -85,9 +85,11 @@ def validate_case(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
-def load_case_json(path: Path, fmt: str) -> dict[str, Any]:
-    """The JSON table saved in ``path`` whose "format" is ``fmt``; FuzzCaseError naming the
-    file when it cannot be read, is too large, is not JSON or is of another format."""
+def load_case_json(path: Path, fmt: str, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON table saved in ``path`` whose "format" is ``fmt``, its "kind" one of
+    ``kinds`` or "pass" and its "detail" and "found_on" strings; FuzzCaseError naming the
+    file (and the key) when it cannot be read, is too large, is not JSON or is none of
+    these."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
@@ -101,21 +103,20 @@ def load_case_json(path: Path, fmt: str) -> dict[str, Any]:
         raise FuzzCaseError(f"{path}: not JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise FuzzCaseError(f"{path}: 'format' is not {fmt!r}: not a fuzz case")
+    if data.get("kind") not in (*kinds, OUTCOME_PASS):
+        raise FuzzCaseError(f"{path}: 'kind' must be one of {', '.join((*kinds, 'pass'))}")
+    for key in ("detail", "found_on"):
+        if not isinstance(data.get(key, ""), str):
+            raise FuzzCaseError(f"{path}: {key!r} must be a string")
     return data
 
 
 def read_case_file(path: Path) -> CaseFile:
     """The case saved in ``path``; FuzzCaseError naming the file and key when it is none."""
-    data = load_case_json(path, FORMAT)
-    kind = data.get("kind")
-    if kind not in (*KINDS, OUTCOME_PASS):
-        raise FuzzCaseError(f"{path}: 'kind' must be one of {', '.join((*KINDS, 'pass'))}")
-    for key in ("detail", "found_on"):
-        if not isinstance(data.get(key, ""), str):
-            raise FuzzCaseError(f"{path}: {key!r} must be a string")
+    data = load_case_json(path, FORMAT, KINDS)
     return CaseFile(
         case=validate_case(data.get("case"), f"{path}: case"),
-        kind=kind,
+        kind=data["kind"],
         detail=data.get("detail", ""),
         found_on=data.get("found_on", ""),
     )

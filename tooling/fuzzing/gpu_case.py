@@ -205,19 +205,13 @@ class GpuCaseFile:
 def read_gpu_case_file(path: Path) -> GpuCaseFile:
     """The case saved in ``path``; FuzzCaseError, one line naming the file and the key,
     when it is none."""
-    data = load_case_json(path, FORMAT)
-    kind = data.get("kind")
-    if kind not in (*KINDS, OUTCOME_PASS):
-        raise FuzzCaseError(f"{path}: 'kind' must be one of {', '.join((*KINDS, 'pass'))}")
-    for key in ("detail", "found_on"):
-        if not isinstance(data.get(key, ""), str):
-            raise FuzzCaseError(f"{path}: {key!r} must be a string")
+    data = load_case_json(path, FORMAT, KINDS)
     excused = data.get("excused", [])
     if not isinstance(excused, list) or not all(isinstance(e, str) for e in excused):
         raise FuzzCaseError(f"{path}: 'excused' must be a list of strings")
     return GpuCaseFile(
         case=GpuCase.from_json(data.get("case"), f"{path}: case"),
-        kind=kind,
+        kind=data["kind"],
         detail=data.get("detail", ""),
         found_on=data.get("found_on", ""),
         excused=tuple(excused),

@@ -37,7 +37,12 @@ from typing import Any
 
 from ...fsutil import atomic_write_text
 from ...smoke.serving.child import exit_now, serve
-from ...smoke.serving.distribution import DistributionRequest, _logprobs, start_engine
+from ...smoke.serving.distribution import (
+    DistributionRequest,
+    RunningCounter,
+    _logprobs,
+    start_engine,
+)
 from ...smoke.serving.engine_run import SlotAuditor
 from ...smoke.serving.slotaudit import SlotAudit
 from ...trained.serving.acceptance import SPEC, _counters, _delta
@@ -85,28 +90,6 @@ class GpuRunRequest:
         values["settings"] = GpuSettings(**values["settings"])
         values["replay"] = [[GpuReq(**r) for r in w] for w in values.get("replay", [])]
         return cls(**values)
-
-
-class StepCounter:
-    """The tokens ``Scheduler.schedule`` scheduled since the last ``take`` (wraps it)."""
-
-    def __init__(self) -> None:
-        self.tokens = 0
-
-    def install(self, scheduler_cls: Any) -> None:
-        schedule = scheduler_cls.schedule
-        counter = self
-
-        def scheduled(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-            output = schedule(scheduler, *args, **kwargs)
-            counter.tokens += int(output.total_num_scheduled_tokens)
-            return output
-
-        scheduler_cls.schedule = scheduled
-
-    def take(self) -> int:
-        tokens, self.tokens = self.tokens, 0
-        return tokens
 
 
 def _engine_request(request: GpuRunRequest) -> DistributionRequest:
@@ -177,7 +160,7 @@ def _one_line(e: BaseException) -> str:
 class Driver:
     """One engine through one workload after another."""
 
-    def __init__(self, request: GpuRunRequest, engine: Any, counter: StepCounter) -> None:
+    def __init__(self, request: GpuRunRequest, engine: Any, counter: RunningCounter) -> None:
         self.request = request
         self.engine = engine
         self.counter = counter
@@ -227,7 +210,7 @@ class Driver:
         bound = step_bound(tuple(reqs))
         steps: dict[str, list[int]] = {"scheduled": [], "produced": [], "unfinished": []}
         step, error = 0, None
-        self.counter.take()
+        self.counter.take_tokens()
         try:
             while True:
                 while pending and reqs[pending[0]].arrival <= step:
@@ -259,7 +242,7 @@ class Driver:
                     last[key] = output
                     if output.finished:
                         results[key]["finished"] = step
-                steps["scheduled"].append(self.counter.take())
+                steps["scheduled"].append(self.counter.take_tokens())
                 steps["produced"].append(produced)
                 steps["unfinished"].append(int(engine.get_num_unfinished_requests()))
                 step += 1
@@ -306,7 +289,7 @@ def run(request: GpuRunRequest) -> dict[str, Any]:
     deadline = None if request.seconds is None else time.monotonic() + request.seconds
     progress = Progress(Path(request.progress), request.role)
     figures_file = Path(request.figures_file)
-    counter = StepCounter()
+    counter = RunningCounter()
     counter.install(Scheduler)
     auditor = None
     if request.drafter is not None:

@@ -115,10 +115,16 @@ def _result(output: Any) -> dict[str, Any]:
 
 
 class RunningCounter:
-    """The most requests the scheduler ran in one step (wraps ``Scheduler.schedule``)."""
+    """The most requests the scheduler ran in one step, and the tokens it scheduled since
+    ``take_tokens`` (wraps ``Scheduler.schedule``)."""
 
     def __init__(self) -> None:
         self.most = 0
+        self.tokens = 0
+
+    def take_tokens(self) -> int:
+        tokens, self.tokens = self.tokens, 0
+        return tokens
 
     def install(self, scheduler_cls: Any) -> None:
         schedule = scheduler_cls.schedule
@@ -127,6 +133,7 @@ class RunningCounter:
         def scheduled(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
             output = schedule(scheduler, *args, **kwargs)
             counter.most = max(counter.most, len(output.num_scheduled_tokens))
+            counter.tokens += int(output.total_num_scheduled_tokens)
             return output
 
         scheduler_cls.schedule = scheduled
