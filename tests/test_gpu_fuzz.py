@@ -561,3 +561,43 @@ def test_the_host_step_refuses_before_it_starts_anything(tmp_path):
     done = run_gpu_script("gpu-fuzz.sh", "patched", "trained", work=work, out=out, **env)
     assert done.returncode == 28 and "no trained pair" in done.stderr
     assert not (out / "fuzz-patched-trained").exists()
+
+
+# -- an engine pair's processes ---------------------------------------------------------------
+
+#: Stands in for the vLLM interpreter (``python -m gpu_run IN OUT``): the DFlash engine hangs
+#: in its first workload, the plain engine serves nothing and ends.
+ENGINE_ON_PAPER = """#!{python}
+import json, os, sys, time
+request = json.load(open(sys.argv[3]))
+progress = {{"role": request["role"], "workloads": [], "cache": os.environ["VLLM_CACHE_ROOT"],
+            "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]}}
+if request["role"] == "dflash":
+    progress.update(current=0, current_requests=request["replay"][0])
+    json.dump(progress, open(request["progress"], "w"))
+    time.sleep(600)
+json.dump({{"ok": True, **progress}}, open(sys.argv[4], "w"))
+"""
+
+
+def test_an_engine_pair_stopped_in_a_workload_is_a_hang_with_its_requests(tmp_path):
+    from tooling.fuzzing.gpu_pair import GpuTarget, run_pair
+
+    python = tmp_path / "python"
+    python.write_text(ENGINE_ON_PAPER.format(python=sys.executable))
+    python.chmod(0o755)
+    target = GpuTarget(python=python, pair=tmp_path / "pair")
+    pair = run_pair(
+        target,
+        CASE.settings,
+        tmp_path / "work",
+        3.0,
+        kv_cache_memory_bytes=1 << 30,
+        replay=[CASE.requests],
+    )
+    assert pair.stopped == {"dflash": True, "plain": False} and pair.seconds < 60
+    caches = {pair.runs[role]["cache"] for role in ("dflash", "plain")}
+    assert len(caches) == 2 and {pair.runs["plain"]["multiprocessing"]} == {"0"}
+    judged = judge_pair(pair, Mode())
+    assert [(v.kind, v.engine, v.workload) for v in judged.verdicts] == [("hang", "dflash", 0)]
+    assert [GpuReq(**r) for r in judged.requests_of[0]] == list(CASE.requests)
