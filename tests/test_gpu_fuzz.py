@@ -601,3 +601,11 @@ def test_an_engine_pair_stopped_in_a_workload_is_a_hang_with_its_requests(tmp_pa
     judged = judge_pair(pair, Mode())
     assert [(v.kind, v.engine, v.workload) for v in judged.verdicts] == [("hang", "dflash", 0)]
     assert [GpuReq(**r) for r in judged.requests_of[0]] == list(CASE.requests)
+
+
+def test_a_request_refused_by_one_engine_only_is_a_finding():
+    out = {"r0": done([5], [lp(-0.1, -3)])}
+    refused = {"r0": RequestRun([], refused="ValueError: the prompt is too long")}
+    assert judge_workload(run(refused), run(refused), Mode()) == []
+    (verdict,) = judge_workload(run(refused), run(out), Mode())
+    assert verdict.kind == "lossless" and "refused by one engine only" in verdict.detail

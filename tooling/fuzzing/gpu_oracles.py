@@ -12,7 +12,8 @@ Each failure is a ``Verdict`` named by its kind (``gpu_case.KINDS``):
   or took more steps than the bound from its arrival to its end;
 - ``lossless`` (mode "lossless", a trained pair): a greedy DFlash output differs from the
   plain engine's, at a position where plain's top-2 margin is over ``MARGIN``, or ends
-  otherwise (length, finish reason); a difference at a near tie is excused, and listed;
+  otherwise (length, finish reason), or one engine refused a request the other took; a
+  difference at a near tie is excused, and listed;
 - ``logprobs`` (mode "noise", a random-weight pair, whose near ties are everywhere): a
   logprob of a token both engines list differs by more than the given noise, at a
   position where both outputs still agree; a token difference is excused where plain's
@@ -68,6 +69,8 @@ class RequestRun:
     finished: int | None = None
     """The engine step whose output finished it; None if it never finished."""
     aborted: bool = False
+    refused: str | None = None
+    """Why ``add_request`` refused it (a prompt too long): it never ran."""
 
 
 @dataclass
@@ -135,7 +138,7 @@ def liveness(run: WorkloadRun, engine: str) -> list[Verdict]:
             )
             break
     for name, req in sorted(run.results.items()):
-        if req.aborted:
+        if req.aborted or req.refused is not None:
             continue
         if req.finished is None:
             found.append(
@@ -194,6 +197,10 @@ def compare_request(
 ) -> tuple[str | None, str | None]:
     """(the failure, the excused difference) of one request's two outputs, each a line or
     None. Past a first difference nothing is compared: the two continue different texts."""
+    if d.refused is not None or p.refused is not None:
+        if d.refused is not None and p.refused is not None:
+            return None, None
+        return f"{name}: refused by one engine only ({d.refused or p.refused})", None
     at = _first_difference(d, p)
     if mode.kind == "noise":
         common = len(d.tokens) if at is None else at

@@ -216,14 +216,19 @@ class Driver:
                 while pending and reqs[pending[0]].arrival <= step:
                     i = pending.pop(0)
                     prompt = prompt_ids(index, i, reqs[i], vocab)
-                    engine.add_request(
-                        names[i],
-                        TokensPrompt(prompt_token_ids=prompt),
-                        self._params(reqs[i], prompt),
-                    )
                     results[f"r{i}"] = {"tokens": [], "added": step}
+                    try:
+                        engine.add_request(
+                            names[i],
+                            TokensPrompt(prompt_token_ids=prompt),
+                            self._params(reqs[i], prompt),
+                        )
+                    except ValueError as e:  # the request refused (too long): no death
+                        results[f"r{i}"]["refused"] = _one_line(e)
                 for i, r in enumerate(reqs):
-                    live = f"r{i}" in results and "finished" not in results[f"r{i}"]
+                    live = f"r{i}" in results and not {"finished", "refused"} & set(
+                        results[f"r{i}"]
+                    )
                     if r.abort_at == step and live:
                         engine.abort_request([names[i]])
                         results[f"r{i}"]["aborted"] = True
