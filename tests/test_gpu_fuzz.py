@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tooling.errors import FuzzCaseError
+from tooling.fuzzing.cases import read_case_file
 from tooling.fuzzing.gpu import Campaign, GpuPlan
 from tooling.fuzzing.gpu_case import (
     CUDAGRAPH_MODES,
@@ -431,6 +432,10 @@ def test_a_campaign_saves_each_finding_shrunk_and_reports(tmp_path):
         saved = read_gpu_case_file(f.file)
         assert saved.kind == "lossless" and saved.found_on == "paper"
         assert len(saved.case.requests) == 1 and saved.case.requests[0].prompt_len == 16
+        # Its scheduler side, for `tooling fuzz scheduler --replay`.
+        cpu = read_case_file(f.file.with_suffix(".scheduler.json"))
+        assert cpu.kind == "pass" and cpu.case["requests"][0]["prompt_len"] == 16
+        assert cpu.case["settings"]["k"] == saved.case.settings.k
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["findings_by_oracle"] == {"lossless": len(report.findings)}
     assert summary["requests_per_gpu_minute"] > 0 and not summary["ok"]
@@ -609,3 +614,33 @@ def test_a_request_refused_by_one_engine_only_is_a_finding():
     assert judge_workload(run(refused), run(refused), Mode()) == []
     (verdict,) = judge_workload(run(refused), run(out), Mode())
     assert verdict.kind == "lossless" and "refused by one engine only" in verdict.detail
+
+
+@pytest.mark.slow
+def test_a_findings_scheduler_side_replays_on_the_cpu(probe_python, upstream_0201, tmp_path):
+    """The file saved beside a GPU finding is a case ``tooling fuzz scheduler --replay``
+    serves: the same settings and requests through vLLM's real scheduler."""
+    from tooling.fuzzing.cases import write_case_file
+    from tooling.fuzzing.gpu_case import scheduler_case_file
+
+    case = GpuCase(
+        GpuSettings(k=3, max_model_len=512, prefix_caching=True),
+        (GpuReq(0, 16, 8, logprobs=5), GpuReq(2, 4, 30, stop=True)),
+    )
+    path = tmp_path / "finding-lossless-0-0.scheduler.json"
+    write_case_file(path, scheduler_case_file(case, "the scheduler side"))
+    done = run_tooling(
+        "fuzz",
+        "scheduler",
+        "--root",
+        str(upstream_0201.source_dir),
+        "--replay",
+        str(path),
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        env={"TOOLING_PROBE_PYTHON": str(probe_python)},
+    )
+    assert done.returncode == 0, done.stderr
+    (replayed,) = json.loads(done.stdout)["replayed"]
+    assert replayed["outcome"] == "pass" and replayed["steps"] > 8

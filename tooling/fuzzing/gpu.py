@@ -21,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cases import write_case_file
 from .gpu_case import (
     GpuCase,
     GpuCaseFile,
     GpuReq,
     GpuSettings,
     draw_settings,
+    scheduler_case_file,
     write_gpu_case_file,
 )
 from .gpu_oracles import Mode, Verdict
@@ -210,11 +212,14 @@ class Campaign:
         return plan.best if plan.steps else None
 
     def _save(self, finding: Finding, case: GpuCase) -> None:
+        """The finding's case, and beside it its scheduler side for the CPU fuzzer."""
         assert finding.file is not None
         write_gpu_case_file(
             finding.file,
             GpuCaseFile(case, finding.kind, finding.detail, self.report.found_on, finding.excused),
         )
+        cpu = scheduler_case_file(case, f"the scheduler side of {finding.file.name}")
+        write_case_file(finding.file.with_suffix(".scheduler.json"), cpu)
 
 
 def campaign_runner(target: GpuTarget, plan: GpuPlan) -> PairRunner:

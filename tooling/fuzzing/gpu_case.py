@@ -26,8 +26,8 @@ from ..errors import FuzzCaseError
 from ..fsutil import atomic_write_text
 from ..probes._schedfuzz import draw_settings as draw_scheduler_settings
 from ..probes._schedfuzz import draw_workload as draw_scheduler_workload
-from ..probes._schedsim import STOP_TOKEN, Req, prompt_tokens
-from .cases import MAX_REQUESTS, check_fields, load_case_json
+from ..probes._schedsim import STOP_TOKEN, Case, Req, Settings, prompt_tokens
+from .cases import MAX_REQUESTS, CaseFile, check_fields, load_case_json
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,18 @@ class GpuCase:
             if r.arrival < 0 or r.logprobs < 2:
                 raise FuzzCaseError(f"{where}: requests[{i}]: 'arrival' or 'logprobs' too small")
         return cls(settings, reqs)
+
+
+def scheduler_case_file(case: GpuCase, detail: str) -> CaseFile:
+    """``case``'s scheduler side as the CPU fuzzer serves it (``tooling fuzz scheduler
+    --replay``): the same settings with vLLM's own scheduler for the seed's geometry, the
+    same requests, its KV cache the default. Saved as a control ("pass"): a replay that
+    fails there has found the part of a GPU finding the CPU reproduces."""
+    names = {f.name for f in dataclasses.fields(Settings)}
+    settings = Settings(**{k: v for k, v in asdict(case.settings).items() if k in names})
+    fields = {f.name for f in dataclasses.fields(Req)}
+    reqs = tuple(Req(**{k: v for k, v in asdict(r).items() if k in fields}) for r in case.requests)
+    return CaseFile(Case(settings, reqs).to_json(), OUTCOME_PASS, detail)
 
 
 def _check_values(settings: GpuSettings, where: str) -> None:
