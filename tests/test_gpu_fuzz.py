@@ -439,6 +439,8 @@ def test_a_campaign_saves_each_finding_shrunk_and_reports(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["findings_by_oracle"] == {"lossless": len(report.findings)}
     assert summary["requests_per_gpu_minute"] > 0 and not summary["ok"]
+    # Two pairs of 30 s each for the rate; the shrinks' pairs apart.
+    assert summary["gpu_minutes"] == 1.0 and summary["shrink_gpu_minutes"] > 0
     assert "| lossless |" in (tmp_path / "summary.md").read_text()
 
 
@@ -591,7 +593,7 @@ def test_an_engine_pair_stopped_in_a_workload_is_a_hang_with_its_requests(tmp_pa
     python = tmp_path / "python"
     python.write_text(ENGINE_ON_PAPER.format(python=sys.executable))
     python.chmod(0o755)
-    target = GpuTarget(python=python, pair=tmp_path / "pair")
+    target = GpuTarget(python=python, pair=tmp_path / "pair", cache_root=tmp_path / "cache")
     pair = run_pair(
         target,
         CASE.settings,
@@ -602,7 +604,8 @@ def test_an_engine_pair_stopped_in_a_workload_is_a_hang_with_its_requests(tmp_pa
     )
     assert pair.stopped == {"dflash": True, "plain": False} and pair.seconds < 60
     caches = {pair.runs[role]["cache"] for role in ("dflash", "plain")}
-    assert len(caches) == 2 and {pair.runs["plain"]["multiprocessing"]} == {"0"}
+    assert caches == {str(tmp_path / "cache" / "dflash"), str(tmp_path / "cache" / "plain")}
+    assert pair.runs["plain"]["multiprocessing"] == "0"
     judged = judge_pair(pair, Mode())
     assert [(v.kind, v.engine, v.workload) for v in judged.verdicts] == [("hang", "dflash", 0)]
     assert [GpuReq(**r) for r in judged.requests_of[0]] == list(CASE.requests)

@@ -140,7 +140,13 @@ def gpu_command(
         mode=Mode(kind=mode, noise=noise or 0.0, reference_acceptance=reference_acceptance),
         kv_cache_memory_bytes=kv_cache_memory_bytes,
     )
-    target = GpuTarget(python=interpreter, pair=pair.absolute(), env=env, vocab_size=vocab)
+    target = GpuTarget(
+        python=interpreter,
+        pair=pair.absolute(),
+        env=env,
+        vocab_size=vocab,
+        cache_root=settings.cache.root / "gpu-fuzz" / "vllm-cache",
+    )
     report = run_gpu_campaign(target, plan, out_dir, f"{interpreter} ({vllm_at})")
     emit(settings, report.to_json(), _text(report, out_dir))
     if report.findings:

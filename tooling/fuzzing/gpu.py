@@ -115,7 +115,10 @@ class Campaign:
         pair = self.runner(
             settings, number, self.plan.workloads, replay, work, self.plan.pair_seconds
         )
-        self.report.gpu_seconds += pair.seconds
+        if name.startswith("shrink-"):
+            self.report.shrink_seconds += pair.seconds
+        else:
+            self.report.gpu_seconds += pair.seconds
         return judge_pair(pair, self.plan.mode)
 
     def _count(self, judged: Judgement, settings: GpuSettings) -> None:

@@ -57,6 +57,10 @@ class GpuTarget:
     pair: Path
     env: Mapping[str, str] = field(default_factory=dict)
     vocab_size: int = 248320
+    cache_root: Path | None = None
+    """Where each engine's ``VLLM_CACHE_ROOT`` is (its compile cache, reused by later
+    pairs; kept out of the campaign's folder, which is brought back from a host); None:
+    beside the pairs' folders."""
 
     @property
     def target(self) -> Path:
@@ -172,7 +176,7 @@ def run_pair(
             env = {
                 **target.env,
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "VLLM_CACHE_ROOT": str(work.parent / "vllm-cache" / role),
+                "VLLM_CACHE_ROOT": str((target.cache_root or work.parent / "vllm-cache") / role),
             }
             cmd = [str(target.python), "-m", MODULE, *(str(f) for f in files[role])]
             log = work / f"{role}.log"

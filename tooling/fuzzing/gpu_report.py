@@ -45,7 +45,9 @@ class CampaignReport:
     workloads: int = 0
     requests: int = 0
     gpu_seconds: float = 0.0
-    """Wall time of the engine pairs: both engines of a pair share one GPU."""
+    """Wall time of the campaign's engine pairs: both engines of a pair share one GPU."""
+    shrink_seconds: float = 0.0
+    """Wall time of the engine pairs that served shrinks (not counted in the rate)."""
     findings: list[Finding] = field(default_factory=list)
     excused: int = 0
     """Differences the output oracle excused (near ties), over every workload."""
@@ -73,6 +75,7 @@ class CampaignReport:
             "workloads": self.workloads,
             "requests": self.requests,
             "gpu_minutes": round(self.gpu_seconds / 60, 2),
+            "shrink_gpu_minutes": round(self.shrink_seconds / 60, 2),
             "requests_per_gpu_minute": round(self.requests_per_gpu_minute, 2),
             "findings_by_oracle": self.by_oracle(),
             "excused": self.excused,
@@ -103,6 +106,7 @@ class CampaignReport:
             f"{self.gpu_seconds / 60:.1f} GPU minutes ({self.requests_per_gpu_minute:.1f} "
             f"requests a GPU minute)"
             + (", stopped early" if self.stopped else "")
+            + f"; shrinks took {self.shrink_seconds / 60:.1f} GPU minutes more"
             + f"; {self.excused} differences excused as near ties.\n"
         )
         parts = [head]
