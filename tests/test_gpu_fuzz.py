@@ -97,6 +97,8 @@ def test_prompts_stay_inside_the_vocabulary_and_prefixes_are_shared():
     ids_a, ids_b = prompt_ids(0, 0, a, small), prompt_ids(3, 5, b, small)
     assert all(100 <= t < small - 1000 for t in ids_a + ids_b)
     assert ids_a[:200] == ids_b[:200] and ids_a[200:250] != ids_b[200:]
+    tiny = prompt_ids(0, 0, a, 400)  # the trainer's smallest pair
+    assert all(50 <= t < 300 for t in tiny) and len(set(tiny)) > 20
     assert step_bound((a, b)) == 64 + 4 * (301 + 251)
 
 

@@ -177,9 +177,9 @@ def prompt_ids(workload: int, index: int, req: Req, vocab: int) -> list[int]:
     """Request ``index`` of workload ``workload``'s prompt: shared prefixes the same in every
     workload (so they hit the cache across workloads too), its own tokens its own, every id
     inside ``vocab`` and clear of its low and top ids (reserved, mask, multimodal)."""
-    top = vocab - 1000
+    low, top = min(100, vocab // 8), vocab - min(1000, vocab // 4)
     return [
-        t if 100 <= t < top else 100 + t % (top - 100)
+        t if low <= t < top else low + t % (top - low)
         for t in prompt_tokens(workload * 1000 + index, req)
     ]
 

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 MODULE = "tooling.fuzzing.serving.gpu_run"
 ROLES = ("dflash", "plain")
+MIN_VOCAB = 64
 #: What the interpreter is asked before a campaign: a GPU, and where its vLLM is.
 CHECK = (
     "import importlib.util, json\n"
@@ -84,8 +85,11 @@ def check_pair(pair: Path) -> int:
         facts = read_pair(str(pair / "target"), str(pair / "drafter"))
     except SmokePairError as e:
         raise FuzzPairError(e.message) from None
-    if facts.target.vocab_size < 2000:
-        raise FuzzPairError(f"{pair / 'target'}: a vocabulary of {facts.target.vocab_size}")
+    if facts.target.vocab_size < MIN_VOCAB:
+        raise FuzzPairError(
+            f"{pair / 'target'}: a vocabulary of {facts.target.vocab_size}, under {MIN_VOCAB}: "
+            "too few ids for prompts clear of the reserved ones"
+        )
     return facts.target.vocab_size
 
 
