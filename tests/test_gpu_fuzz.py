@@ -649,3 +649,14 @@ def test_a_findings_scheduler_side_replays_on_the_cpu(probe_python, upstream_020
     assert done.returncode == 0, done.stderr
     (replayed,) = json.loads(done.stdout)["replayed"]
     assert replayed["outcome"] == "pass" and replayed["steps"] > 8
+
+
+def test_k_stays_within_the_drafters_block(pair):
+    from tooling.fuzzing.gpu_pair import check_pair
+
+    shape = check_pair(pair)
+    assert shape.max_k == 15 and shape.vocab_size == 248320
+    capped = [draw_settings(1, n, max_k=7) for n in range(100)]
+    assert {s.k for s in capped} == {1, 3, 7}
+    full = [draw_settings(1, n) for n in range(100)]
+    assert [replace(s, k=0) for s in capped] == [replace(s, k=0) for s in full]

@@ -121,7 +121,7 @@ def gpu_command(
     """
     settings = settings_of(ctx)
     cases = tuple(read_gpu_case_file(p) for p in replay)
-    vocab = check_pair(pair)
+    shape = check_pair(pair)
     if mode == "noise" and noise is None:
         raise click.UsageError("--mode noise compares within --noise: give it")
     interpreter = python or settings.probe_python(None)
@@ -139,12 +139,13 @@ def gpu_command(
         replay=cases,
         mode=Mode(kind=mode, noise=noise or 0.0, reference_acceptance=reference_acceptance),
         kv_cache_memory_bytes=kv_cache_memory_bytes,
+        max_k=shape.max_k,
     )
     target = GpuTarget(
         python=interpreter,
         pair=pair.absolute(),
         env=env,
-        vocab_size=vocab,
+        vocab_size=shape.vocab_size,
         cache_root=settings.cache.root / "gpu-fuzz" / "vllm-cache",
     )
     report = run_gpu_campaign(target, plan, out_dir, f"{interpreter} ({vllm_at})")

@@ -66,6 +66,8 @@ class GpuPlan:
     replay: tuple[GpuCaseFile, ...] = ()
     mode: Mode = field(default_factory=Mode)
     kv_cache_memory_bytes: int = 8 * GIB
+    max_k: int | None = None
+    """The most drafts a step the pair's drafter takes (``gpu_pair.PairShape``)."""
 
 
 def alone(settings: GpuSettings) -> tuple[GpuReq, ...]:
@@ -132,7 +134,7 @@ class Campaign:
             self.report.acceptance.append(judged.acceptance)
 
     def _pair(self, number: int) -> None:
-        settings = draw_settings(self.plan.seed, number)
+        settings = draw_settings(self.plan.seed, number, self.plan.max_k)
         logger.info("engine pair %d: %s", number, settings)
         judged = self._serve(settings, number, None, f"pair-{number}")
         self._count(judged, settings)

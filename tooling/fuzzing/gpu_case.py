@@ -139,14 +139,17 @@ def _check_values(settings: GpuSettings, where: str) -> None:
         raise FuzzCaseError(f"{where}: settings: 'max_model_len' must be at least 2")
 
 
-def draw_settings(seed: int, number: int) -> GpuSettings:
+def draw_settings(seed: int, number: int, max_k: int | None = None) -> GpuSettings:
     """Engine pair ``number`` of campaign ``seed``: the scheduler fuzzer's settings (K 0
-    drawn again among ``KS``: the pair always drafts), and a CUDA-graph mode."""
+    drawn again among ``KS``: the pair always drafts; a K past ``max_k``, the drafter's
+    block, the largest of ``KS`` within it), and a CUDA-graph mode."""
     rng = random.Random(f"gpu:{seed}:{number}")
     drawn = draw_scheduler_settings(rng)
     k = drawn.k or rng.choice(KS)
     names = [f.name for f in dataclasses.fields(GpuSettings) if hasattr(drawn, f.name)]
     values: dict[str, Any] = {name: getattr(drawn, name) for name in names}
+    if max_k is not None and k > max_k:
+        k = max([x for x in KS if x <= max_k], default=min(KS))
     values["k"] = k
     values["cudagraph_mode"] = rng.choice(CUDAGRAPH_MODES)
     return GpuSettings(**values)

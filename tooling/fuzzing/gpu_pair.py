@@ -18,7 +18,7 @@ from ..paths import REPO_DIR
 from ..procs import run as run_command
 from ..procs import start_group, stop_group
 from ..smoke.pair import read_pair
-from .gpu_case import GpuReq, GpuSettings
+from .gpu_case import KS, GpuReq, GpuSettings
 from .gpu_oracles import (
     Mode,
     Verdict,
@@ -75,8 +75,17 @@ class GpuTarget:
         return f"{self.python} on {self.pair}"
 
 
-def check_pair(pair: Path) -> int:
-    """The vocabulary of the pair in ``pair`` (target/ and drafter/); FuzzPairError, one line
+@dataclass(frozen=True)
+class PairShape:
+    """What the campaign must know of the pair: its vocabulary, and the most drafts a step
+    its drafter takes (its block less the bonus token; None when its config does not say)."""
+
+    vocab_size: int
+    max_k: int | None = None
+
+
+def check_pair(pair: Path) -> PairShape:
+    """The shape of the pair in ``pair`` (target/ and drafter/); FuzzPairError, one line
     naming the folder or the file at fault, when it is not a pair the fuzzer can serve."""
     for role in ("target", "drafter"):
         if not (pair / role).is_dir():
@@ -90,7 +99,11 @@ def check_pair(pair: Path) -> int:
             f"{pair / 'target'}: a vocabulary of {facts.target.vocab_size}, under {MIN_VOCAB}: "
             "too few ids for prompts clear of the reserved ones"
         )
-    return facts.target.vocab_size
+    block = facts.drafter.block_size
+    max_k = block - 1 if block else None
+    if max_k is not None and max_k < min(KS):
+        raise FuzzPairError(f"{pair / 'drafter'}: a block of {block} drafts nothing")
+    return PairShape(facts.target.vocab_size, max_k)
 
 
 def check_interpreter(python: Path, env: Mapping[str, str]) -> str:
