@@ -49,6 +49,10 @@ SOURCED = {"env.sh", "args.sh"}
 #: CALL, ``hybrid-proof.sh 4`` started engines for no call).
 UNKNOWN_ARGUMENTS = [
     ("acceptance.sh", ("bogus",)),
+    ("gpu-fuzz.sh", ()),
+    ("gpu-fuzz.sh", ("bogus", "seed")),
+    ("gpu-fuzz.sh", ("patched", "bogus")),
+    ("gpu-fuzz.sh", ("patched", "seed", "more")),
     ("host-setup.sh", ()),
     ("host-setup.sh", ("P", "bogus")),
     ("host-setup.sh", ("P", "all", "more")),

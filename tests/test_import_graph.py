@@ -134,12 +134,14 @@ def test_the_probes_import_only_each_other(module):
 
 
 #: Run in interpreters of their own, started with the environment they are to read: the
-#: probes, the smoke's serving children, verify's in-install check, and the trainer
+#: probes, the smoke's, the trained pair's and the GPU fuzzer's serving children, verify's
+#: in-install check, and the trainer
 #: (``python -m tooling.trainer`` in the training interpreter).
 CHILD_RUN = (
     "tooling.probes",
     "tooling.smoke.serving",
     "tooling.trained.serving",
+    "tooling.fuzzing.serving",
     "tooling.verifying.inside",
     "tooling.trainer",
 )

@@ -190,6 +190,20 @@ class LogFileError(ToolingError):
     exit_code = 27
 
 
+class FuzzPairError(SmokePairError):
+    """The pair given to ``tooling fuzz gpu`` is not one it can serve: no target/ or
+    drafter/ folder, a config missing or invalid, weights it cannot size."""
+
+    exit_code = 29
+
+
+class FuzzNoGpuError(EnvironmentProblem):
+    """The interpreter ``tooling fuzz gpu`` was given sees no GPU (no torch, or
+    ``torch.cuda.is_available()`` false there)."""
+
+    exit_code = 30
+
+
 class HostRefusal(ToolingError):
     """A GPU host step refuses before it does anything, as the host's state stands: a
     session already running, a process record that is none, a CALL past the last. Exit 2,

@@ -14,7 +14,14 @@ from ..fuzzing.scheduler import CampaignPlan, CampaignResult, run_campaign
 from ..patching.worktree import default_work_dir
 from ..probing.launch import ProbeTarget
 from ..report import table
-from .options import Settings, emit, json_option, probe_python_option, settings_of
+from .options import (
+    Settings,
+    emit,
+    fuzz_campaign_options,
+    json_option,
+    probe_python_option,
+    settings_of,
+)
 
 #: Bounds on what a campaign may ask for before anything starts.
 MAX_CASES = 100_000_000
@@ -46,27 +53,10 @@ def fuzz_group() -> None:
     default=None,
     help="Interpreters side by side (default: one a CPU core, at most 8).",
 )
-@click.option(
-    "--seconds",
-    type=click.FloatRange(1, 7 * 24 * 3600),
-    default=None,
-    help="Stop drawing cases after this long (each job finishes its case and shrink).",
-)
-@click.option("--no-shrink", is_flag=True, help="Save findings as drawn, not minimized.")
-@click.option(
-    "--replay",
-    "replay",
-    multiple=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Run these saved cases again instead of drawing (repeatable).",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("build/fuzz/scheduler"),
-    show_default=True,
-    help="Where the findings and summary.json go.",
+@fuzz_campaign_options(
+    Path("build/fuzz/scheduler"),
+    "Stop drawing cases after this long (each job finishes its case and shrink).",
+    "Where the findings and summary.json go.",
 )
 @probe_python_option
 @json_option
@@ -147,3 +137,13 @@ def _text(result: CampaignResult, out_dir: Path) -> str:
     if not result.findings:
         lines.append(f"no failing case; summary in {out_dir / 'summary.json'}")
     return "\n".join(lines)
+
+
+def _register() -> None:
+    """The GPU fuzzer's command, from its own module, under this group."""
+    from .fuzz_gpu import gpu_command
+
+    fuzz_group.add_command(gpu_command)
+
+
+_register()

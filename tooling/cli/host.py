@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..errors import HostUsageError
+from ..host import fuzz as fuzz_
 from ..host import parts as parts_
 from ..host import proof as proof_
 from ..host import session as session_
@@ -205,6 +206,27 @@ def proof_command(ctx: click.Context, call: str) -> None:
     out = absolute(required("OUT", env("OUT"), OUT_BACK))
     limit = optional_number("TIME_LIMIT", env("TIME_LIMIT"), 480) or 0
     ctx.exit(proof_.proof(call, layout_of(ctx), out, limit))
+
+
+@host_group.command("fuzz")
+@click.argument("engine", type=click.Choice(fuzz_.ENGINES))
+@click.argument("pair", type=click.Choice(fuzz_.PAIRS))
+@click.pass_context
+def fuzz_command(ctx: click.Context, engine: str, pair: str) -> None:
+    """gpu-fuzz.sh: tooling fuzz gpu on the ENGINE install and the PAIR into $OUT.
+
+    OUT; TIME_LIMIT (default 1800 s of drawing), NOISE (the seed pair's logprob noise between
+    batches: required for seed), FUZZ_ARGS (more options of tooling fuzz gpu)."""
+    out = absolute(required("OUT", env("OUT"), OUT_REPORTS))
+    noise = env("NOISE")
+    if pair == "seed":
+        required("NOISE", noise, "the seed pair's logprob noise (--noise of tooling fuzz gpu)")
+    settings = fuzz_.FuzzSettings(
+        time_limit=optional_number("TIME_LIMIT", env("TIME_LIMIT"), 1800) or 1800,
+        noise=noise,
+        args=tuple((env("FUZZ_ARGS") or "").split()),
+    )
+    ctx.exit(fuzz_.fuzz(engine, pair, layout_of(ctx), out, settings))
 
 
 #: trained-hybrid.sh's steps that take no argument.

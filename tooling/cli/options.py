@@ -271,3 +271,35 @@ def base_options(f: F) -> F:
         "--allow-moving-ref", is_flag=True, help="Accept a branch name as --ref (not reproducible)."
     )(g)
     return cast(F, g)
+
+
+def fuzz_campaign_options(out: Path, seconds_help: str, out_help: str) -> Callable[[F], F]:
+    """--seconds, --no-shrink, --replay and --out, as every fuzz campaign takes them."""
+    options = [
+        click.option(
+            "--seconds", type=click.FloatRange(1, 7 * 24 * 3600), default=None, help=seconds_help
+        ),
+        click.option("--no-shrink", is_flag=True, help="Save findings as found, not minimized."),
+        click.option(
+            "--replay",
+            "replay",
+            multiple=True,
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Run these saved cases again instead of drawing (repeatable).",
+        ),
+        click.option(
+            "--out",
+            "out_dir",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=out,
+            show_default=True,
+            help=out_help,
+        ),
+    ]
+
+    def decorate(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate

@@ -44,7 +44,7 @@ class CaseFile:
         return {"format": FORMAT, **dataclasses.asdict(self)}
 
 
-def _check_fields(cls: type, data: Any, where: str) -> None:
+def check_fields(cls: type, data: Any, where: str) -> None:
     if not isinstance(data, dict):
         raise FuzzCaseError(f"{where}: expected a table of {cls.__name__} values")
     hints = typing.get_type_hints(cls)
@@ -74,19 +74,22 @@ def validate_case(data: Any, where: str) -> dict[str, Any]:
     """``data`` checked to be a case in the fuzzer's JSON form; returned as it is."""
     if not isinstance(data, dict) or set(data) - {"settings", "requests", "seed"}:
         raise FuzzCaseError(f"{where}: a case holds 'settings', 'requests' and 'seed'")
-    _check_fields(Settings, data.get("settings"), f"{where}: settings")
+    check_fields(Settings, data.get("settings"), f"{where}: settings")
     requests = data.get("requests")
     if not isinstance(requests, list) or len(requests) > MAX_REQUESTS:
         raise FuzzCaseError(f"{where}: 'requests' must be a list of at most {MAX_REQUESTS}")
     for i, req in enumerate(requests):
-        _check_fields(Req, req, f"{where}: requests[{i}]")
+        check_fields(Req, req, f"{where}: requests[{i}]")
     if type(data.get("seed", 0)) is not int:
         raise FuzzCaseError(f"{where}: 'seed' must be an integer")
     return data
 
 
-def read_case_file(path: Path) -> CaseFile:
-    """The case saved in ``path``; FuzzCaseError naming the file and key when it is none."""
+def load_case_json(path: Path, fmt: str, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON table saved in ``path`` whose "format" is ``fmt``, its "kind" one of
+    ``kinds`` or "pass" and its "detail" and "found_on" strings; FuzzCaseError naming the
+    file (and the key) when it cannot be read, is too large, is not JSON or is none of
+    these."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
@@ -98,17 +101,22 @@ def read_case_file(path: Path) -> CaseFile:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FuzzCaseError(f"{path}: not JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise FuzzCaseError(f"{path}: 'format' is not {FORMAT!r}: not a fuzz case")
-    kind = data.get("kind")
-    if kind not in (*KINDS, OUTCOME_PASS):
-        raise FuzzCaseError(f"{path}: 'kind' must be one of {', '.join((*KINDS, 'pass'))}")
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise FuzzCaseError(f"{path}: 'format' is not {fmt!r}: not a fuzz case")
+    if data.get("kind") not in (*kinds, OUTCOME_PASS):
+        raise FuzzCaseError(f"{path}: 'kind' must be one of {', '.join((*kinds, 'pass'))}")
     for key in ("detail", "found_on"):
         if not isinstance(data.get(key, ""), str):
             raise FuzzCaseError(f"{path}: {key!r} must be a string")
+    return data
+
+
+def read_case_file(path: Path) -> CaseFile:
+    """The case saved in ``path``; FuzzCaseError naming the file and key when it is none."""
+    data = load_case_json(path, FORMAT, KINDS)
     return CaseFile(
         case=validate_case(data.get("case"), f"{path}: case"),
-        kind=kind,
+        kind=data["kind"],
         detail=data.get("detail", ""),
         found_on=data.get("found_on", ""),
     )

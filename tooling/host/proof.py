@@ -45,7 +45,9 @@ def engine_line(result: Path) -> str:
     return f"{result.name}: {r.get('error')}"
 
 
-def _seed_pair(layout: Layout, proof: Path, pair: Path) -> None:
+def seed_pair(layout: Layout, proof: Path, pair: Path) -> None:
+    """The seed-shaped pair (random weights, hidden size 512) written into ``pair``; its log
+    in ``proof``."""
     start = time.monotonic()
     cmd = [PYTHON, "-m", Modules.TINY, str(pair), "--arch", "seed", "--hidden-size", "512"]
     with written(proof / "pair.log") as log:
@@ -65,7 +67,7 @@ def proof(call: str, layout: Layout, out: Path, time_limit: int) -> int:
     proof_dir, pair = layout.work / "proof", layout.work / "seed-pair"
     proof_dir.mkdir(parents=True, exist_ok=True)
     if not (pair / "tiny.json").is_file():
-        _seed_pair(layout, proof_dir, pair)
+        seed_pair(layout, proof_dir, pair)
     site = layout.env(str(layout.site))
     plan = [PYTHON, "-m", Modules.PROOF, "plan", str(proof_dir)]
     plan += ["--target", str(pair / "target"), "--drafter", str(pair / "drafter")]

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ._schedsim import Case, Engine, Outcome, Req, Settings, build_engine, h200_platform
 from ._schedstep import run_case
@@ -61,7 +61,29 @@ def draw_settings(rng: random.Random) -> Settings:
     )
 
 
-def boundary_lengths(engine: Engine, settings: Settings) -> list[int]:
+class Figures(Protocol):
+    """What the workload is drawn from of a built engine: its attention block and its
+    ``facts`` (the step budget under "budget"). The CPU engine's, or one a GPU engine
+    reported."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def facts(self) -> dict[str, Any]: ...
+
+
+class Shape(Protocol):
+    """What the workload is drawn from of the settings: K and max_model_len."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+
+def boundary_lengths(engine: Figures, settings: Shape) -> list[int]:
     """The prompt lengths where chunking, blocks and drafting meet, for this engine."""
     block, budget, k = engine.block_size, engine.facts["budget"], settings.k
     top = settings.max_model_len - 1
@@ -91,7 +113,7 @@ def boundary_lengths(engine: Engine, settings: Settings) -> list[int]:
     return sorted({n for n in near if 1 <= n <= top})
 
 
-def draw_workload(rng: random.Random, engine: Engine, settings: Settings) -> tuple[Req, ...]:
+def draw_workload(rng: random.Random, engine: Figures, settings: Shape) -> tuple[Req, ...]:
     lengths = boundary_lengths(engine, settings)
     top = settings.max_model_len - 1
     prefixes = [rng.choice([*lengths, engine.block_size, 2 * engine.block_size]) for _ in range(3)]
@@ -152,10 +174,12 @@ def shrink(case: Case, kind: str, root: Path, seconds: float = SHRINK_SECONDS) -
     return best
 
 
-def _smaller(case: Case) -> list[Case]:
-    """Cases one step simpler than ``case``, the boldest first."""
-    reqs, s = list(case.requests), case.settings
-    out = [replace(case, requests=tuple(reqs[:i] + reqs[i + 1 :])) for i in range(len(reqs))]
+def smaller_workloads(reqs: tuple[Req, ...]) -> list[tuple[Req, ...]]:
+    """Workloads one step simpler than ``reqs``, the boldest first: a request fewer, or one
+    request arriving at once, never aborted, without its stop token or min_tokens, with
+    half its max_tokens, without its shared prefix, or with a shorter prompt. Requests keep
+    their class (the GPU fuzzer's carry more fields)."""
+    out = [reqs[:i] + reqs[i + 1 :] for i in range(len(reqs))]
     for i, r in enumerate(reqs):
         simpler = [
             replace(r, arrival=0),
@@ -168,9 +192,14 @@ def _smaller(case: Case) -> list[Case]:
         if r.prompt_len > 1 and r.prefix_len < r.prompt_len:
             simpler.append(replace(r, prompt_len=max(r.prefix_len + 1, r.prompt_len // 2)))
             simpler.append(replace(r, prompt_len=r.prompt_len - 1))
-        out += [
-            replace(case, requests=tuple([*reqs[:i], x, *reqs[i + 1 :]])) for x in simpler if x != r
-        ]
+        out += [(*reqs[:i], x, *reqs[i + 1 :]) for x in simpler if x != r]
+    return out
+
+
+def _smaller(case: Case) -> list[Case]:
+    """Cases one step simpler than ``case``, the boldest first."""
+    s = case.settings
+    out = [replace(case, requests=w) for w in smaller_workloads(case.requests)]
     plain = [
         replace(s, async_scheduling=None),
         replace(s, long_prefill_token_threshold=0),

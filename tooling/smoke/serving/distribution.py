@@ -67,7 +67,8 @@ class DistributionRequest:
     num_speculative_tokens: int = 0
     vocab_size: int = 248320
     max_model_len: int = 1024
-    max_num_seqs: int = 16
+    max_num_seqs: int | None = 16
+    """None: vLLM's default for the GPU."""
     max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.1
@@ -114,10 +115,16 @@ def _result(output: Any) -> dict[str, Any]:
 
 
 class RunningCounter:
-    """The most requests the scheduler ran in one step (wraps ``Scheduler.schedule``)."""
+    """The most requests the scheduler ran in one step, and the tokens it scheduled since
+    ``take_tokens`` (wraps ``Scheduler.schedule``)."""
 
     def __init__(self) -> None:
         self.most = 0
+        self.tokens = 0
+
+    def take_tokens(self) -> int:
+        tokens, self.tokens = self.tokens, 0
+        return tokens
 
     def install(self, scheduler_cls: Any) -> None:
         schedule = scheduler_cls.schedule
@@ -126,6 +133,7 @@ class RunningCounter:
         def scheduled(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
             output = schedule(scheduler, *args, **kwargs)
             counter.most = max(counter.most, len(output.num_scheduled_tokens))
+            counter.tokens += int(output.total_num_scheduled_tokens)
             return output
 
         scheduler_cls.schedule = scheduled

@@ -1,0 +1,262 @@
+"""The GPU fuzzer's campaign: engine pairs of drawn settings, their findings judged, shrunk
+and saved as case files, and the campaign's report.
+
+For each case number N of campaign S the settings are drawn (``gpu_case.draw_settings``),
+an engine pair serves ``workloads`` workloads drawn for it (``gpu_pair.run_pair``), and the
+oracles judge what both engines recorded (``gpu_oracles``). Each finding is saved as a case
+file at once (the settings and the workload it failed in), then shrunk on the GPU
+(``gpu_shrink``: the plan is pure, the pair runner answers it) and saved again. The report
+(``gpu_report``) is rewritten after every engine pair: a campaign stopped by a signal keeps
+every finding and the report of what ran.
+
+The pair runner is a parameter (``PairRunner``): the campaign's own is ``gpu_pair.run_pair``
+on the GPU; what it returns is all the campaign reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cases import write_case_file
+from .gpu_case import (
+    GpuCase,
+    GpuCaseFile,
+    GpuReq,
+    GpuSettings,
+    draw_settings,
+    scheduler_case_file,
+    write_gpu_case_file,
+)
+from .gpu_oracles import Mode, Verdict
+from .gpu_pair import GpuTarget, Judgement, PairRun, judge_pair, run_pair
+from .gpu_report import CampaignReport, Finding
+from .gpu_shrink import shrink
+
+logger = logging.getLogger(__name__)
+
+#: Findings of one kind shrunk per campaign; more are saved as found.
+SHRINK_PER_KIND = 2
+GIB = 1 << 30
+
+#: (settings, case number, workloads to draw, workloads to replay or None, work folder,
+#: seconds) -> what both engines recorded.
+PairRunner = Callable[
+    [GpuSettings, int, int, list[tuple[GpuReq, ...]] | None, Path, float], PairRun
+]
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What to run: ``settings`` engine pairs of campaign ``seed``, ``workloads`` workloads
+    each, or the ``replay`` cases as they are."""
+
+    seed: int = 0
+    settings: int = 4
+    workloads: int = 16
+    seconds: float | None = None
+    """No engine pair starts after this long."""
+    pair_seconds: float = 1800.0
+    """An engine pair's processes are stopped after this long (a step that never returns)."""
+    shrink: bool = True
+    shrink_seconds: float = 1800.0
+    replay: tuple[GpuCaseFile, ...] = ()
+    mode: Mode = field(default_factory=Mode)
+    kv_cache_memory_bytes: int = 8 * GIB
+    max_k: int | None = None
+    """The most drafts a step the pair's drafter takes (``gpu_pair.PairShape``)."""
+
+
+def alone(settings: GpuSettings) -> tuple[GpuReq, ...]:
+    """The workload a finding with none of its own is saved with (an engine that never
+    started, acceptance over a pair): one prompt of K + 1 tokens, the first step's batch."""
+    return (GpuReq(arrival=0, prompt_len=settings.k + 1, max_tokens=settings.k + 1),)
+
+
+class Campaign:
+    """One campaign's state: the report, the findings saved, the runner that serves pairs."""
+
+    def __init__(self, plan: GpuPlan, out_dir: Path, found_on: str, runner: PairRunner) -> None:
+        self.plan = plan
+        self.out_dir = out_dir
+        self.runner = runner
+        self.report = CampaignReport(found_on=found_on, seed=plan.seed, mode=plan.mode.kind)
+        self.shrunk: dict[str, int] = {}
+
+    def run(self) -> CampaignReport:
+        """Every engine pair of the plan (until ``seconds``); the report, also when a signal
+        ends the campaign (every finding so far saved)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            if self.plan.replay:
+                for index, case_file in enumerate(self.plan.replay):
+                    self._replay(index, case_file)
+            else:
+                for number in range(self.plan.settings):
+                    if (
+                        self.plan.seconds is not None
+                        and time.monotonic() - started > self.plan.seconds
+                    ):
+                        break
+                    self._pair(number)
+        except BaseException:
+            self.report.stopped = True
+            raise
+        finally:
+            self.report.write(self.out_dir)
+        return self.report
+
+    def _serve(
+        self, settings: GpuSettings, number: int, replay: list[tuple[GpuReq, ...]] | None, name: str
+    ) -> Judgement:
+        work = self.out_dir / "pairs" / name
+        pair = self.runner(
+            settings, number, self.plan.workloads, replay, work, self.plan.pair_seconds
+        )
+        if name.startswith("shrink-"):
+            self.report.shrink_seconds += pair.seconds
+        else:
+            self.report.gpu_seconds += pair.seconds
+        return judge_pair(pair, self.plan.mode)
+
+    def _count(self, judged: Judgement, settings: GpuSettings) -> None:
+        self.report.pairs += 1
+        if judged.refused:
+            self.report.refused.append(f"{settings}: {judged.refused}")
+        self.report.workloads += judged.served
+        self.report.requests += judged.requests
+        self.report.excused += judged.excused
+        if judged.acceptance is not None:
+            self.report.acceptance.append(judged.acceptance)
+
+    def _pair(self, number: int) -> None:
+        settings = draw_settings(self.plan.seed, number, self.plan.max_k)
+        logger.info("engine pair %d: %s", number, settings)
+        judged = self._serve(settings, number, None, f"pair-{number}")
+        self._count(judged, settings)
+        for verdict in judged.verdicts:
+            self._finding(number, settings, verdict, judged)
+        self.report.write(self.out_dir)
+
+    def _replay(self, index: int, case_file: GpuCaseFile) -> None:
+        case = case_file.case
+        judged = self._serve(case.settings, index, [case.requests], f"replay-{index}")
+        self._count(judged, case.settings)
+        outcome = "refused" if judged.refused else "pass"
+        if judged.verdicts:
+            outcome = judged.verdicts[0].kind
+        self.report.replayed.append(
+            {
+                "outcome": outcome,
+                "expected": case_file.kind,
+                "detail": judged.verdicts[0].detail if judged.verdicts else judged.refused or "",
+            }
+        )
+        for verdict in judged.verdicts:
+            self._finding(index, case.settings, verdict, judged, shrinkable=False)
+        self.report.write(self.out_dir)
+
+    def _finding(
+        self,
+        number: int,
+        settings: GpuSettings,
+        verdict: Verdict,
+        judged: Judgement,
+        *,
+        shrinkable: bool = True,
+    ) -> None:
+        workload = verdict.workload
+        if workload is not None and workload in judged.requests_of:
+            requests = tuple(GpuReq(**r) for r in judged.requests_of[workload])
+        else:
+            requests = alone(settings)
+        case = GpuCase(settings, requests)
+        prefix = "replay" if self.plan.replay else "finding"
+        path = self.out_dir / f"{prefix}-{verdict.kind}-{number}-{len(self.report.findings)}.json"
+        finding = Finding(verdict.kind, verdict.detail, verdict.engine, number, workload, path)
+        finding.excused = verdict.excused
+        self._save(finding, case)
+        self.report.findings.append(finding)
+        self.report.write(self.out_dir)
+        logger.info("finding %s saved: %s", verdict.kind, path)
+        kept = self.shrunk.get(verdict.kind, 0)
+        if not (shrinkable and self.plan.shrink and kept < SHRINK_PER_KIND):
+            return
+        if verdict.kind in ("acceptance",) or workload is None:
+            return  # a pair's figure, or an engine that never started: nothing to shrink
+        self.shrunk[verdict.kind] = kept + 1
+        smaller = self._shrink(number, case, verdict.kind)
+        if smaller is not None:
+            finding.shrunk = True
+            self._save(finding, smaller)
+            self.report.write(self.out_dir)
+
+    def _shrink(self, number: int, case: GpuCase, kind: str) -> GpuCase | None:
+        """The smallest case found that fails with ``kind``, None when none smaller did."""
+        rounds = iter(range(1 << 30))
+
+        def answer(batch: list[GpuCase]) -> list[bool | None]:
+            judged = self._serve(
+                batch[0].settings,
+                number,
+                [c.requests for c in batch],
+                f"shrink-{number}-{kind}-{next(rounds)}",
+            )
+            failing = {v.workload for v in judged.verdicts if v.kind == kind}
+            return [
+                True if i in failing else False if i < judged.served else None
+                for i in range(len(batch))
+            ]
+
+        plan = shrink(case, answer, self.plan.shrink_seconds)
+        logger.info("shrink of %s: %d steps, %d candidates asked", kind, plan.steps, plan.asked)
+        return plan.best if plan.steps else None
+
+    def _save(self, finding: Finding, case: GpuCase) -> None:
+        """The finding's case, and beside it its scheduler side for the CPU fuzzer."""
+        assert finding.file is not None
+        write_gpu_case_file(
+            finding.file,
+            GpuCaseFile(case, finding.kind, finding.detail, self.report.found_on, finding.excused),
+        )
+        cpu = scheduler_case_file(case, f"the scheduler side of {finding.file.name}")
+        write_case_file(finding.file.with_suffix(".scheduler.json"), cpu)
+
+
+def campaign_runner(target: GpuTarget, plan: GpuPlan) -> PairRunner:
+    """The pair runner of a campaign on ``target``'s GPU."""
+
+    def serve(
+        settings: GpuSettings,
+        number: int,
+        workloads: int,
+        replay: list[tuple[GpuReq, ...]] | None,
+        work: Path,
+        limit_s: float,
+    ) -> PairRun:
+        return run_pair(
+            target,
+            settings,
+            work,
+            limit_s,
+            kv_cache_memory_bytes=plan.kv_cache_memory_bytes,
+            seed=plan.seed,
+            number=number,
+            workloads=0 if replay else workloads,
+            replay=replay,
+        )
+
+    return serve
+
+
+def run_gpu_campaign(
+    target: GpuTarget, plan: GpuPlan, out_dir: Path, found_on: str
+) -> CampaignReport:
+    """``plan`` on ``target``'s GPU; findings, ``summary.json`` and ``summary.md`` in
+    ``out_dir`` whatever ends it."""
+    logger.debug("GPU fuzz campaign of %s into %s", target.describe(), out_dir)
+    return Campaign(plan, out_dir, found_on, campaign_runner(target, plan)).run()

@@ -1,0 +1,292 @@
+"""The GPU fuzzer's oracles: pure functions over what the DFlash and the plain engine
+recorded of one workload (``serving.gpu_run`` writes it; ``WorkloadRun`` reads it).
+
+Each failure is a ``Verdict`` named by its kind (``gpu_case.KINDS``):
+
+- ``crash``: an engine raised in a step (an illegal memory access, an assertion): it is dead;
+- ``hang``: an engine step did not return before the engine's time ran out (the campaign
+  names it: the process was stopped mid-workload);
+- ``stall``: ``STALL_STEPS`` engine steps in a row scheduled nothing and produced nothing
+  while a request was unfinished;
+- ``livelock``: a request neither finished nor was aborted within the workload's step bound,
+  or took more steps than the bound from its arrival to its end;
+- ``lossless`` (mode "lossless", a trained pair): a greedy DFlash output differs from the
+  plain engine's, at a position where plain's top-2 margin is over ``MARGIN``, or ends
+  otherwise (length, finish reason), or one engine refused a request the other took; a
+  difference at a near tie is excused, and listed;
+- ``logprobs`` (mode "noise", a random-weight pair, whose near ties are everywhere): a
+  logprob of a token both engines list differs by more than the given noise, at a
+  position where both outputs still agree; a token difference is excused where plain's
+  top-2 margin is within twice that noise;
+- ``slot``: DFlash's first drafter pass wrote a KV slot outside its request's blocks
+  (``smoke.serving.slotaudit``'s count);
+- ``acceptance``: the DFlash engine's mean acceptance length over an engine pair's
+  workloads fell under ``Mode.floor`` of the reference figure given.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Plain's top-2 logprob margin at or under which greedy may pick either token: two engines
+#: that batch differently round differently there.
+MARGIN = 2.0**-7
+#: Steps in a row that schedule nothing and produce nothing, with work unfinished, after which
+#: the engine is stuck (one such step is the batch queue waiting on a batch in flight).
+STALL_STEPS = 8
+MODES = ("lossless", "noise")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the outputs are compared: "lossless" (greedy equality, near ties excused) or
+    "noise" (top-k logprobs within ``noise``); the acceptance oracle when a reference is
+    given."""
+
+    kind: str = "lossless"
+    noise: float = 0.0
+    """The plain engine's own logprob noise between batches (mode "noise")."""
+    reference_acceptance: float | None = None
+    """The mean acceptance length the drafter reaches on these prompts elsewhere."""
+    floor: float = 0.5
+    """The fraction of the reference under which acceptance has collapsed."""
+
+
+@dataclass
+class RequestRun:
+    """One request as an engine served it."""
+
+    tokens: list[int]
+    logprobs: list[dict[str, float]] = field(default_factory=list)
+    """Per position, token id (a string) -> logprob: the top-k and the chosen token."""
+    finish_reason: str | None = None
+    added: int = 0
+    """The engine step at which it was added."""
+    finished: int | None = None
+    """The engine step whose output finished it; None if it never finished."""
+    aborted: bool = False
+    refused: str | None = None
+    """Why ``add_request`` refused it (a prompt too long): it never ran."""
+
+
+@dataclass
+class WorkloadRun:
+    """One workload as one engine served it, step by step."""
+
+    index: int
+    bound: int
+    results: dict[str, RequestRun]
+    """By request name, ``r<i>`` for the workload's request i."""
+    scheduled: list[int] = field(default_factory=list)
+    """Per engine step, the tokens the scheduler scheduled in it."""
+    produced: list[int] = field(default_factory=list)
+    """Per engine step, the output tokens it gave."""
+    unfinished: list[int] = field(default_factory=list)
+    """Per engine step, the requests left unfinished after it."""
+    error: str | None = None
+    slot_audit: dict[str, Any] | None = None
+    spec: dict[str, int] | None = None
+    """The DFlash engine's drafts and accepted tokens over the workload."""
+    seconds: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkloadRun:
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        values["results"] = {k: RequestRun(**v) for k, v in data.get("results", {}).items()}
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    detail: str
+    engine: str
+    """"dflash", "plain" or "pair" (a comparison of both)."""
+    workload: int | None = None
+    excused: tuple[str, ...] = ()
+
+
+def crash(run: WorkloadRun, engine: str) -> list[Verdict]:
+    if run.error is None:
+        return []
+    return [Verdict("crash", f"{engine}: {run.error}", engine, run.index)]
+
+
+def liveness(run: WorkloadRun, engine: str) -> list[Verdict]:
+    """``stall`` and ``livelock`` of one engine's run (none of a run that crashed)."""
+    if run.error is not None:
+        return []
+    found: list[Verdict] = []
+    streak = 0
+    for step, (sched, made, left) in enumerate(
+        zip(run.scheduled, run.produced, run.unfinished, strict=False)
+    ):
+        streak = streak + 1 if sched == 0 and made == 0 and left > 0 else 0
+        if streak == STALL_STEPS:
+            found.append(
+                Verdict(
+                    "stall",
+                    f"{engine}: steps {step - STALL_STEPS + 1}..{step} scheduled nothing "
+                    f"and produced nothing with {left} request(s) unfinished",
+                    engine,
+                    run.index,
+                )
+            )
+            break
+    for name, req in sorted(run.results.items()):
+        if req.aborted or req.refused is not None:
+            continue
+        if req.finished is None:
+            found.append(
+                Verdict(
+                    "livelock",
+                    f"{engine}: {name} unfinished after {len(run.scheduled)} steps "
+                    f"(bound {run.bound}), {len(req.tokens)} tokens out",
+                    engine,
+                    run.index,
+                )
+            )
+        elif req.finished - req.added > run.bound:
+            found.append(
+                Verdict(
+                    "livelock",
+                    f"{engine}: {name} took {req.finished - req.added} steps (bound {run.bound})",
+                    engine,
+                    run.index,
+                )
+            )
+    return found
+
+
+def slot(run: WorkloadRun) -> list[Verdict]:
+    audit = run.slot_audit or {}
+    outside, misplaced = int(audit.get("outside", 0)), int(audit.get("misplaced", 0))
+    if not outside and not misplaced:
+        return []
+    return [
+        Verdict(
+            "slot",
+            f"dflash: {outside} of {audit.get('slots', 0)} first-pass query slots outside "
+            f"the request's blocks, {misplaced} in another of its own; first: "
+            f"{(audit.get('examples') or [None])[0]}",
+            "dflash",
+            run.index,
+        )
+    ]
+
+
+def top2_margin(position: dict[str, float]) -> float | None:
+    """The gap between the two highest logprobs at a position; None with fewer than two."""
+    ranked = sorted(position.values(), reverse=True)
+    return ranked[0] - ranked[1] if len(ranked) >= 2 else None
+
+
+def _first_difference(d: RequestRun, p: RequestRun) -> int | None:
+    for i, (a, b) in enumerate(zip(d.tokens, p.tokens, strict=False)):
+        if a != b:
+            return i
+    return None
+
+
+def compare_request(
+    name: str, d: RequestRun, p: RequestRun, mode: Mode
+) -> tuple[str | None, str | None]:
+    """(the failure, the excused difference) of one request's two outputs, each a line or
+    None. Past a first difference nothing is compared: the two continue different texts."""
+    if d.refused is not None or p.refused is not None:
+        if d.refused is not None and p.refused is not None:
+            return None, None
+        return f"{name}: refused by one engine only ({d.refused or p.refused})", None
+    at = _first_difference(d, p)
+    if mode.kind == "noise":
+        common = len(d.tokens) if at is None else at
+        for i in range(min(common, len(d.logprobs), len(p.logprobs))):
+            for token, lp in p.logprobs[i].items():
+                other = d.logprobs[i].get(token)
+                if other is not None and abs(other - lp) > mode.noise:
+                    return (
+                        f"{name} position {i}: token {token}'s logprob {other:.5f} (dflash) "
+                        f"against {lp:.5f} (plain), more than the noise {mode.noise}",
+                        None,
+                    )
+    tie = MARGIN if mode.kind == "lossless" else max(MARGIN, 2 * mode.noise)
+    if at is not None:
+        margin = top2_margin(p.logprobs[at]) if at < len(p.logprobs) else None
+        what = (
+            f"{name} position {at}: dflash {d.tokens[at]}, plain {p.tokens[at]}, plain's "
+            f"top-2 margin {'unknown' if margin is None else f'{margin:.6f}'}"
+        )
+        if margin is not None and margin <= tie:
+            return None, what
+        return what, None
+    if d.aborted or p.aborted:
+        return None, None  # aborted at the same step, after different numbers of tokens
+    if len(d.tokens) != len(p.tokens) or d.finish_reason != p.finish_reason:
+        return (
+            f"{name}: the same tokens, but dflash ends after {len(d.tokens)} "
+            f"({d.finish_reason}) and plain after {len(p.tokens)} ({p.finish_reason})",
+            None,
+        )
+    return None, None
+
+
+def outputs(d: WorkloadRun, p: WorkloadRun, mode: Mode) -> list[Verdict]:
+    """``lossless`` or ``logprobs`` over every request both engines served; one verdict
+    holding the first failure, or a passing one (kind "pass") listing what was excused."""
+    failures: list[str] = []
+    excused: list[str] = []
+    for name in sorted(set(d.results) & set(p.results), key=_request_order):
+        failure, excuse = compare_request(name, d.results[name], p.results[name], mode)
+        failures += [failure] if failure else []
+        excused += [excuse] if excuse else []
+    kind = "lossless" if mode.kind == "lossless" else "logprobs"
+    if failures:
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        return [Verdict(kind, failures[0] + more, "pair", d.index, tuple(excused))]
+    return [Verdict("pass", "", "pair", d.index, tuple(excused))] if excused else []
+
+
+def _request_order(name: str) -> tuple[int, str]:
+    digits = name.lstrip("r")
+    return (int(digits), name) if digits.isdigit() else (1 << 30, name)
+
+
+def judge_workload(d: WorkloadRun, p: WorkloadRun, mode: Mode) -> list[Verdict]:
+    """Every oracle of one workload: each engine's crash and liveness, DFlash's slots, and the
+    outputs compared (when neither engine crashed). A verdict of kind "pass" carries only
+    the differences excused."""
+    found = crash(d, "dflash") + crash(p, "plain")
+    found += liveness(d, "dflash") + liveness(p, "plain") + slot(d)
+    if d.error is None and p.error is None:
+        found += outputs(d, p, mode)
+    return found
+
+
+def mean_acceptance_length(runs: list[WorkloadRun]) -> float | None:
+    """1 + accepted / drafts over ``runs`` (the tokens a step gives per draft); None when
+    nothing was drafted."""
+    drafts = sum((r.spec or {}).get("drafts", 0) for r in runs)
+    accepted = sum((r.spec or {}).get("accepted", 0) for r in runs)
+    return 1 + accepted / drafts if drafts else None
+
+
+def acceptance(runs: list[WorkloadRun], mode: Mode) -> list[Verdict]:
+    """``acceptance`` over one engine pair's DFlash runs, when a reference figure is given."""
+    mean = mean_acceptance_length(runs)
+    if mode.reference_acceptance is None or mean is None:
+        return []
+    least = mode.floor * mode.reference_acceptance
+    if mean >= least:
+        return []
+    return [
+        Verdict(
+            "acceptance",
+            f"dflash: mean acceptance length {mean:.3f} under {least:.3f} "
+            f"({mode.floor} of the reference {mode.reference_acceptance})",
+            "dflash",
+        )
+    ]

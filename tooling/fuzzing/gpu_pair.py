@@ -1,0 +1,273 @@
+"""One engine pair of the GPU fuzzer: what it needs before it starts (a pair it can serve, an
+interpreter that sees a GPU and imports vLLM), its two processes (``serving.gpu_run``,
+DFlash and plain, at once on one GPU), and the oracles over what they recorded."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import FuzzNoGpuError, FuzzPairError, SmokePairError, VllmNotFoundError
+from ..paths import REPO_DIR
+from ..procs import run as run_command
+from ..procs import start_group, stop_group
+from ..smoke.pair import read_pair
+from .gpu_case import KS, GpuReq, GpuSettings
+from .gpu_oracles import (
+    Mode,
+    Verdict,
+    WorkloadRun,
+    acceptance,
+    crash,
+    judge_workload,
+    liveness,
+    mean_acceptance_length,
+    slot,
+)
+
+logger = logging.getLogger(__name__)
+
+MODULE = "tooling.fuzzing.serving.gpu_run"
+ROLES = ("dflash", "plain")
+MIN_VOCAB = 64
+#: What the interpreter is asked before a campaign: a GPU, and where its vLLM is.
+CHECK = (
+    "import importlib.util, json\n"
+    "try:\n"
+    "    import torch\n"
+    "    gpu = bool(torch.cuda.is_available())\n"
+    "    why = '' if gpu else 'torch.cuda.is_available() is false'\n"
+    "except ImportError as e:\n"
+    "    gpu, why = False, f'cannot import torch ({e})'\n"
+    "spec = importlib.util.find_spec('vllm')\n"
+    "print(json.dumps({'gpu': gpu, 'why': why, 'vllm': spec.origin if spec else None}))\n"
+)
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """The vLLM under test (an interpreter and the environment it runs in) and the pair."""
+
+    python: Path
+    pair: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    vocab_size: int = 248320
+    cache_root: Path | None = None
+    """Where each engine's ``VLLM_CACHE_ROOT`` is (its compile cache, reused by later
+    pairs; kept out of the campaign's folder, which is brought back from a host); None:
+    beside the pairs' folders."""
+
+    @property
+    def target(self) -> Path:
+        return self.pair / "target"
+
+    @property
+    def drafter(self) -> Path:
+        return self.pair / "drafter"
+
+    def describe(self) -> str:
+        return f"{self.python} on {self.pair}"
+
+
+@dataclass(frozen=True)
+class PairShape:
+    """What the campaign must know of the pair: its vocabulary, and the most drafts a step
+    its drafter takes (its block less the bonus token; None when its config does not say)."""
+
+    vocab_size: int
+    max_k: int | None = None
+
+
+def check_pair(pair: Path) -> PairShape:
+    """The shape of the pair in ``pair`` (target/ and drafter/); FuzzPairError, one line
+    naming the folder or the file at fault, when it is not a pair the fuzzer can serve."""
+    for role in ("target", "drafter"):
+        if not (pair / role).is_dir():
+            raise FuzzPairError(f"{pair}: no {role}/ folder: not a pair (target/ and drafter/)")
+    try:
+        facts = read_pair(str(pair / "target"), str(pair / "drafter"))
+    except SmokePairError as e:
+        raise FuzzPairError(e.message) from None
+    if facts.target.vocab_size < MIN_VOCAB:
+        raise FuzzPairError(
+            f"{pair / 'target'}: a vocabulary of {facts.target.vocab_size}, under {MIN_VOCAB}: "
+            "too few ids for prompts clear of the reserved ones"
+        )
+    block = facts.drafter.block_size
+    max_k = block - 1 if block else None
+    if max_k is not None and max_k < min(KS):
+        raise FuzzPairError(f"{pair / 'drafter'}: a block of {block} drafts nothing")
+    return PairShape(facts.target.vocab_size, max_k)
+
+
+def check_interpreter(python: Path, env: Mapping[str, str]) -> str:
+    """Where ``python``'s vLLM is; FuzzNoGpuError when it sees no GPU, VllmNotFoundError when
+    it has no vLLM."""
+    try:
+        done = run_command([str(python), "-c", CHECK], env=env, timeout_s=300)
+    except OSError as e:
+        raise FuzzNoGpuError(f"{python}: cannot start ({e.strerror or e})") from None
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = " ".join(done.stderr.split())[-200:]
+        raise FuzzNoGpuError(f"{python}: cannot tell whether it sees a GPU: {tail}") from None
+    if not answer["gpu"]:
+        raise FuzzNoGpuError(f"{python}: no GPU ({answer['why']}): the GPU fuzzer needs one")
+    if not answer["vllm"]:
+        raise VllmNotFoundError(f"{python}: no vLLM to fuzz (vllm is not importable there)")
+    return str(answer["vllm"])
+
+
+@dataclass
+class PairRun:
+    """What both processes of an engine pair recorded (``gpu_run``'s progress, or its result
+    when it ended), and how long the pair held the GPU."""
+
+    runs: dict[str, dict[str, Any]]
+    seconds: float
+    stopped: dict[str, bool] = field(default_factory=dict)
+    """Per role: the process was stopped at the time limit (or by a signal)."""
+
+
+def _read(progress: Path, result: Path) -> dict[str, Any]:
+    for path in (result, progress):
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("ok") is False:
+            return {"start_error": data.get("error", "the engine process failed"), "workloads": []}
+        return data
+    return {"start_error": "the engine process wrote nothing", "workloads": []}
+
+
+def run_pair(
+    target: GpuTarget,
+    settings: GpuSettings,
+    work: Path,
+    limit_s: float,
+    *,
+    kv_cache_memory_bytes: int,
+    seed: int = 0,
+    number: int = 0,
+    workloads: int = 0,
+    replay: list[tuple[GpuReq, ...]] | None = None,
+) -> PairRun:
+    """Both engines of ``settings`` over the workloads (``workloads`` drawn, or ``replay``),
+    at once, each stopped after ``limit_s``; files and logs under ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
+    figures = work / "figures.json"
+    figures.unlink(missing_ok=True)
+    procs, files = {}, {}
+    started = time.monotonic()
+    try:
+        for role in ROLES:
+            request = {
+                "role": role,
+                "target": str(target.target),
+                "drafter": str(target.drafter) if role == "dflash" else None,
+                "settings": asdict(settings),
+                "kv_cache_memory_bytes": kv_cache_memory_bytes,
+                "figures_file": str(figures),
+                "progress": str(work / f"{role}.progress.json"),
+                "seed": seed,
+                "number": number,
+                "workloads": workloads,
+                "replay": [[asdict(r) for r in w] for w in replay or []],
+                "vocab_size": target.vocab_size,
+                # Room for the last workload to end before the pair is stopped, which would
+                # read as a hang.
+                "seconds": max(limit_s - max(300.0, limit_s / 3), 30.0),
+                "figures_timeout_s": limit_s,
+            }
+            files[role] = (work / f"{role}.in.json", work / f"{role}.out.json")
+            files[role][0].write_text(json.dumps(request))
+            files[role][1].unlink(missing_ok=True)
+            env = {
+                **target.env,
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "VLLM_CACHE_ROOT": str((target.cache_root or work.parent / "vllm-cache") / role),
+            }
+            cmd = [str(target.python), "-m", MODULE, *(str(f) for f in files[role])]
+            log = work / f"{role}.log"
+            procs[role] = start_group(cmd, log=log, env=env, cwd=REPO_DIR, truncate_log=True)
+        stopped = {role: _wait(procs[role], started + limit_s) for role in ROLES}
+    finally:
+        for proc in procs.values():
+            stop_group(proc, grace_s=10.0)
+    runs = {role: _read(work / f"{role}.progress.json", files[role][1]) for role in procs}
+    return PairRun(runs, time.monotonic() - started, stopped)
+
+
+def _wait(proc: Any, deadline: float) -> bool:
+    """Whether ``proc`` was still running at ``deadline`` (and so stopped)."""
+    try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        return False
+    except subprocess.TimeoutExpired:
+        return True
+
+
+@dataclass
+class Judgement:
+    """One engine pair judged: its failures, and its counts for the report."""
+
+    verdicts: list[Verdict]
+    refused: str | None = None
+    served: int = 0
+    """Workloads the DFlash engine finished (served or died in)."""
+    requests_of: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Each workload's requests by index: those served, and one an engine was in when its
+    process ended."""
+    requests: int = 0
+    excused: int = 0
+    acceptance: float | None = None
+
+
+def judge_pair(pair: PairRun, mode: Mode) -> Judgement:
+    """Every oracle over ``pair``: each workload both engines finished, a workload an
+    engine was stopped in (``hang``), an engine that failed to start (``crash``), and the
+    DFlash engine's acceptance over the pair."""
+    d_data, p_data = pair.runs.get("dflash", {}), pair.runs.get("plain", {})
+    refused = d_data.get("refused") or p_data.get("refused")
+    if refused:
+        return Judgement([], refused=refused)
+    verdicts: list[Verdict] = []
+    judged = Judgement(verdicts)
+    for role, data in (("dflash", d_data), ("plain", p_data)):
+        if data.get("current") is not None and data.get("current_requests") is not None:
+            judged.requests_of[data["current"]] = data["current_requests"]
+        if data.get("start_error"):
+            verdicts.append(Verdict("crash", f"{role}: at start-up: {data['start_error']}", role))
+        current = data.get("current")
+        if current is not None and pair.stopped.get(role):
+            what = f"{role}: a step of workload {current} never returned"
+            verdicts.append(Verdict("hang", what, role, current))
+        elif current is not None:
+            # Ended in a workload without a Python exception: killed, or aborted by CUDA.
+            what = f"{role}: the engine process ended in workload {current}"
+            verdicts.append(Verdict("crash", what, role, current))
+    d_runs = [WorkloadRun.from_json(w) for w in d_data.get("workloads", [])]
+    p_runs = {w["index"]: WorkloadRun.from_json(w) for w in p_data.get("workloads", [])}
+    for d, recorded in zip(d_runs, d_data.get("workloads", []), strict=True):
+        judged.requests_of[d.index] = recorded["requests"]
+        judged.served += 1
+        p = p_runs.get(d.index)
+        judged.requests += len(d.results)
+        if p is None:  # the plain engine never served it: DFlash's own oracles only
+            verdicts += crash(d, "dflash") + liveness(d, "dflash") + slot(d)
+            continue
+        for v in judge_workload(d, p, mode):
+            judged.excused += len(v.excused)
+            if v.kind != "pass":
+                verdicts.append(v)
+    verdicts += acceptance(d_runs, mode)
+    judged.acceptance = mean_acceptance_length(d_runs)
+    return judged

@@ -1,0 +1,72 @@
+"""``gpu-fuzz.sh ENGINE PAIR``: the GPU fuzzer (``tooling fuzz gpu``) on one GPU host, one
+engine install (patched or stock) on one pair (the trained hybrid pair, or the seed-shaped
+pair of random weights), its findings and report into ``$OUT``.
+
+The campaign runs as ``python3 -m tooling fuzz gpu`` with the engine and the bundle on
+PYTHONPATH (the command line needs GitPython, which the bundle brings), and so do the engine
+processes it starts: ``--python`` is the host's python3 itself."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import HostStepError
+from .layout import PYTHON, Layout, Modules, run, say, since, tail, written
+from .proof import seed_pair
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("patched", "stock")
+PAIRS = ("trained", "seed")
+
+
+@dataclass(frozen=True)
+class FuzzSettings:
+    """What the step is given besides ENGINE and PAIR: TIME_LIMIT (seconds of drawing),
+    NOISE (the seed pair's logprob noise: required there) and FUZZ_ARGS (more options of
+    ``tooling fuzz gpu``)."""
+
+    time_limit: int
+    noise: str | None = None
+    args: tuple[str, ...] = ()
+
+
+def _pair(layout: Layout, which: str, out: Path) -> Path:
+    if which == "trained":
+        if not (layout.pair / "summary.json").is_file():
+            raise HostStepError(f"no trained pair in {layout.pair}: train or import one first")
+        return layout.pair
+    pair = layout.work / "seed-pair"
+    if not (pair / "tiny.json").is_file():
+        seed_pair(layout, out, pair)
+    return pair
+
+
+def fuzz(engine: str, which: str, layout: Layout, out: Path, settings: FuzzSettings) -> int:
+    """The campaign of ``engine`` on the ``which`` pair into ``out``/fuzz-ENGINE-PAIR; its
+    exit status (25 when it found something)."""
+    logger.debug("step: GPU fuzz of %s on the %s pair", engine, which)
+    site = layout.engine(engine)
+    if not site.is_dir():
+        raise HostStepError(f"no {engine} engine in {site}: run host-setup.sh first")
+    python = shutil.which(PYTHON)
+    if python is None:
+        raise HostStepError(f"no {PYTHON} on PATH")
+    pair = _pair(layout, which, out)
+    folder = out / f"fuzz-{engine}-{which}"
+    cmd = [PYTHON, "-m", Modules.TOOLING, "fuzz", "gpu", "--python", python, "--pair", str(pair)]
+    cmd += ["--out", str(folder), "--seconds", str(settings.time_limit)]
+    if which == "seed":
+        cmd += ["--mode", "noise", "--noise", settings.noise or ""]
+    cmd += list(settings.args)
+    start = time.monotonic()
+    with written(out / f"fuzz-{engine}-{which}.log") as log:
+        code = run(cmd, env=layout.env(f"{site}:{layout.site}"), stdout=log, stderr=log)
+    say(f"fuzz {engine} on the {which} pair: exit {code} after {since(start)}s")
+    for line in tail(out / f"fuzz-{engine}-{which}.log", 20):
+        say(line)
+    return code
