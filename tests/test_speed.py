@@ -1,0 +1,203 @@
+"""The speed run's planning, its trace reading and its report (``tooling.trained.speed``,
+``tooling.trained.serving.trace_split``); the engines themselves run only on a GPU host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tooling.paths import REPO_DIR
+from tooling.trained import speed
+from tooling.trained.serving import trace_split
+
+STEP = "engine step"
+
+
+def _cpu(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def _launch(ts: float, correlation: int, name: str = "cudaLaunchKernel", dur: float = 5.0) -> dict:
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "tid": 1,
+        "args": {"correlation": correlation},
+    }
+
+
+def _kernel(name: str, ts: float, dur: float, correlation: int) -> dict:
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "tid": 7,
+        "args": {"correlation": correlation},
+    }
+
+
+def _two_steps() -> list[dict]:
+    """Two engine steps of 1000 us: the forward launches a GDN kernel and a GEMM, the drafter
+    one kernel, and the second step waits 200 us on a stream."""
+    events = []
+    for i, begin in enumerate((0.0, 1000.0)):
+        events += [
+            _cpu(STEP, begin, 1000.0),
+            _cpu("gpu_model_runner: forward", begin + 100, 300),
+            _launch(begin + 150, 10 * i + 1),
+            _launch(begin + 200, 10 * i + 2),
+            _kernel("fused_sigmoid_gating_delta_rule_update_kernel", begin + 160, 400, 10 * i + 1),
+            _kernel("nvjet_sm90_gemm", begin + 560, 100, 10 * i + 2),
+            _cpu("gpu_model_runner: draft", begin + 500, 400),
+            _cpu("drafter: context kv", begin + 520, 50),
+            _launch(begin + 530, 10 * i + 3),
+            _kernel("some_gemm", begin + 700, 50, 10 * i + 3),
+        ]
+    events.append(_launch(1950, 99, name="cudaStreamSynchronize", dur=200.0))
+    # Launched before the window: not counted.
+    events.append(_kernel("early", -50, 40, 1234))
+    return events
+
+
+def test_a_kernel_counts_under_the_innermost_region_that_launched_it():
+    events = _two_steps()
+    steps, window = trace_split.step_window(events, STEP)
+    assert (steps, window) == (2, (0.0, 2000.0))
+    figures = trace_split.split(events, steps, window).per_step()
+    assert figures["step_ms"] == 1.0
+    # GDN apart from the rest of the forward, the drafter's context KV apart from it.
+    assert figures["gpu_ms"] == {
+        "target forward: GDN": 0.4,
+        "target forward": 0.1,
+        "drafter context KV": 0.05,
+    }
+    # 400 + 100 (overlapping 0) + 50 us busy a step.
+    assert figures["gpu_busy_ms"] == 0.55
+    assert figures["gpu_idle_ms"] == 0.45
+    assert figures["kernels"] == 3.0
+    assert figures["cpu_ms"]["gpu_model_runner: draft"] == 0.4
+    assert figures["sync_ms"] == {trace_split.UNNAMED: 0.1}
+    assert figures["top_kernels"][0]["name"].startswith("fused_sigmoid_gating")
+
+
+def test_a_trace_without_marked_steps_is_refused():
+    with pytest.raises(ValueError, match="engine step"):
+        trace_split.step_window([_cpu("gpu_model_runner: forward", 0, 1)], STEP)
+
+
+@pytest.mark.slow
+def test_a_real_profiler_trace_is_read(tmp_path, probe_python):
+    """torch's own Chrome trace (CPU only here), with the regions the speed run opens."""
+    script = f"""
+import json, time, torch
+from torch.profiler import profile, ProfilerActivity, record_function
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range(3):
+        with record_function({STEP!r}):
+            with record_function("gpu_model_runner: forward"):
+                torch.ones(64, 64) @ torch.ones(64, 64)
+            with record_function("gpu_model_runner: draft"):
+                time.sleep(0.003)
+prof.export_chrome_trace({str(tmp_path / "trace.json")!r})
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO_DIR)}
+    subprocess.run([str(probe_python), "-c", script], check=True, env=env, timeout=300)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    steps, window = trace_split.step_window(events, STEP)
+    figures = trace_split.split(events, steps, window).per_step()
+    assert steps == 3
+    assert figures["cpu_ms"]["gpu_model_runner: draft"] >= 3.0
+    assert figures["step_ms"] >= figures["cpu_ms"]["gpu_model_runner: draft"]
+    assert figures["gpu_ms"] == {}
+
+
+@pytest.fixture
+def tiny_pair(tmp_path: Path) -> Path:
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    manifest = {
+        "target": "/p/target",
+        "drafter": "/p/drafter",
+        "spec": {"vocab_size": 512, "seed": 3},
+    }
+    (pair / "tiny.json").write_text(json.dumps(manifest))
+    return pair
+
+
+def test_each_engine_is_planned_with_its_own_k_and_cache(tiny_pair, tmp_path):
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain", "dflash-k7"], speed.Settings(k=15, levels=(1, 16)))
+    plain = json.loads((work / "plain.in.json").read_text())
+    k7 = json.loads((work / "dflash-k7.in.json").read_text())
+    assert plain["engine"]["drafter"] is None and plain["engine"]["num_speculative_tokens"] == 0
+    assert k7["engine"]["drafter"] == "/p/drafter" and k7["engine"]["num_speculative_tokens"] == 7
+    assert (
+        k7["engine"]["engine_args"]["compilation_config"] == speed.GRAPHS_1024["compilation_config"]
+    )
+    assert k7["barrier_count"] == 2 and k7["profile_levels"] == [1, 16]
+    # Prompts are drawn from the pair's vocabulary and seed: the same each time.
+    assert all(8 <= t < 504 for p in k7["prompts"] for t in p)
+    again = speed.read_pair(tiny_pair).prompts
+    assert again == k7["prompts"]
+    # A later run in the same folder keeps the earlier engines listed.
+    speed.plan(tiny_pair, work, ["dflash"], speed.Settings(k=15))
+    listed = [e["name"] for e in json.loads((work / "engines.json").read_text())]
+    assert listed == ["plain", "dflash-k7", "dflash"]
+
+
+def _steps(*ms: float) -> dict:
+    return {
+        str(lv): {"step_ms_median": m, "tokens_per_step": 1.0}
+        for lv, m in zip((1, 8), ms, strict=True)
+    }
+
+
+def test_the_projection_reads_the_drafted_step_between_its_two_measured_ends():
+    plain = {"steps": _steps(10.0, 20.0)}
+    drafted = {"steps": _steps(20.0, 40.0), "constant_logits": {"steps": _steps(35.0, 55.0)}}
+    lines = speed.projection(plain, drafted, 15, range(2, 4))
+    # Acceptance length 2: 20 + 15 * 1/15 = 21 ms against 10 ms plain: 2 * 10 / 21.
+    assert lines[-2] == "| 2 | 0.95x | 0.98x |"
+    assert lines[-1] == "| 3 | 1.36x | 1.43x |"
+
+
+def test_the_report_gives_ratios_pass_by_pass_and_keeps_a_cut_short_engine(tiny_pair, tmp_path):
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(1,)))
+    passes = [
+        {"tokens": 100, "seconds": s, "most_running": 1, "acceptance_length": None}
+        for s in (1.0, 2.0)
+    ]
+    (work / "plain.out.json").write_text(json.dumps({"ok": True, "speed": {"1": passes}}))
+    drafted = [{**p, "acceptance_length": 3.0} for p in passes[:1]]
+    (work / "dflash.partial.json").write_text(
+        json.dumps({"ok": False, "error": "cut short", "speed": {"1": drafted}})
+    )
+    text, ok = speed.report(work)
+    assert not ok
+    assert "| 1 | 75 (1.00) | 100 (1.00, AL 3.00) |" in text
+    assert "cut short" in text
+
+
+def test_the_host_step_refuses_an_unknown_pair_kind_in_one_line():
+    done = subprocess.run(
+        [sys.executable, "-m", "tooling", "host", "speed", "draw", "nope", "dir"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_DIR,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: tooling host speed: draw needs ARCH (trained-shape, seed) and DIR"
+    ]
