@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from tooling.cli import main
 from tooling.errors import (
     CacheMissError,
+    FuzzPairError,
     HostRefusal,
     HostStepError,
     NetworkError,
@@ -68,6 +69,13 @@ COMMANDS: dict[str, tuple[list[str], int | None]] = {
     "host session": (["host", "session", "wait", "5"], HostRefusal.exit_code),
     "host make-parts": (["host", "make-parts", "{tmp}/parts"], HostStepError.exit_code),
     "host pair-parts": (["host", "pair-parts", "{tmp}/o", "--", "{tmp}"], HostRefusal.exit_code),
+    "host speed": (["host", "speed", "wait", "5"], HostRefusal.exit_code),
+    "host fuzz": (["host", "fuzz", "patched", "trained"], HostRefusal.exit_code),
+    # A pair it cannot serve is refused before any interpreter starts.
+    "fuzz gpu": (
+        ["fuzz", "gpu", "--pair", "{tmp}/no-pair", "--python", sys.executable, "--out", "{tmp}/gf"],
+        FuzzPairError.exit_code,
+    ),
     # The fuzzer reads no index: with an interpreter that has no vLLM, it says so.
     "fuzz scheduler": (
         [

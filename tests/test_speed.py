@@ -201,3 +201,32 @@ def test_the_host_step_refuses_an_unknown_pair_kind_in_one_line():
     assert done.stderr.strip().splitlines() == [
         "error: tooling host speed: draw needs ARCH (trained-shape, seed) and DIR"
     ]
+
+
+def _passes(*rates: float) -> dict:
+    return {
+        "speed": {str(lv): [{"tokens": r, "seconds": 1.0} for r in rates] for lv in (1, 16, 64)}
+    }
+
+
+def test_the_bench_judges_the_bar_on_a_runs_figures(tmp_path):
+    """bench/bench_dflash_speed.py: the median of per-pass ratios against each goal."""
+    bench = REPO_DIR / "bench" / "bench_dflash_speed.py"
+    (tmp_path / "plain.out.json").write_text(json.dumps(_passes(100, 100, 100, 100, 100)))
+    (tmp_path / "plain-stock.out.json").write_text(json.dumps(_passes(101, 99, 100, 100, 100)))
+    (tmp_path / "dflash.out.json").write_text(json.dumps(_passes(300, 260, 240, 250, 90)))
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(bench), str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+
+    done = run()
+    assert done.returncode == 0, done.stdout
+    assert "dflash at 1: 2.50x plain over 5 passes (goal 2.5)" in done.stdout
+    (tmp_path / "dflash.out.json").write_text(json.dumps(_passes(300, 240, 240, 250, 90)))
+    done = run()
+    assert done.returncode == 1
+    assert "missed: dflash at 1: 2.40x < 2.5" in done.stdout
+    (tmp_path / "plain.out.json").unlink()
+    assert run().returncode == 2

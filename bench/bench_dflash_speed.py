@@ -1,0 +1,85 @@
+"""DFlash's decode speed as a ratio to plain vLLM measured in the same run: issue 45's bar.
+
+The floor is the plain engine of the run (the fixed wheel without a drafter), and plain on
+stock 0.20.1 beside it, since the series touches code plain serving runs. The figures come
+from a speed run (``tooling host speed start PAIR --engines plain-stock,plain,dflash`` on a
+GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them, one
+``NAME.out.json`` an engine); this script reads them anywhere and judges:
+
+- DFlash at the run's K, decode tokens/s: the median over the run's passes of each pass's
+  ratio to plain's pass, at least ``GOALS`` at each concurrency;
+- plain on the fixed wheel within ``PLAIN_TOLERANCE`` of plain on stock at each concurrency.
+
+Exit 0 when every goal is met, 1 when one is not (each named), 2 when a figure is missing.
+
+  .venv/bin/python bench/bench_dflash_speed.py RUN_DIR [--drafted dflash]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Concurrency -> the least ratio to plain DFlash must reach (issue 45).
+GOALS = {1: 2.5, 16: 1.0, 64: 1.0}
+#: Plain serving on the fixed wheel against stock 0.20.1, either way.
+PLAIN_TOLERANCE = 0.02
+#: The bar is the median of at least this many steady passes.
+MIN_PASSES = 5
+
+
+def rates(result: dict[str, Any], level: int) -> list[float]:
+    return [p["tokens"] / p["seconds"] for p in result.get("speed", {}).get(str(level), [])]
+
+
+def median_ratio(ours: dict[str, Any], floor: dict[str, Any], level: int) -> tuple[float, int]:
+    pairs = list(zip(rates(ours, level), rates(floor, level), strict=False))
+    return (statistics.median(a / b for a, b in pairs) if pairs else 0.0), len(pairs)
+
+
+def judge(run: Path, drafted: str) -> tuple[list[str], list[str]]:
+    """(lines of figures, goals missed)."""
+    results = {n: json.loads((run / f"{n}.out.json").read_text()) for n in ("plain", drafted)}
+    stock_file = run / "plain-stock.out.json"
+    stock = json.loads(stock_file.read_text()) if stock_file.is_file() else None
+    lines, missed = [], []
+    for level, goal in GOALS.items():
+        ratio, passes = median_ratio(results[drafted], results["plain"], level)
+        lines.append(f"{drafted} at {level}: {ratio:.2f}x plain over {passes} passes (goal {goal})")
+        if passes < MIN_PASSES:
+            missed.append(f"{drafted} at {level}: {passes} passes, fewer than {MIN_PASSES}")
+        elif ratio < goal:
+            missed.append(f"{drafted} at {level}: {ratio:.2f}x < {goal}")
+        if stock is None:
+            continue
+        plain, n = median_ratio(results["plain"], stock, level)
+        lines.append(f"plain at {level}: {plain:.3f}x stock over {n} passes")
+        if abs(plain - 1.0) > PLAIN_TOLERANCE:
+            missed.append(f"plain at {level}: {plain:.3f}x stock, off by more than 2%")
+    if stock is None:
+        missed.append("no plain-stock engine in the run: plain against stock not judged")
+    return lines, missed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a speed run's folder (NAME.out.json each)")
+    parser.add_argument("--drafted", default="dflash", help="the DFlash engine's name")
+    args = parser.parse_args()
+    try:
+        lines, missed = judge(args.run, args.drafted)
+    except (OSError, KeyError, ValueError) as e:
+        print(f"error: {args.run}: no figures to judge ({e})", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    for line in missed:
+        print(f"missed: {line}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
