@@ -132,6 +132,7 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series, touched):
         "0003-eagle-cache-drop.patch",
         "0004-dflash-lookahead-slots.patch",
         "0013-mamba-chunk-liveness.patch",
+        "0017-spec-tokens-by-batch.patch",
     ]
     for f in manifest.files:
         assert f.sha256_before != f.sha256_after

@@ -44,6 +44,13 @@ class CaseFile:
         return {"format": FORMAT, **dataclasses.asdict(self)}
 
 
+def _int_triples(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(r, (list, tuple)) and len(r) == 3 and all(type(x) is int for x in r)
+        for r in value
+    )
+
+
 def check_fields(cls: type, data: Any, where: str) -> None:
     if not isinstance(data, dict):
         raise FuzzCaseError(f"{where}: expected a table of {cls.__name__} values")
@@ -59,6 +66,11 @@ def check_fields(cls: type, data: Any, where: str) -> None:
                 raise FuzzCaseError(f"{where}: missing key {name!r}")
             continue
         value, hint = data[name], hints[name]
+        if typing.get_origin(hint) is tuple:
+            # A tuple of whole-number triples, which JSON writes as lists.
+            if not _int_triples(value):
+                raise FuzzCaseError(f"{where}: {name!r} must be a list of [int, int, int]")
+            continue
         allowed = typing.get_args(hint) or (hint,)
         ok = any(
             (value is None and t is type(None))

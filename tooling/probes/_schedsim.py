@@ -88,6 +88,9 @@ class Settings:
     """``mamba_ssm_cache_dtype``: "auto" (the model's bf16) or "float32"."""
     kv_memory_factor: float = 64.0
     """KV-cache memory as a multiple of what one request of max_model_len needs."""
+    spec_tokens_by_batch: tuple[tuple[int, int, int], ...] = ()
+    """``num_speculative_tokens_per_batch_size`` as (first, last running requests, K)
+    ranges; empty: not set."""
 
 
 @dataclass(frozen=True)
@@ -124,10 +127,19 @@ class Case:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Case:
         return cls(
-            settings=Settings(**data["settings"]),
+            settings=_settings(data["settings"]),
             requests=tuple(Req(**r) for r in data["requests"]),
             seed=int(data.get("seed", 0)),
         )
+
+
+def _settings(data: dict[str, Any]) -> Settings:
+    """Settings from a case file, whose JSON lists the schedule's ranges as lists."""
+    values = dict(data)
+    values["spec_tokens_by_batch"] = tuple(
+        tuple(int(x) for x in r) for r in values.get("spec_tokens_by_batch", ())
+    )
+    return Settings(**values)
 
 
 @dataclass
@@ -244,6 +256,10 @@ def engine_config(settings: Settings, root: Path) -> Any:
     spec = None
     if settings.k:
         spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": settings.k}
+        if settings.spec_tokens_by_batch:
+            spec["num_speculative_tokens_per_batch_size"] = {
+                f"{low}-{high}": k for low, high, k in settings.spec_tokens_by_batch
+            }
     args = EngineArgs(
         model=str(target),
         skip_tokenizer_init=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,13 +47,19 @@ class Scheduled:
     prefill_chunk: dict[str, bool] = field(default_factory=dict)
 
 
-def run_case(case: Case, root: Path, engine: Engine | None = None) -> Outcome:
+def run_case(
+    case: Case,
+    root: Path,
+    engine: Engine | None = None,
+    observe: Callable[[Any, Any], None] | None = None,
+) -> Outcome:
     """``case`` served by vLLM's scheduler for the seed's geometry: its outcome. ``engine``:
-    one built for the case's settings and not yet stepped (else it is built here)."""
+    one built for the case's settings and not yet stepped (else it is built here);
+    ``observe(scheduler, output)``, called with every step's ``schedule()`` output."""
     built = engine or build_engine(case.settings, root)
     if isinstance(built, Outcome):
         return built
-    driver = _Driver(built, case)
+    driver = _Driver(built, case, observe)
     try:
         driver.drive()
     except Finding as f:
@@ -68,8 +75,11 @@ def run_case(case: Case, root: Path, engine: Engine | None = None) -> Outcome:
 
 
 class _Driver:
-    def __init__(self, engine: Engine, case: Case) -> None:
+    def __init__(
+        self, engine: Engine, case: Case, observe: Callable[[Any, Any], None] | None = None
+    ) -> None:
         self.engine = engine
+        self.observe = observe
         self.case = case
         self.k = case.settings.k
         self.rng = random.Random(case.seed)
@@ -147,6 +157,8 @@ class _Driver:
         scheduled = False
         if self.scheduler.has_requests():
             out = self.scheduler.schedule()
+            if self.observe is not None:
+                self.observe(self.scheduler, out)
             scheduled = out.total_num_scheduled_tokens > 0
             self._check_starvation(out)
             self.in_flight.appendleft(self._record(out))
