@@ -54,6 +54,7 @@ TINY_PROMPTS = 16
 PROMPT_LEN = 128
 
 
+BUDGET = {"1-16": 15, "17-1024": 7}
 GRAPHS_1024 = {"compilation_config": {"max_cudagraph_capture_size": 1024}}
 
 
@@ -67,6 +68,7 @@ class SpeedEngine:
     constant_logits: bool = False
     k: int | None = None
     """None: the run's K."""
+    speculative_args: dict[str, Any] = field(default_factory=dict)
 
 
 #: Every engine a run can ask for by name: plain on stock and on the fixed wheel, DFlash as
@@ -90,6 +92,14 @@ ENGINES = {
         *(
             SpeedEngine(f"dflash-k{k}", "patched", True, kv, GRAPHS_1024, k=k)
             for k, kv in ((7, 24), (3, 12), (1, 8))
+        ),
+        # Patch 17's budget: K = 15 up to 16 running requests, 7 above.
+        SpeedEngine(
+            "dflash-budget",
+            "patched",
+            True,
+            KV_GIB_DRAFTED,
+            speculative_args={"num_speculative_tokens_per_batch_size": BUDGET},
         ),
         SpeedEngine("seed-plain", "patched", False, KV_GIB_SEED_PLAIN),
         SpeedEngine("seed-dflash", "patched", True, KV_GIB_SEED_DRAFTED, constant_logits=True),
@@ -164,6 +174,7 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
                 "max_num_seqs": max(pair.max_num_seqs, max(settings.levels)),
                 "kv_cache_memory_bytes": e.kv_cache_gib * GIB,
                 "engine_args": {"disable_log_stats": False, **e.engine_args},
+                "speculative_args": e.speculative_args,
             },
             "prompts": pair.prompts,
             "levels": list(settings.levels),
@@ -343,7 +354,7 @@ def report(work: Path) -> tuple[str, bool]:
         r = results[e.name]
         lines.append(
             f"- `{e.name}` ({e.site}, K = {r.get('num_speculative_tokens', '?')}, "
-            f"{e.engine_args or 'defaults'}): "
+            f"{({**e.engine_args, **e.speculative_args}) or 'defaults'}): "
             f"{r.get('cudagraph_mode')}, capture up to {r.get('max_cudagraph_capture_size')}, "
             f"async scheduling {r.get('async_scheduling')}, "
             f"started in {_fmt(r.get('startup_s'), '.0f')} s; compiled or tuned again in steady "

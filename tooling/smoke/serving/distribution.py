@@ -78,6 +78,8 @@ class DistributionRequest:
     logprobs: int = 5
     engine_args: dict[str, Any] = field(default_factory=dict)
     """More of vLLM's engine arguments (e.g. long_prefill_token_threshold)."""
+    speculative_args: dict[str, Any] = field(default_factory=dict)
+    """More of the drafter's ``speculative_config`` (e.g. num_speculative_tokens_per_batch_size)."""
     alone: list[Prompt] = field(default_factory=list)
     together: bool = False
     staggered: list[Wave] = field(default_factory=list)
@@ -162,6 +164,7 @@ def start_engine(request: DistributionRequest) -> tuple[Any, float]:
             "method": "dflash",
             "model": request.drafter,
             "num_speculative_tokens": request.num_speculative_tokens,
+            **request.speculative_args,
         }
     if request.cudagraph_mode is not None:
         optional["compilation_config"] = {"cudagraph_mode": request.cudagraph_mode}
