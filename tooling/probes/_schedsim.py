@@ -257,9 +257,9 @@ def engine_config(settings: Settings, root: Path) -> Any:
     if settings.k:
         spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": settings.k}
         if settings.spec_tokens_by_batch:
-            spec["num_speculative_tokens_per_batch_size"] = {
-                f"{low}-{high}": k for low, high, k in settings.spec_tokens_by_batch
-            }
+            spec["num_speculative_tokens_per_batch_size"] = [
+                list(r) for r in settings.spec_tokens_by_batch
+            ]
     args = EngineArgs(
         model=str(target),
         skip_tokenizer_init=True,

@@ -1,18 +1,20 @@
 """Fix 17: the draft tokens a step verifies follow how many requests run, as configured.
 
-``num_speculative_tokens_per_batch_size`` maps ranges of running requests to the K a step
-verifies (the drafter still drafts ``num_speculative_tokens``): verifying fewer drafts when
-many requests run keeps a step's verify work, which grows with requests x (1 + K), below
-what plain decoding of the same requests would gain (docs/notebook/2026-12-04-speed.md).
+``num_speculative_tokens_per_batch_size`` maps [first, last, K] ranges of running requests
+to the K a step verifies (the drafter still drafts ``num_speculative_tokens``): verifying
+fewer drafts when many requests run keeps a step's verify work, which grows with
+requests x (1 + K), below what plain decoding of the same requests would gain
+(docs/notebook/2026-12-04-speed.md).
 
 The probe serves a workload on vLLM's own scheduler for the seed's pair (the scheduler
 fuzzer's engine, ``_schedsim``/``_schedstep``, with its oracles: no stall, livelock, slot
 written outside a request's blocks) with DFlash at K = 15 and the schedule
-``{"1-4": 15, "5-1024": 3}``: eight requests decode together, then finish at different
+``[[1, 4, 15], [5, 1024, 3]]``: eight requests decode together, then finish at different
 lengths. Fixed means the workload passes the oracles, no request verifies more than 3 drafts
 in a step where more than four requests run, and steps with four or fewer verify 15; and a
 schedule that cannot be served (a K above ``num_speculative_tokens``) is refused while the
-config is built. Stock 0.20.1 has no such option: it refuses the key, or serves 15 always.
+config is built. Stock 0.20.1 has no such option and refuses it; from 0.24.0 upstream takes
+the option and clamps such a K, which reads absent here.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ TINY_PROMPTS = 16
 PROMPT_LEN = 128
 
 
-BUDGET = {"1-16": 15, "17-1024": 7}
+BUDGET = [[1, 16, 15], [17, 1024, 7]]
 GRAPHS_1024 = {"compilation_config": {"max_cudagraph_capture_size": 1024}}
 
 
