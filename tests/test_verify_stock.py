@@ -89,6 +89,8 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         13: "absent",
         14: "absent",
         15: "absent",
+        16: "absent",
+        17: "absent",
     }
     assert by_number(states(report)) == expected
     assert [f.number for f in report.missing_fixes] == [

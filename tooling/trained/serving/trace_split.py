@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,7 +149,7 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
     begin, end = window
     inside = [e for e in events if e.get("ph") == "X" and begin <= float(e.get("ts", -1)) <= end]
     by_thread: dict[Any, list[_Region]] = defaultdict(list)
-    cpu_ms: Counter[str] = Counter()
+    cpu_ms: defaultdict[str, float] = defaultdict(float)
     for e in inside:
         if e.get("cat") == "user_annotation" and e.get("name") in REGION_CATEGORIES:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
@@ -162,7 +162,7 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
         return found.innermost(float(e["ts"])) if found else None
 
     launches: dict[Any, str | None] = {}
-    sync_ms: Counter[str] = Counter()
+    sync_ms: defaultdict[str, float] = defaultdict(float)
     sync_calls = 0
     for e in inside:
         if e.get("cat") not in ("cuda_runtime", "cuda_driver"):
@@ -174,7 +174,7 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
         if SYNC.search(str(e.get("name", ""))):
             sync_calls += 1
             sync_ms[where or UNNAMED] += float(e.get("dur", 0.0)) / 1000.0
-    gpu_ms: Counter[str] = Counter()
+    gpu_ms: defaultdict[str, float] = defaultdict(float)
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     intervals = []
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
