@@ -13,8 +13,9 @@ written outside a request's blocks) with DFlash at K = 15 and the schedule
 lengths. Fixed means the workload passes the oracles, no request verifies more than 3 drafts
 in a step where more than four requests run, and steps with four or fewer verify 15; and a
 schedule that cannot be served (a K above ``num_speculative_tokens``) is refused while the
-config is built. Stock 0.20.1 has no such option and refuses it; from 0.24.0 upstream takes
-the option and clamps such a K, which reads absent here.
+config is built. Stock 0.20.1 has no such option and refuses it. From 0.24.0 vLLM takes the
+option and lowers the drafts its drafter proposes, which this scheduler-side stand-in (it
+always proposes K) cannot see: there the probe reads absent.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def run() -> ProbeResult:
         except Exception as e:  # a release whose config refuses the option
             return ProbeResult(probe=NAME, status=ABSENT, evidence=f"refused: {e}"[:300])
         try:
-            engine_config(Settings(k=K, spec_tokens_by_batch=((1, 8, K + 1),)), root)
+            too_many = ((1, 8, K + 1),)
+            engine_config(Settings(k=K, max_num_seqs=64, spec_tokens_by_batch=too_many), root)
             refused = ""
         except Exception as e:  # the refusal asked for
             refused = " ".join(str(e).split())
