@@ -25,7 +25,7 @@ from typing import Any
 from . import _harness
 from ._schedsim import Case, Req, Settings, engine_config, h200_platform
 from ._schedstep import run_case
-from .result import ABSENT, PRESENT, ProbeResult
+from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "spec_tokens_by_batch"
 K = 15
@@ -47,8 +47,8 @@ def run() -> ProbeResult:
     with h200_platform():
         try:
             outcome = run_case(Case(settings, REQUESTS, seed=3), root, observe=observe)
-        except Exception as e:  # a release whose config refuses the option
-            return ProbeResult(probe=NAME, status=ABSENT, evidence=f"refused: {e}"[:300])
+        except Exception as e:  # a release that cannot build the engine asked for
+            return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"cannot ask: {e}"[:300])
         try:
             too_many = ((1, 8, K + 1),)
             engine_config(Settings(k=K, max_num_seqs=64, spec_tokens_by_batch=too_many), root)
