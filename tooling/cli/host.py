@@ -348,12 +348,13 @@ def session_command(ctx: click.Context, words: tuple[str, ...]) -> None:
 
 
 @host_group.command("speed", context_settings={"ignore_unknown_options": True})
-@click.argument("step", type=click.Choice(["draw", "start", "wait"]))
+@click.argument("step", type=click.Choice(["draw", "start", "run", "wait"]))
 @click.argument("words", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def speed_command(ctx: click.Context, step: str, words: tuple[str, ...]) -> None:
     """DFlash against plain vLLM (tooling.trained.speed): draw ARCH DIR [DEVICE] | start PAIR
-    [RUN ARGS] | wait SECONDS (OUT: where the report and figures go)."""
+    [RUN ARGS] | run PAIR [RUN ARGS] (waited for) | wait SECONDS (OUT: where the reports and
+    figures go)."""
     layout = layout_of(ctx)
     code = 0
     if step == "draw":
@@ -363,10 +364,11 @@ def speed_command(ctx: click.Context, step: str, words: tuple[str, ...]) -> None
         if device not in speed_.DEVICES:
             raise HostUsageError(f"draw: DEVICE must be one of {', '.join(speed_.DEVICES)}")
         speed_.draw(layout, words[0], absolute(words[1]), device)
-    elif step == "start":
+    elif step in ("start", "run"):
         if not words:
-            raise HostUsageError("start needs PAIR")
-        speed_.start(layout, absolute(words[0]), list(words[1:]))
+            raise HostUsageError(f"{step} needs PAIR")
+        how = speed_.start if step == "start" else speed_.run_here
+        how(layout, absolute(words[0]), list(words[1:]))
     else:
         if len(words) != 1:
             raise HostUsageError("wait needs SECONDS")

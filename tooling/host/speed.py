@@ -4,15 +4,16 @@ waited for and its report and figures collected.
 
 - ``draw ARCH DIR [DEVICE]``: a pair with random weights (``tiny``): ``trained-shape`` (the hybrid
   recipe's shapes) or ``seed`` (Qwen3.6-27B's, at full width);
-- ``start PAIR [RUN ARGS]``: ``speed run`` on PAIR into ``$WORK/speed`` (engines and levels
-  as RUN ARGS say), in the background;
-- ``wait SECONDS``: until the run ends or SECONDS pass; its report so far into OUT.
+- ``start PAIR [RUN ARGS]``: ``speed run`` on PAIR into ``$WORK/speed/PAIR_NAME`` (engines
+  and levels as RUN ARGS say), in the background; ``run`` the same to its end;
+- ``wait SECONDS``: until no run or draw is left or SECONDS pass; each pair's report so far and
+  one archive of every figure and log into OUT.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
+import tarfile
 import time
 from pathlib import Path
 
@@ -30,8 +31,20 @@ ARCHES = {
 DEVICES = ("cuda", "cpu")
 
 
+#: What ``wait`` packs of a run's folder: its figures, reports and logs (not the compile caches
+#: nor the profiler's traces).
+KEPT = ("*.json", "*.md", "*.log")
+ARCHIVE = "speed-figures.tar.gz"
+
+
 def _work(layout: Layout) -> Path:
     return layout.work / "speed"
+
+
+def _busy() -> bool:
+    """Whether a speed run, a pair's draw or a line of ``run`` steps is under way."""
+    patterns = (f"{Modules.SPEED} run", f"{Modules.TINY} ", "host speed run")
+    return any(running(pattern) for pattern in patterns)
 
 
 def draw(layout: Layout, arch: str, folder: Path, device: str) -> None:
@@ -48,38 +61,59 @@ def draw(layout: Layout, arch: str, folder: Path, device: str) -> None:
     say(f"{arch} pair: drawn in {since(start)}s into {folder}")
 
 
+def _run_cmd(layout: Layout, pair: Path, args: list[str]) -> tuple[list[str], Path]:
+    work = _work(layout) / pair.name
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [PYTHON, "-m", Modules.SPEED, "run", str(pair), str(work)]
+    return [*cmd, "--engines-root", str(layout.engines), *args], work / "run.log"
+
+
 def start(layout: Layout, pair: Path, args: list[str]) -> None:
-    """``speed run PAIR $WORK/speed --engines-root $ENGINES ARGS`` in a session of its own."""
+    """``speed run PAIR $WORK/speed/PAIR_NAME --engines-root $ENGINES ARGS`` in a session of
+    its own."""
     logger.debug("step: start the speed run on %s (%s)", pair, " ".join(args))
     if running(f"{Modules.SPEED} run"):
         raise HostStepError("a speed run is already running")
-    work = _work(layout)
-    work.mkdir(parents=True, exist_ok=True)
-    log = work / "run.log"
-    cmd = [PYTHON, "-m", Modules.SPEED, "run", str(pair), str(work)]
-    cmd += ["--engines-root", str(layout.engines), *args]
+    cmd, log = _run_cmd(layout, pair, args)
     env = layout.env(str(layout.site), VLLM_LOGGING_LEVEL="WARNING")
     child = procs.start_group(cmd, log=log, env=env, truncate_log=True)
     say(f"speed run started (pid {child.pid}), log {log}")
 
 
+def run_here(layout: Layout, pair: Path, args: list[str]) -> None:
+    """The same run as ``start``, waited for (a queue of runs is a line of ``run`` steps)."""
+    logger.debug("step: run the speed run on %s (%s)", pair, " ".join(args))
+    cmd, log = _run_cmd(layout, pair, args)
+    start_s = time.monotonic()
+    with open(log, "wb") as out:
+        code = run(cmd, env=layout.env(str(layout.site), VLLM_LOGGING_LEVEL="WARNING"), stdout=out)
+    say(f"speed run on {pair.name}: exit {code} after {since(start_s)}s, log {log}")
+    if code not in (0, 1):
+        raise HostStepError(f"the speed run on {pair} exited {code} (its log: {log})")
+
+
 def wait(layout: Layout, wait_s: int, out: Path) -> int:
-    """Wait for the speed run (at most ``wait_s``), then its report (complete or so far), each
-    engine's figures and its log's end into ``out``; 1 while it still runs."""
-    logger.debug("step: wait for the speed run (at most %ds)", wait_s)
+    """Wait while a run or a draw is under way (at most ``wait_s``), then write each pair's
+    report (complete or so far) and one archive of every run folder's figures and logs into
+    ``out``; 1 while one still runs."""
+    logger.debug("step: wait for the speed runs (at most %ds)", wait_s)
     limit = wait_s
-    while running(f"{Modules.SPEED} run") and limit > 0:
+    while _busy() and limit > 0:
         time.sleep(5)
         limit -= 5
-    work = _work(layout)
     out.mkdir(parents=True, exist_ok=True)
-    report = out / "speed-report.md"
-    with open(report, "wb") as text:
-        run([PYTHON, "-m", Modules.SPEED, "report", str(work)], env=layout.env(), stdout=text)
-    for found in [*work.glob("*.out.json"), *work.glob("*.partial.json"), *work.glob("*.log")]:
-        shutil.copy2(found, out / found.name)
-    for line in tail(work / "run.log", 15):
-        say(line)
-    still = running(f"{Modules.SPEED} run")
-    say(f"speed run: {'running' if still else 'ended'}")
+    works = sorted(d for d in _work(layout).glob("*") if (d / "engines.json").is_file())
+    with tarfile.open(out / ARCHIVE, "w:gz") as archive:
+        for work in works:
+            report = out / f"{work.name}-report.md"
+            with open(report, "wb") as text:
+                cmd = [PYTHON, "-m", Modules.SPEED, "report", str(work)]
+                run(cmd, env=layout.env(), stdout=text)
+            for pattern in KEPT:
+                for found in sorted(work.glob(pattern)):
+                    archive.add(found, arcname=f"{work.name}/{found.name}")
+            for line in tail(work / "run.log", 8):
+                say(f"{work.name}: {line}")
+    still = _busy()
+    say(f"speed runs: {'running' if still else 'ended'}")
     return 1 if still else 0

@@ -117,6 +117,8 @@ class Settings:
     profile_steps: int = PROFILE_STEPS
     k: int | None = None
     """None: the trained pair's largest K (prompts.json)."""
+    one_at_a_time: bool = False
+    """Each engine served alone, in turn (a pair too large for two engines on one GPU)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
             "profile_steps": settings.profile_steps,
             "lock": str(work / "speed.lock"),
             "barrier": str(barrier),
-            "barrier_count": len(chosen),
+            "barrier_count": 1 if settings.one_at_a_time else len(chosen),
             "constant_logits": e.constant_logits,
             "partial": str(work / f"{e.name}.partial.json"),
         }
@@ -403,6 +405,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--window-steps", type=int, default=WINDOW_STEPS)
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     p.add_argument("--k", type=int)
+    p.add_argument("--one-at-a-time", action="store_true", help="serve the engines in turn")
     r = sub.add_parser("report")
     r.add_argument("work", type=Path)
     args = parser.parse_args(argv)
@@ -422,14 +425,17 @@ def main(argv: list[str]) -> int:
                 max_new_tokens=args.new_tokens,
                 profile_levels=args.profile_levels,
                 k=args.k,
+                one_at_a_time=args.one_at_a_time,
             )
             chosen = plan(args.pair, args.work, names, settings)
             missing = sorted({e.site for e in chosen} - set(engines))
             if missing:
                 logger.error("error: %s lacks %s", root, ", ".join(missing))
                 return SmokeError.exit_code
-            sites = {e.name: e.site for e in chosen}
-            serve_engines(args.work, engines, sites, MODULE, args.time_limit)
+            turns = [[e] for e in chosen] if settings.one_at_a_time else [chosen]
+            for turn in turns:
+                sites = {e.name: e.site for e in turn}
+                serve_engines(args.work, engines, sites, MODULE, args.time_limit)
     text, ok = report(args.work)
     answer(text.removesuffix("\n"))
     return 0 if ok else 1
