@@ -155,6 +155,27 @@ def test_each_engine_is_planned_with_its_own_k_and_cache(tiny_pair, tmp_path):
     assert listed == ["plain", "dflash-k7", "dflash"]
 
 
+def test_a_random_pair_drafts_the_seeds_k_and_a_seed_run_can_go_one_engine_at_a_time(
+    tiny_pair, tmp_path
+):
+    work = tmp_path / "work"
+    settings = speed.Settings(levels=(1, 8, 32), one_at_a_time=True)
+    speed.plan(tiny_pair, work, ["seed-plain", "seed-dflash"], settings)
+    drafted = json.loads((work / "seed-dflash.in.json").read_text())
+    assert drafted["engine"]["num_speculative_tokens"] == speed.RANDOM_PAIR_K == 15
+    # Each engine alone: no barrier waits for the other.
+    assert drafted["barrier_count"] == 1 and drafted["constant_logits"] is True
+
+
+def test_a_level_the_engine_could_not_hold_at_once_is_named_not_left_blank(tiny_pair, tmp_path):
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain"], speed.Settings(k=15, levels=(32,)))
+    steps = {"32": {"steps": 0, "step_ms_median": None, "at_once": 31}}
+    (work / "plain.out.json").write_text(json.dumps({"ok": True, "steps": steps}))
+    text, _ = speed.report(work)
+    assert "| 32 | - (**31 of 32 at once**) |" in text
+
+
 def _steps(*ms: float) -> dict:
     return {
         str(lv): {"step_ms_median": m, "tokens_per_step": 1.0}

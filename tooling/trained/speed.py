@@ -42,7 +42,7 @@ PROFILE_STEPS = 10
 KV_GIB_PLAIN = 6
 KV_GIB_DRAFTED = 40
 KV_GIB_SEED_PLAIN = 8
-KV_GIB_SEED_DRAFTED = 48
+KV_GIB_SEED_DRAFTED = 56
 PLAIN = "plain"
 STOCK = "plain-stock"
 DRAFTED = "dflash"
@@ -50,6 +50,8 @@ MODULE = "tooling.trained.serving.speed_run"
 #: A pair with random weights (``tooling.smoke.serving.tiny``) is served this long a context,
 #: with this many prompts of PROMPT_LEN tokens drawn from its vocabulary.
 TINY_MAX_MODEL_LEN = 2048
+#: A pair with random weights has no trained K: it drafts the seed's.
+RANDOM_PAIR_K = 15
 TINY_PROMPTS = 16
 PROMPT_LEN = 128
 
@@ -116,7 +118,7 @@ class Settings:
     profile_levels: tuple[int, ...] = PROFILE_LEVELS
     profile_steps: int = PROFILE_STEPS
     k: int | None = None
-    """None: the trained pair's largest K (prompts.json)."""
+    """None: the trained pair's largest K (prompts.json), or RANDOM_PAIR_K."""
     one_at_a_time: bool = False
     """Each engine served alone, in turn (a pair too large for two engines on one GPU)."""
 
@@ -158,7 +160,7 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
     """``work/NAME.in.json`` for each engine of ``names`` (``ENGINES``); ``work/engines.json``
     lists every engine planned in ``work`` so far, these last."""
     pair = read_pair(pair_dir)
-    k = settings.k if settings.k is not None else max(pair.ks)
+    k = settings.k if settings.k is not None else max(pair.ks, default=RANDOM_PAIR_K)
     chosen = [ENGINES[n] for n in names]
     work.mkdir(parents=True, exist_ok=True)
     barrier = work / "barrier"
@@ -268,6 +270,9 @@ def step_table(chosen: list[SpeedEngine], results: dict[str, dict[str, Any]]) ->
         cells = []
         for e in chosen:
             s = results.get(e.name, {}).get("steps", {}).get(str(level), {})
+            if not s.get("steps") and s.get("at_once", level) < level:
+                cells.append(f"- (**{s['at_once']} of {level} at once**)")
+                continue
             cells.append(
                 f"{_fmt(s.get('step_ms_median'), '.2f')} ({_fmt(s.get('tokens_per_step'), '.1f')})"
             )

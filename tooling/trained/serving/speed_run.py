@@ -286,13 +286,15 @@ def _decoding_window(
                 finished.add(out.request_id)
 
     warm_steps = 0
-    while min(made.values()) < 1 and warm_steps < 10_000:
+    # A request that ends before the last has decoded: the engine could not hold them all.
+    while min(made.values()) < 1 and not finished and warm_steps < 10_000:
         step()
         warm_steps += 1
+    at_once = sum(1 for r in ids if made[r] >= 1)
     start = dict(made)
     times = []
     for _ in range(steps):
-        if finished:
+        if finished or at_once < level:
             break
         begin = time.perf_counter()
         with record_function(STEP_REGION) if mark else contextlib.nullcontext():
@@ -308,6 +310,7 @@ def _decoding_window(
         "step_ms_mean": statistics.fmean(times) if times else None,
         "tokens_per_step": tokens / len(times) if times else None,
         "prefill_steps": warm_steps,
+        "at_once": at_once,
     }
 
 
@@ -322,6 +325,8 @@ def _profile(llm: Any, request: SpeedRunRequest, level: int) -> dict[str, Any]:
         trace = Path(folder) / "trace.json"
         with _profiling_scopes() as missing, profile(activities=activities) as prof:
             window = _decoding_window(llm, request, level, request.profile_steps, mark=True)
+        if not window["steps"]:
+            return {"error": f"no steady step: {window['at_once']} of {level} decoded at once"}
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text()).get("traceEvents", [])
     steps, span = trace_split.step_window(events, STEP_REGION)
