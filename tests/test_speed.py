@@ -224,6 +224,39 @@ def test_the_host_step_refuses_an_unknown_pair_kind_in_one_line():
     ]
 
 
+@pytest.mark.parametrize("step", ["start", "run"])
+def test_a_folder_with_no_pair_is_refused_in_one_line_before_a_run_starts(step, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "tooling", "host", "speed", step, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_DIR,
+        timeout=60,
+        env={**os.environ, "WORK": str(tmp_path / "work")},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: tooling host speed: {step}: {tmp_path} holds no pair: "
+        "neither prompts.json nor tiny.json"
+    ]
+    assert not (tmp_path / "work" / "speed").exists()
+
+
+def test_the_speed_run_itself_refuses_a_folder_with_no_pair(tmp_path):
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "tooling.trained.speed", "run", str(tmp_path), str(work)]
+    done = subprocess.run(
+        [*cmd, "--engines-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_DIR,
+        timeout=60,
+    )
+    assert done.returncode == speed.SmokeError.exit_code != 0
+    assert f"error: {tmp_path} holds no pair" in done.stderr
+    assert not work.exists()
+
+
 def _passes(*rates: float) -> dict:
     return {
         "speed": {str(lv): [{"tokens": r, "seconds": 1.0} for r in rates] for lv in (1, 16, 64)}

@@ -367,8 +367,16 @@ def speed_command(ctx: click.Context, step: str, words: tuple[str, ...]) -> None
     elif step in ("start", "run"):
         if not words:
             raise HostUsageError(f"{step} needs PAIR")
-        how = speed_.start if step == "start" else speed_.run_here
-        how(layout, absolute(words[0]), list(words[1:]))
+        from ..trained.speed import pair_problem  # the run's own check, before it starts
+
+        pair = absolute(words[0])
+        problem = pair_problem(pair)
+        if problem:
+            raise HostUsageError(f"{step}: {problem}")
+        if step == "start":
+            speed_.start(layout, pair, list(words[1:]))
+        else:
+            code = speed_.run_here(layout, pair, list(words[1:]))
     else:
         if len(words) != 1:
             raise HostUsageError("wait needs SECONDS")

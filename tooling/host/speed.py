@@ -80,8 +80,9 @@ def start(layout: Layout, pair: Path, args: list[str]) -> None:
     say(f"speed run started (pid {child.pid}), log {log}")
 
 
-def run_here(layout: Layout, pair: Path, args: list[str]) -> None:
-    """The same run as ``start``, waited for (a queue of runs is a line of ``run`` steps)."""
+def run_here(layout: Layout, pair: Path, args: list[str]) -> int:
+    """The same run as ``start``, waited for (a queue of runs is a line of ``run`` steps); 1
+    when an engine returned no figures."""
     logger.debug("step: run the speed run on %s (%s)", pair, " ".join(args))
     cmd, log = _run_cmd(layout, pair, args)
     start_s = time.monotonic()
@@ -90,6 +91,7 @@ def run_here(layout: Layout, pair: Path, args: list[str]) -> None:
     say(f"speed run on {pair.name}: exit {code} after {since(start_s)}s, log {log}")
     if code not in (0, 1):
         raise HostStepError(f"the speed run on {pair} exited {code} (its log: {log})")
+    return code
 
 
 def wait(layout: Layout, wait_s: int, out: Path) -> int:

@@ -133,6 +133,18 @@ class Pair:
     ks: tuple[int, ...]
 
 
+#: What makes a folder a pair the run can serve: a trained pair's prompts, or a drawn pair's
+#: manifest.
+PAIR_FILES = ("prompts.json", "tiny.json")
+
+
+def pair_problem(pair: Path) -> str | None:
+    """Why ``pair`` is no pair a speed run can serve, or None."""
+    if any((pair / name).is_file() for name in PAIR_FILES):
+        return None
+    return f"{pair} holds no pair: neither {' nor '.join(PAIR_FILES)}"
+
+
 def read_pair(pair: Path) -> Pair:
     """The trained pair (its prompts.json), or a pair with random weights (tiny.json), whose
     prompts are drawn from its vocabulary."""
@@ -416,6 +428,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with entry_logging():
         if args.command == "run":
+            problem = pair_problem(args.pair)
+            if problem:
+                logger.error("error: %s", problem)
+                return SmokeError.exit_code
             names = [n for n in args.engines.split(",") if n]
             unknown = [n for n in names if n not in ENGINES]
             if unknown:
