@@ -62,6 +62,9 @@ def draw(layout: Layout, arch: str, folder: Path, device: str) -> None:
 
 
 def _run_cmd(layout: Layout, pair: Path, args: list[str]) -> tuple[list[str], Path]:
+    """The run's command line and log; refused while another run measures on this GPU."""
+    if running(f"{Modules.SPEED} run"):
+        raise HostStepError("a speed run is already running")
     work = _work(layout) / pair.name
     work.mkdir(parents=True, exist_ok=True)
     cmd = [PYTHON, "-m", Modules.SPEED, "run", str(pair), str(work)]
@@ -72,8 +75,6 @@ def start(layout: Layout, pair: Path, args: list[str]) -> None:
     """``speed run PAIR $WORK/speed/PAIR_NAME --engines-root $ENGINES ARGS`` in a session of
     its own."""
     logger.debug("step: start the speed run on %s (%s)", pair, " ".join(args))
-    if running(f"{Modules.SPEED} run"):
-        raise HostStepError("a speed run is already running")
     cmd, log = _run_cmd(layout, pair, args)
     env = layout.env(str(layout.site), VLLM_LOGGING_LEVEL="WARNING")
     child = procs.start_group(cmd, log=log, env=env, truncate_log=True)
