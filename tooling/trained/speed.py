@@ -103,6 +103,8 @@ ENGINES = {
             KV_GIB_DRAFTED,
             speculative_args={"num_speculative_tokens_per_batch_size": BUDGET},
         ),
+        # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
+        SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         SpeedEngine("seed-plain", "patched", False, KV_GIB_SEED_PLAIN),
         SpeedEngine("seed-dflash", "patched", True, KV_GIB_SEED_DRAFTED, constant_logits=True),
     )
