@@ -7,7 +7,9 @@ GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them,
 ``NAME.out.json`` an engine); this script reads them anywhere and judges:
 
 - DFlash at the run's K, decode tokens/s: the median over the run's passes of each pass's
-  ratio to plain's pass, at least ``GOALS`` at each concurrency;
+  ratio to plain's pass, at least ``GOALS`` at each concurrency; on batches timed to their
+  last token and, where the run has them (``--sustained``), on windows with the batch kept
+  full;
 - plain on the fixed wheel within ``PLAIN_TOLERANCE`` of plain on stock at each concurrency.
 
 Exit 0 when every goal is met, 1 when one is not (each named), 2 when a figure is missing.
@@ -32,34 +34,51 @@ PLAIN_TOLERANCE = 0.02
 MIN_PASSES = 5
 
 
-def rates(result: dict[str, Any], level: int) -> list[float]:
-    return [p["tokens"] / p["seconds"] for p in result.get("speed", {}).get(str(level), [])]
+#: What a run measures its tokens/s on: batches timed to their last token, and (a run with
+#: ``--sustained``) windows with the batch kept full, as a server under steady traffic.
+MEASURES = {"speed": "batch passes", "sustained": "batch kept full"}
 
 
-def median_ratio(ours: dict[str, Any], floor: dict[str, Any], level: int) -> tuple[float, int]:
-    pairs = list(zip(rates(ours, level), rates(floor, level), strict=False))
+def rates(result: dict[str, Any], level: int, key: str = "speed") -> list[float]:
+    passes = result.get(key, {}).get(str(level), [])
+    return [p["tokens"] / p["seconds"] for p in passes if "seconds" in p]
+
+
+def median_ratio(
+    ours: dict[str, Any], floor: dict[str, Any], level: int, key: str = "speed"
+) -> tuple[float, int]:
+    pairs = list(zip(rates(ours, level, key), rates(floor, level, key), strict=False))
     return (statistics.median(a / b for a, b in pairs) if pairs else 0.0), len(pairs)
 
 
 def judge(run: Path, drafted: str) -> tuple[list[str], list[str]]:
-    """(lines of figures, goals missed)."""
+    """(lines of figures, goals missed): each goal on every measure the run has."""
     results = {n: json.loads((run / f"{n}.out.json").read_text()) for n in ("plain", drafted)}
     stock_file = run / "plain-stock.out.json"
     stock = json.loads(stock_file.read_text()) if stock_file.is_file() else None
     lines, missed = [], []
-    for level, goal in GOALS.items():
-        ratio, passes = median_ratio(results[drafted], results["plain"], level)
-        lines.append(f"{drafted} at {level}: {ratio:.2f}x plain over {passes} passes (goal {goal})")
-        if passes < MIN_PASSES:
-            missed.append(f"{drafted} at {level}: {passes} passes, fewer than {MIN_PASSES}")
-        elif ratio < goal:
-            missed.append(f"{drafted} at {level}: {ratio:.2f}x < {goal}")
-        if stock is None:
+    for key, measure in MEASURES.items():
+        if key != "speed" and not results[drafted].get(key):
             continue
-        plain, n = median_ratio(results["plain"], stock, level)
-        lines.append(f"plain at {level}: {plain:.3f}x stock over {n} passes")
-        if abs(plain - 1.0) > PLAIN_TOLERANCE:
-            missed.append(f"plain at {level}: {plain:.3f}x stock, off by more than 2%")
+        for level, goal in GOALS.items():
+            ratio, passes = median_ratio(results[drafted], results["plain"], level, key)
+            lines.append(
+                f"{drafted} at {level}, {measure}: {ratio:.2f}x plain over {passes} (goal {goal})"
+            )
+            if passes < MIN_PASSES:
+                missed.append(
+                    f"{drafted} at {level}, {measure}: {passes} passes, fewer than {MIN_PASSES}"
+                )
+            elif ratio < goal:
+                missed.append(f"{drafted} at {level}, {measure}: {ratio:.2f}x < {goal}")
+            if stock is None:
+                continue
+            plain, n = median_ratio(results["plain"], stock, level, key)
+            lines.append(f"plain at {level}, {measure}: {plain:.3f}x stock over {n}")
+            if abs(plain - 1.0) > PLAIN_TOLERANCE:
+                missed.append(
+                    f"plain at {level}, {measure}: {plain:.3f}x stock, off by more than 2%"
+                )
     if stock is None:
         missed.append("no plain-stock engine in the run: plain against stock not judged")
     return lines, missed

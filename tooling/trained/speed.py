@@ -123,6 +123,11 @@ class Settings:
     """None: the trained pair's largest K (prompts.json), or RANDOM_PAIR_K."""
     one_at_a_time: bool = False
     """Each engine served alone, in turn (a pair too large for two engines on one GPU)."""
+    interleave: bool = False
+    """The engines measure in turns, unit by unit (a pass, a window), not one engine's units
+    all at once: a drift of the machine then lands on every engine alike."""
+    sustained: bool = False
+    """Also tokens/s with the batch kept full (``serving.sustained``)."""
 
 
 @dataclass(frozen=True)
@@ -177,9 +182,10 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
     k = settings.k if settings.k is not None else max(pair.ks, default=RANDOM_PAIR_K)
     chosen = [ENGINES[n] for n in names]
     work.mkdir(parents=True, exist_ok=True)
-    barrier = work / "barrier"
-    shutil.rmtree(barrier, ignore_errors=True)
-    for e in chosen:
+    barrier, turns = work / "barrier", work / "turns"
+    for folder in (barrier, turns):
+        shutil.rmtree(folder, ignore_errors=True)
+    for index, e in enumerate(chosen):
         k_e = e.k if e.k is not None else k
         request = {
             "name": e.name,
@@ -206,6 +212,12 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
             "barrier_count": 1 if settings.one_at_a_time else len(chosen),
             "constant_logits": e.constant_logits,
             "partial": str(work / f"{e.name}.partial.json"),
+            "sustained": settings.sustained,
+            "turns": (
+                {"folder": str(turns), "index": index, "count": len(chosen)}
+                if settings.interleave
+                else None
+            ),
         }
         (work / f"{e.name}.in.json").write_text(json.dumps(request))
     listed = work / "engines.json"
@@ -230,44 +242,50 @@ def load(work: Path) -> tuple[list[SpeedEngine], dict[str, dict[str, Any]]]:
     return chosen, results
 
 
-def _rates(result: dict[str, Any], level: str) -> list[float]:
-    return [p["tokens"] / p["seconds"] for p in result.get("speed", {}).get(level, [])]
+def _rates(result: dict[str, Any], level: str, key: str = "speed") -> list[float]:
+    """Tokens/s of each pass (``speed``) or each window (``sustained``) at ``level``."""
+    return [
+        p["tokens"] / p["seconds"] for p in result.get(key, {}).get(level, []) if "seconds" in p
+    ]
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _ratios(result: dict[str, Any], base: dict[str, Any], level: str) -> list[float]:
-    return [a / b for a, b in zip(_rates(result, level), _rates(base, level), strict=False)]
+def _ratios(
+    result: dict[str, Any], base: dict[str, Any], level: str, key: str = "speed"
+) -> list[float]:
+    pairs = zip(_rates(result, level, key), _rates(base, level, key), strict=False)
+    return [a / b for a, b in pairs]
 
 
 def _fmt(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def speed_table(chosen: list[SpeedEngine], results: dict[str, dict[str, Any]]) -> list[str]:
-    """Decode tokens/s per level: the median pass, and the median of per-pass ratios to plain."""
+def speed_table(
+    chosen: list[SpeedEngine], results: dict[str, dict[str, Any]], key: str = "speed"
+) -> list[str]:
+    """Decode tokens/s per level: the median pass (or window: ``key``), and the median of
+    per-pass ratios to plain."""
     base = results.get(PLAIN, {})
-    levels = sorted({int(lv) for r in results.values() for lv in r.get("speed", {})})
+    levels = sorted({int(lv) for r in results.values() for lv in r.get(key, {})})
     head = "| concurrent | " + " | ".join(f"{e.name} tok/s (x plain)" for e in chosen) + " |"
     lines = [head, "|---" * (len(chosen) + 1) + "|"]
     for level in levels:
         cells = []
         for e in chosen:
             r = results.get(e.name, {})
-            rate = _median(_rates(r, str(level)))
-            ratio = _median(_ratios(r, base, str(level)))
-            lengths = [
-                p["acceptance_length"]
-                for p in r.get("speed", {}).get(str(level), [])
-                if p.get("acceptance_length")
-            ]
+            passes = r.get(key, {}).get(str(level), [])
+            rate = _median(_rates(r, str(level), key))
+            ratio = _median(_ratios(r, base, str(level), key))
+            lengths = [p["acceptance_length"] for p in passes if p.get("acceptance_length")]
             al = f", AL {statistics.fmean(lengths):.2f}" if lengths else ""
-            most = min(
-                (p["most_running"] for p in r.get("speed", {}).get(str(level), [])), default=0
-            )
-            short = f", **{most} ran**" if r.get("speed") and most < level else ""
+            most = min((p.get("most_running", level) for p in passes), default=0)
+            cut = [p["error"] for p in passes if "error" in p]
+            short = f", **{most} ran**" if r.get(key) and most < level else ""
+            short += f", **{cut[0]}**" if cut else ""
             cells.append(f"{_fmt(rate)} ({_fmt(ratio, '.2f')}{al}{short})")
         lines.append(f"| {level} | " + " | ".join(cells) + " |")
     return lines
@@ -383,6 +401,9 @@ def report(work: Path) -> tuple[str, bool]:
             + (f"; **{r.get('error', 'no result')}**" if e.name in failed else "")
         )
     lines += ["", "## Decode tokens/s", "", *speed_table(chosen, results)]
+    if any(r.get("sustained") for r in results.values()):
+        lines += ["", "## Decode tokens/s, batch kept full", ""]
+        lines += speed_table(chosen, results, "sustained")
     lines += ["", "## Engine steps", "", *step_table(chosen, results)]
     lines += ["", "## Where a step's time goes", *profile_table(chosen, results)]
     for e in chosen:
@@ -425,6 +446,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     p.add_argument("--k", type=int)
     p.add_argument("--one-at-a-time", action="store_true", help="serve the engines in turn")
+    p.add_argument("--interleave", action="store_true", help="measure in turns, pass by pass")
+    p.add_argument("--sustained", action="store_true", help="also with the batch kept full")
     r = sub.add_parser("report")
     r.add_argument("work", type=Path)
     args = parser.parse_args(argv)
@@ -433,6 +456,11 @@ def main(argv: list[str]) -> int:
             problem = pair_problem(args.pair)
             if problem:
                 logger.error("error: %s", problem)
+                return SmokeError.exit_code
+            if args.interleave and args.one_at_a_time:
+                logger.error(
+                    "error: --interleave needs the engines served together, not one at a time"
+                )
                 return SmokeError.exit_code
             names = [n for n in args.engines.split(",") if n]
             unknown = [n for n in names if n not in ENGINES]
@@ -449,6 +477,8 @@ def main(argv: list[str]) -> int:
                 profile_levels=args.profile_levels,
                 k=args.k,
                 one_at_a_time=args.one_at_a_time,
+                interleave=args.interleave,
+                sustained=args.sustained,
             )
             chosen = plan(args.pair, args.work, names, settings)
             missing = sorted({e.site for e in chosen} - set(engines))

@@ -5,11 +5,16 @@ interpreter of the vLLM under test, one engine per process, compiled with CUDA g
 the request's engine arguments say). ``tooling.trained.speed`` plans the engines and reports.
 
 For each concurrency level, once every engine of the run has warmed up (the first traffic of
-each shape, where compiles and autotuning happen) and while it alone holds the run's lock:
+each shape, where compiles and autotuning happen) and while it alone uses the GPU (it holds
+the run's lock throughout, or, interleaved, takes turns with the other engines unit by unit:
+``turns``):
 
 - **passes**: ``passes`` batches of ``level`` prompts, ``max_new_tokens`` each (greedy, no
   EOS), timed end to end: tokens/s, as the trained pair's speed table has them, with the
   acceptance length from vLLM's own counters and the CUDA-graph dispatch of every step;
+- **sustained** (with ``sustained``): ``passes`` windows with ``level`` requests kept in
+  flight, each finished one replaced at once (``sustained``): tokens/s as a server under
+  steady traffic makes them, which no request's tail decides;
 - **steps**: ``level`` requests, once all are decoding, ``window_steps`` engine steps timed one
   by one: the step time and the tokens each step gave;
 - **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
@@ -24,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import gc
 import json
 import logging
@@ -34,15 +38,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...smoke.serving.child import exit_now, serve
 from ...smoke.serving.distribution import DistributionRequest, RunningCounter, start_engine
-from . import trace_split
+from . import sustained, trace_split
+from .sustained import acceptance_length
 from .trained_run import _generate, _mark_done, _spec, _wait_for_barrier
+from .turns import Turns, whole_run
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +119,12 @@ class SpeedRunRequest:
     """Afterwards, zero every LM head (target's and drafter's): all logits are equal, greedy
     picks token 0 everywhere and every draft is accepted; then time the steps again."""
     partial: str | None = None
-    """Where the figures so far are written after each level, for a run cut short."""
+    """Where the figures so far are written after each unit, for a run cut short."""
+    sustained: bool = False
+    """Also ``passes`` windows at each level with the batch kept full (``sustained``)."""
+    turns: dict[str, Any] | None = None
+    """``Turns``' fields: measure in turns with the run's other engines, unit by unit;
+    None: hold the run's lock for every unit at once."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpeedRunRequest:
@@ -189,38 +200,23 @@ def _grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
-def _acceptance_length(before: dict[str, float], after: dict[str, float]) -> float | None:
-    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
-        "vllm:spec_decode_num_drafts", 0
-    )
-    accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
-        "vllm:spec_decode_num_accepted_tokens", 0
-    )
-    return 1.0 + accepted / drafts if drafts else None
-
-
-def _passes(
+def _one_pass(
     llm: Any, request: SpeedRunRequest, level: int, running: RunningCounter, seen: Dispatches
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
     batch = [request.prompts[i % len(request.prompts)] for i in range(level)]
-    out = []
-    for _ in range(request.passes):
-        running.most = 0
-        seen.take()
-        before = _spec(llm)
-        begin = time.perf_counter()
-        done = _generate(llm, batch, request.max_new_tokens, None)
-        seconds = time.perf_counter() - begin
-        out.append(
-            {
-                "seconds": seconds,
-                "tokens": sum(len(o.outputs[0].token_ids) for o in done),
-                "most_running": running.most,
-                "acceptance_length": _acceptance_length(before, _spec(llm)),
-                "dispatch": seen.take(),
-            }
-        )
-    return out
+    running.most = 0
+    seen.take()
+    before = _spec(llm)
+    begin = time.perf_counter()
+    done = _generate(llm, batch, request.max_new_tokens, None)
+    seconds = time.perf_counter() - begin
+    return {
+        "seconds": seconds,
+        "tokens": sum(len(o.outputs[0].token_ids) for o in done),
+        "most_running": running.most,
+        "acceptance_length": acceptance_length(before, _spec(llm)),
+        "dispatch": seen.take(),
+    }
 
 
 @contextlib.contextmanager
@@ -361,49 +357,80 @@ def _zero_lm_heads(worker: Any) -> int:
     return zeroed
 
 
-def _measure(llm: Any, request: SpeedRunRequest, running: RunningCounter) -> dict[str, Any]:
+def _units(
+    llm: Any, request: SpeedRunRequest, running: RunningCounter, figures: dict[str, Any]
+) -> Iterator[tuple[str, Callable[[], None]]]:
+    """The run's units of measuring, in order; each fills ``figures`` when called."""
     seen = Dispatches()
     seen.target = _runner(llm).cudagraph_dispatcher
     seen.install()
+    for level in request.levels:
+        key = str(level)
+
+        def one_pass(level: int = level, key: str = key) -> None:
+            figures["speed"].setdefault(key, []).append(
+                _one_pass(llm, request, level, running, seen)
+            )
+
+        def one_window(level: int = level, key: str = key) -> None:
+            window = sustained.run_window(llm, request.prompts, level, request.max_new_tokens)
+            figures["sustained"].setdefault(key, []).append(window)
+
+        def steps(level: int = level, key: str = key) -> None:
+            figures["steps"][key] = _decoding_window(
+                llm, request, level, request.window_steps, mark=False
+            )
+
+        def profile(level: int = level, key: str = key) -> None:
+            try:
+                figures["profile"][key] = _profile(llm, request, level)
+            except Exception as exc:  # a profile that fails leaves the speed figures
+                logger.exception("profile at %d", level)
+                figures["profile"][key] = {"error": f"{type(exc).__name__}: {exc}"}
+
+        for _ in range(request.passes):
+            yield f"pass at {level}", one_pass
+        for _ in range(request.passes if request.sustained else 0):
+            yield f"sustained window at {level}", one_window
+        yield f"steps at {level}", steps
+        if level in request.profile_levels:
+            yield f"profile at {level}", profile
+
+
+def _constant_logits(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
+    zeroed = sum(llm.collective_rpc(_zero_lm_heads))
+    return {
+        "lm_heads_zeroed": zeroed,
+        "steps": {
+            str(level): _decoding_window(llm, request, level, request.window_steps, mark=False)
+            for level in request.levels
+        },
+    }
+
+
+def _measure(llm: Any, request: SpeedRunRequest, running: RunningCounter) -> dict[str, Any]:
+    """Every unit, alone on the GPU: all in one hold of the run's lock, or interleaved with
+    the other engines' units (``request.turns``)."""
     before = _compiles()
-    speed: dict[str, Any] = {}
-    steps: dict[str, Any] = {}
-    profiles: dict[str, Any] = {}
-    with open(request.lock, "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            for level in request.levels:
-                logger.info("%s: level %d", request.name, level)
-                speed[str(level)] = _passes(llm, request, level, running, seen)
-                steps[str(level)] = _decoding_window(
-                    llm, request, level, request.window_steps, mark=False
-                )
-                if level in request.profile_levels:
-                    try:
-                        profiles[str(level)] = _profile(llm, request, level)
-                    except Exception as exc:  # a profile that fails leaves the speed figures
-                        logger.exception("profile at %d", level)
-                        profiles[str(level)] = {"error": f"{type(exc).__name__}: {exc}"}
-                _save_partial(request, {"speed": speed, "steps": steps, "profile": profiles})
-            figures = {
-                "speed": speed,
-                "steps": steps,
-                "profile": profiles,
-                "steady_changes": _grown(before, _compiles()),
-            }
+    figures: dict[str, Any] = {"speed": {}, "steps": {}, "profile": {}}
+    if request.sustained:
+        figures["sustained"] = {}
+    turns = Turns(**request.turns) if request.turns is not None else None
+    held = whole_run(Path(request.lock)) if turns is None else contextlib.nullcontext()
+    try:
+        with held:
+            for name, unit in _units(llm, request, running, figures):
+                logger.info("%s: %s", request.name, name)
+                with turns.turn() if turns is not None else contextlib.nullcontext():
+                    unit()
+                _save_partial(request, figures)
+            figures["steady_changes"] = _grown(before, _compiles())
             if request.constant_logits:
-                zeroed = sum(llm.collective_rpc(_zero_lm_heads))
-                figures["constant_logits"] = {
-                    "lm_heads_zeroed": zeroed,
-                    "steps": {
-                        str(level): _decoding_window(
-                            llm, request, level, request.window_steps, mark=False
-                        )
-                        for level in request.levels
-                    },
-                }
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+                with turns.turn() if turns is not None else contextlib.nullcontext():
+                    figures["constant_logits"] = _constant_logits(llm, request)
+    finally:
+        if turns is not None:
+            turns.finish()
     return figures
 
 

@@ -1,0 +1,132 @@
+"""Decode tokens/s under sustained load: ``level`` requests kept in flight, each finished one
+replaced by the next prompt at once, as a server under steady traffic keeps its batch full.
+
+A batch's pass (``speed_run``'s passes) ends with its slowest request, so with DFlash it
+measures the worst prompt's acceptance: the last steps run with a few requests left. Here
+the window opens once ``level`` requests have finished (the batch then holds requests of
+every age) and closes when ``measured`` more have; every token any request made inside the
+window counts, finished or not, so no request's tail weighs on the figure. Both bounds are
+counts of requests, never seconds, so the window is the same on any machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: A window never runs more engine steps than this (a request that cannot finish must not
+#: hang the run; the figure then says it was cut).
+STEP_CAP = 200_000
+
+
+def measured_completions(level: int) -> int:
+    """How many requests finish inside one window: twice the batch, at least 16."""
+    return max(2 * level, 16)
+
+
+@dataclass
+class Window:
+    """What happened between the window's opening and its close."""
+
+    level: int
+    warm: int
+    measured: int
+    completed: int = 0
+    tokens: int = 0
+    steps: int = 0
+    began: float | None = None
+    ended: float | None = None
+    began_step: int = 0
+    ended_step: int = 0
+    made: dict[str, int] = field(default_factory=dict)
+
+    def take(self, request_id: str, tokens_so_far: int, finished: bool) -> bool:
+        """One request's output of a step; True when it finished (a slot to refill)."""
+        if request_id not in self.made:
+            return False
+        if self.began is not None and self.ended is None:
+            self.tokens += tokens_so_far - self.made[request_id]
+        self.made[request_id] = tokens_so_far
+        if finished:
+            del self.made[request_id]
+            self.completed += 1
+        return finished
+
+    def after_step(self, now: float) -> None:
+        self.steps += 1
+        if self.began is None and self.completed >= self.warm:
+            self.began, self.began_step = now, self.steps
+        elif self.ended is None and self.completed >= self.warm + self.measured:
+            self.ended, self.ended_step = now, self.steps
+
+    @property
+    def done(self) -> bool:
+        return self.ended is not None or self.steps >= STEP_CAP
+
+
+def run_window(llm: Any, prompts: list[list[int]], level: int, max_new_tokens: int) -> dict:
+    """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine)."""
+    from vllm.inputs import TokensPrompt
+
+    from ...smoke.serving.distribution import greedy_params
+    from .trained_run import _spec
+
+    engine = llm.llm_engine
+    params = greedy_params(max_new_tokens, None)
+    window = Window(level, warm=level, measured=measured_completions(level))
+    added = 0
+
+    def add() -> None:
+        nonlocal added
+        rid = f"sustained-{level}-{time.monotonic_ns()}-{added}"
+        prompt = prompts[added % len(prompts)]
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+        window.made[rid] = 0
+        added += 1
+
+    for _ in range(level):
+        add()
+    before = after = None
+    while not window.done:
+        for out in engine.step():
+            if window.take(out.request_id, len(out.outputs[0].token_ids), out.finished):
+                add()
+        opened = window.began is None
+        window.after_step(time.perf_counter())
+        if opened and window.began is not None:
+            before = _spec(llm)
+        if window.ended is not None:
+            after = _spec(llm)
+    engine.abort_request(list(window.made))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return _figures(window, before, after)
+
+
+def acceptance_length(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """1 + accepted / drafts between two readings of vLLM's spec-decode counters."""
+    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
+        "vllm:spec_decode_num_drafts", 0
+    )
+    accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
+        "vllm:spec_decode_num_accepted_tokens", 0
+    )
+    return 1.0 + accepted / drafts if drafts else None
+
+
+def _figures(window: Window, before: dict | None, after: dict | None) -> dict[str, Any]:
+    if window.began is None or window.ended is None:
+        return {"error": f"cut at {window.steps} steps: {window.completed} requests finished"}
+    return {
+        "seconds": window.ended - window.began,
+        "tokens": window.tokens,
+        "completions": window.measured,
+        "steps": window.ended_step - window.began_step,
+        "acceptance_length": (
+            acceptance_length(before, after) if before is not None and after is not None else None
+        ),
+    }
