@@ -61,3 +61,24 @@ def test_swa_windows_absent_on_0240_whose_v2_runner_gives_every_layer_one_causal
     assert result.status == ABSENT, result.evidence
     assert result.details["runner"] == "v2 runner"
     assert result.details["masks"] == [[-1, -1]] * 3
+
+
+def test_0340_the_scheduler_probes_answer_after_the_engine_cores_planning(probe_release):
+    """From 0.29 the engine core resolves a KV-cache layout before it groups the layers, and
+    0.34.0's start-up check holds the null block back: the probes plan the cache as the core
+    does, so they answer on 0.34.0 instead of crashing, fix by fix."""
+    results = probe_release("0.34.0", "drafter_kv_groups", "kv_null_block", "mamba_chunk_liveness")
+    groups = results["drafter_kv_groups"]
+    # Still grouped by the drafter's five layers: patch 18's defect is on 0.34.0.
+    assert groups.status == ABSENT, groups.evidence
+    assert groups.details == {"drafted": 15, "group_size": 5, "padding": 6, "plain": 4}
+    # Upstream's own fix: the check reserves the null block, and the least cache it starts
+    # with serves a request that needs every block.
+    assert results["kv_null_block"].status == PRESENT, results["kv_null_block"].evidence
+    # 64-token blocks: the budgets below 0.20.1's 480-token block serve, but a chunk of
+    # less than a block beside long prefills is still rounded to none (the fuzzer's case).
+    liveness = results["mamba_chunk_liveness"]
+    assert liveness.status == ABSENT, liveness.evidence
+    outcomes = [d["outcome"] for d in liveness.details["outcomes"]]
+    assert outcomes == ["pass", "pass", "pass", "pass", "starve"], liveness.evidence
+    assert "64-token blocks" in liveness.evidence

@@ -117,3 +117,21 @@ def test_the_same_campaign_passes_the_patched_tree(probe_python, patched_0201, t
     assert data["outcomes"]["pass"] > PATCHED_CASES // 2
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["cases"] == PATCHED_CASES
+
+
+#: Findings of the fuzzer on stock 0.34.0 (issue 48), kept for the ports: each fails there and
+#: passes the patched 0.20.1 tree.
+CASES_0340 = sorted((REPO_DIR / "tests" / "data" / "sched-fuzz-0.34.0").glob("*.json"))
+
+
+def test_0340_findings_fail_stock_0340_and_pass_the_patched_0201_tree(
+    probe_python, catalog, fetch_release, patched_0201, tmp_path
+):
+    upstream = fetch_release(catalog.get("0.34.0"), with_wheel=False)
+    args = [a for p in CASES_0340 for a in ("--replay", str(p))]
+    code, data, err = fuzz(probe_python, upstream.source_dir, tmp_path / "stock", *args)
+    assert code == 25, err
+    assert [r["outcome"] for r in data["replayed"]] == ["starve"] * len(CASES_0340)
+    code, data, err = fuzz(probe_python, Path(patched_0201.work_dir), tmp_path / "patched", *args)
+    assert code == 0, err
+    assert [r["outcome"] for r in data["replayed"]] == ["pass"] * len(CASES_0340)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _harness
+from ._kvplan import kv_cache_config, kv_cache_groups, max_memory_usage, null_block_reserve
 
 #: The seed's target (Qwen3.6-27B): every fourth of 64 layers gated attention, the rest Gated
 #: DeltaNet, with its heads. Qwen3-Next is the text model of its family in vLLM 0.20.1 and
@@ -344,7 +345,6 @@ def build_engine(settings: Settings, root: Path) -> Engine | Outcome:
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
         get_request_block_hasher,
         init_none_hash,
         resolve_kv_cache_block_sizes,
@@ -370,7 +370,7 @@ def build_engine(settings: Settings, root: Path) -> Engine | Outcome:
         _, _, layer_types = seed_pair(root)
         specs = kv_cache_specs(config, layer_types)
         memory = int(smallest_kv_memory(config, specs) * settings.kv_memory_factor)
-        (kv_config,) = get_kv_cache_configs(config, [specs], [memory])
+        kv_config = kv_cache_config(config, specs, memory)
         scheduler_kv = generate_scheduler_kv_cache_config([kv_config])
         config.cache_config.num_gpu_blocks = scheduler_kv.num_blocks
         config.cache_config.block_size = min(
@@ -413,11 +413,11 @@ def build_engine(settings: Settings, root: Path) -> Engine | Outcome:
 
 def smallest_kv_memory(config: Any, specs: dict[str, Any]) -> int:
     """The least KV-cache memory this vLLM starts with: what its own check asks for one
-    request of max_model_len (over the KV-cache groups it makes of ``specs``)."""
-    from vllm.v1.core import kv_cache_utils
-
-    groups = kv_cache_utils.get_kv_cache_groups(config, dict(specs))
-    return int(kv_cache_utils._max_memory_usage_bytes_from_groups(config, groups))
+    request of max_model_len (over the KV-cache groups it makes of ``specs``), and the null
+    block where its check holds that back too."""
+    groups = kv_cache_groups(config, specs)
+    usage = max_memory_usage(config, groups)
+    return usage + null_block_reserve(config, specs, groups, usage, LATE_REFUSAL)
 
 
 def _one_line(e: BaseException) -> str:

@@ -10,6 +10,7 @@ bonus token after a drawn number of accepted drafts.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable
@@ -235,11 +236,11 @@ class _Driver:
             n = drafts if roll < 0.3 else 0 if roll < 0.5 else self.rng.randint(0, drafts)
             accepted[rid] = n
             sampled.append([self._token() for _ in range(n + 1)])
-        output = ModelRunnerOutput(
-            req_ids=rids,
-            req_id_to_index={r: i for i, r in enumerate(rids)},
-            sampled_token_ids=sampled,
-        )
+        index: dict[str, Any] = {}
+        # 0.34.0 derives the index from req_ids and takes no such argument.
+        if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+            index["req_id_to_index"] = {r: i for i, r in enumerate(rids)}
+        output = ModelRunnerOutput(req_ids=rids, sampled_token_ids=sampled, **index)
         return output, accepted
 
     def _token(self) -> int:

@@ -8,7 +8,8 @@ group's attention metadata and block table every step.
 
 The probe builds the config ``vllm serve`` builds for the seed's pair (``_schedsim``), with
 DFlash at K = 15 and without a drafter, and lets vLLM group the seed's own layer specs
-(``get_kv_cache_groups``). Fixed means the drafted engine has fewer groups than groups of
+(``get_kv_cache_groups``; from 0.29 after the KV-cache layout an H200's backends
+resolve: ``_kvplan``). Fixed means the drafted engine has fewer groups than groups of
 its smallest type's size give, with no more padding layers, and the plain engine's
 grouping is vLLM's own (groups of 16, 4 of them).
 """
@@ -20,6 +21,7 @@ from collections import Counter
 from typing import Any
 
 from . import _harness
+from ._kvplan import kv_cache_groups
 from ._schedsim import Settings, engine_config, h200_platform, kv_cache_specs, seed_pair
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
@@ -32,13 +34,12 @@ def grouping(settings: Settings, root: Any) -> tuple[int, int, list[int]]:
     """vLLM's groups for the seed's layers under ``settings``: how many, how many layers a
     group has, and the layer count of each type."""
     from vllm.platforms import current_platform
-    from vllm.v1.core import kv_cache_utils
 
     config = engine_config(settings, root)
     current_platform.update_block_size_for_backend(config)
     _, _, layer_types = seed_pair(root)
     specs = kv_cache_specs(config, layer_types)
-    groups = kv_cache_utils.get_kv_cache_groups(config, dict(specs))
+    groups = kv_cache_groups(config, specs)
     counts = list(Counter(specs.values()).values())
     return len(groups), max(len(g.layer_names) for g in groups), counts
 
