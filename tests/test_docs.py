@@ -113,7 +113,7 @@ def test_the_evidence_page_has_every_figure_of_readmes_acceptance_table() -> Non
     source: a figure changed in one place and not the other fails here."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = readme.split("| engine | Qwen3, K = 3 |")[1].split("\n\n")[0]
-    speed = re.search(r"Decode speed at K = 15 .*?0\.45 at 64", readme, re.DOTALL)
+    speed = re.search(r"Decode speed at K = 15 .*? at 64", readme, re.DOTALL)
     assert speed is not None
     # Decimals alone: "0.20.1" is a version, not a figure.
     figures = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", table + speed.group(0)))
