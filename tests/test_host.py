@@ -183,3 +183,17 @@ def test_the_variants_sharing_a_gpu_run_at_once_under_one_deadline(tmp_path: Pat
         assert plan["engine"]["kv_cache_memory_bytes"] == 4 << 30
         assert plan["engine"]["gpu_memory_utilization"] == 0.1
         assert (out / f"{name}.summary").is_file()
+
+
+def test_the_speed_session_steps_wait_for_the_pair_and_build_the_ablations_call_1_serves() -> None:
+    """``start PARTS speed trained-1``: one session's speed work, the engines built while the
+    recipe trains, then the speed run on the pair, then its first call with the ablations."""
+    from tooling.host.session import SPEED_ARGS, Kind
+
+    assert STEPS["speed"].kind is Kind.SPEED and STEPS["trained-1"].calls == "1"
+    assert STEPS["trained-1"].kind is Kind.TRAINED and not STEPS["trained"].calls
+    assert "--interleave" in SPEED_ARGS and "--sustained" in SPEED_ARGS
+    engines = SPEED_ARGS[SPEED_ARGS.index("--engines") + 1].split(",")
+    from tooling.trained.speed import ENGINES
+
+    assert set(engines) <= set(ENGINES) and {"plain-stock", "plain", "dflash"} <= set(engines)

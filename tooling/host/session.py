@@ -33,6 +33,8 @@ class Kind(StrEnum):
     """The recipe alone: wait for it to write the pair."""
     TRAINED = "trained"
     """The trained pair's calls, once the recipe has written the pair."""
+    SPEED = "speed"
+    """The speed run on the trained pair (``host speed run``), once the recipe has written it."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Step:
     variant: str = ""
     smoke_args: str = ""
     """SMOKE_ARGS the step's smoke gets."""
+    calls: str = ""
+    """CALLS a trained step runs (empty: every call of the pair's plan)."""
 
 
 STEPS = {
@@ -66,8 +70,19 @@ STEPS = {
         Step("seed-full-pair-quick", Kind.DRAWN, "pair", "--quick"),
         Step("pair", Kind.PAIR),
         Step("trained", Kind.TRAINED),
+        # The K = 15 call alone: lossless and acceptance with the ablations, after `speed`.
+        Step("trained-1", Kind.TRAINED, calls="1"),
+        Step("speed", Kind.SPEED),
     )
 }
+#: The speed step's engines and options: issue 45's bar and plain against stock, measured in
+#: turns pass by pass, on batches and with the batch kept full (four engines fit one H200).
+SPEED_ARGS = (
+    "--engines",
+    "plain-stock,plain,dflash,dflash-budget",
+    "--interleave",
+    "--sustained",
+)
 #: What fits one session with the recipe's training beside the smokes.
 DEFAULT_STEPS = ("seed", "seed-stock", "trained")
 
@@ -111,7 +126,7 @@ def start(
             )
     layout.session.mkdir(parents=True, exist_ok=True)
     setup(parts, SetupStep.INSTALL, layout, [], None)
-    if any(STEPS[s].kind in (Kind.PAIR, Kind.TRAINED) for s in steps):
+    if any(STEPS[s].kind in (Kind.PAIR, Kind.TRAINED, Kind.SPEED) for s in steps):
         if pair_parts is not None:
             import_pair(pair_parts, layout)
         else:
@@ -164,12 +179,19 @@ def _drawn(layout: Layout, step: Step, env: dict[str, str]) -> int:
 
 
 def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
-    command = "wait" if step.kind is Kind.PAIR else "chain"
-    if command == "wait":
-        env = {"WAIT_S": "1500", **env}
+    """The recipe waited for (``pair``; ``speed`` first too), then the step's calls or its
+    speed run, into ``$SESSION/STEP.txt``."""
+    command = "chain" if step.kind is Kind.TRAINED else "wait"
+    env = {"WAIT_S": "1500", **env}
+    if step.calls:
+        env["CALLS"] = step.calls
     cmd = [PYTHON, "-m", Modules.TOOLING, "host", "trained", "--", command]
     with written(layout.session / f"{step.name}.txt") as log:
-        return run(cmd, env=env, stdout=log, stderr=log)
+        code = run(cmd, env=env, stdout=log, stderr=log)
+        if code != 0 or step.kind is not Kind.SPEED:
+            return code
+        speed = [PYTHON, "-m", Modules.TOOLING, "host", "speed", "run", str(layout.pair)]
+        return run([*speed, *SPEED_ARGS], env=env, stdout=log, stderr=log)
 
 
 def background(parts: Path, steps: list[str], layout: Layout) -> int:
@@ -179,7 +201,7 @@ def background(parts: Path, steps: list[str], layout: Layout) -> int:
     logger.debug("step: the session, %s", " ".join(steps))
     session = layout.session
     # Only the trained pair's calls serve the ablations: the installs its plan uses.
-    ablated = trained_ablations() if "trained" in steps else []
+    ablated = trained_ablations() if any(STEPS[s].kind is Kind.TRAINED for s in steps) else []
     mark("building the engines' installs")
     env = layout.env(None, PROBES="0", ABLATIONS=" ".join(ablated))
     build = [PYTHON, "-m", Modules.TOOLING, "host", "setup", "--", str(parts), "build"]
@@ -194,8 +216,9 @@ def background(parts: Path, steps: list[str], layout: Layout) -> int:
     for name in steps:
         step = STEPS[name]
         # Beside the recipe's training the GPU holds its processes too; alone, each smoke
-        # lists any vLLM or Ray process it left behind. `pair` only waits for the training.
-        shared = step.kind is not Kind.PAIR and running(RECIPE)
+        # lists any vLLM or Ray process it left behind. `pair` only waits for the training,
+        # and `speed` measures once it has ended.
+        shared = step.kind not in (Kind.PAIR, Kind.SPEED) and running(RECIPE)
         env = {k: v for k, v in layout.env(None, **sites).items() if k != "SHARED_GPU"}
         if shared:
             env["SHARED_GPU"] = "1"
@@ -254,8 +277,8 @@ def collect(layout: Layout, out: Path) -> None:
     _pack(
         layout,
         out / "reports.tgz",
-        ("session", "results", "train-out", "trained"),
-        (".json", ".txt"),
+        ("session", "results", "train-out", "trained", "speed"),
+        (".json", ".txt", ".md"),
         3,
     )
     _pack(layout, out / "logs.tgz", ("session", "trained"), (".log", ".err"), 7)
