@@ -408,29 +408,26 @@ def _constant_logits(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
     }
 
 
-def _measure(llm: Any, request: SpeedRunRequest, running: RunningCounter) -> dict[str, Any]:
+def _measure(
+    llm: Any, request: SpeedRunRequest, running: RunningCounter, turns: Turns | None
+) -> dict[str, Any]:
     """Every unit, alone on the GPU: all in one hold of the run's lock, or interleaved with
-    the other engines' units (``request.turns``)."""
+    the other engines' units (``turns``)."""
     before = _compiles()
     figures: dict[str, Any] = {"speed": {}, "steps": {}, "profile": {}}
     if request.sustained:
         figures["sustained"] = {}
-    turns = Turns(**request.turns) if request.turns is not None else None
     held = whole_run(Path(request.lock)) if turns is None else contextlib.nullcontext()
-    try:
-        with held:
-            for name, unit in _units(llm, request, running, figures):
-                logger.info("%s: %s", request.name, name)
-                with turns.turn() if turns is not None else contextlib.nullcontext():
-                    unit()
-                _save_partial(request, figures)
-            figures["steady_changes"] = _grown(before, _compiles())
-            if request.constant_logits:
-                with turns.turn() if turns is not None else contextlib.nullcontext():
-                    figures["constant_logits"] = _constant_logits(llm, request)
-    finally:
-        if turns is not None:
-            turns.finish()
+    with held:
+        for name, unit in _units(llm, request, running, figures):
+            logger.info("%s: %s", request.name, name)
+            with turns.turn() if turns is not None else contextlib.nullcontext():
+                unit()
+            _save_partial(request, figures)
+        figures["steady_changes"] = _grown(before, _compiles())
+        if request.constant_logits:
+            with turns.turn() if turns is not None else contextlib.nullcontext():
+                figures["constant_logits"] = _constant_logits(llm, request)
     return figures
 
 
@@ -456,14 +453,20 @@ def run(request: SpeedRunRequest) -> dict[str, Any]:
 
     running = RunningCounter()
     running.install(Scheduler)
+    turns = Turns(**request.turns) if request.turns is not None else None
     try:
-        llm, startup_s = start_engine(request.engine)
-        warm = _warm(llm, request)
+        try:
+            llm, startup_s = start_engine(request.engine)
+            warm = _warm(llm, request)
+        finally:
+            # An engine that failed must not keep the others waiting.
+            _mark_done(request)  # type: ignore[arg-type]
+        waited = _wait_for_barrier(request)  # type: ignore[arg-type]
+        measured = _measure(llm, request, running, turns)
     finally:
-        # An engine that failed must not keep the others waiting.
-        _mark_done(request)  # type: ignore[arg-type]
-    waited = _wait_for_barrier(request)  # type: ignore[arg-type]
-    measured = _measure(llm, request, running)
+        # Done or failed at any point: the others take their turns without this engine's.
+        if turns is not None:
+            turns.finish()
     config = llm.llm_engine.vllm_config
     compilation = config.compilation_config
     return {
