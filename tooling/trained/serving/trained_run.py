@@ -20,7 +20,6 @@ plans the requests and judges the results. Workloads, each optional:
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import sys
@@ -38,6 +37,7 @@ from ...smoke.serving.distribution import (
     start_engine,
 )
 from .acceptance import SPEC, _counters, _delta
+from .turns import whole_run
 
 logger = logging.getLogger(__name__)
 
@@ -154,24 +154,18 @@ def _speed(llm: Any, request: TrainedRunRequest, running: RunningCounter) -> dic
     plan = request.speed
     prompts = request.acceptance_prompts
     levels: dict[str, Any] = {}
-    with open(plan.lock, "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            for level in plan.concurrency:
-                batch = [prompts[i % len(prompts)] for i in range(level)]
-                passes = []
-                for _ in range(SPEED_PASSES):
-                    running.most = 0
-                    begin = time.monotonic()
-                    done = _generate(llm, batch, plan.max_new_tokens, None)
-                    seconds = time.monotonic() - begin
-                    tokens = sum(len(o.outputs[0].token_ids) for o in done)
-                    passes.append(
-                        {"seconds": seconds, "tokens": tokens, "most_running": running.most}
-                    )
-                levels[str(level)] = passes
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with whole_run(Path(plan.lock)):
+        for level in plan.concurrency:
+            batch = [prompts[i % len(prompts)] for i in range(level)]
+            passes = []
+            for _ in range(SPEED_PASSES):
+                running.most = 0
+                begin = time.monotonic()
+                done = _generate(llm, batch, plan.max_new_tokens, None)
+                seconds = time.monotonic() - begin
+                tokens = sum(len(o.outputs[0].token_ids) for o in done)
+                passes.append({"seconds": seconds, "tokens": tokens, "most_running": running.most})
+            levels[str(level)] = passes
     return levels
 
 
