@@ -197,3 +197,20 @@ def test_the_speed_session_steps_wait_for_the_pair_and_build_the_ablations_call_
     from tooling.trained.speed import ENGINES
 
     assert set(engines) <= set(ENGINES) and {"plain-stock", "plain", "dflash"} <= set(engines)
+
+
+def test_a_session_builds_the_installs_its_steps_serve_and_fuzzes_beside_the_training() -> None:
+    """The speed run's ablated engine (patch 19 left out) is built with the calls' ablations,
+    each once; a session without the speed run builds no speed ablation; ``fuzz-seed``
+    is a step of its own, before the pair is needed."""
+    from tooling.host.session import SPEED_ENGINES, Kind, session_ablations
+    from tooling.host.trained import trained_ablations
+    from tooling.trained.speed import ENGINES
+
+    assert "dflash-no-gdn-groups" in SPEED_ENGINES
+    assert ENGINES["dflash-no-gdn-groups"].site == "no-gdn-metadata-groups"
+    both = session_ablations(["fuzz-seed", "speed", "trained-1"])
+    assert both == [*trained_ablations(), "gdn-metadata-groups"]
+    assert session_ablations(["trained"]) == trained_ablations()
+    assert session_ablations(["seed", "fuzz-seed"]) == []
+    assert STEPS["fuzz-seed"].kind is Kind.FUZZ

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import FuzzFindingError, ProbeError
+from ..fsutil import sha256_bytes
 from ..fuzzing.gpu import GIB, GpuPlan, run_gpu_campaign
 from ..fuzzing.gpu_case import read_gpu_case_file
 from ..fuzzing.gpu_oracles import MODES, Mode
@@ -141,12 +142,14 @@ def gpu_command(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         max_k=shape.max_k,
     )
+    install_key = sha256_bytes(vllm_at.encode())[:12]
     target = GpuTarget(
         python=interpreter,
         pair=pair.absolute(),
         env=env,
         vocab_size=shape.vocab_size,
-        cache_root=settings.cache.root / "gpu-fuzz" / "vllm-cache",
+        # One compile cache per vLLM install: campaigns of two installs can run at once.
+        cache_root=settings.cache.root / "gpu-fuzz" / "vllm-cache" / install_key,
     )
     report = run_gpu_campaign(target, plan, out_dir, f"{interpreter} ({vllm_at})")
     emit(settings, report.to_json(), _text(report, out_dir))

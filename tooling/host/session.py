@@ -10,14 +10,19 @@ import logging
 import os
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from .. import pidfile, procs
-from ..errors import HostRefusal, HostUsageError
+from ..errors import HostRefusal, HostStepError, HostUsageError
 from ..paths import REPO_DIR
+from ..trained.speed import ENGINES
+from .fuzz import ENGINES as FUZZ_ENGINES
+from .fuzz import FuzzSettings, fuzz
 from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
+from .proof import seed_pair
 from .setup import SetupStep, setup
 from .trained import RECIPE, TrainSettings, import_pair, train, trained_ablations
 
@@ -35,6 +40,9 @@ class Kind(StrEnum):
     """The trained pair's calls, once the recipe has written the pair."""
     SPEED = "speed"
     """The speed run on the trained pair (``host speed run``), once the recipe has written it."""
+    FUZZ = "fuzz"
+    """The GPU fuzzer (``host fuzz``) on the seed-shaped pair: the fixed wheel's campaign and
+    stock's side by side, beside the training."""
 
 
 @dataclass(frozen=True)
@@ -73,16 +81,28 @@ STEPS = {
         # The K = 15 call alone: lossless and acceptance with the ablations, after `speed`.
         Step("trained-1", Kind.TRAINED, calls="1"),
         Step("speed", Kind.SPEED),
+        Step("fuzz-seed", Kind.FUZZ),
     )
 }
 #: The speed step's engines and options: issue 45's bar and plain against stock, measured in
 #: turns pass by pass, on batches and with the batch kept full (four engines fit one H200).
+SPEED_ENGINES = ("plain-stock", "plain", "dflash", "dflash-no-gdn-groups")
 SPEED_ARGS = (
-    "--engines",
-    "plain-stock,plain,dflash,dflash-budget",
-    "--interleave",
-    "--sustained",
+    *("--engines", ",".join(SPEED_ENGINES), "--interleave", "--sustained"),
+    # The bar's levels; the profile where the step is CPU time (one request).
+    *("--levels", "1,16,64", "--profile-levels", "1"),
 )
+#: The fuzz step's campaigns, beside the training: engine pairs one after another, none
+#: started after FUZZ_S, each drawing workloads until FUZZ_PAIR_S less 300 s from its start
+#: (its engines' start, about 150 s, included) and stopped at FUZZ_PAIR_S, so about two
+#: pairs fit the recipe's training. Differences kept as drawn (a shrink is GPU time the
+#: steps after it need). A setting the DFlash engine refuses ends its pair at once, so the
+#: campaign draws several. On the seed-shaped pair, whose logprobs differ by up to
+#: FUZZ_NOISE between two plain runs (2026-12-01 GPU smoke, check 10).
+FUZZ_S = 360
+FUZZ_PAIR_S = 600
+FUZZ_NOISE = "0.1251"
+FUZZ_ARGS = ("--settings", "8", "--pair-seconds", str(FUZZ_PAIR_S), "--no-shrink")
 #: What fits one session with the recipe's training beside the smokes.
 DEFAULT_STEPS = ("seed", "seed-stock", "trained")
 
@@ -194,14 +214,48 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
         return run([*speed, *SPEED_ARGS], env=env, stdout=log, stderr=log)
 
 
+def session_ablations(steps: list[str]) -> list[str]:
+    """The patches left out of the installs the steps serve beside the fixed wheel and
+    stock: the trained pair's calls' ablations and the speed run's ``no-<patch>`` engines."""
+    ablated = trained_ablations() if any(STEPS[s].kind is Kind.TRAINED for s in steps) else []
+    if any(STEPS[s].kind is Kind.SPEED for s in steps):
+        sites = [ENGINES[e].site for e in SPEED_ENGINES]
+        ablated += [site.removeprefix("no-") for site in sites if site.startswith("no-")]
+    return list(dict.fromkeys(ablated))
+
+
+def _fuzz(layout: Layout, out: Path) -> int:
+    """The fixed wheel's campaign and stock's at once, each an engine pair of its own; the
+    worse exit status (25: something found)."""
+    out.mkdir(parents=True, exist_ok=True)
+    settings = FuzzSettings(FUZZ_S, FUZZ_NOISE, FUZZ_ARGS)
+    # The seed-shaped pair is written once, before the two campaigns would race to it.
+    pair = layout.work / "seed-pair"
+    try:
+        if not (pair / "tiny.json").is_file():
+            seed_pair(layout, out, pair)
+    except (HostStepError, OSError) as e:
+        mark(f"fuzz: {e}")
+        return 1
+
+    def one(engine: str) -> int:
+        try:
+            return fuzz(engine, "seed", layout, out, settings)
+        except (HostStepError, OSError) as e:
+            mark(f"fuzz {engine}: {e}")
+            return 1
+
+    with ThreadPoolExecutor(max_workers=len(FUZZ_ENGINES)) as pool:
+        return max(pool.map(one, FUZZ_ENGINES))
+
+
 def background(parts: Path, steps: list[str], layout: Layout) -> int:
     """The session itself: the engines' installs, then each step; a step's status is in
     its mark, and its generated weights go once it has ended (the next step needs the
     disk)."""
     logger.debug("step: the session, %s", " ".join(steps))
     session = layout.session
-    # Only the trained pair's calls serve the ablations: the installs its plan uses.
-    ablated = trained_ablations() if any(STEPS[s].kind is Kind.TRAINED for s in steps) else []
+    ablated = session_ablations(steps)
     mark("building the engines' installs")
     env = layout.env(None, PROBES="0", ABLATIONS=" ".join(ablated))
     build = [PYTHON, "-m", Modules.TOOLING, "host", "setup", "--", str(parts), "build"]
@@ -227,6 +281,8 @@ def background(parts: Path, steps: list[str], layout: Layout) -> int:
             code = _smoke(step, session / name, session / f"{name}.txt", env)
         elif step.kind is Kind.DRAWN:
             code = _drawn(layout, step, env)
+        elif step.kind is Kind.FUZZ:
+            code = _fuzz(layout, session / name)
         else:
             code = _trained(layout, step, env)
         mark(f"{name}: exit {code}")

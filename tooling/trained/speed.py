@@ -105,6 +105,8 @@ ENGINES = {
         ),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
+        # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
+        SpeedEngine("dflash-no-gdn-groups", "no-gdn-metadata-groups", True, KV_GIB_DRAFTED),
         SpeedEngine("seed-plain", "patched", False, KV_GIB_SEED_PLAIN),
         SpeedEngine("seed-dflash", "patched", True, KV_GIB_SEED_DRAFTED, constant_logits=True),
     )
