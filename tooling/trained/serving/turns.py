@@ -39,6 +39,8 @@ class Turns:
     ``done`` file must not hold the others for ever."""
 
     def __post_init__(self) -> None:
+        # The engine's request carries the folder as JSON text.
+        object.__setattr__(self, "folder", Path(self.folder))
         if not 0 <= self.index < self.count:
             raise ValueError(f"turns: engine {self.index} is not one of {self.count}")
 
