@@ -660,3 +660,39 @@ def test_k_stays_within_the_drafters_block(pair):
     assert {s.k for s in capped} == {1, 3, 7}
     full = [draw_settings(1, n) for n in range(100)]
     assert [replace(s, k=0) for s in capped] == [replace(s, k=0) for s in full]
+
+
+def test_a_pair_whose_dflash_engine_did_not_start_stops_its_plain_engine_at_once(tmp_path):
+    """Real processes: the DFlash engine writes that it failed and ends; the plain engine,
+    still starting, is stopped then (it has nothing to serve), not left to the deadline, and
+    neither reads as a hang. A pair that serves on is waited for, and one past the deadline
+    is stopped and marked."""
+    import time
+
+    from tooling.fuzzing.gpu_pair import wait_pair
+    from tooling.procs import start_group, stop_group
+
+    figures = tmp_path / "figures.json"
+    failed = f"import json; json.dump({{'failed': 'refused'}}, open({str(figures)!r}, 'w'))"
+
+    def started(code: str, name: str):
+        return start_group([sys.executable, "-c", code], log=tmp_path / f"{name}.log", env={})
+
+    procs = {
+        "dflash": started(failed, "dflash"),
+        "plain": started("import time; time.sleep(60)", "p"),
+    }
+    began = time.monotonic()
+    try:
+        assert wait_pair(procs, figures, began + 50) == {"dflash": False, "plain": False}
+        assert time.monotonic() - began < 30
+    finally:
+        for proc in procs.values():
+            stop_group(proc, grace_s=1.0)
+    figures.unlink()
+    procs = {"dflash": started("import time; time.sleep(60)", "d2"), "plain": started("pass", "p2")}
+    try:
+        assert wait_pair(procs, figures, time.monotonic() + 2) == {"dflash": True, "plain": False}
+    finally:
+        for proc in procs.values():
+            stop_group(proc, grace_s=1.0)

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 MODULE = "tooling.fuzzing.serving.gpu_run"
 ROLES = ("dflash", "plain")
+#: How often a pair's processes are looked at while they serve.
+POLL_S = 1.0
 MIN_VOCAB = 64
 #: What the interpreter is asked before a campaign: a GPU, and where its vLLM is.
 CHECK = (
@@ -198,7 +200,7 @@ def run_pair(
             cmd = [str(target.python), "-m", MODULE, *(str(f) for f in files[role])]
             log = work / f"{role}.log"
             procs[role] = start_group(cmd, log=log, env=env, cwd=REPO_DIR, truncate_log=True)
-        stopped = {role: _wait(procs[role], started + limit_s) for role in ROLES}
+        stopped = wait_pair(procs, figures, started + limit_s)
     finally:
         for proc in procs.values():
             stop_group(proc, grace_s=10.0)
@@ -206,13 +208,27 @@ def run_pair(
     return PairRun(runs, time.monotonic() - started, stopped)
 
 
-def _wait(proc: Any, deadline: float) -> bool:
-    """Whether ``proc`` was still running at ``deadline`` (and so stopped)."""
+def _dflash_failed(figures: Path) -> bool:
     try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        return "failed" in json.loads(figures.read_text())
+    except (OSError, ValueError):
         return False
-    except subprocess.TimeoutExpired:
-        return True
+
+
+def wait_pair(
+    procs: Mapping[str, subprocess.Popen[bytes]], figures: Path, deadline: float
+) -> dict[str, bool]:
+    """Wait for the pair's processes until ``deadline``; by role, whether one was still
+    running then (and so is stopped: a hang). Once the DFlash engine has failed to start
+    (refused or crashed, in ``figures``), the plain engine has nothing to serve: it is
+    stopped at once, not left to finish a start that costs minutes of the GPU."""
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+        plain = procs.get("plain")
+        if plain is not None and plain.poll() is None and _dflash_failed(figures):
+            logger.info("the DFlash engine did not start: the plain engine is stopped")
+            stop_group(plain, grace_s=10.0)
+        time.sleep(POLL_S)
+    return {role: proc.poll() is None for role, proc in procs.items()}
 
 
 @dataclass
