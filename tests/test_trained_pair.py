@@ -197,6 +197,8 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     names = [v.name for v in chosen]
     assert names[0] == "plain" and f"stock-k{K}" in names
     assert {f"no-{p}-k{K}" for p in hp.ABLATED} <= set(names)
+    # The control of the check under load: in the first call only.
+    assert [v.call for v in chosen if v.site == f"no-{hp.LOAD_CONTROL_FIX}"] == [1]
     assert {v.site for v in chosen} == set(hp.SITES)
     request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
     assert request["engine"]["num_speculative_tokens"] == K

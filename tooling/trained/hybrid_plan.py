@@ -50,6 +50,9 @@ ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
 #: without it serve the pair's drafter with every layer full attention, 16 requests at once.
 FULL_DRAFTER_FIX = "fa3-schedule-per-group"
 FULL_DRAFTER = "drafter-full-attention"
+#: The fix whose ablation the first call serves as a control for the check under load: it
+#: changes how each step's Gated DeltaNet metadata is made, never the acceptance.
+LOAD_CONTROL_FIX = "gdn-metadata-groups"
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"
 PLAIN_SPEED = "plain-speed"
@@ -58,7 +61,10 @@ PREFIX_PROMPTS = "prefix-"
 #: The one of them that fills the cache.
 FIRST_PREFIX_PROMPT = "prefix-a"
 #: The vLLM installs the variants run on: the fixed wheel, stock, and one ablation each.
-SITES = ("patched", "stock", *(f"no-{p}" for p in (*ABLATED, FULL_DRAFTER_FIX)))
+SITES = (
+    *("patched", "stock"),
+    *(f"no-{p}" for p in (*ABLATED, FULL_DRAFTER_FIX, LOAD_CONTROL_FIX)),
+)
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,8 @@ class Variant:
 
 
 def variants(ks: tuple[int, ...]) -> list[Variant]:
-    """The engines, one call per K (the seed's K first), the plain engine in the first.
+    """The engines, one call per K (the seed's K first), the plain engine and the control of
+    the check under load (the wheel without ``LOAD_CONTROL_FIX``) in the first.
 
     The engines at the seed's K hold the KV cache 16 concurrent requests need (a hybrid
     target keeps a Gated DeltaNet state per drafted position, so a request of the seed's K
@@ -106,6 +113,9 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
             out.append(Variant(PLAIN, "patched", 0, call, kv_cache_gib=KV_GIB_PLAIN))
         out.append(Variant(f"patched-k{k}", "patched", k, call, kv_cache_gib=kv))
         out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call, kv_cache_gib=kv) for p in ABLATED]
+        if call == 1:
+            site = f"no-{LOAD_CONTROL_FIX}"
+            out.append(Variant(f"{site}-k{k}", site, k, call, kv_cache_gib=kv))
         out.append(Variant(f"stock-k{k}", "stock", k, call, kv_cache_gib=kv))
     last = len(ordered)
     out += [
