@@ -163,8 +163,10 @@ def vllm_config(
     mamba_cache_mode: str = "none",
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
+    speculative_args: dict[str, Any] | None = None,
 ) -> Any:
-    """A real VllmConfig for ``pair``, built the way the engine builds it."""
+    """A real VllmConfig for ``pair``, built the way the engine builds it;
+    ``speculative_args``: more of ``--speculative-config``."""
     from vllm.config import (
         CacheConfig,
         ModelConfig,
@@ -193,6 +195,7 @@ def vllm_config(
             num_speculative_tokens=num_speculative_tokens,
             target_model_config=model,
             target_parallel_config=parallel,
+            **(speculative_args or {}),
         )
     return VllmConfig(
         model_config=model,

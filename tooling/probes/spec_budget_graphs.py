@@ -1,0 +1,127 @@
+"""Fix 20: a speculation budget's verify steps replay full CUDA graphs.
+
+Patch 17's budget (``num_speculative_tokens_per_batch_size``) lowers the drafts a step
+verifies as more requests run. vLLM captured full graphs only for steps of 1 + K tokens a
+request, so a step of 1 + K' ran PIECEWISE: on one H200 at 64 requests its launch took
+12.15 ms a step against the FULL graph's 0.93, more than the smaller K saved on the GPU.
+
+The probe asks the V1 model runner's own dispatch (as ``spec_prefill_dispatch`` does: vLLM's
+real Scheduler schedules each step, ``CPUModelRunner`` takes it into its batch and
+dispatches it under FULL_AND_PIECEWISE) for a hybrid target with a DFlash drafter at K = 15
+and the budget [[1, 1, 15], [2, 1024, 3]]:
+
+- control: one request verifying 15 drafts (the FULL graph on every tree);
+- three requests verifying the budget's 3 drafts each;
+- three prompts of 4 tokens (K' + 1) in their first step: a prefill, never a uniform verify
+  step (fix 7's question at the budget's K).
+
+Fixed: the budget's step replays a FULL graph of its own (3 requests of 4 tokens) while
+the prefills stay mixed. Absent: it runs PIECEWISE, or the tree has no budget (the
+scheduler verifies 15 drafts at three requests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _harness
+from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+from .spec_prefill_dispatch import CannotDispatch, _dispatch, _request, _runner_and_scheduler
+
+NAME = "spec_budget_graphs"
+K = 15
+BUDGET_K = 3
+BUDGET = [[1, 1, K], [2, 1024, BUDGET_K]]
+REQUESTS = 3
+
+
+def _decoding(config: Any, requests: int) -> tuple[tuple[str, bool], int]:
+    """The dispatch of the first verify step of ``requests`` requests past their prompts,
+    and the drafts each verifies there."""
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    runner, sched = _runner_and_scheduler(config)
+    rids = [f"r{i}" for i in range(requests)]
+    for i, rid in enumerate(rids):
+        sched.add_request(_request(rid, 20, 1 + 100 * i))
+    out = sched.schedule()
+    _dispatch(runner, out)
+    sched.update_from_output(
+        out,
+        ModelRunnerOutput(
+            req_ids=rids,
+            req_id_to_index={rid: i for i, rid in enumerate(rids)},
+            sampled_token_ids=[[7] for _ in rids],
+        ),
+    )
+    sched.update_draft_token_ids(DraftTokenIds(rids, [[8] * K for _ in rids]))
+    out = sched.schedule()
+    drafts = {len(out.scheduled_spec_decode_tokens.get(r, ())) for r in rids}
+    if len(drafts) != 1:
+        raise CannotDispatch(f"the requests verify unequal drafts: {sorted(drafts)}")
+    return _dispatch(runner, out), drafts.pop()
+
+
+def _prefills(config: Any) -> tuple[str, bool]:
+    runner, sched = _runner_and_scheduler(config)
+    for i in range(REQUESTS):
+        sched.add_request(_request(f"p{i}", BUDGET_K + 1, 1 + 100 * i))
+    out = sched.schedule()
+    if sorted(out.num_scheduled_tokens.values()) != [BUDGET_K + 1] * REQUESTS:
+        raise CannotDispatch("the prompts were not prefilled in one step")
+    return _dispatch(runner, out)
+
+
+def run() -> ProbeResult:
+    _harness.install_cpu_platform()
+    pair = _harness.write_tiny_pair(
+        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
+    )
+    budget = {"num_speculative_tokens_per_batch_size": BUDGET}
+    try:
+        config = _harness.vllm_config(pair, num_speculative_tokens=K, speculative_args=budget)
+    except (TypeError, ValueError) as e:
+        return ProbeResult(
+            probe=NAME,
+            status=ABSENT,
+            evidence=f"no speculation budget here: the config refuses {BUDGET}: "
+            + " ".join(str(e).split())[:300],
+        )
+    try:
+        control, control_drafts = _decoding(config, 1)
+        budget, budget_drafts = _decoding(config, REQUESTS)
+        prefills = _prefills(config)
+    except CannotDispatch as e:
+        return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"cannot run a case: {e}")
+    seen = {
+        f"1 request, {control_drafts} drafts": control,
+        f"{REQUESTS} requests, {budget_drafts} drafts": budget,
+        f"{REQUESTS} prompts of {BUDGET_K + 1} tokens": prefills,
+    }
+    evidence = (
+        f"hybrid target, K = {K}, budget {BUDGET}, FULL_AND_PIECEWISE, the V1 runner's "
+        "dispatch: "
+        + "; ".join(
+            f"{case}: {mode}{' uniform' if uniform else ''}"
+            for case, (mode, uniform) in seen.items()
+        )
+    )
+    if control != ("FULL", True) or control_drafts != K:
+        status = UNKNOWN
+        evidence = "a verify step of K drafts does not replay its FULL graph: " + evidence
+    elif budget_drafts != BUDGET_K:
+        status = ABSENT
+        evidence = "no speculation budget here: " + evidence
+    elif prefills[1]:
+        status = ABSENT
+        evidence = (
+            "prompts of the budget's K + 1 tokens are dispatched as a verify step: " + evidence
+        )
+    else:
+        status = PRESENT if budget == ("FULL", True) else ABSENT
+    return ProbeResult(
+        probe=NAME,
+        status=status,
+        evidence=evidence,
+        details={case: {"mode": m, "uniform": u} for case, (m, u) in seen.items()},
+    )
