@@ -197,8 +197,15 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     names = [v.name for v in chosen]
     assert names[0] == "plain" and f"stock-k{K}" in names
     assert {f"no-{p}-k{K}" for p in hp.ABLATED} <= set(names)
-    # The control of the check under load: in the first call only.
+    # The control of the check under load, and the fixed wheel under a budget whose 16 at
+    # once verify fewer drafts: in the first call only.
     assert [v.call for v in chosen if v.site == f"no-{hp.LOAD_CONTROL_FIX}"] == [1]
+    (budget,) = [v for v in chosen if v.budget]
+    assert budget.call == 1 and budget.site == "patched" and budget.k == K
+    sent = json.loads((tmp_path / "work" / f"{budget.name}.in.json").read_text())["engine"]
+    ranges = sent["speculative_args"]["num_speculative_tokens_per_batch_size"]
+    assert ranges[0][2] == K and ranges[1][2] == hp.LOAD_BUDGET_K < K
+    assert ranges[1][0] <= hp.LOAD_CONCURRENCY
     assert {v.site for v in chosen} == set(hp.SITES)
     request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
     assert request["engine"]["num_speculative_tokens"] == K

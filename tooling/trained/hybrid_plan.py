@@ -53,6 +53,11 @@ FULL_DRAFTER = "drafter-full-attention"
 #: The fix whose ablation the first call serves as a control for the check under load: it
 #: changes how each step's Gated DeltaNet metadata is made, never the acceptance.
 LOAD_CONTROL_FIX = "gdn-metadata-groups"
+#: The drafts a step verifies under the first call's speculation budget (patch 17) once more
+#: than LOAD_BUDGET_FROM - 1 requests run: its 16 at once verify these, on full CUDA graphs of
+#: their own (patch 20), one at a time the call's K.
+LOAD_BUDGET_K = 7
+LOAD_BUDGET_FROM = 9
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"
 PLAIN_SPEED = "plain-speed"
@@ -87,6 +92,8 @@ class Variant:
     full_drafter: bool = False
     """The pair's drafter with every layer full attention (``FULL_DRAFTER``): its acceptance
     is not the pair's, so only the lossless checks judge it."""
+    budget: bool = False
+    """The fixed wheel under the speculation budget ``budget_schedule`` gives."""
 
     @property
     def drafted(self) -> bool:
@@ -116,6 +123,12 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
         if call == 1:
             site = f"no-{LOAD_CONTROL_FIX}"
             out.append(Variant(f"{site}-k{k}", site, k, call, kv_cache_gib=kv))
+            if k > LOAD_BUDGET_K:
+                out.append(
+                    Variant(
+                        f"patched-k{k}-budget", "patched", k, call, kv_cache_gib=kv, budget=True
+                    )
+                )
         out.append(Variant(f"stock-k{k}", "stock", k, call, kv_cache_gib=kv))
     last = len(ordered)
     out += [
@@ -174,6 +187,13 @@ def full_attention_drafter(drafter: Path, out: Path) -> Path:
     return out
 
 
+def budget_schedule(k: int) -> dict[str, Any]:
+    """The speculation budget of a ``budget`` variant of K = ``k``: ``k`` drafts verified a
+    step up to LOAD_BUDGET_FROM - 1 running requests, LOAD_BUDGET_K from there."""
+    ranges = [[1, LOAD_BUDGET_FROM - 1, k], [LOAD_BUDGET_FROM, 1024, LOAD_BUDGET_K]]
+    return {"num_speculative_tokens_per_batch_size": ranges}
+
+
 def plan(pair: Path, work: Path) -> list[Variant]:
     """Write ``work/<variant>.in.json`` for every engine (and ``work/FULL_DRAFTER``);
     return the variants."""
@@ -202,6 +222,7 @@ def plan(pair: Path, work: Path) -> list[Variant]:
                 "max_num_batched_tokens": None if v.speed else batched_tokens(engine, v.k),
                 "kv_cache_memory_bytes": v.kv_cache_gib * GIB,
                 "engine_args": engine_args,
+                "speculative_args": budget_schedule(v.k) if v.budget else {},
             },
             "lossless": [
                 p
