@@ -94,8 +94,8 @@ SPEED_ARGS = (
 )
 #: The fuzz step's campaigns, beside the training: engine pairs one after another, none
 #: started after FUZZ_S, each drawing workloads until FUZZ_PAIR_S less 300 s from its start
-#: (its engines' start, about 150 s, included) and stopped at FUZZ_PAIR_S, so about two
-#: pairs fit the recipe's training. Differences kept as drawn (a shrink is GPU time the
+#: (its engines' start included) and stopped at FUZZ_PAIR_S, so that about two pairs fit
+#: the recipe's training. Differences kept as drawn (a shrink is GPU time the
 #: steps after it need). A setting the DFlash engine refuses ends its pair at once, so the
 #: campaign draws several. On the seed-shaped pair, whose logprobs differ by up to
 #: FUZZ_NOISE between two plain runs (2026-12-01 GPU smoke, check 10).

@@ -2,8 +2,8 @@
 
 Patch 17's budget (``num_speculative_tokens_per_batch_size``) lowers the drafts a step
 verifies as more requests run. vLLM captured full graphs only for steps of 1 + K tokens a
-request, so a step of 1 + K' ran PIECEWISE: on one H200 at 64 requests its launch took
-12.15 ms a step against the FULL graph's 0.93, more than the smaller K saved on the GPU.
+request, so a step of 1 + K' ran PIECEWISE, whose launch at many requests took back more
+than the smaller K saved on the GPU (docs/notebook/2026-12-04-trained-speed.md).
 
 The probe asks the V1 model runner's own dispatch (as ``spec_prefill_dispatch`` does: vLLM's
 real Scheduler schedules each step, ``CPUModelRunner`` takes it into its batch and
