@@ -220,3 +220,15 @@ def test_a_session_builds_the_installs_its_steps_serve_and_fuzzes_beside_the_tra
     assert session_ablations(["trained"]) == trained_ablations()
     assert session_ablations(["seed", "fuzz-seed"]) == []
     assert STEPS["fuzz-seed"].kind is Kind.FUZZ
+
+
+def test_the_fuzz_steps_campaigns_draw_a_new_seed_each_day() -> None:
+    import time
+
+    from tooling.host.session import FUZZ_ARGS, fuzz_args
+
+    day = time.strptime("2026-12-05", "%Y-%m-%d")
+    args = fuzz_args(day)
+    assert args[: len(FUZZ_ARGS)] == FUZZ_ARGS
+    assert args[-2:] == ("--seed", "20261205")
+    assert fuzz_args(time.strptime("2026-12-06", "%Y-%m-%d"))[-1] != args[-1]

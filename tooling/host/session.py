@@ -224,11 +224,19 @@ def session_ablations(steps: list[str]) -> list[str]:
     return list(dict.fromkeys(ablated))
 
 
+def fuzz_args(day: time.struct_time) -> tuple[str, ...]:
+    """The fuzz step's options: FUZZ_ARGS and the campaign's seed, the day's date, so that
+    each day's sessions draw other settings than the last day's, and a campaign's report
+    names the seed that draws it again."""
+    return (*FUZZ_ARGS, "--seed", time.strftime("%Y%m%d", day))
+
+
 def _fuzz(layout: Layout, out: Path) -> int:
-    """The fixed wheel's campaign and stock's at once, each an engine pair of its own; the
-    worse exit status (25: something found)."""
+    """The fixed wheel's campaign and stock's at once, on the same drawn settings; the worse
+    exit status (25: something found)."""
     out.mkdir(parents=True, exist_ok=True)
-    settings = FuzzSettings(FUZZ_S, FUZZ_NOISE, FUZZ_ARGS)
+    settings = FuzzSettings(FUZZ_S, FUZZ_NOISE, fuzz_args(time.gmtime()))
+    mark(f"fuzz: campaign seed {settings.args[-1]}")
     # The seed-shaped pair is written once, before the two campaigns would race to it.
     pair = layout.work / "seed-pair"
     try:
