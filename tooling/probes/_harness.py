@@ -267,9 +267,19 @@ def scheduler(config: Any, *, block_size: int, num_blocks: int, mamba: bool = Fa
 
 def model_output(rid: str, sampled: list[int]) -> Any:
     """What the model runner returns for one request that sampled ``sampled``."""
+    return model_outputs({rid: sampled})
+
+
+def model_outputs(sampled: dict[str, list[int]]) -> Any:
+    """What the model runner returns for requests that each sampled their tokens."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    return ModelRunnerOutput(req_ids=[rid], req_id_to_index={rid: 0}, sampled_token_ids=[sampled])
+    rids = list(sampled)
+    return ModelRunnerOutput(
+        req_ids=rids,
+        req_id_to_index={rid: i for i, rid in enumerate(rids)},
+        sampled_token_ids=[sampled[rid] for rid in rids],
+    )
 
 
 #: vLLM's default capture sizes up to 64 tokens: 1, 2, 4, then every multiple of 8.

@@ -38,7 +38,7 @@ REQUESTS = 3
 def _decoding(config: Any, requests: int) -> tuple[tuple[str, bool], int]:
     """The dispatch of the first verify step of ``requests`` requests past their prompts,
     and the drafts each verifies there."""
-    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds
 
     runner, sched = _runner_and_scheduler(config)
     rids = [f"r{i}" for i in range(requests)]
@@ -46,14 +46,7 @@ def _decoding(config: Any, requests: int) -> tuple[tuple[str, bool], int]:
         sched.add_request(_request(rid, 20, 1 + 100 * i))
     out = sched.schedule()
     _dispatch(runner, out)
-    sched.update_from_output(
-        out,
-        ModelRunnerOutput(
-            req_ids=rids,
-            req_id_to_index={rid: i for i, rid in enumerate(rids)},
-            sampled_token_ids=[[7] for _ in rids],
-        ),
-    )
+    sched.update_from_output(out, _harness.model_outputs({rid: [7] for rid in rids}))
     sched.update_draft_token_ids(DraftTokenIds(rids, [[8] * K for _ in rids]))
     out = sched.schedule()
     drafts = {len(out.scheduled_spec_decode_tokens.get(r, ())) for r in rids}
@@ -77,9 +70,9 @@ def run() -> ProbeResult:
     pair = _harness.write_tiny_pair(
         _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
     )
-    budget = {"num_speculative_tokens_per_batch_size": BUDGET}
+    option = {"num_speculative_tokens_per_batch_size": BUDGET}
     try:
-        config = _harness.vllm_config(pair, num_speculative_tokens=K, speculative_args=budget)
+        config = _harness.vllm_config(pair, num_speculative_tokens=K, speculative_args=option)
     except (TypeError, ValueError) as e:
         return ProbeResult(
             probe=NAME,
