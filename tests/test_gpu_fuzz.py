@@ -696,3 +696,105 @@ def test_a_pair_whose_dflash_engine_did_not_start_stops_its_plain_engine_at_once
     finally:
         for proc in procs.values():
             stop_group(proc, grace_s=1.0)
+
+
+# -- a workload cut at its pair's time -------------------------------------------------------
+
+#: Run in the probe interpreter with a vLLM tree on its path: the campaign's driver over an
+#: engine that serves on (a token a request each step, none ever finished), its workload cut
+#: once its time has passed. vLLM's engine is not what is tested here: the driver is. The
+#: driver's clock is the engine's step count, so where it cuts does not hang on speed.
+DRIVER_PAST_ITS_TIME = """
+import json, sys
+from types import SimpleNamespace
+import tooling.fuzzing.serving.gpu_run as gpu_run
+from tooling.fuzzing.gpu_case import GpuReq, GpuSettings
+from tooling.fuzzing.serving.gpu_run import Driver, GpuRunRequest
+from tooling.smoke.serving.distribution import RunningCounter
+
+clock = [0.0]
+gpu_run.time = SimpleNamespace(monotonic=lambda: clock[0])
+
+class ServesOn:
+    def __init__(self):
+        self.live, self.aborted, self.steps = {}, [], 0
+    def add_request(self, rid, prompt, params):
+        self.live[rid] = []
+    def abort_request(self, rids):
+        self.aborted += [r for r in rids if r in self.live]
+        for r in rids:
+            self.live.pop(r, None)
+    def has_unfinished_requests(self):
+        return bool(self.live)
+    def get_num_unfinished_requests(self):
+        return len(self.live)
+    def step(self):
+        self.steps += 1
+        clock[0] += 1.0
+        outs = []
+        for rid, tokens in self.live.items():
+            tokens.append(7)
+            done = SimpleNamespace(token_ids=list(tokens), logprobs=None, finish_reason=None)
+            outs.append(SimpleNamespace(request_id=rid, outputs=[done], finished=False))
+        return outs
+
+engine = ServesOn()
+request = GpuRunRequest("plain", "/t", None, GpuSettings(k=3), 1, "/f", "/p", vocab_size=64)
+driver = Driver(request, engine, RunningCounter())
+reqs = [GpuReq(arrival=0, prompt_len=8, max_tokens=10**6), GpuReq(arrival=10**6, prompt_len=4, max_tokens=2)]
+record = driver.run(0, reqs, float(sys.argv[1]))
+print(json.dumps({"record": record, "aborted": engine.aborted, "steps": engine.steps}))
+"""
+
+
+@pytest.mark.slow
+def test_a_workload_past_its_time_is_cut_by_the_driver_not_left_to_hang(
+    probe_python, upstream_0201
+):
+    """A pair's engine still stepping when its time runs out (an eager engine decoding
+    thousands of tokens beside the training) ends the workload itself, with every request
+    aborted and the step it ended at: the campaign then finds the process gone, no hang."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": f"{upstream_0201.source_dir}:{Path.cwd()}"}
+    done = subprocess.run(
+        [str(probe_python), "-c", DRIVER_PAST_ITS_TIME, "5.5"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout.splitlines()[-1])
+    record = answer["record"]
+    assert record["error"] is None and record["cut"] == 6 == answer["steps"]
+    assert answer["aborted"] == ["w0r0"]
+    assert len(record["scheduled"]) == record["cut"] < record["bound"]
+    assert "finished" not in record["results"]["r0"] and "r1" not in record["results"]
+
+
+def test_a_cut_workload_is_no_hang_and_compares_what_both_engines_finished():
+    """The record of a cut workload: an unfinished request is no livelock, a request both
+    engines finished is still compared, and the pair counts the workload as cut."""
+    same = done([5, 6], [lp(-0.1, -3.0), lp(-0.1, -3.0, (6, 2))])
+    other = done([5, 9], [lp(-0.1, -3.0), lp(-0.1, -3.0, (9, 2))])
+    left = RequestRun([5], [lp(-0.1, -3.0)], added=0, finished=None)
+    d = run({"r0": same, "r1": left}, cut=40)
+    p = run({"r0": same, "r1": replace(left, tokens=[5, 6], finished=3)})
+    assert [v.kind for v in judge_workload(d, p, Mode())] == []
+    assert "livelock" in [v.kind for v in judge_workload(replace(d, cut=None), p, Mode())]
+    d_other = run({"r0": other, "r1": left}, cut=40)
+    assert [v.kind for v in judge_workload(d_other, p, Mode())] == ["lossless"]
+    as_json = {"index": 0, "bound": 64, "results": {}, "cut": 40, "requests": []}
+    pair = PairRun(
+        {
+            "dflash": {"workloads": [as_json], "current": None},
+            "plain": {"workloads": [{**as_json, "cut": None}], "current": None},
+        },
+        10.0,
+        {"dflash": False, "plain": False},
+    )
+    judged = judge_pair(pair, Mode())
+    assert judged.verdicts == [] and judged.cut == 1 and judged.served == 1

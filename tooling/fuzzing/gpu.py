@@ -130,6 +130,7 @@ class Campaign:
         self.report.workloads += judged.served
         self.report.requests += judged.requests
         self.report.excused += judged.excused
+        self.report.cut += judged.cut
         if judged.acceptance is not None:
             self.report.acceptance.append(judged.acceptance)
 

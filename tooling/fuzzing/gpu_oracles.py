@@ -5,7 +5,9 @@ Each failure is a ``Verdict`` named by its kind (``gpu_case.KINDS``):
 
 - ``crash``: an engine raised in a step (an illegal memory access, an assertion): it is dead;
 - ``hang``: an engine step did not return before the engine's time ran out (the campaign
-  names it: the process was stopped mid-workload);
+  names it: the process was stopped mid-workload). A workload the engine itself ended at
+  its time (``WorkloadRun.cut``, its steps still returning) is no hang: it is counted, and
+  judged only on what both engines finished in it;
 - ``stall``: ``STALL_STEPS`` engine steps in a row scheduled nothing and produced nothing
   while a request was unfinished;
 - ``livelock``: a request neither finished nor was aborted within the workload's step bound,
@@ -27,7 +29,7 @@ Each failure is a ``Verdict`` named by its kind (``gpu_case.KINDS``):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,9 @@ class WorkloadRun:
     spec: dict[str, int] | None = None
     """The DFlash engine's drafts and accepted tokens over the workload."""
     seconds: float = 0.0
+    cut: int | None = None
+    """The step at which the engine's time ran out and it ended the workload (its requests
+    aborted); None when the workload ran to its end."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkloadRun:
@@ -255,12 +260,33 @@ def _request_order(name: str) -> tuple[int, str]:
     return (int(digits), name) if digits.isdigit() else (1 << 30, name)
 
 
+def finished_in_both(d: WorkloadRun, p: WorkloadRun) -> tuple[WorkloadRun, WorkloadRun]:
+    """``d`` and ``p`` with only the requests both engines finished: what a cut workload
+    can still be compared on."""
+    names = {
+        name
+        for name, req in d.results.items()
+        if req.finished is not None
+        and name in p.results
+        and p.results[name].finished is not None
+    }
+    return (
+        replace(d, results={n: d.results[n] for n in names}),
+        replace(p, results={n: p.results[n] for n in names}),
+    )
+
+
 def judge_workload(d: WorkloadRun, p: WorkloadRun, mode: Mode) -> list[Verdict]:
     """Every oracle of one workload: each engine's crash and liveness, DFlash's slots, and the
-    outputs compared (when neither engine crashed). A verdict of kind "pass" carries only
-    the differences excused."""
-    found = crash(d, "dflash") + crash(p, "plain")
-    found += liveness(d, "dflash") + liveness(p, "plain") + slot(d)
+    outputs compared (when neither engine crashed). A workload either engine cut at its
+    time has no liveness verdict (its requests were ended by the clock, not the engine), and
+    only the requests both engines finished are compared. A verdict of kind "pass" carries
+    only the differences excused."""
+    found = crash(d, "dflash") + crash(p, "plain") + slot(d)
+    if d.cut is None and p.cut is None:
+        found += liveness(d, "dflash") + liveness(p, "plain")
+    else:
+        d, p = finished_in_both(d, p)
     if d.error is None and p.error is None:
         found += outputs(d, p, mode)
     return found

@@ -37,6 +37,10 @@ MODULE = "tooling.fuzzing.serving.gpu_run"
 ROLES = ("dflash", "plain")
 #: How often a pair's processes are looked at while they serve.
 POLL_S = 1.0
+#: Before a pair's processes are stopped, each engine ends the workload it is in this long
+#: earlier (``gpu_run``'s ``cut_after``): room for the step in flight to return and the
+#: record to be written, so that only a step that never returns reads as a hang.
+CUT_MARGIN_S = 60.0
 MIN_VOCAB = 64
 #: What the interpreter is asked before a campaign: a GPU, and where its vLLM is.
 CHECK = (
@@ -187,6 +191,7 @@ def run_pair(
                 # Room for the last workload to end before the pair is stopped, which would
                 # read as a hang.
                 "seconds": max(limit_s - max(300.0, limit_s / 3), 30.0),
+                "cut_after": max(limit_s - CUT_MARGIN_S, limit_s / 2),
                 "figures_timeout_s": limit_s,
             }
             files[role] = (work / f"{role}.in.json", work / f"{role}.out.json")
@@ -245,6 +250,8 @@ class Judgement:
     requests: int = 0
     excused: int = 0
     acceptance: float | None = None
+    cut: int = 0
+    """Workloads an engine ended at its time (its steps still returning): no hang."""
 
 
 def judge_pair(pair: PairRun, mode: Mode) -> Judgement:
@@ -277,8 +284,10 @@ def judge_pair(pair: PairRun, mode: Mode) -> Judgement:
         judged.served += 1
         p = p_runs.get(d.index)
         judged.requests += len(d.results)
+        judged.cut += int(d.cut is not None or (p is not None and p.cut is not None))
         if p is None:  # the plain engine never served it: DFlash's own oracles only
-            verdicts += crash(d, "dflash") + liveness(d, "dflash") + slot(d)
+            verdicts += crash(d, "dflash") + slot(d)
+            verdicts += liveness(d, "dflash") if d.cut is None else []
             continue
         for v in judge_workload(d, p, mode):
             judged.excused += len(v.excused)

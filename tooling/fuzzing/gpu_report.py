@@ -51,6 +51,8 @@ class CampaignReport:
     findings: list[Finding] = field(default_factory=list)
     excused: int = 0
     """Differences the output oracle excused (near ties), over every workload."""
+    cut: int = 0
+    """Workloads an engine ended when its pair's time ran out, its steps still returning."""
     acceptance: list[float] = field(default_factory=list)
     """Each engine pair's mean acceptance length."""
     replayed: list[dict[str, Any]] = field(default_factory=list)
@@ -79,6 +81,7 @@ class CampaignReport:
             "requests_per_gpu_minute": round(self.requests_per_gpu_minute, 2),
             "findings_by_oracle": self.by_oracle(),
             "excused": self.excused,
+            "cut": self.cut,
             "acceptance": [round(a, 3) for a in self.acceptance],
             "stopped": self.stopped,
             "errors": self.errors,
@@ -107,7 +110,8 @@ class CampaignReport:
             f"requests a GPU minute)"
             + (", stopped early" if self.stopped else "")
             + f"; shrinks took {self.shrink_seconds / 60:.1f} GPU minutes more"
-            + f"; {self.excused} differences excused as near ties.\n"
+            + f"; {self.excused} differences excused as near ties"
+            + f"; {self.cut} workloads cut at their pair's time.\n"
         )
         parts = [head]
         if self.findings:

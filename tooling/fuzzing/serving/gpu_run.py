@@ -82,6 +82,10 @@ class GpuRunRequest:
     vocab_size: int = 248320
     seconds: float | None = None
     """No workload starts after this long."""
+    cut_after: float | None = None
+    """A workload still running this long after the process started is ended here (its
+    requests aborted) and recorded as cut: the pair's time ran out, not the engine's
+    progress. Only a step that does not return is left for the campaign to stop (a hang)."""
     figures_timeout_s: float = 1200.0
 
     @classmethod
@@ -166,14 +170,15 @@ class Driver:
         self.counter = counter
         self.auditor: SlotAuditor | None = None
 
-    def run(self, index: int, reqs: list[GpuReq]) -> dict[str, Any]:
-        """Workload ``index``: its record (``gpu_oracles.WorkloadRun``'s JSON form)."""
+    def run(self, index: int, reqs: list[GpuReq], cut_at: float | None = None) -> dict[str, Any]:
+        """Workload ``index``: its record (``gpu_oracles.WorkloadRun``'s JSON form), ended
+        at the first step that starts after ``cut_at`` (monotonic) with ``cut`` set."""
         if self.auditor is not None:
             self.auditor.audit = SlotAudit()
         before = _counters(self.engine.get_metrics()) if self.request.drafter else {}
         begin = time.monotonic()
         record: dict[str, Any] = {"index": index, "requests": [asdict(r) for r in reqs]}
-        record.update(self._drive(index, reqs))
+        record.update(self._drive(index, reqs, cut_at))
         record["seconds"] = time.monotonic() - begin
         if self.auditor is not None:
             record["slot_audit"] = self.auditor.audit.to_json()
@@ -198,7 +203,7 @@ class Driver:
             logprobs=req.logprobs,
         )
 
-    def _drive(self, index: int, reqs: list[GpuReq]) -> dict[str, Any]:
+    def _drive(self, index: int, reqs: list[GpuReq], cut_at: float | None) -> dict[str, Any]:
         from vllm.inputs import TokensPrompt
 
         engine, vocab = self.engine, self.request.vocab_size
@@ -209,7 +214,7 @@ class Driver:
         pending = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival, i))
         bound = step_bound(tuple(reqs))
         steps: dict[str, list[int]] = {"scheduled": [], "produced": [], "unfinished": []}
-        step, error = 0, None
+        step, error, cut = 0, None, None
         self.counter.take_tokens()
         try:
             while True:
@@ -236,6 +241,9 @@ class Driver:
                     break
                 if step >= bound:
                     break
+                if cut_at is not None and time.monotonic() > cut_at:
+                    cut = step
+                    break
                 produced = 0
                 for output in engine.step():
                     # The engine may suffix the id it was given; the name is what came in.
@@ -261,7 +269,7 @@ class Driver:
             completion = output.outputs[0]
             results[key]["logprobs"] = _logprobs(completion)
             results[key]["finish_reason"] = completion.finish_reason
-        return {"bound": bound, "results": results, "error": error, **steps}
+        return {"bound": bound, "results": results, "error": error, "cut": cut, **steps}
 
 
 class Progress:
@@ -291,7 +299,9 @@ def run(request: GpuRunRequest) -> dict[str, Any]:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     # The campaign's limit counts from the process's start: the engine's start is in it.
-    deadline = None if request.seconds is None else time.monotonic() + request.seconds
+    begin = time.monotonic()
+    deadline = None if request.seconds is None else begin + request.seconds
+    cut_at = None if request.cut_after is None else begin + request.cut_after
     progress = Progress(Path(request.progress), request.role)
     figures_file = Path(request.figures_file)
     counter = RunningCounter()
@@ -335,11 +345,13 @@ def run(request: GpuRunRequest) -> dict[str, Any]:
         if deadline is not None and time.monotonic() > deadline:
             break
         progress.write(current=index, current_requests=[asdict(r) for r in reqs])
-        record = driver.run(index, reqs)
+        record = driver.run(index, reqs, cut_at)
         done = [*progress.data["workloads"], record]
         progress.write(current=None, current_requests=None, workloads=done)
         if record["error"] is not None:
             progress.write(dead=True)
+            break
+        if record["cut"] is not None:
             break
     return progress.data
 
