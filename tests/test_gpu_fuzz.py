@@ -741,7 +741,7 @@ class ServesOn:
 engine = ServesOn()
 request = GpuRunRequest("plain", "/t", None, GpuSettings(k=3), 1, "/f", "/p", vocab_size=64)
 driver = Driver(request, engine, RunningCounter())
-reqs = [GpuReq(arrival=0, prompt_len=8, max_tokens=10**6), GpuReq(arrival=10**6, prompt_len=4, max_tokens=2)]
+reqs = [GpuReq(0, 8, max_tokens=10**6), GpuReq(arrival=10**6, prompt_len=4, max_tokens=2)]
 record = driver.run(0, reqs, float(sys.argv[1]))
 print(json.dumps({"record": record, "aborted": engine.aborted, "steps": engine.steps}))
 """

@@ -266,9 +266,7 @@ def finished_in_both(d: WorkloadRun, p: WorkloadRun) -> tuple[WorkloadRun, Workl
     names = {
         name
         for name, req in d.results.items()
-        if req.finished is not None
-        and name in p.results
-        and p.results[name].finished is not None
+        if req.finished is not None and name in p.results and p.results[name].finished is not None
     }
     return (
         replace(d, results={n: d.results[n] for n in names}),
