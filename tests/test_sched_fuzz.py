@@ -48,7 +48,7 @@ def fuzz(probe_python: Path, tree: Path, out: Path, *args: str) -> tuple[int, di
 
 def test_the_regression_cases_are_cases_of_every_oracle_kept() -> None:
     kinds = {read_case_file(p).kind for p in CASES}
-    assert {"stall", "starve", "slot", "late-refusal", "mamba-state"} <= kinds
+    assert {"stall", "starve", "slot", "late-refusal", "mamba-state", "stale-drafts"} <= kinds
 
 
 def test_stock_fails_each_regression_case_with_its_oracle(probe_python, upstream_0201, tmp_path):

@@ -21,6 +21,9 @@ The oracles, each a ``Finding`` kind:
 - ``mamba-state``: with prefix caching on a hybrid target (Mamba cache mode "align"), a
   prefill chunk crosses a block boundary without ending on it, so the state the block is
   cached with is another position's;
+- ``stale-drafts``: with asynchronous scheduling, a request is scheduled with drafts though
+  it was not in the previous batch, whose drafts the worker fills in: it would verify
+  placeholder ids (the GPU fuzzer's first crash);
 - ``leak``: when every request has finished, a block is still held, freed twice, or
   missing from the free list;
 - ``late-refusal``: a setting accepted at start-up and refused only once the weights
@@ -69,7 +72,17 @@ H200_NAME = "NVIDIA H200"
 LATE_REFUSAL = "To serve at least one request"
 OUTCOME_PASS = "pass"
 OUTCOME_REFUSED = "refused"
-KINDS = ("stall", "starve", "livelock", "slot", "mamba-state", "leak", "late-refusal", "crash")
+KINDS = (
+    "stall",
+    "starve",
+    "livelock",
+    "slot",
+    "mamba-state",
+    "stale-drafts",
+    "leak",
+    "late-refusal",
+    "crash",
+)
 
 
 @dataclass(frozen=True)

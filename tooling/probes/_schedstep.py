@@ -86,7 +86,10 @@ class _Driver:
         self.rng = random.Random(case.seed)
         self.step = 0
         self.scheduler = engine.scheduler
-        self.depth = 2 if case.settings.async_scheduling else 1
+        # What vLLM resolved, not what the case asked: left unset, 0.20.1 schedules
+        # asynchronously wherever it can.
+        self.depth = 2 if engine.config.scheduler_config.async_scheduling else 1
+        self.last_batch: set[str] = set()
         self.in_flight: deque[Scheduled] = deque()
         work = sum(r.prompt_len + r.max_tokens for r in case.requests)
         last = max((r.arrival for r in case.requests), default=0)
@@ -162,6 +165,7 @@ class _Driver:
                 self.observe(self.scheduler, out)
             scheduled = out.total_num_scheduled_tokens > 0
             self._check_starvation(out)
+            self._check_drafts_in_hand(out)
             self.in_flight.appendleft(self._record(out))
             if scheduled and len(self.in_flight) < self.depth:
                 return True  # the batch queue takes another before waiting on this one
@@ -206,6 +210,22 @@ class _Driver:
                     f"{request.num_prompt_tokens} prompt tokens) passed over for "
                     f"{STARVE_STEPS} steps with {spare} tokens of the budget unused",
                 )
+
+    def _check_drafts_in_hand(self, out: Any) -> None:
+        """With asynchronous scheduling the scheduler's drafts are placeholders (-1) that
+        the worker fills from its previous batch. A request scheduled with drafts that was
+        not in that batch verifies placeholders the worker cannot fill: they reach the
+        model as token ids (on a GPU, a device-side assert in the embedding)."""
+        if self.depth == 1 or not out.total_num_scheduled_tokens:
+            return
+        for rid, drafts in out.scheduled_spec_decode_tokens.items():
+            if drafts and rid not in self.last_batch:
+                raise Finding(
+                    "stale-drafts",
+                    f"step {self.step}: {rid} verifies {len(drafts)} drafts though it was "
+                    "not in the previous batch, whose drafts the worker fills",
+                )
+        self.last_batch = set(out.num_scheduled_tokens)
 
     def _record(self, out: Any) -> Scheduled:
         rec = Scheduled(out)
