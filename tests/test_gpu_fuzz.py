@@ -798,3 +798,23 @@ def test_a_cut_workload_is_no_hang_and_compares_what_both_engines_finished():
     )
     judged = judge_pair(pair, Mode())
     assert judged.verdicts == [] and judged.cut == 1 and judged.served == 1
+
+
+GPU_CASES = sorted((Path(__file__).parent / "data" / "gpu-fuzz").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", GPU_CASES, ids=lambda p: p.stem)
+def test_every_saved_gpu_finding_is_a_case_whose_scheduler_side_is_kept(path):
+    """A GPU finding is kept as a case ``tooling fuzz gpu --replay`` serves again, and the
+    part of it the CPU reproduces, its scheduler side, is kept among the scheduler fuzzer's
+    regression cases (which test_sched_fuzz replays on stock and on the fixed tree)."""
+    from tooling.fuzzing.gpu_case import scheduler_case_file
+
+    saved = read_gpu_case_file(path)
+    assert saved.kind != "pass"
+    side = json.loads(json.dumps(scheduler_case_file(saved.case, "").case))
+    kept = [
+        read_case_file(p)
+        for p in sorted((Path(__file__).parent / "data" / "sched-fuzz").glob("*.json"))
+    ]
+    assert any(k.case == side and k.kind != "pass" for k in kept), path.name
