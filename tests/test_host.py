@@ -232,3 +232,37 @@ def test_the_fuzz_steps_campaigns_draw_a_new_seed_each_day() -> None:
     assert args[: len(FUZZ_ARGS)] == FUZZ_ARGS
     assert args[-2:] == ("--seed", "20261205")
     assert fuzz_args(time.strptime("2026-12-06", "%Y-%m-%d"))[-1] != args[-1]
+
+
+def test_each_fuzz_step_names_its_pair_and_its_campaigns_options() -> None:
+    """``fuzz-seed`` draws on the seed-shaped pair in noise mode, ``fuzz-trained`` on the
+    trained pair, lossless and held to the recipe's reference acceptance, ``fuzz-replay``
+    serves every kept GPU case again on the seed-shaped pair; a replay with no case is
+    refused before anything starts."""
+    import time
+
+    from tooling.errors import HostStepError
+    from tooling.host.session import FUZZ_NOISE, GPU_CASES, fuzz_args, fuzz_settings
+
+    day = time.strptime("2026-12-05", "%Y-%m-%d")
+    assert fuzz_settings("seed", day) == ("seed", fuzz_settings("seed", day)[1])
+    which, seed = fuzz_settings("seed", day)
+    assert (which, seed.noise, seed.args) == ("seed", FUZZ_NOISE, fuzz_args(day))
+    which, trained = fuzz_settings("trained", day, reference=4.2834)
+    assert which == "trained" and trained.noise is None
+    assert trained.args == (*fuzz_args(day), "--reference-acceptance", "4.283")
+    assert "--reference-acceptance" not in fuzz_settings("trained", day)[1].args
+    kept = tuple(sorted(GPU_CASES.glob("*.json")))
+    assert kept, "the crash the GPU fuzzer found is kept"
+    which, replay = fuzz_settings("replay", day, cases=kept)
+    assert which == "seed" and replay.noise == FUZZ_NOISE and "--seed" not in replay.args
+    assert [replay.args[i + 1] for i, a in enumerate(replay.args) if a == "--replay"] == [
+        str(c) for c in kept
+    ]
+    with pytest.raises(HostStepError, match="no kept GPU case"):
+        fuzz_settings("replay", day)
+    assert {STEPS[s].variant for s in ("fuzz-seed", "fuzz-trained", "fuzz-replay")} == {
+        "seed",
+        "trained",
+        "replay",
+    }

@@ -6,6 +6,7 @@ written so far."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tarfile
@@ -41,8 +42,8 @@ class Kind(StrEnum):
     SPEED = "speed"
     """The speed run on the trained pair (``host speed run``), once the recipe has written it."""
     FUZZ = "fuzz"
-    """The GPU fuzzer (``host fuzz``) on the seed-shaped pair: the fixed wheel's campaign and
-    stock's side by side, beside the training."""
+    """The GPU fuzzer (``host fuzz``): the fixed wheel's campaign and stock's side by side,
+    on the pair the step's variant names (``fuzz_settings``)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,12 @@ STEPS = {
         # The K = 15 call alone: lossless and acceptance with the ablations, after `speed`.
         Step("trained-1", Kind.TRAINED, calls="1"),
         Step("speed", Kind.SPEED),
-        Step("fuzz-seed", Kind.FUZZ),
+        # Beside the training, on the seed-shaped pair.
+        Step("fuzz-seed", Kind.FUZZ, "seed"),
+        # Once the recipe has written the pair: lossless, against its reference acceptance.
+        Step("fuzz-trained", Kind.FUZZ, "trained"),
+        # The kept GPU cases (tests/data/gpu-fuzz) again: stock fails them, the fixed wheel not.
+        Step("fuzz-replay", Kind.FUZZ, "replay"),
     )
 }
 #: The speed step's engines and options: issue 45's bar and plain against stock, measured in
@@ -231,16 +237,57 @@ def fuzz_args(day: time.struct_time) -> tuple[str, ...]:
     return (*FUZZ_ARGS, "--seed", time.strftime("%Y%m%d", day))
 
 
-def _fuzz(layout: Layout, out: Path) -> int:
-    """The fixed wheel's campaign and stock's at once, on the same drawn settings; the worse
-    exit status (25: something found)."""
-    out.mkdir(parents=True, exist_ok=True)
-    settings = FuzzSettings(FUZZ_S, FUZZ_NOISE, fuzz_args(time.gmtime()))
-    mark(f"fuzz: campaign seed {settings.args[-1]}")
-    # The seed-shaped pair is written once, before the two campaigns would race to it.
-    pair = layout.work / "seed-pair"
+#: The GPU cases the fuzzer found and kept, each served again by ``fuzz-replay`` (on the
+#: seed-shaped pair, where they were found).
+GPU_CASES = REPO_DIR / "tests" / "data" / "gpu-fuzz"
+
+
+def fuzz_settings(
+    variant: str,
+    day: time.struct_time,
+    reference: float | None = None,
+    cases: tuple[Path, ...] = (),
+) -> tuple[str, FuzzSettings]:
+    """The pair a fuzz step's campaigns run on and their settings: drawn from the day's seed
+    (``seed``: noise mode; ``trained``: lossless, the acceptance oracle against the recipe's
+    ``reference`` when known), or the kept ``cases`` replayed (``replay``)."""
+    if variant == "seed":
+        return "seed", FuzzSettings(FUZZ_S, FUZZ_NOISE, fuzz_args(day))
+    if variant == "trained":
+        more = ("--reference-acceptance", f"{reference:.3f}") if reference else ()
+        return "trained", FuzzSettings(FUZZ_S, None, (*fuzz_args(day), *more))
+    if not cases:
+        raise HostStepError(f"no kept GPU case in {GPU_CASES}")
+    replays = tuple(a for case in cases for a in ("--replay", str(case)))
+    return "seed", FuzzSettings(FUZZ_S, FUZZ_NOISE, ("--pair-seconds", str(FUZZ_PAIR_S), *replays))
+
+
+def _reference(layout: Layout) -> float | None:
+    """The recipe's reference acceptance (the dflash package on the held-out prompts)."""
     try:
-        if not (pair / "tiny.json").is_file():
+        summary = json.loads((layout.work / "train-out" / "summary.json").read_text())
+        return float(summary["mean_acceptance_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _fuzz(layout: Layout, step: Step, out: Path, env: dict[str, str]) -> int:
+    """The fixed wheel's campaign and stock's at once, on the same settings; the worse exit
+    status (25: something found). ``trained`` waits for the recipe's pair first."""
+    out.mkdir(parents=True, exist_ok=True)
+    if step.variant == "trained":
+        wait = [PYTHON, "-m", Modules.TOOLING, "host", "trained", "--", "wait"]
+        with written(layout.session / f"{step.name}-wait.txt") as log:
+            if run(wait, env={"WAIT_S": "1500", **env}, stdout=log, stderr=log) != 0:
+                mark(f"fuzz: no trained pair ({layout.session / f'{step.name}-wait.txt'})")
+                return 1
+    try:
+        cases = tuple(sorted(GPU_CASES.glob("*.json")))
+        which, settings = fuzz_settings(step.variant, time.gmtime(), _reference(layout), cases)
+        mark(f"fuzz: {which} pair, {' '.join(settings.args)}")
+        # The seed-shaped pair is written once, before the two campaigns would race to it.
+        pair = layout.work / "seed-pair"
+        if which == "seed" and not (pair / "tiny.json").is_file():
             seed_pair(layout, out, pair)
     except (HostStepError, OSError) as e:
         mark(f"fuzz: {e}")
@@ -248,7 +295,7 @@ def _fuzz(layout: Layout, out: Path) -> int:
 
     def one(engine: str) -> int:
         try:
-            return fuzz(engine, "seed", layout, out, settings)
+            return fuzz(engine, which, layout, out, settings)
         except (HostStepError, OSError) as e:
             mark(f"fuzz {engine}: {e}")
             return 1
@@ -290,7 +337,7 @@ def background(parts: Path, steps: list[str], layout: Layout) -> int:
         elif step.kind is Kind.DRAWN:
             code = _drawn(layout, step, env)
         elif step.kind is Kind.FUZZ:
-            code = _fuzz(layout, session / name)
+            code = _fuzz(layout, step, session / name, env)
         else:
             code = _trained(layout, step, env)
         mark(f"{name}: exit {code}")
