@@ -197,9 +197,12 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     names = [v.name for v in chosen]
     assert names[0] == "plain" and f"stock-k{K}" in names
     assert {f"no-{p}-k{K}" for p in hp.ABLATED} <= set(names)
-    # The control of the check under load, and the fixed wheel under a budget whose 16 at
-    # once verify fewer drafts: in the first call only.
-    assert [v.call for v in chosen if v.site == f"no-{hp.LOAD_CONTROL_FIX}"] == [1]
+    # The fixed wheel with the drafter on full graphs of its own, and under a budget whose
+    # 16 at once verify fewer drafts: in the first call only.
+    (graphs,) = [v for v in chosen if v.drafter_graphs]
+    assert graphs.call == 1 and graphs.site == "patched" and graphs.k == K
+    sent = json.loads((tmp_path / "work" / f"{graphs.name}.in.json").read_text())["engine"]
+    assert sent["speculative_args"] == hp.DRAFTER_GRAPHS
     (budget,) = [v for v in chosen if v.budget]
     assert budget.call == 1 and budget.site == "patched" and budget.k == K
     sent = json.loads((tmp_path / "work" / f"{budget.name}.in.json").read_text())["engine"]

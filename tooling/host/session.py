@@ -91,8 +91,9 @@ STEPS = {
     )
 }
 #: The speed step's engines and options: issue 45's bar and plain against stock, measured in
-#: turns pass by pass, on batches and with the batch kept full (four engines fit one H200).
-SPEED_ENGINES = ("plain-stock", "plain", "dflash", "dflash-budget")
+#: turns pass by pass, on batches and with the batch kept full (five engines fit one H200, the
+#: last sized for 16 requests).
+SPEED_ENGINES = ("plain-stock", "plain", "dflash", "dflash-budget", "dflash-drafter-graphs")
 SPEED_ARGS = (
     *("--engines", ",".join(SPEED_ENGINES), "--interleave", "--sustained"),
     # The bar's levels; the profile where the step is CPU time (one request).

@@ -50,9 +50,11 @@ ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
 #: without it serve the pair's drafter with every layer full attention, 16 requests at once.
 FULL_DRAFTER_FIX = "fa3-schedule-per-group"
 FULL_DRAFTER = "drafter-full-attention"
-#: The fix whose ablation the first call serves as a control for the check under load: it
-#: changes how each step's Gated DeltaNet metadata is made, never the acceptance.
-LOAD_CONTROL_FIX = "gdn-metadata-groups"
+#: The option the first call serves the fixed wheel with beside it (patch 22): the drafter's
+#: forward on full CUDA graphs of its own, held to every check of the fixed wheel, the
+#: acceptance against the reference's first (a graph that reads stale metadata drafts worse,
+#: and the target's verification hides it from the lossless checks).
+DRAFTER_GRAPHS = {"dflash_full_cudagraphs": True}
 #: The drafts a step verifies under the first call's speculation budget (patch 17) once more
 #: than LOAD_BUDGET_FROM - 1 requests run: its 16 at once verify these, on full CUDA graphs of
 #: their own (patch 20), one at a time the call's K.
@@ -68,7 +70,7 @@ FIRST_PREFIX_PROMPT = "prefix-a"
 #: The vLLM installs the variants run on: the fixed wheel, stock, and one ablation each.
 SITES = (
     *("patched", "stock"),
-    *(f"no-{p}" for p in (*ABLATED, FULL_DRAFTER_FIX, LOAD_CONTROL_FIX)),
+    *(f"no-{p}" for p in (*ABLATED, FULL_DRAFTER_FIX)),
 )
 
 
@@ -94,6 +96,8 @@ class Variant:
     is not the pair's, so only the lossless checks judge it."""
     budget: bool = False
     """The fixed wheel under the speculation budget ``budget_schedule`` gives."""
+    drafter_graphs: bool = False
+    """The fixed wheel with ``DRAFTER_GRAPHS``."""
 
     @property
     def drafted(self) -> bool:
@@ -101,8 +105,8 @@ class Variant:
 
 
 def variants(ks: tuple[int, ...]) -> list[Variant]:
-    """The engines, one call per K (the seed's K first), the plain engine and the control of
-    the check under load (the wheel without ``LOAD_CONTROL_FIX``) in the first.
+    """The engines, one call per K (the seed's K first), the plain engine, the fixed wheel
+    with ``DRAFTER_GRAPHS`` and under a speculation budget in the first.
 
     The engines at the seed's K hold the KV cache 16 concurrent requests need (a hybrid
     target keeps a Gated DeltaNet state per drafted position, so a request of the seed's K
@@ -121,8 +125,16 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
         out.append(Variant(f"patched-k{k}", "patched", k, call, kv_cache_gib=kv))
         out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call, kv_cache_gib=kv) for p in ABLATED]
         if call == 1:
-            site = f"no-{LOAD_CONTROL_FIX}"
-            out.append(Variant(f"{site}-k{k}", site, k, call, kv_cache_gib=kv))
+            out.append(
+                Variant(
+                    f"patched-k{k}-drafter-graphs",
+                    "patched",
+                    k,
+                    call,
+                    kv_cache_gib=kv,
+                    drafter_graphs=True,
+                )
+            )
             if k > LOAD_BUDGET_K:
                 out.append(
                     Variant(
@@ -222,7 +234,10 @@ def plan(pair: Path, work: Path) -> list[Variant]:
                 "max_num_batched_tokens": None if v.speed else batched_tokens(engine, v.k),
                 "kv_cache_memory_bytes": v.kv_cache_gib * GIB,
                 "engine_args": engine_args,
-                "speculative_args": budget_schedule(v.k) if v.budget else {},
+                "speculative_args": {
+                    **(budget_schedule(v.k) if v.budget else {}),
+                    **(DRAFTER_GRAPHS if v.drafter_graphs else {}),
+                },
             },
             "lossless": [
                 p

@@ -41,6 +41,7 @@ PROFILE_STEPS = 10
 #: requests of the trained pair's shapes; 32 of the seed's).
 KV_GIB_PLAIN = 6
 KV_GIB_DRAFTED = 40
+KV_GIB_DRAFTED_16 = 12
 KV_GIB_SEED_PLAIN = 8
 KV_GIB_SEED_DRAFTED = 56
 PLAIN = "plain"
@@ -58,6 +59,7 @@ PROMPT_LEN = 128
 
 BUDGET = [[1, 16, 15], [17, 1024, 7]]
 GRAPHS_1024 = {"compilation_config": {"max_cudagraph_capture_size": 1024}}
+BUDGETED = {"num_speculative_tokens_per_batch_size": BUDGET}
 
 
 @dataclass(frozen=True)
@@ -83,25 +85,22 @@ ENGINES = {
         SpeedEngine(PLAIN, "patched", False, KV_GIB_PLAIN),
         SpeedEngine(DRAFTED, "patched", True, KV_GIB_DRAFTED),
         # CUDA graphs for verify steps of 64 requests at K = 15 (vLLM captures up to 512).
-        SpeedEngine(
-            "dflash-graphs-1024",
-            "patched",
-            True,
-            KV_GIB_DRAFTED,
-            GRAPHS_1024,
-        ),
+        SpeedEngine("dflash-graphs-1024", "patched", True, KV_GIB_DRAFTED, GRAPHS_1024),
         # Fewer tokens drafted: what a speculation budget that lowers K would serve.
         *(
             SpeedEngine(f"dflash-k{k}", "patched", True, kv, GRAPHS_1024, k=k)
             for k, kv in ((7, 24), (3, 12), (1, 8))
         ),
         # Patch 17's budget: K = 15 up to 16 running requests, 7 above.
+        SpeedEngine("dflash-budget", "patched", True, KV_GIB_DRAFTED, speculative_args=BUDGETED),
+        # Patch 22's option: the drafter's uniform pass on full CUDA graphs of its own, where a
+        # step is CPU time (up to 16 requests: a fifth engine of 64 would not fit one H200).
         SpeedEngine(
-            "dflash-budget",
+            "dflash-drafter-graphs",
             "patched",
             True,
-            KV_GIB_DRAFTED,
-            speculative_args={"num_speculative_tokens_per_batch_size": BUDGET},
+            KV_GIB_DRAFTED_16,
+            speculative_args={"dflash_full_cudagraphs": True},
         ),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
