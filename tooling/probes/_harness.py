@@ -71,12 +71,15 @@ def install_cpu_platform() -> None:
     from vllm.model_executor.models import registry
 
     registry._run_in_subprocess = lambda fn: fn()
-    # Without a GPU vLLM imports a stand-in for Triton, which lacks cdiv; the GDN
-    # metadata builder's chunk bookkeeping calls it on CPU integers.
+    # Without a GPU vLLM imports a stand-in for Triton, which lacks cdiv and
+    # next_power_of_2; the GDN metadata builder's chunk bookkeeping and DFlash's input
+    # kernel's grid call them on CPU integers.
     from vllm.triton_utils import triton
 
     if not hasattr(triton, "cdiv"):
         triton.cdiv = lambda x, y: (x + y - 1) // y
+    if not hasattr(triton, "next_power_of_2"):
+        triton.next_power_of_2 = lambda n: 1 << max(0, int(n) - 1).bit_length()
     _installed = True
 
 
