@@ -135,10 +135,10 @@ def test_keep_going_reports_every_later_patch(tmp_path, touched, series, cache):
         tmp_path / "w",
         apply_options(None, cache, keep_going=True),
     )
-    # Patch 5 is written on patch 2's lines in the same file, so it conflicts too;
-    # every other later patch is still tried and applied.
+    # Patch 5 is written on patch 2's lines in the same file, so it conflicts too, and so
+    # does patch 22, written on patch 5's; every other later patch is still tried and applied.
     statuses = {o.patch_id: o.status for o in report.outcomes}
-    conflicting = {"dflash-swa-config", "dflash-fp8-kv-cache"}
+    conflicting = {"dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs"}
     assert statuses == {p.id: CONFLICT if p.id in conflicting else APPLIED for p in series.patches}
 
 

@@ -274,15 +274,16 @@ def build_without_probes(work_dir: Path, dist: Path, env: dict[str, str]) -> dic
 
 @pytest.mark.slow
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
-    # Patch 5 is written on patch 2's lines: leaving out patch 2 means leaving out both.
-    skip = ["dflash-fp8-kv-cache", "dflash-swa-config"]
+    # Patch 5 is written on patch 2's lines, and patch 22 on patch 5's: leaving out patch 2
+    # means leaving out all three.
+    skip = ["dflash-fp8-kv-cache", "dflash-swa-config", "drafter-full-graphs"]
     partial = series.without(skip)
     upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
     report = apply_series(upstream, partial, tmp_path / "w", apply_options(None, cache))
     result = build_precompiled(upstream, partial, report, BuildOptions(dist_dir=tmp_path))
     assert result.version == (
         f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}"
-        ".skip.dflashfp8kvcache.dflashswaconfig"
+        ".skip.dflashfp8kvcache.dflashswaconfig.drafterfullgraphs"
     )
     assert partial.digest != series.digest
     assert result.manifest.skipped == skip

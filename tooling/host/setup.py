@@ -56,9 +56,17 @@ def ablations(series: Series, asked: list[str] | None) -> list[Ablation]:
     for patch in ids:
         if patch not in known:
             raise HostUsageError(f"ABLATIONS: {patch} is not a patch of the series")
-    return [
-        Ablation(patch, tuple(q.id for q in series.patches if patch in q.requires)) for patch in ids
-    ]
+    return [Ablation(patch, _written_on(series, patch)) for patch in ids]
+
+
+def _written_on(series: Series, patch: str) -> tuple[str, ...]:
+    """The patches written on ``patch``, and on those in turn, in series order: an install
+    without ``patch`` leaves them all out (``Series.without`` refuses any fewer)."""
+    left_out = {patch}
+    for q in series.patches:  # a patch requires only earlier ones
+        if left_out & set(q.requires):
+            left_out.add(q.id)
+    return tuple(q.id for q in series.patches if q.id in left_out - {patch})
 
 
 def check_parts(parts: Path, step: SetupStep) -> None:
