@@ -155,6 +155,14 @@ def write_tiny_pair(
     return TinyPair(target=target, drafter=root / "drafter")
 
 
+def hybrid_pair(root: Path | None = None) -> TinyPair:
+    """The hybrid probes' pair: an 8-layer Qwen3-Next target whose layers 1, 3 and 5 the
+    DFlash drafter reads, in ``root`` (default: a scratch folder)."""
+    return write_tiny_pair(
+        root or scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
+    )
+
+
 def vllm_config(
     pair: TinyPair,
     *,

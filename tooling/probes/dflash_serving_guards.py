@@ -73,9 +73,7 @@ def run() -> ProbeResult:
     attention = _harness.write_tiny_pair(
         root / "attention", target_layers=8, target_layer_ids=[1, 3, 5]
     )
-    hybrid = _harness.write_tiny_pair(
-        root / "hybrid", target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    hybrid = _harness.hybrid_pair(root / "hybrid")
     pipeline_ok, pipeline = _pipeline_refused(attention)
     custom_hybrid = _custom_all_reduce_at_tp2(hybrid)
     custom_attention = _custom_all_reduce_at_tp2(attention)

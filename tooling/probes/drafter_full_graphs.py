@@ -29,7 +29,7 @@ from typing import Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
-from .spec_prefill_dispatch import _runner_and_scheduler
+from .spec_prefill_dispatch import _runner_and_scheduler, option_config
 
 NAME = "drafter_full_graphs"
 K = 15
@@ -195,18 +195,10 @@ def _said(mode: str, desc: Any) -> str:
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
-    try:
-        config = _harness.vllm_config(pair, num_speculative_tokens=K, speculative_args=OPTION)
-    except (TypeError, ValueError) as e:
-        return ProbeResult(
-            probe=NAME,
-            status=ABSENT,
-            evidence="no full graphs for the drafter here: the config refuses "
-            f"{OPTION}: " + " ".join(str(e).split())[:300],
-        )
+    pair = _harness.hybrid_pair()
+    config = option_config(NAME, "no full graphs for the drafter here", pair, K, OPTION, OPTION)
+    if isinstance(config, ProbeResult):
+        return config
     from vllm.v1.spec_decode import dflash
 
     recorder = _Recorder()

@@ -93,9 +93,7 @@ def _decisions(runner: Any, reaches: tuple[int, ...]) -> tuple[dict[int, bool], 
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    pair = _harness.hybrid_pair()
     runner = _harness.v1_runner(_harness.vllm_config(pair, num_speculative_tokens=K))
     limit = runner.effective_drafter_max_model_len
     decided = _decisions(runner, (limit, limit - 1))

@@ -68,9 +68,7 @@ def run() -> ProbeResult:
     from vllm.v1.attention.backends import flash_attn
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    pair = _harness.hybrid_pair()
     config = _harness.vllm_config(pair, num_speculative_tokens=K)
     config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     config.compilation_config.max_cudagraph_capture_size = 32

@@ -176,9 +176,7 @@ def _gates_reaching_the_spec_kernel(config: Any) -> tuple[list[int], list[int], 
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    pair = _harness.hybrid_pair()
     config = _harness.vllm_config(pair, num_speculative_tokens=K)
     try:
         spec, rows_a, rows_b = _gates_reaching_the_spec_kernel(config)

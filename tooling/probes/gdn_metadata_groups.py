@@ -129,9 +129,7 @@ def run() -> ProbeResult:
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    pair = _harness.hybrid_pair()
     config = _harness.vllm_config(
         pair,
         num_speculative_tokens=K,

@@ -39,9 +39,7 @@ def piecewise_sizes(config: Any, mode: str) -> list[int]:
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    pair = _harness.hybrid_pair()
     sizes = {
         (k, mode): piecewise_sizes(_harness.vllm_config(pair, num_speculative_tokens=k), mode)
         for k in KS

@@ -26,7 +26,13 @@ from typing import Any
 
 from . import _harness
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
-from .spec_prefill_dispatch import CannotDispatch, _dispatch, _request, _runner_and_scheduler
+from .spec_prefill_dispatch import (
+    CannotDispatch,
+    _dispatch,
+    _request,
+    _runner_and_scheduler,
+    option_config,
+)
 
 NAME = "spec_budget_graphs"
 K = 15
@@ -67,19 +73,11 @@ def _prefills(config: Any) -> tuple[str, bool]:
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    pair = _harness.hybrid_pair()
     option = {"num_speculative_tokens_per_batch_size": BUDGET}
-    try:
-        config = _harness.vllm_config(pair, num_speculative_tokens=K, speculative_args=option)
-    except (TypeError, ValueError) as e:
-        return ProbeResult(
-            probe=NAME,
-            status=ABSENT,
-            evidence=f"no speculation budget here: the config refuses {BUDGET}: "
-            + " ".join(str(e).split())[:300],
-        )
+    config = option_config(NAME, "no speculation budget here", pair, K, option, BUDGET)
+    if isinstance(config, ProbeResult):
+        return config
     try:
         control, control_drafts = _decoding(config, 1)
         budget, budget_drafts = _decoding(config, REQUESTS)

@@ -58,6 +58,21 @@ def _runner_and_scheduler(config: Any) -> tuple[Any, Any]:
     return _harness.graph_runner(config, "FULL_AND_PIECEWISE", sched.kv_cache_config), sched
 
 
+def option_config(
+    probe: str, lead: str, pair: Any, k: int, option: dict[str, Any], shown: Any
+) -> Any:
+    """The config of ``pair`` at K = ``k`` with ``option`` in its speculative config; where
+    the tree refuses the option, the probe's answer: ABSENT, ``lead`` and ``shown`` of it."""
+    try:
+        return _harness.vllm_config(pair, num_speculative_tokens=k, speculative_args=option)
+    except (TypeError, ValueError) as e:
+        return ProbeResult(
+            probe=probe,
+            status=ABSENT,
+            evidence=f"{lead}: the config refuses {shown}: " + " ".join(str(e).split())[:300],
+        )
+
+
 def _dispatch(runner: Any, scheduler_output: Any) -> tuple[str, bool]:
     """(graph mode, uniform) the runner picks for ``scheduler_output``, as execute_model does."""
     import numpy as np
@@ -128,9 +143,7 @@ def _describe(d: Dispatch) -> str:
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
-    pair = _harness.write_tiny_pair(
-        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5], hybrid_target=True
-    )
+    pair = _harness.hybrid_pair()
     try:
         dispatches = [
             d for k in KS for d in _cases(_harness.vllm_config(pair, num_speculative_tokens=k), k)
