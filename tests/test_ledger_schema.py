@@ -72,7 +72,11 @@ MALFORMED_TOP = [
     ("patch", '"oops"', "patch 'oops' is not a list of tables"),
     ("patch", "[1, 2]", "patch [1, 2] is not a list of tables"),
     ("validated_base", "20.1", "validated_base 20.1 is not a string"),
-    ("validated", '"0.20.1"', "unknown key 'validated' (known: patch, validated_base)"),
+    (
+        "validated",
+        '"0.20.1"',
+        "unknown key 'validated' (known: patch, ported_bases, validated_base)",
+    ),
 ]
 
 

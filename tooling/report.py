@@ -13,8 +13,9 @@ from .fsutil import atomic_write_text
 #: What a cell of the status matrix means, for every page that shows the matrix.
 STATUS_LEGEND = (
     "superseded: the release behaves as fixed (probe); already-applied: the "
-    "patch text is in it; conflict: needs porting; (!): applied but its probe "
-    "did not read present."
+    "patch text is in it; not-needed: on a ported base, the defect's code path is "
+    "gone (series.toml says why); conflict: needs porting, or a port that no longer "
+    "applies; (!): applied but its probe did not read present."
 )
 
 

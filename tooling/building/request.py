@@ -100,7 +100,9 @@ def build_requested(
     if request.use_precompiled_kernels and request.mode != "source":
         raise BuildError("--use-precompiled-kernels goes with --mode source")
     check_work_dir(request.work_dir)
-    series = request.series
+    base = request.source.base_version or request.catalog.default
+    # A fix with no code for a ported base is refused before anything is fetched.
+    series = request.series.for_base(base, strict=True)
     # Precompiled mode re-verifies the official wheel while it copies (build.py).
     upstream = fetch_requested(
         request.catalog, request.source, request.fetch, verify_wheel=request.mode == "source"

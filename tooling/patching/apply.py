@@ -40,13 +40,14 @@ from .outcome import (
     APPLIED,
     CONFLICT,
     NOT_ATTEMPTED,
+    NOT_NEEDED,
     SKIPPED,
     SUPERSEDED,
     PatchOutcome,
     SeriesReport,
     decide,
 )
-from .series import Patch, Series
+from .series import CodeState, Patch, Series
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,10 @@ def apply_series(
     """Create ``work_dir`` from ``upstream`` and apply ``series`` to it.
 
     The probe runs (the base, a 3-way merge's check, the patched tree) share one
-    interpreter start (``tooling.probing.host``).
+    interpreter start (``tooling.probing.host``). On a ported base each fix brings the code
+    the ledger names there (``Series.for_base``; a build resolves it strictly first).
     """
+    series = series.for_base(upstream.base.version, strict=False)
     host = ProbeHost(options.probe_python, options.pycache) if options.probe_python else None
     with host or contextlib.nullcontext():
         return _apply_series(upstream, series, work_dir, options, host)
@@ -206,7 +209,7 @@ def _patch_tree(
     for patch in series.patches:
         outcome = PatchOutcome(
             patch_id=patch.id,
-            patch_file=patch.file.name,
+            patch_file=patch.ledger_file,
             sha256=patch.sha256,
             status=NOT_ATTEMPTED,
             message="not attempted: an earlier patch conflicted",
@@ -271,14 +274,17 @@ def _apply_one(
     log_dir: Path,
     host: ProbeHost | None,
 ) -> None:
+    if patch.expect in (CodeState.SUPERSEDED, CodeState.NOT_NEEDED):
+        _as_declared(patch, outcome, probe_before)
+        return
     forward_ok, complaint = worktree.apply_check(repo, patch.file)
     if not forward_ok and (malformed := _MALFORMED.search(complaint)):
         raise SeriesError(
-            f"patch {patch.id}: {patch.file.name} is not a valid patch ({malformed.group(0)})"
+            f"patch {patch.id}: {patch.ledger_file} is not a valid patch ({malformed.group(0)})"
         )
     reverse_ok = False if forward_ok else worktree.apply_check(repo, patch.file, reverse=True)[0]
     status = decide(forward_ok, reverse_ok, probe_before.status if probe_before else None)
-    trailers = {worktree.TRAILER_FILE: patch.file.name, worktree.TRAILER_SHA: patch.sha256}
+    trailers = {worktree.TRAILER_FILE: patch.ledger_file, worktree.TRAILER_SHA: patch.sha256}
     outcome.status = status
     logger.debug("patch %s: %s", patch.id, status)
     if status == APPLIED:
@@ -298,6 +304,33 @@ def _apply_one(
         outcome.message = "does not apply: " + "; ".join(outcome.conflicts)
         if options.three_way:
             _try_three_way(repo, work_dir, patch, outcome, trailers, options, log_dir, host)
+
+
+def _as_declared(patch: Patch, outcome: PatchOutcome, probe_before: ProbeResult | None) -> None:
+    """A fix the ledger says a ported base does not need, or already has. Superseded is a
+    claim about behaviour: it holds only where the probe reads present on the base, and is a
+    conflict otherwise. Without probes (``--no-probes``) it cannot be checked, and says so."""
+    assert patch.code is not None
+    if patch.expect is CodeState.NOT_NEEDED:
+        outcome.status = NOT_NEEDED
+        outcome.message = f"not needed on {patch.base}: {patch.code.why}"
+        return
+    if probe_before is None:
+        outcome.status = SUPERSEDED
+        outcome.message = f"superseded by the ledger, not checked (no probes): {patch.code.why}"
+    elif probe_before.status == PRESENT:
+        outcome.status = SUPERSEDED
+        outcome.message = (
+            f"superseded upstream: the base already behaves as fixed ({probe_before.evidence}); "
+            "as the ledger says"
+        )
+    else:
+        outcome.status = CONFLICT
+        outcome.conflicts = [f"probe {patch.probe} reads {probe_before.status}"]
+        outcome.message = (
+            f"series.toml says superseded here, but probe {patch.probe} reads "
+            f"{probe_before.status}: {probe_before.evidence}"
+        )
 
 
 def _try_three_way(
@@ -375,6 +408,7 @@ def reusable_report(work_dir: Path, upstream: Upstream, series: Series) -> Serie
     report = load_report(work_dir)
     if report is None or not report.ok:
         return None
+    series = series.for_base(upstream.base.version, strict=False)
     if (report.upstream_identity, report.series_digest) != (upstream.identity, series.digest):
         return None
     repo = git.Repo(work_dir)

@@ -22,7 +22,7 @@ from ..fetching.upstream import Upstream
 from ..fsutil import atomic_output, atomic_write_text, run_prefix, sha256_bytes
 from . import worktree
 from .apply import ApplyOptions, apply_series
-from .series import Series
+from .series import CodeState, Patch, Series
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +71,17 @@ def render_patches(repo: git.Repo) -> list[tuple[str, bytes]]:
     return out
 
 
+def exported(series: Series) -> tuple[Patch, ...]:
+    """The patches whose files an export writes: on a ported base its ports alone (a fix the
+    ledger names no code for there has none to export), elsewhere every patch."""
+    if series.base is None:
+        return series.patches
+    return tuple(p for p in series.patches if p.expect is CodeState.PORT)
+
+
 def compare(rendered: list[tuple[str, bytes]], patches_dir: Path, series: Series) -> ExportResult:
     """How ``rendered`` differs from what ``patches_dir`` and the ledger hold."""
-    listed = {p.file.name for p in series.patches}
+    listed = {p.ledger_file for p in exported(series)}
     result = ExportResult()
     for name, data in rendered:
         path = patches_dir / name
@@ -86,9 +94,9 @@ def compare(rendered: list[tuple[str, bytes]], patches_dir: Path, series: Series
             state = "updated"
         result.patches.append(ExportedPatch(name, digest, state))
     rendered_names = {name for name, _ in rendered}
-    for patch in series.patches:
-        if patch.file.name not in rendered_names:
-            result.patches.append(ExportedPatch(patch.file.name, "", "missing"))
+    for patch in exported(series):
+        if patch.ledger_file not in rendered_names:
+            result.patches.append(ExportedPatch(patch.ledger_file, "", "missing"))
     return result
 
 
@@ -116,6 +124,15 @@ def export_patches(work_dir: Path, series: Series) -> ExportResult:
             "its baseline tag); give --work-dir one, or run `tooling patch` first"
         )
     rendered = render_patches(repo)
+    if series.base is not None:
+        # Only a port is written for a ported base: a commit named after a patch file of the
+        # validated line would write that base's copy over the validated line's patch.
+        stray = [name for name, _ in rendered if not name.startswith(f"{series.base}/")]
+        if stray:
+            raise SeriesError(
+                f"{work_dir}: a commit names {stray[0]}, which is no port of {series.base} "
+                f"(a port's Patch-File trailer is {series.base}/NAME); nothing is written"
+            )
     result = compare(rendered, patches_dir, series)
     missing = [p.file for p in result.patches if p.state == "missing"]
     if missing:
@@ -143,6 +160,7 @@ def check_export(upstream: Upstream, series: Series, baselines: Path | None = No
     With ``baselines`` (the cache's folder) the scratch tree is a clone of the release's
     cached baseline commit, as ``patch`` and ``build`` make theirs, rather than a copy
     whose thousands of files are hashed and committed again on every check."""
+    series = series.for_base(upstream.base.version, strict=False)
     with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-export-")) as tmp:
         work = Path(tmp) / "work"
         options = ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs", baselines=baselines)

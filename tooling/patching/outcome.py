@@ -17,6 +17,8 @@ class PatchStatus(StrEnum):
     APPLIED = "applied"
     ALREADY_APPLIED = "already-applied"
     SUPERSEDED = "superseded"
+    NOT_NEEDED = "not-needed"
+    """On a ported base, where the ledger says the defect's code path is gone."""
     CONFLICT = "conflict"
     SKIPPED = "skipped"
     NOT_ATTEMPTED = "not-attempted"
@@ -26,6 +28,7 @@ class PatchStatus(StrEnum):
 APPLIED = PatchStatus.APPLIED
 ALREADY_APPLIED = PatchStatus.ALREADY_APPLIED
 SUPERSEDED = PatchStatus.SUPERSEDED
+NOT_NEEDED = PatchStatus.NOT_NEEDED
 CONFLICT = PatchStatus.CONFLICT
 SKIPPED = PatchStatus.SKIPPED
 NOT_ATTEMPTED = PatchStatus.NOT_ATTEMPTED

@@ -126,7 +126,10 @@ def export_requested(
         return check_export(upstream, series, fetch.cache.baselines)
     # The work tree's commits are the truth here: the ledger's digests are about to change.
     series = load_ledger(patches_dir, check_digests=False)
-    work = Path(work_dir or default_work_dir(f"{source.base_version or series.validated_base}"))
+    base = f"{source.base_version or series.validated_base}"
+    # A ported base's tree carries its ports: they are what the export writes.
+    series = series.for_base(base, strict=False)
+    work = Path(work_dir or default_work_dir(base))
     with locked(work.resolve()):
         if not work.is_dir():
             raise SeriesError(f"{work}: no work tree to export (run `tooling patch` first)")

@@ -13,8 +13,11 @@ import hashlib
 import logging
 import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from ..errors import SeriesError
 from ..fetching.bases import load_bases
@@ -40,6 +43,30 @@ def is_compiled_path(path: str) -> bool:
     return any(p.search(path) for p in COMPILED_PATTERNS)
 
 
+class CodeState(StrEnum):
+    """What a fix is on a ported base (``[patch.on."BASE"]``)."""
+
+    PORT = "port"
+    """Its own patch file for that base, in ``patches/BASE/``."""
+    SUPERSEDED = "superseded"
+    """The base already behaves as fixed: its probe must read present there, or it is a
+    conflict (a claim the tree does not bear out is never a silent skip)."""
+    NOT_NEEDED = "not-needed"
+    """The code path the defect lived in is gone on that base (``why`` says what replaced it)."""
+
+
+@dataclass(frozen=True)
+class BaseCode:
+    """A fix's code on one ported base."""
+
+    state: CodeState
+    why: str
+    file: Path | None = None
+    """The port's patch file (PORT only)."""
+    sha256: str | None = None
+    files: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Patch:
     id: str
@@ -57,10 +84,38 @@ class Patch:
     drop_when: str = ""
     requires: tuple[str, ...] = ()
     """Earlier patches whose lines this one is written on: it cannot go in without them."""
+    on: Mapping[str, BaseCode] = field(default_factory=dict)
+    """Its code on each ported base that names it (``[patch.on."BASE"]``)."""
+    base: str | None = None
+    """Set in a series resolved for a ported base (``Series.for_base``) that names this fix's
+    code; None: the patch file as it is."""
 
     @property
     def label(self) -> str:
         return f"{self.index:04d}-{self.id}"
+
+    @property
+    def code(self) -> BaseCode | None:
+        """What the ledger says the fix is on the base it was resolved for."""
+        return self.on[self.base] if self.base is not None else None
+
+    @property
+    def expect(self) -> CodeState | None:
+        return self.code.state if self.code else None
+
+    @property
+    def ledger_file(self) -> str:
+        """The patch file as the ledger names it, relative to ``patches/`` (a port's in its
+        base's folder): the work tree's trailer, and the name ``patch export`` writes."""
+        if self.expect is CodeState.PORT:
+            return f"{self.base}/{self.file.name}"
+        return self.file.name
+
+    @property
+    def carried(self) -> bool:
+        """True when the patch brings code to the tree it is resolved for (not a fix the base
+        already has, or does not need)."""
+        return self.expect in (None, CodeState.PORT)
 
 
 @dataclass(frozen=True)
@@ -70,13 +125,60 @@ class Series:
     validated_base: str | None = None
     """The release the patches were written and tested against."""
     skipped: tuple[str, ...] = field(default=())
+    ported_bases: tuple[str, ...] = ()
+    """Releases on which every fix names its own code (``[patch.on."BASE"]``): a port, or
+    superseded, or not needed. Any other release takes the patch files as they are."""
+    base: str | None = None
+    """The ported base this series was resolved for (``for_base``); None: not resolved."""
 
     @property
     def digest(self) -> str:
-        """sha256 over the ordered (id, patch sha256) pairs and the skips: the series identity."""
-        lines = [f"{p.id} {p.sha256}\n" for p in self.patches]
+        """sha256 over the ordered (id, patch sha256) pairs and the skips: the series identity.
+        On a ported base a fix that brings no code counts by its state, not a file's digest."""
+        lines = [f"{p.id} {p.sha256 if p.carried else p.expect}\n" for p in self.patches]
         lines += [f"skip {s}\n" for s in self.skipped]
         return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+    @property
+    def carried(self) -> tuple[Patch, ...]:
+        """The patches that bring code (all of them, but on a ported base)."""
+        return tuple(p for p in self.patches if p.carried)
+
+    def for_base(self, version: str, *, strict: bool) -> Series:
+        """The series as it applies to the release ``version`` (pure).
+
+        Not a ported base: this series. A ported base: each fix's code named there (a port's
+        file, or the state it is expected to be in). A fix that names none is refused when
+        ``strict`` (a build: one line naming the base and the fix); otherwise it is tried
+        with its own patch file, which the canary then reports as what it comes to."""
+        if version not in self.ported_bases or self.base == version:
+            return self
+        patches = []
+        for patch in self.patches:
+            code = patch.on.get(version)
+            if code is None:
+                if strict:
+                    raise SeriesError(
+                        f"base {version}: fix {patch.id} has no code for it (series.toml names "
+                        f'no port, superseded or not-needed in [patch.on."{version}"])'
+                    )
+                patches.append(patch)
+                continue
+            patches.append(
+                replace(
+                    patch,
+                    file=code.file or patch.file,
+                    sha256=code.sha256 or patch.sha256,
+                    files=code.files or patch.files,
+                    base=version,
+                )
+            )
+        carried = {p.id for p in patches if p.carried}
+        # A fix is written on the lines of those it requires only where both bring code.
+        patches = [
+            replace(p, requires=tuple(r for r in p.requires if r in carried)) for p in patches
+        ]
+        return replace(self, patches=tuple(patches), base=version)
 
     @property
     def probes(self) -> tuple[str, ...]:
@@ -102,9 +204,7 @@ class Series:
                 raise SeriesError(
                     f"--skip {needed[0]}: patch {patch.id} is written on it; skip {patch.id} too"
                 )
-        return Series(
-            self.path, kept, self.validated_base, tuple(sorted(set(self.skipped) | set(skip)))
-        )
+        return replace(self, patches=kept, skipped=tuple(sorted(set(self.skipped) | set(skip))))
 
 
 #: The keys a ``[[patch]]`` entry may hold; any other is a typo that would be ignored.
@@ -122,10 +222,45 @@ PATCH_KEYS = frozenset(
         "upstream_fixed_in",
         "drop_when",
         "requires",
+        "on",
     }
 )
+#: The keys of a fix's code on a ported base.
+ON_KEYS = frozenset({"state", "why", "file", "sha256", "files"})
 #: The ledger's own keys, beside its patches.
-LEDGER_KEYS = frozenset({"validated_base", "patch"})
+LEDGER_KEYS = frozenset({"validated_base", "ported_bases", "patch"})
+
+
+def _base_code(entry: Any, base: str, folder: Path, doc: Doc) -> BaseCode:
+    """One ``[patch.on."BASE"]`` table: a port names its file (in ``patches/BASE/``) and
+    sha256; superseded and not-needed say why, and name no file."""
+    doc.only_keys(entry, ON_KEYS)
+    states = ", ".join(s.value for s in CodeState)
+    raw = doc.text(entry, "state")
+    try:
+        state = CodeState(raw)
+    except ValueError:
+        doc.fail(f"state {raw!r} is not one of {states}")
+    why = doc.text(entry, "why").strip()
+    if not why:
+        doc.fail("why is empty: say what the fix is on this base, and how that is known")
+    if state is not CodeState.PORT:
+        for key in ("file", "sha256", "files"):
+            if key in entry:
+                doc.fail(f"{key} is for a port; a fix {state.value} on {base} brings no code")
+        return BaseCode(state, why)
+    # Named with its base's folder, so that no two entries of the ledger name one file.
+    file: str = doc.text(entry, "file")
+    bare = file.removeprefix(f"{base}/")
+    if bare == file or Path(bare).name != bare or bare in ("", ".", ".."):
+        doc.fail(f"file {file!r} is not {base}/NAME (a port lives in patches/{base}/)")
+    return BaseCode(
+        state,
+        why,
+        file=folder / base / bare,
+        sha256=doc.sha256(entry, "sha256"),
+        files=doc.texts(entry, "files", ()),
+    )
 
 
 def _patch(entry: dict, index: int, folder: Path, doc: Doc) -> Patch:
@@ -144,6 +279,10 @@ def _patch(entry: dict, index: int, folder: Path, doc: Doc) -> Patch:
     known = probe_modules()
     if probe not in known:
         doc.fail(f"probe {probe!r} is no module of tooling/probes (have {', '.join(known)})")
+    on = {
+        base: _base_code(code, base, folder, doc.inner(f' [on."{base}"]'))
+        for base, code in doc.table(entry, "on", {}).items()
+    }
     return Patch(
         id=patch_id,
         index=index,
@@ -158,19 +297,26 @@ def _patch(entry: dict, index: int, folder: Path, doc: Doc) -> Patch:
         upstream_fixed_in=doc.text(entry, "upstream_fixed_in", None),
         drop_when=doc.text(entry, "drop_when", "").strip(),
         requires=doc.texts(entry, "requires", ()),
+        on=on,
     )
 
 
-def check_digest(patch: Patch) -> None:
-    """Refuse a patch file that is missing or differs from the ledger."""
-    if not patch.file.is_file():
-        raise SeriesError(f"patch {patch.id}: file {patch.file} is missing")
-    actual = sha256_file(patch.file)
-    if actual != patch.sha256:
+def _check_file(patch_id: str, file: Path, sha256: str) -> None:
+    if not file.is_file():
+        raise SeriesError(f"patch {patch_id}: file {file} is missing")
+    actual = sha256_file(file)
+    if actual != sha256:
         raise SeriesError(
-            f"patch {patch.id}: {patch.file.name} has sha256 {actual}, "
-            f"but series.toml records {patch.sha256}"
+            f"patch {patch_id}: {file.name} has sha256 {actual}, but series.toml records {sha256}"
         )
+
+
+def check_digest(patch: Patch) -> None:
+    """Refuse a patch file (or a port's) that is missing or differs from the ledger."""
+    _check_file(patch.id, patch.file, patch.sha256)
+    for code in patch.on.values():
+        if code.file is not None and code.sha256 is not None:
+            _check_file(patch.id, code.file, code.sha256)
 
 
 def load_series(path: Path, *, check_digests: bool = True) -> Series:
@@ -202,12 +348,20 @@ def load_series(path: Path, *, check_digests: bool = True) -> Series:
                 raise SeriesError(
                     f"{path}: patch {p.id} requires {required!r}, which is not an earlier patch"
                 )
+    ported = doc.texts(data, "ported_bases", ())
+    for p in patches:
+        for base in p.on:
+            if base not in ported:
+                raise SeriesError(
+                    f'{path}: patch {p.id} names code for {base} ([patch.on."{base}"]), '
+                    f"which ported_bases does not list ({', '.join(ported) or 'none'})"
+                )
     if check_digests:
         for p in patches:
             check_digest(p)
     validated = doc.text(data, "validated_base", None)
     logger.debug("%s: %d patches, validated on %s", path, len(patches), validated or "none")
-    return Series(path=path, patches=patches, validated_base=validated or None)
+    return Series(path=path, patches=patches, validated_base=validated or None, ported_bases=ported)
 
 
 def load_ledger(patches_dir: Path, *, check_digests: bool = True) -> Series:
@@ -215,9 +369,17 @@ def load_ledger(patches_dir: Path, *, check_digests: bool = True) -> Series:
     pins: the build records it, and ``--3way`` seeds its blobs."""
     series = load_series(patches_dir / "series.toml", check_digests=check_digests)
     known = list(load_bases(patches_dir / "bases.toml").bases)
-    if series.validated_base is not None and series.validated_base not in known:
+    named = [("validated_base", series.validated_base)]
+    named += [("ported_bases", b) for b in series.ported_bases]
+    for key, base in named:
+        if base is not None and base not in known:
+            raise SeriesError(
+                f"{series.path}: {key} {base!r} is not a release bases.toml pins "
+                f"({', '.join(known)})"
+            )
+    if series.validated_base in series.ported_bases:
         raise SeriesError(
-            f"{series.path}: validated_base {series.validated_base!r} is not a release "
-            f"bases.toml pins ({', '.join(known)})"
+            f"{series.path}: ported_bases lists the validated base {series.validated_base}, "
+            "whose code is the patch files themselves"
         )
     return series
