@@ -87,13 +87,13 @@ def test_export_of_a_tree_missing_ledger_patches_writes_nothing(tmp_path, upstre
     patches/ and the ledger untouched."""
     folder, series, report, repo = patched_copy(tmp_path, upstream_0201, cache)
     repo.git.reset("--hard", "HEAD~2")
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    before = {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     gone = [p.file.name for p in series.patches[-2:]]
     with pytest.raises(
         SeriesError, match=rf"no commit carries 2 of the ledger's patches \({gone[0]}"
     ):
         export_patches(report.work_dir, series)
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow

@@ -23,6 +23,8 @@ from tooling.probing import PRESENT
 from .helpers import PATCHES, apply_options, run_tooling
 
 PORTED = "0.22.0"
+#: The real ledger's line; a copy's names PORTED as well.
+REAL_PORTED = 'ported_bases = ["0.34.0"]'
 
 
 def _ledger(
@@ -45,9 +47,7 @@ def _ledger(
         if body is not None:
             block = block.rstrip("\n") + f'\n\n[patch.on."{ported}"]\n{body}\n\n'
         kept.append(block)
-    head = head.replace(
-        'validated_base = "0.20.1"', f'validated_base = "0.20.1"\nported_bases = ["{ported}"]'
-    )
+    head = head.replace(REAL_PORTED, f'ported_bases = ["{ported}", "0.34.0"]')
     (folder / "series.toml").write_text("[[patch]]\n".join([head, *kept]))
     return folder
 
@@ -84,7 +84,7 @@ def test_a_ledger_reads_each_fixs_code_on_a_ported_base(tmp_path):
     )
     (ledger / "series.toml").write_text(text)
     series = load_ledger(ledger)
-    assert series.ported_bases == (PORTED,)
+    assert series.ported_bases == (PORTED, "0.34.0")
     # Another release: the patch files as they are, the series unchanged.
     assert series.for_base("0.20.1", strict=True) is series
     lenient = series.for_base(PORTED, strict=False)
@@ -147,19 +147,24 @@ def test_code_for_a_base_not_ported_or_not_pinned_is_refused(tmp_path):
     )
     text = (ledger / "series.toml").read_text()
     (ledger / "series.toml").write_text(
-        text.replace(f'ported_bases = ["{PORTED}"]', "ported_bases = []")
+        text.replace(f'ported_bases = ["{PORTED}", "0.34.0"]', 'ported_bases = ["0.34.0"]')
     )
     with pytest.raises(
         SeriesError, match=rf"names code for {PORTED} .*which ported_bases does not list"
     ):
         load_ledger(ledger)
     (ledger / "series.toml").write_text(
-        text.replace(f'ported_bases = ["{PORTED}"]', 'ported_bases = ["9.9.9", "0.22.0"]')
+        text.replace(
+            f'ported_bases = ["{PORTED}", "0.34.0"]', 'ported_bases = ["9.9.9", "0.22.0", "0.34.0"]'
+        )
     )
     with pytest.raises(SeriesError, match="ported_bases '9.9.9' is not a release bases.toml pins"):
         load_ledger(ledger)
     (ledger / "series.toml").write_text(
-        text.replace(f'ported_bases = ["{PORTED}"]', 'ported_bases = ["0.20.1", "0.22.0"]')
+        text.replace(
+            f'ported_bases = ["{PORTED}", "0.34.0"]',
+            'ported_bases = ["0.20.1", "0.22.0", "0.34.0"]',
+        )
     )
     with pytest.raises(SeriesError, match="ported_bases lists the validated base 0.20.1"):
         load_ledger(ledger)

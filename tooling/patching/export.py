@@ -163,7 +163,13 @@ def check_export(upstream: Upstream, series: Series, baselines: Path | None = No
     series = series.for_base(upstream.base.version, strict=False)
     with tempfile.TemporaryDirectory(prefix=run_prefix("dflash-export-")) as tmp:
         work = Path(tmp) / "work"
-        options = ApplyOptions(probe_python=None, log_dir=Path(tmp) / "logs", baselines=baselines)
+        # On a ported base a fix not yet decided there conflicts: its ports are still checked.
+        options = ApplyOptions(
+            probe_python=None,
+            log_dir=Path(tmp) / "logs",
+            baselines=baselines,
+            keep_going=series.base is not None,
+        )
         logger.debug("check the export on a scratch tree %s", work)
         apply_series(upstream, series, work, options)
         rendered = render_patches(git.Repo(work))

@@ -116,14 +116,22 @@ def export_requested(
     to a scratch tree of ``source`` (default: the validated base) and compared instead."""
     if check:
         series = load_ledger(patches_dir)
-        base = source.base_version or series.validated_base
-        upstream = fetch_requested(
-            load_bases(patches_dir / "bases.toml"),
-            replace(source, base_version=base),
-            fetch,
-            with_wheel=False,
+        # Unless told one base: the validated base's patches and every ported base's ports.
+        bases = (
+            [source.base_version]
+            if source.base_version
+            else [series.validated_base, *series.ported_bases]
         )
-        return check_export(upstream, series, fetch.cache.baselines)
+        result = ExportResult(check=True)
+        for base in bases:
+            upstream = fetch_requested(
+                load_bases(patches_dir / "bases.toml"),
+                replace(source, base_version=base),
+                fetch,
+                with_wheel=False,
+            )
+            result.patches += check_export(upstream, series, fetch.cache.baselines).patches
+        return result
     # The work tree's commits are the truth here: the ledger's digests are about to change.
     series = load_ledger(patches_dir, check_digests=False)
     base = f"{source.base_version or series.validated_base}"

@@ -241,7 +241,8 @@ def _base_code(entry: Any, base: str, folder: Path, doc: Doc) -> BaseCode:
         state = CodeState(raw)
     except ValueError:
         doc.fail(f"state {raw!r} is not one of {states}")
-    why = doc.text(entry, "why").strip()
+    # One line: it is a status table's cell and a message.
+    why = " ".join(doc.text(entry, "why").split())
     if not why:
         doc.fail("why is empty: say what the fix is on this base, and how that is known")
     if state is not CodeState.PORT:
