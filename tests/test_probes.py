@@ -82,3 +82,15 @@ def test_0340_the_scheduler_probes_answer_after_the_engine_cores_planning(probe_
     outcomes = [d["outcome"] for d in liveness.details["outcomes"]]
     assert outcomes == ["pass", "pass", "pass", "pass", "starve"], liveness.evidence
     assert "64-token blocks" in liveness.evidence
+
+
+def test_0340_caps_what_runs_at_once_to_the_step_budget(probe_release):
+    """0.34.0 takes no drafting slots out of the step budget; it caps the sequences it lets
+    run at once at the budget over K + 1 (``max_num_active_seqs``): README's line starts,
+    and every sequence running verifies its drafts in a step. Fix 14 is superseded there."""
+    (budget,) = probe_release("0.34.0", "dflash_step_budget").values()
+    assert budget.status == PRESENT, budget.evidence
+    assert "max_num_seqs=1024 (512 run at once): 8192 tokens a step (every sequence" in (
+        budget.evidence
+    )
+    assert "2 capped to what runs at once, 0 served unsafely" in budget.evidence

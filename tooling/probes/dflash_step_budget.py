@@ -9,7 +9,12 @@ pair with DFlash at K = 15:
   tokens; 0.20.1 refuses it (1024 sequences take 14336 drafting slots of 8192);
 - with --max-num-seqs 1024 and with --max-num-batched-tokens 100 --max-num-seqs 8, which
   leave less than one request's K + 1: fixed means each is refused, before any weights
-  load, naming values, and the values it names build.
+  load, naming values, and the values it names build; or, as from 0.34.0, it builds with
+  the sequences let in to run at once (``max_num_active_seqs``) capped so that each of them
+  verifies its K + 1 in a step.
+
+"Every sequence" is every sequence the scheduler lets run at once: ``max_num_seqs``, or
+0.34.0's ``max_num_active_seqs`` where set (its scheduler admits no more into RUNNING).
 """
 
 from __future__ import annotations
@@ -59,6 +64,19 @@ def _named_values(message: str, settings: Settings) -> list[Settings]:
     return out
 
 
+def _running_at_once(config: object) -> int:
+    """The sequences the scheduler lets run at once (``max_num_active_seqs`` where the release
+    has it and sets it, else ``max_num_seqs``)."""
+    sched = config.scheduler_config  # type: ignore[attr-defined]
+    return getattr(sched, "max_num_active_seqs", None) or sched.max_num_seqs
+
+
+def _fits(config: object) -> bool:
+    """Every sequence that runs at once verifies its K + 1 tokens in one step's budget."""
+    budget = config.scheduler_config.max_num_scheduled_tokens  # type: ignore[attr-defined]
+    return budget >= _running_at_once(config) * (K + 1)
+
+
 def run() -> ProbeResult:
     root = _harness.scratch_dir()
     with h200_platform():
@@ -79,18 +97,21 @@ def run() -> ProbeResult:
         )
     sched = config.scheduler_config  # type: ignore[attr-defined]
     budget = sched.max_num_scheduled_tokens
-    full = budget >= sched.max_num_seqs * (K + 1)
-    accepted = [s for s, built, _ in refusals if built is not None]
+    full = _fits(config)
+    # A small budget built is safe only with the sequences run at once capped to it.
+    accepted = [s for s, built, _ in refusals if built is not None and not _fits(built)]
+    capped = [s for s, built, _ in refusals if built is not None and _fits(built)]
     named = all(any(o[0] is s for o in offered) for s, built, _ in refusals if built is None)
     works = all(ok for _, _, ok in offered)
+    refused = len(refusals) - len(accepted) - len(capped)
     evidence = (
         f"README's serving line at K={K} on an H200's defaults starts with "
         f"max_num_batched_tokens={sched.max_num_batched_tokens}, "
-        f"max_num_seqs={sched.max_num_seqs}: {budget} tokens a step "
-        f"({'every' if full else 'not every'} sequence verifies its {K + 1}); "
-        f"{len(refusals) - len(accepted)} of {len(refusals)} budgets below one request's "
-        f"{K + 1} refused, {len(offered)} values named, "
-        f"{sum(ok for _, _, ok in offered)} of them start"
+        f"max_num_seqs={sched.max_num_seqs} ({_running_at_once(config)} run at once): "
+        f"{budget} tokens a step ({'every' if full else 'not every'} sequence verifies its "
+        f"{K + 1}); of {len(refusals)} budgets below one request's {K + 1}, {refused} refused "
+        f"({len(offered)} values named, {sum(ok for _, _, ok in offered)} of them start), "
+        f"{len(capped)} capped to what runs at once, {len(accepted)} served unsafely"
     )
     if full and not accepted and named and works:
         status = PRESENT
