@@ -94,3 +94,20 @@ def test_0340_caps_what_runs_at_once_to_the_step_budget(probe_release):
         budget.evidence
     )
     assert "2 capped to what runs at once, 0 served unsafely" in budget.evidence
+
+
+def test_0340_resolves_dflash_layers_on_its_v2_runner_alone(probe_release):
+    """0.34.0 has no V1 model runner: the probe asks the V2 runner's resolver alone, which
+    adds the one (fix 1 superseded), instead of failing on the V1 import."""
+    (offset,) = probe_release("0.34.0", "layer_offset").values()
+    assert offset.status == PRESENT, offset.evidence
+    assert set(offset.details) == {"v2 runner"}
+    assert offset.details["v2 runner"]["dflash"] == [2, 17, 32, 47, 62]
+
+
+def test_0340_keys_the_compile_cache_by_the_drafters_layers(probe_release):
+    """0.34.0 has no VllmConfig.compute_hash: the probe asks the config hash the compile
+    backend folds into its cache folder's name, which covers target_layer_ids."""
+    (key,) = probe_release("0.34.0", "compile_key").values()
+    assert key.status == PRESENT, key.evidence
+    assert key.details["first"] == key.details["again"] != key.details["other"]

@@ -22,15 +22,21 @@ EAGLE3_IDS = [2, 17, 32]
 
 
 def _resolvers() -> list[tuple[str, Callable[[Any], Sequence[int]]]]:
-    """(label, function of a SpeculativeConfig) for every aux-layer resolver in the tree."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    """(label, function of a SpeculativeConfig) for every aux-layer resolver in the tree: the
+    V1 runner's (gone from 0.34.0) and the V2 runner's (from the release that has one)."""
+    found: list[tuple[str, Callable[[Any], Sequence[int]]]] = []
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        pass
+    else:
 
-    def v1(spec: Any) -> Sequence[int]:
-        runner = object.__new__(GPUModelRunner)
-        runner.speculative_config = spec
-        return GPUModelRunner._get_eagle3_aux_layers_from_config(runner)
+        def v1(spec: Any) -> Sequence[int]:
+            runner = object.__new__(GPUModelRunner)
+            runner.speculative_config = spec
+            return GPUModelRunner._get_eagle3_aux_layers_from_config(runner)
 
-    found: list[tuple[str, Callable[[Any], Sequence[int]]]] = [("v1 runner", v1)]
+        found.append(("v1 runner", v1))
     try:
         from vllm.v1.worker.gpu.spec_decode.eagle import eagle3_utils
     except ImportError:
