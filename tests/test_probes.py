@@ -111,3 +111,11 @@ def test_0340_keys_the_compile_cache_by_the_drafters_layers(probe_release):
     (key,) = probe_release("0.34.0", "compile_key").values()
     assert key.status == PRESENT, key.evidence
     assert key.details["first"] == key.details["again"] != key.details["other"]
+
+
+def test_0340_reserves_every_dflash_slot_inside_the_requests_blocks(probe_release):
+    """0.34.0's ModelRunnerOutput takes no req_id_to_index: the harness builds what each
+    release takes, and the probe answers there (fix 4 superseded)."""
+    (slots,) = probe_release("0.34.0", "lookahead_slots").values()
+    assert slots.status == PRESENT, slots.evidence
+    assert set(slots.details["outside"].values()) == {0}

@@ -283,13 +283,17 @@ def model_output(rid: str, sampled: list[int]) -> Any:
 
 def model_outputs(sampled: dict[str, list[int]]) -> Any:
     """What the model runner returns for requests that each sampled their tokens."""
+    import dataclasses
+
     from vllm.v1.outputs import ModelRunnerOutput
 
     rids = list(sampled)
+    index: dict[str, Any] = {}
+    # 0.34.0 derives the index from req_ids and takes no such argument.
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+        index["req_id_to_index"] = {rid: i for i, rid in enumerate(rids)}
     return ModelRunnerOutput(
-        req_ids=rids,
-        req_id_to_index={rid: i for i, rid in enumerate(rids)},
-        sampled_token_ids=[sampled[rid] for rid in rids],
+        req_ids=rids, sampled_token_ids=[sampled[rid] for rid in rids], **index
     )
 
 

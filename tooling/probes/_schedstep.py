@@ -10,7 +10,6 @@ bonus token after a drawn number of accepted drafts.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _harness
 from ._schedsim import (
     OUTCOME_PASS,
     STOP_TOKEN,
@@ -240,8 +240,6 @@ class _Driver:
     def _model_output(self, done: Scheduled) -> tuple[Any, dict[str, int]]:
         """What the model returns for ``done``: per request, the accepted drafts and a bonus
         token (nothing for a prefill chunk), and how many drafts each accepted."""
-        from vllm.v1.outputs import ModelRunnerOutput
-
         out = done.output
         rids = list(out.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -256,12 +254,7 @@ class _Driver:
             n = drafts if roll < 0.3 else 0 if roll < 0.5 else self.rng.randint(0, drafts)
             accepted[rid] = n
             sampled.append([self._token() for _ in range(n + 1)])
-        index: dict[str, Any] = {}
-        # 0.34.0 derives the index from req_ids and takes no such argument.
-        if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
-            index["req_id_to_index"] = {r: i for i, r in enumerate(rids)}
-        output = ModelRunnerOutput(req_ids=rids, sampled_token_ids=sampled, **index)
-        return output, accepted
+        return _harness.model_outputs(dict(zip(rids, sampled, strict=True))), accepted
 
     def _token(self) -> int:
         return STOP_TOKEN if self.rng.random() < 0.03 else self.rng.randrange(100, 240000)
