@@ -119,3 +119,11 @@ def test_0340_reserves_every_dflash_slot_inside_the_requests_blocks(probe_releas
     (slots,) = probe_release("0.34.0", "lookahead_slots").values()
     assert slots.status == PRESENT, slots.evidence
     assert set(slots.details["outside"].values()) == {0}
+
+
+def test_0340_schedules_each_steps_drafts_by_how_many_run(probe_release):
+    """0.34.0's scheduler takes the per-batch-size schedule itself (the stand-in sees it) and
+    serves a range above K clamped to K, where the fixed 0.20.1 refuses it: both are fixed."""
+    (by_batch,) = probe_release("0.34.0", "spec_tokens_by_batch").values()
+    assert by_batch.status == PRESENT, by_batch.evidence
+    assert "K = 16 in a range: served, at most 15 drafts verified a step" in by_batch.evidence

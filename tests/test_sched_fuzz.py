@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from tooling.fuzzing.cases import read_case_file
+from tooling.patching.apply import ApplyOptions, apply_series
+from tooling.patching.outcome import APPLIED
+from tooling.patching.series import load_series
 from tooling.paths import REPO_DIR
 
-from .helpers import run_tooling
+from .helpers import PATCHES, run_tooling
 
 pytestmark = pytest.mark.slow
 
@@ -120,11 +123,11 @@ def test_the_same_campaign_passes_the_patched_tree(probe_python, patched_0201, t
 
 
 #: Findings of the fuzzer on stock 0.34.0 (issue 48), kept for the ports: each fails there and
-#: passes the patched 0.20.1 tree.
+#: passes the patched 0.20.1 tree and 0.34.0 with its ports.
 CASES_0340 = sorted((REPO_DIR / "tests" / "data" / "sched-fuzz-0.34.0").glob("*.json"))
 
 
-def test_0340_findings_fail_stock_0340_and_pass_the_patched_0201_tree(
+def test_0340_findings_fail_stock_0340_and_pass_the_patched_0201_and_ported_0340_trees(
     probe_python, catalog, fetch_release, patched_0201, tmp_path
 ):
     upstream = fetch_release(catalog.get("0.34.0"), with_wheel=False)
@@ -133,5 +136,15 @@ def test_0340_findings_fail_stock_0340_and_pass_the_patched_0201_tree(
     assert code == 25, err
     assert [r["outcome"] for r in data["replayed"]] == ["starve"] * len(CASES_0340)
     code, data, err = fuzz(probe_python, Path(patched_0201.work_dir), tmp_path / "patched", *args)
+    assert code == 0, err
+    assert [r["outcome"] for r in data["replayed"]] == ["pass"] * len(CASES_0340)
+    # The ledger's code for 0.34.0 (its ports; the fixes it does not decide there conflict).
+    ported = apply_series(
+        upstream, load_series(PATCHES / "series.toml"), tmp_path / "vllm-0.34.0",
+        ApplyOptions(probe_python=None, log_dir=tmp_path / "logs", keep_going=True),
+    )  # fmt: skip
+    assert ported.outcome("mamba-chunk-liveness").status == APPLIED
+    assert ported.outcome("mamba-chunk-liveness").patch_file.startswith("0.34.0/")
+    code, data, err = fuzz(probe_python, tmp_path / "vllm-0.34.0", tmp_path / "ported", *args)
     assert code == 0, err
     assert [r["outcome"] for r in data["replayed"]] == ["pass"] * len(CASES_0340)

@@ -75,6 +75,16 @@ def run_case(
     return Outcome(OUTCOME_PASS, steps=driver.step, facts=built.facts)
 
 
+def worker_fills_drafts_from_last_batch() -> bool:
+    """Whether the release's worker fills the scheduler's draft placeholders from its previous
+    batch: the V1 model runner does. A release without it (0.34.0) serves DFlash on the V2
+    runner, whose input batch takes each request's drafts from its own persistent row
+    (``vllm/v1/worker/gpu/input_batch.py``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+
+
 class _Driver:
     def __init__(
         self, engine: Engine, case: Case, observe: Callable[[Any, Any], None] | None = None
@@ -90,6 +100,7 @@ class _Driver:
         # asynchronously wherever it can.
         self.depth = 2 if engine.config.scheduler_config.async_scheduling else 1
         self.last_batch: set[str] = set()
+        self.fills_from_last_batch = worker_fills_drafts_from_last_batch()
         self.in_flight: deque[Scheduled] = deque()
         work = sum(r.prompt_len + r.max_tokens for r in case.requests)
         last = max((r.arrival for r in case.requests), default=0)
@@ -215,8 +226,10 @@ class _Driver:
         """With asynchronous scheduling the scheduler's drafts are placeholders (-1) that
         the worker fills from its previous batch. A request scheduled with drafts that was
         not in that batch verifies placeholders the worker cannot fill: they reach the
-        model as token ids (on a GPU, a device-side assert in the embedding)."""
-        if self.depth == 1 or not out.total_num_scheduled_tokens:
+        model as token ids (on a GPU, a device-side assert in the embedding). A worker that
+        keeps each request's drafts in a row of its own (0.34.0's V2 runner) fills them
+        whatever batch the request was last in: there a placeholder is no defect."""
+        if self.depth == 1 or not out.total_num_scheduled_tokens or not self.fills_from_last_batch:
             return
         for rid, drafts in out.scheduled_spec_decode_tokens.items():
             if drafts and rid not in self.last_batch:

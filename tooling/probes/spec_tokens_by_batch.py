@@ -13,9 +13,11 @@ written outside a request's blocks) with DFlash at K = 15 and the schedule
 lengths. Fixed means the workload passes the oracles, no request verifies more than 3 drafts
 in a step where more than four requests run, and steps with four or fewer verify 15; and a
 schedule that cannot be served (a K above ``num_speculative_tokens``) is refused while the
-config is built. Stock 0.20.1 has no such option and refuses it. From 0.24.0 vLLM takes the
-option and lowers the drafts its drafter proposes, which this scheduler-side stand-in (it
-always proposes K) cannot see: there the probe reads absent.
+config is built, or, as 0.34.0 does, served with no step verifying more than K. Stock 0.20.1
+has no such option and refuses it. From 0.24.0 vLLM takes the option and lowers the drafts
+its drafter proposes, which this scheduler-side stand-in (it always proposes K) cannot see:
+there the probe reads absent. 0.34.0's scheduler schedules each step's K itself, which the
+stand-in sees.
 """
 
 from __future__ import annotations
@@ -49,26 +51,42 @@ def run() -> ProbeResult:
             outcome = run_case(Case(settings, REQUESTS, seed=3), root, observe=observe)
         except Exception as e:  # a release that cannot build the engine asked for
             return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"cannot ask: {e}"[:300])
+        too_many = Settings(k=K, max_num_seqs=64, spec_tokens_by_batch=((1, 8, K + 1),))
         try:
-            too_many = ((1, 8, K + 1),)
-            engine_config(Settings(k=K, max_num_seqs=64, spec_tokens_by_batch=too_many), root)
+            engine_config(too_many, root)
             refused = ""
         except Exception as e:  # the refusal asked for
             refused = " ".join(str(e).split())
+        over: list[int] = []
+        if not refused:
+            # Served instead: no step may verify more drafts than the drafter makes.
+            def drafts(scheduler: Any, out: Any) -> None:
+                over.extend(len(v) for v in out.scheduled_spec_decode_tokens.values())
+
+            run_case(Case(too_many, REQUESTS[:4], seed=3), root, observe=drafts)
     crowded = max((d for n, d in seen if n > 4), default=None)
     few = {d for n, d in seen if n <= 4}
     evidence = (
         f"outcome {outcome.outcome} {outcome.detail}".strip()
         + f"; most drafts verified a step with more than 4 running: {crowded}, with 4 or fewer: "
         f"{sorted(few)}; K = {K + 1} in a range: "
-        + (f"refused ({refused[:160]})" if refused else "accepted")
+        + (
+            f"refused ({refused[:160]})"
+            if refused
+            else f"served, at most {max(over, default=0)} drafts verified a step"
+        )
+    )
+    unservable_handled = (
+        "num_speculative_tokens_per_batch_size" in refused
+        if refused
+        else bool(over) and max(over) <= K
     )
     fixed = (
         outcome.outcome == "pass"
         and crowded is not None
         and crowded <= 3
         and K in few
-        and "num_speculative_tokens_per_batch_size" in refused
+        and unservable_handled
     )
     return ProbeResult(
         probe=NAME,
