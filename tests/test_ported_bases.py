@@ -240,3 +240,34 @@ def test_on_a_ported_base_each_fix_comes_to_what_the_ledger_says(
     )
     assert not report.ok
     assert report.series_digest == series.for_base(PORTED, strict=False).digest
+
+
+@pytest.mark.slow
+def test_the_ledgers_claims_for_0340_hold_on_its_tree(
+    tmp_path, catalog, fetch_release, probe_python, cache
+):
+    """The real ledger on the real 0.34.0 with the real probes: each fix it decides there comes
+    to what it says (superseded ones read present on stock 0.34.0, each port goes in and its
+    probe then reads present, not-needed ones are left out), and a build names the first fix
+    still undecided."""
+    series = load_ledger(PATCHES)
+    upstream: Upstream = fetch_release(catalog.get("0.34.0"), with_wheel=False)
+    report = apply_series(
+        upstream, series, tmp_path / "work", apply_options(probe_python, cache, keep_going=True)
+    )
+    resolved = series.for_base("0.34.0", strict=False)
+    expected = {None: CONFLICT, CodeState.SUPERSEDED: SUPERSEDED, CodeState.PORT: APPLIED}
+    expected[CodeState.NOT_NEEDED] = NOT_NEEDED
+    for patch in resolved.patches:
+        outcome = report.outcome(patch.id)
+        assert outcome.status == expected[patch.expect], (patch.id, outcome.message)
+        if patch.expect in (CodeState.SUPERSEDED, CodeState.PORT):
+            assert outcome.problem is None, (patch.id, outcome.problem)
+            assert outcome.probe_after is not None and outcome.probe_after["status"] == PRESENT
+        if patch.expect is CodeState.PORT:
+            assert outcome.probe_before is not None, patch.id
+            assert outcome.probe_before["status"] != PRESENT, (patch.id, "a port of no defect")
+    undecided = [p.id for p in resolved.patches if p.expect is None]
+    assert undecided, "every fix decided: make this test build the 0.34.0 wheel instead"
+    with pytest.raises(SeriesError, match=rf"^base 0.34.0: fix {undecided[0]} has no code"):
+        series.for_base("0.34.0", strict=True)
