@@ -28,9 +28,11 @@ $(STAMP): pyproject.toml
 probe-env: $(STAMP) ## Create the cached CPU interpreter the behavioural probes run in
 	@$(TOOLING) probe-env
 
-wheel: $(STAMP) ## Build the patched vLLM 0.20.1 CUDA wheel into dist/
+# BASE=VERSION: another pinned base (a ported one builds only once the ledger decides every fix).
+BASE ?=
+wheel: $(STAMP) ## Build the patched vLLM CUDA wheel into dist/ (0.20.1, or BASE=VERSION)
 	@$(TOOLING) probe-env >/dev/null
-	$(TOOLING) build --dist $(DIST)
+	$(TOOLING) build --dist $(DIST) $(if $(BASE),--base $(BASE))
 
 # Two workers, each taking a whole test module (its module fixtures built once): most of
 # the suite waits on child interpreters, so two overlap well even on two cores.
