@@ -372,6 +372,61 @@ def test_join_and_install_offline(local_bundle, tmp_path: Path) -> None:
     assert ran.stdout.split() == ["0.20.1+dflash", "1.2.3"], ran.stderr
 
 
+def _bundle_leaving_out(root: Path, name: str, version: str, host_has: str) -> Path:
+    """A bundle of a stand-in wheel that needs ``name==version``, made with ``host_has`` as
+    the --exclude-present list (so ``name`` is left out as the host's)."""
+    patched = build_wheel(root, "vllm_standin", "0.34.0+dflash", name)
+    plan = plan_bundle(
+        [Requirement(name, version, hashes=(), via=("vllm-standin",))],
+        wheel=patched,
+        present=parse_present(host_has),
+        extras=(),
+    )
+    assert plan.present == ((name, version),)
+    config = BundleConfig(
+        wheel=patched, out_dir=root / "out", exclude_newer="2026-11-17", progress=False
+    )
+    return write_bundle(plan, {}, config).bundle_dir
+
+
+def test_install_refuses_a_host_without_what_the_bundle_left_out(tmp_path: Path) -> None:
+    """A bare name in --exclude-present matches any version while the bundle is made; the
+    host must have the version the closure was resolved with (0.34.0 pins torch 2.14.0, an
+    H200 host has 2.11.0). install.sh checks before it installs: one line, exit 3, and the
+    target is not made."""
+    bundle = _bundle_leaving_out(tmp_path, "helper-dep", "9.9.9", "helper-dep\n")
+    assert (bundle / "present.txt").read_text() == "helper-dep==9.9.9\n"
+    site = tmp_path / "site"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["sh", str(bundle / "install.sh"), "--target", str(site)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "install.sh: this host has no helper-dep, but the bundle was resolved with "
+        "helper-dep==9.9.9 and left it out as the host's (--exclude-present): make the bundle "
+        "again from the host's `pip freeze`, or without that name; nothing was installed"
+    ]
+    assert not site.exists()
+
+
+def test_install_goes_on_where_the_host_has_what_was_left_out(tmp_path: Path) -> None:
+    """This interpreter's own pip, left out as the host's at its version (a local label
+    aside), passes the check, and the rest installs."""
+    from importlib.metadata import version
+
+    pip = version("pip")
+    bundle = _bundle_leaving_out(tmp_path, "pip", pip, f"pip=={pip}+local\n")
+    site = tmp_path / "site"
+    done = subprocess.run(
+        ["sh", str(bundle / "install.sh"), "--target", str(site)],
+        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (site / "vllm_standin").is_dir()
+
+
 def test_install_script_refuses_unknown_options(local_bundle) -> None:
     script = local_bundle["result"].bundle_dir / "install.sh"
     bad = subprocess.run(["sh", str(script), "--tagret", "x"], capture_output=True, text=True)

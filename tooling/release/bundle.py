@@ -134,7 +134,13 @@ def write_bundle(
         if resolution is not None:
             (tmp / "requirements.lock").write_text(header + resolution.lock_text)
         (tmp / "install.txt").write_text("\n".join(sorted(install_lines)) + "\n")
+        # What was left out as the host's, at the versions the closure was resolved with:
+        # install.sh checks the host has them before it installs (a bare name in
+        # --exclude-present matched any version here).
+        present = [f"{n}=={v}\n" for n, v in sorted(plan.present)]
+        (tmp / "present.txt").write_text("".join(present))
         (tmp / "install.sh").write_text(bundle_file("install.sh"))
+        (tmp / "check_present.py").write_text(bundle_file("check_present.py"))
         (tmp / "install.sh").chmod(0o755)
         manifest = {
             "name": name,

@@ -16,6 +16,11 @@ while [ $# -gt 0 ]; do
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+# What the bundle left out as the host's must be here at the version it was resolved with;
+# checked before anything is installed (exit 3 and one line otherwise).
+if [ -f "$here/present.txt" ]; then
+  "$python" "$here/check_present.py" "$here/present.txt" ${target:+"$target"}
+fi
 # The host's pip.conf (indexes, constraints) has no say: everything is here.
 export PIP_CONFIG_FILE=/dev/null
 # --no-deps: the bundle was resolved as a whole; what it leaves out the host has.
