@@ -13,11 +13,10 @@ written outside a request's blocks) with DFlash at K = 15 and the schedule
 lengths. Fixed means the workload passes the oracles, no request verifies more than 3 drafts
 in a step where more than four requests run, and steps with four or fewer verify 15; and a
 schedule that cannot be served (a K above ``num_speculative_tokens``) is refused while the
-config is built, or, as 0.34.0 does, served with no step verifying more than K. Stock 0.20.1
-has no such option and refuses it. From 0.24.0 vLLM takes the option and lowers the drafts
-its drafter proposes, which this scheduler-side stand-in (it always proposes K) cannot see:
-there the probe reads absent. 0.34.0's scheduler schedules each step's K itself, which the
-stand-in sees.
+config is built, or, as vLLM's own option does, served with no step verifying more than K.
+Stock 0.20.1 has no such option and refuses it. From 0.24.0 vLLM takes the option (#32374):
+its scheduler looks up each step's K by how many requests it schedules and clamps a range's
+K to ``num_speculative_tokens``, which this stand-in sees.
 """
 
 from __future__ import annotations
