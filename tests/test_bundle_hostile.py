@@ -27,13 +27,14 @@ from .helpers import HANG_GUARD_S, wait_until
 from .index_server import Index, Refusing, refusing_index, serving
 from .wheels import build_wheel
 
-#: The patched wheel stand-in: vLLM's name and version, two dependencies to resolve.
-VLLM = ("vllm", "0.20.1+dflash.12.abc", "sniffio\nRequires-Dist: six")
+#: The patched wheel stand-in: vLLM's name and version, two dependencies to resolve, and the
+#: torch it pins, as vLLM's own wheels do.
+VLLM = ("vllm", "0.20.1+dflash.12.abc", "sniffio\nRequires-Dist: six\nRequires-Dist: torch==2.11.0")
 
 
 @pytest.fixture
 def wheels(tmp_path: Path) -> Path:
-    """An index's wheels: the resolution's pin (torch), vLLM's dependencies in two versions
+    """An index's wheels: the torch vLLM pins, vLLM's dependencies in two versions
     each, and a project the bundle adds as an extra."""
     folder = tmp_path / "index"
     folder.mkdir()

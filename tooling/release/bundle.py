@@ -3,7 +3,7 @@
 Three stages, each returning plain data the CLI can print as JSON:
 
 1. ``download.resolve`` runs ``uv pip compile`` (``python -m uv``) on the patched
-   wheel plus pins (``torch==2.11.0``), for CPython 3.12 on
+   wheel (which pins its own torch), for CPython 3.12 on
    ``manylinux_2_35_x86_64``, with ``--exclude-newer`` at the base's release, so
    every dependency has the version vLLM was released against; ``lock`` reads it.
 2. ``bundle_plan.plan_bundle`` (pure) leaves out what the caller asked to skip (and

@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PYTHON_VERSION = "3.12"
 DEFAULT_PLATFORM = "manylinux_2_35_x86_64"
-DEFAULT_PINS = ("torch==2.11.0",)
+#: None: each base's wheel pins its own torch (0.20.1: 2.11.0, 0.34.0: 2.14.0), and a pin of
+#: one base's made every other base's closure unsolvable.
+DEFAULT_PINS: tuple[str, ...] = ()
 DEFAULT_EXTRAS = ("dflash==0.1.0",)
 # Required by vLLM 0.20.1's metadata but not imported on the Qwen3 + DFlash +
 # FLASH_ATTN path (upstream-notes section 4), and large: left out unless asked.
