@@ -6,7 +6,9 @@ exit."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -353,3 +355,33 @@ def test_the_staging_folders_of_a_bundle_killed_outright_go_with_the_next(
     )
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == [name, f"{name}-parts"]
+
+
+def test_a_base_whose_wheel_pins_what_the_index_lost_resolves_without_it(
+    tmp_path: Path, index: Index
+) -> None:
+    """0.34.0's wheel pins flashinfer-python==0.7.3, which PyPI no longer lists: resolved as
+    pinned, its closure has no solution (exit 19, uv's reason named). Its ``bundle_excludes``
+    in bases.toml leave such packages out of the resolution, and the plan says so."""
+    (tmp_path / "dist").mkdir()
+    gone = build_wheel(
+        tmp_path / "dist", "vllm", "0.34.0", "sniffio\nRequires-Dist: gone-pkg==0.7.3"
+    )
+    bases = tmp_path / "patches"
+    shutil.copytree(REPO_DIR / "patches", bases)
+    text = (bases / "bases.toml").read_text()
+    command = [
+        sys.executable, "-m", "tooling", "--no-progress", "--index-url", index.url,
+        "--patches-dir", str(bases), "bundle", "--base", "0.34.0", "--wheel", str(gone),
+        "--out", str(tmp_path / "out"), "--lock-only", str(tmp_path / "lock.txt"), "--json",
+    ]  # fmt: skip
+    refused = subprocess.run(command, env=_environ(tmp_path), capture_output=True, text=True)
+    assert refused.returncode == 19, refused.stderr
+    assert "gone-pkg==0.7.3" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    (bases / "bases.toml").write_text(text.replace('"flashinfer-python",', '"gone-pkg",'))
+    done = subprocess.run(command, env=_environ(tmp_path), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)["plan"]
+    assert [e["name"] for e in plan["include"] if e["source"] == "resolved"] == ["sniffio"]
+    assert ["gone-pkg", "", "not resolved (the base's bundle_excludes)"] in plan["skipped"]
+    assert "gone-pkg" not in (tmp_path / "lock.txt").read_text()

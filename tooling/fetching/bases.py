@@ -45,6 +45,9 @@ class Base:
     git: GitPin
     wheel: Artifact | None = None
     wheel_commit: str | None = None
+    bundle_excludes: tuple[str, ...] = ()
+    """Packages ``tooling bundle`` leaves out of the resolution itself: its wheel pins a
+    version the index no longer serves, of a package the bundle does not carry anyway."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class BaseCatalog:
 
 #: The keys each table may hold; any other is a typo that would be ignored.
 _TOP_KEYS = frozenset({"default", "git_url", "bases"})
-_BASE_KEYS = frozenset({"release_date", "probe_env", "sdist", "wheel", "git"})
+_BASE_KEYS = frozenset({"release_date", "probe_env", "sdist", "wheel", "git", "bundle_excludes"})
 _ARTIFACT_KEYS = frozenset({"filename", "size", "sha256", "wheel_commit"})
 _GIT_KEYS = frozenset({"tag", "commit", "commit_verified"})
 
@@ -123,6 +126,7 @@ def _base(version: str, table: Any, path: Path) -> Base:
         git=pin,
         wheel=_artifact(wheel, wheel_doc) if wheel is not None else None,
         wheel_commit=wheel_doc.text(wheel, "wheel_commit", None) if wheel is not None else None,
+        bundle_excludes=doc.texts(table, "bundle_excludes", ()),
     )
 
 

@@ -30,7 +30,7 @@ import json
 import logging
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +198,11 @@ def resolve_and_plan(
         keep=config.keep,
         extras=config.extras,
     )
-    return resolution, plan
+    # Never resolved, so never in the plan's own account: said here, where it is read.
+    unresolved = tuple(
+        (name, "", "not resolved (the base's bundle_excludes)") for name in config.excludes
+    )
+    return resolution, replace(plan, skipped=plan.skipped + unresolved)
 
 
 def refuse_existing(config: BundleConfig) -> None:

@@ -59,6 +59,8 @@ class BundleConfig:
     skip: tuple[str, ...] = DEFAULT_SKIP
     keep: tuple[str, ...] = DEFAULT_KEEP
     """Never left out for being needed only by skipped packages."""
+    excludes: tuple[str, ...] = ()
+    """Left out of the resolution itself (the base's ``bundle_excludes``)."""
     exclude_present: Path | None = None
     split_bytes: int | None = None
     index_url: str = DEFAULT_INDEX_URL

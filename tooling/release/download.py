@@ -74,6 +74,10 @@ def resolve(config: BundleConfig, scratch: Path | None = None) -> Resolution:
     with run_scratch("bundle", scratch) as tmp:
         req_in = Path(tmp) / "requirements.in"
         req_in.write_text("\n".join([str(config.wheel.resolve()), *config.pins]) + "\n")
+        excludes: tuple[str, ...] = ()
+        if config.excludes:
+            (Path(tmp) / "excludes.txt").write_text("\n".join(config.excludes) + "\n")
+            excludes = ("--excludes", str(Path(tmp) / "excludes.txt"))
         out = Path(tmp) / "requirements.txt"
         cmd = (
             sys.executable,
@@ -97,12 +101,14 @@ def resolve(config: BundleConfig, scratch: Path | None = None) -> Resolution:
             "--generate-hashes",
             "--no-header",
             "--quiet",
+            *excludes,
             *(("--offline",) if config.offline else ()),
         )
         result = procs.run(cmd, env={**os.environ, "TMPDIR": str(tmp)})
         if result.returncode != 0:
-            lines = [ln for ln in (result.stderr or "").splitlines() if ln.strip()]
-            why = " ".join(lines[-3:]) if lines else f"exit {result.returncode}"
+            # uv wraps its reason to the terminal's width: the whole of it, on one line, or
+            # the package at fault can fall outside the last lines.
+            why = " ".join((result.stderr or "").split())[-800:] or f"exit {result.returncode}"
             if config.offline:
                 raise CacheMissError(
                     f"--offline: uv could not resolve {config.wheel.name} from its cache: {why}"

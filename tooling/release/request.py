@@ -52,6 +52,7 @@ class BundleRequest:
             python_version=self.python_version,
             platform=self.platform,
             extras=self.extras or bundle_plan.DEFAULT_EXTRAS,
+            excludes=self.base.bundle_excludes,
             exclude_present=self.exclude_present,
             split_bytes=bundle_plan.parse_size(self.split) if self.split else None,
             index_url=self.index_url,
