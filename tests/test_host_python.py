@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import time
@@ -135,3 +136,7 @@ def test_a_session_starts_runs_and_is_waited_for_with_only_what_the_host_has(
     build = (work / "session" / "build.log").read_text()
     assert "vllm-0.20.1-*.whl, expected one" in build and "Traceback" not in build
     assert {p.name for p in out.iterdir()} >= {"collect.txt", "texts.txt", "reports.tgz"}
+    # The host's packages with versions come back, for a bundle's --exclude-present.
+    freeze = (work / "session" / "host-freeze.txt").read_text()
+    assert re.search(r"^[A-Za-z0-9_.-]+==\d", freeze, re.M), freeze[:300]
+    assert "== session/host-freeze.txt" in (out / "texts.txt").read_text()

@@ -152,6 +152,10 @@ def start(
                 f"{layout.session}: a session is already running (pid {pid}): wait for it"
             )
     layout.session.mkdir(parents=True, exist_ok=True)
+    # The host's packages with their versions, which its image's list lacks: a bundle made
+    # with them as --exclude-present carries only what differs (0.34.0's, issue 48).
+    with written(layout.session / "host-freeze.txt") as freeze:
+        run([PYTHON, "-m", "pip", "freeze", "--all"], env=layout.env(), stdout=freeze, limit_s=60)
     setup(parts, SetupStep.INSTALL, layout, [], None)
     if any(STEPS[s].kind in (Kind.PAIR, Kind.TRAINED, Kind.SPEED) for s in steps):
         if pair_parts is not None:
