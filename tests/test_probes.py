@@ -127,3 +127,16 @@ def test_0340_schedules_each_steps_drafts_by_how_many_run(probe_release):
     (by_batch,) = probe_release("0.34.0", "spec_tokens_by_batch").values()
     assert by_batch.status == PRESENT, by_batch.evidence
     assert "K = 16 in a range: served, at most 15 drafts verified a step" in by_batch.evidence
+
+
+def test_0340_replays_full_graphs_for_each_budget_tier(probe_release):
+    """0.34.0 has no V1 runner: the probe asks the V2 runner's own graph manager, which
+    captures full graphs for every K' a budget names and dispatches the budget's step to
+    one (fix 20 superseded)."""
+    (graphs,) = probe_release("0.34.0", "spec_budget_graphs").values()
+    assert graphs.status == PRESENT, graphs.evidence
+    assert graphs.details["dispatch"] == {
+        "1 request, 15 drafts": "FULL",
+        "3 requests, 3 drafts": "FULL",
+        "3 prompts of 4 tokens (not uniform)": "PIECEWISE",
+    }

@@ -18,6 +18,13 @@ and the budget [[1, 1, 15], [2, 1024, 3]]:
 Fixed: the budget's step replays a FULL graph of its own (3 requests of 4 tokens) while
 the prefills stay mixed. Absent: it runs PIECEWISE, or the tree has no budget (the
 scheduler verifies 15 drafts at three requests).
+
+A release without the V1 runner (0.34.0) serves DFlash on the V2 runner: there the probe
+builds the config ``vllm serve`` builds for the seed's pair with the same budget on an H200,
+and asks the V2 runner's own CUDA-graph manager (``CudaGraphManager``, made as the runner
+makes it, from ``get_decode_cudagraph_query_lens``) which graphs it captures and which it
+dispatches a step to. Whether a prompt of K' + 1 tokens counts as a uniform step there is
+fix 7's question, asked of the V2 runner's batch state, not here.
 """
 
 from __future__ import annotations
@@ -71,8 +78,87 @@ def _prefills(config: Any) -> tuple[str, bool]:
     return _dispatch(runner, out)
 
 
+def _v2() -> ProbeResult:
+    """The V2 runner's graph manager for the seed's pair with the budget (see the module)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu.cudagraph_utils") is None:
+        return ProbeResult(probe=NAME, status=UNKNOWN, evidence="no V1 runner and no V2 one")
+    import torch
+    from vllm.config import CUDAGraphMode
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from ._schedsim import Settings, engine_config, h200_platform
+
+    budget = tuple((first, last, k) for first, last, k in BUDGET)
+    with h200_platform():
+        config = engine_config(
+            Settings(k=K, max_num_seqs=64, spec_tokens_by_batch=budget), _harness.scratch_dir()
+        )
+        config.model_config.enforce_eager = False
+        config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+        config.compilation_config.cudagraph_capture_sizes = None
+        config.compilation_config.max_cudagraph_capture_size = None
+        config._set_cudagraph_sizes()
+        _harness.ensure_single_process_group(config)
+        # The CPU platform has no CUDA graph pool; the manager only keeps its handle.
+        with _harness.replaced(type(current_platform), graph_pool_handle=lambda self: object()):
+            manager = CudaGraphManager(
+                config,
+                torch.device("cpu"),
+                CUDAGraphMode.FULL_AND_PIECEWISE,
+                decode_query_lens=config.get_decode_cudagraph_query_lens(
+                    config.uniform_decode_query_len
+                ),
+            )
+    full = {
+        (d.num_reqs, d.uniform_token_count)
+        for d in manager._capture_descs.get(CUDAGraphMode.FULL, [])
+    }
+    # What a step is dispatched to once the graphs are captured (capture needs a GPU).
+    manager._graphs_captured = True
+
+    def mode(reqs: int, per_request: int, uniform: bool) -> str:
+        desc = manager.dispatch(
+            num_reqs=reqs,
+            num_tokens=reqs * per_request,
+            uniform_token_count=per_request if uniform else None,
+            num_active_loras=0,
+            max_query_len=per_request,
+        )
+        return str(desc.cg_mode.name)
+
+    seen = {
+        f"1 request, {K} drafts": mode(1, K + 1, True),
+        f"{REQUESTS} requests, {BUDGET_K} drafts": mode(REQUESTS, BUDGET_K + 1, True),
+        f"{REQUESTS} prompts of {BUDGET_K + 1} tokens (not uniform)": mode(
+            REQUESTS, BUDGET_K + 1, False
+        ),
+    }
+    captured = (REQUESTS, BUDGET_K + 1) in full
+    evidence = (
+        f"seed's pair, K = {K}, budget {BUDGET}, FULL_AND_PIECEWISE, the V2 runner's graph "
+        f"manager: FULL graphs of {BUDGET_K + 1} tokens a request for "
+        f"{sorted(n for n, q in full if q == BUDGET_K + 1)[:6]}... requests; dispatch: "
+        + "; ".join(f"{case}: {m}" for case, m in seen.items())
+    )
+    modes = list(seen.values())
+    if modes[0] != "FULL":
+        status = UNKNOWN
+    elif captured and modes[1] == "FULL" and modes[2] != "FULL":
+        status = PRESENT
+    else:
+        status = ABSENT
+    return ProbeResult(probe=NAME, status=status, evidence=evidence, details={"dispatch": seen})
+
+
 def run() -> ProbeResult:
+    import importlib.util
+
     _harness.install_cpu_platform()
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+        return _v2()
     pair = _harness.hybrid_pair()
     option = {"num_speculative_tokens_per_batch_size": BUDGET}
     config = option_config(NAME, "no speculation budget here", pair, K, option, BUDGET)
