@@ -140,3 +140,15 @@ def test_0340_replays_full_graphs_for_each_budget_tier(probe_release):
         "3 requests, 3 drafts": "FULL",
         "3 prompts of 4 tokens (not uniform)": "PIECEWISE",
     }
+
+
+def test_0340_drafter_windows_and_fp8_cache_on_the_v2_runner(probe_release):
+    """0.34.0 has no V1 proposer: the probes ask the V2 path (each group's causality from
+    the drafter, the query pass's metadata per group), and both read present there (fixes
+    2 and 5 superseded)."""
+    results = probe_release("0.34.0", "swa_windows", "fp8_kv")
+    windows = results["swa_windows"]
+    assert windows.status == PRESENT, windows.evidence
+    assert windows.details["runner"] == "v2 runner"
+    assert windows.details["masks"] == [[15, 0], [15, 0], [-1, -1]]
+    assert results["fp8_kv"].status == PRESENT, results["fp8_kv"].evidence

@@ -413,6 +413,29 @@ def recording(module: Any, *names: str) -> Iterator[_KernelRecorder]:
         yield recorder
 
 
+def dflash_v2_query_metadata(config: Any) -> Any:
+    """The attention metadata of the DFlash drafter's query pass on the V2 runner (0.34.0,
+    which has no V1 proposer): two requests of ``1 + K`` queries over 20 and 11 tokens of
+    context, as ``v1/worker/gpu/attn_utils.build_attn_metadata`` hands each KV-cache group
+    (the V2 speculator gives each group its causality, ``get_draft_attn_causal``)."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    queries = 1 + config.speculative_config.num_speculative_tokens
+    query_start = torch.tensor([0, queries, 2 * queries], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=query_start,
+        query_start_loc_cpu=query_start.clone(),
+        seq_lens=torch.tensor([20 + queries, 11 + queries], dtype=torch.int32),
+        num_reqs=2,
+        num_actual_tokens=2 * queries,
+        max_query_len=queries,
+        max_seq_len=20 + queries,
+        block_table_tensor=torch.arange(8, dtype=torch.int32).view(2, 4),
+        slot_mapping=torch.zeros(2 * queries, dtype=torch.int64),
+    )
+
+
 def dflash_proposer_metadata(config: Any) -> Any:
     """The attention metadata V1's DFlashProposer builds for its drafter's queries.
 
