@@ -82,6 +82,7 @@ PURE = {
 #: Run in another interpreter, or shipped in the bundle: they answer through one function.
 ANSWERING = {
     "release/bundle_files/join.py": {"_say", "_refuse"},
+    "release/bundle_files/check_present.py": {"_refuse"},
     "verifying/inside/bytecode_check.py": {"_answer"},
 }
 #: Where the command line writes its results (click.echo) and the probes, copied into the

@@ -38,9 +38,14 @@ def installed(name: str, target: str | None) -> str | None:
         return None
 
 
+def _refuse(line: str) -> None:
+    """The script's one line on stderr (it answers through this function alone)."""
+    print(line, file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (2, 3):
-        print("usage: check_present.py PRESENT_TXT [TARGET]", file=sys.stderr)
+        _refuse("usage: check_present.py PRESENT_TXT [TARGET]")
         return 2
     target = argv[2] if len(argv) == 3 else None
     for line in Path(argv[1]).read_text(encoding="utf-8").splitlines():
@@ -50,12 +55,11 @@ def main(argv: list[str]) -> int:
         have = installed(name.lower().replace("_", "-"), target)
         if have is None or public(have) != public(wanted):
             found = f"has {name} {have}" if have else f"has no {name}"
-            print(
+            _refuse(
                 f"install.sh: this host {found}, but the bundle was resolved with "
                 f"{name}=={wanted} and left it out as the host's (--exclude-present): make the "
                 "bundle again from the host's `pip freeze`, or without that name; nothing "
-                "was installed",
-                file=sys.stderr,
+                "was installed"
             )
             return MISSING
     return 0
