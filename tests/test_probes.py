@@ -152,3 +152,12 @@ def test_0340_drafter_windows_and_fp8_cache_on_the_v2_runner(probe_release):
     assert windows.details["runner"] == "v2 runner"
     assert windows.details["masks"] == [[15, 0], [15, 0], [-1, -1]]
     assert results["fp8_kv"].status == PRESENT, results["fp8_kv"].evidence
+
+
+def test_0340_drafts_past_max_model_len_write_over_the_requests_own_kv(probe_release):
+    """0.34.0's V2 runner drafts at every step; its DFlash input kernel (run in Triton's
+    interpreter) clamps a query past max_model_len into the request's last block, over the
+    slot of a valid earlier position: fix 10's defect, which its port removes."""
+    (max_len,) = probe_release("0.34.0", "drafter_max_len").values()
+    assert max_len.status == ABSENT, max_len.evidence
+    assert max_len.details["overwritten"] == [[64, 208, 48], [65, 209, 49], [66, 210, 50]]

@@ -91,8 +91,35 @@ def _decisions(runner: Any, reaches: tuple[int, ...]) -> tuple[dict[int, bool], 
         }, "_input_fits_in_drafter"
 
 
+def _v2() -> ProbeResult:
+    """The V2 runner's DFlash input kernel, run in Triton's interpreter (``_dflash_v2_kernel``)."""
+    from . import _dflash_v2_kernel as kernel
+
+    found = kernel.ask()
+    if "error" in found:
+        return ProbeResult(probe=NAME, status=UNKNOWN, evidence=found["error"][:400])
+    evidence = (
+        f"V2 runner, DFlash K={kernel.K}, max_model_len {kernel.MAX_MODEL_LEN}, "
+        f"{kernel.BLOCK}-token blocks, last valid position {kernel.LAST}: the input kernel gives "
+        f"queries at positions {found['positions'][0]}..{found['positions'][-1]} the slots "
+        f"{found['slots']}; "
+        + (
+            "positions past the end write over "
+            + ", ".join(f"{p} -> the slot of {q}" for p, _, q in found["overwritten"])
+            if found["overwritten"]
+            else "none is the slot of a valid position"
+        )
+    )
+    status = ABSENT if found["overwritten"] else PRESENT
+    return ProbeResult(probe=NAME, status=status, evidence=evidence, details=found)
+
+
 def run() -> ProbeResult:
+    import importlib.util
+
     _harness.install_cpu_platform()
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+        return _v2()
     pair = _harness.hybrid_pair()
     runner = _harness.v1_runner(_harness.vllm_config(pair, num_speculative_tokens=K))
     limit = runner.effective_drafter_max_model_len
