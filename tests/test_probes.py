@@ -161,3 +161,18 @@ def test_0340_drafts_past_max_model_len_write_over_the_requests_own_kv(probe_rel
     (max_len,) = probe_release("0.34.0", "drafter_max_len").values()
     assert max_len.status == ABSENT, max_len.evidence
     assert max_len.details["overwritten"] == [[64, 208, 48], [65, 209, 49], [66, 210, 50]]
+
+
+def test_0340_classifies_a_k_plus_1_prompt_as_a_prefill_on_its_v2_runner(probe_release):
+    """0.34.0 has no V1 runner: the probe asks the V2 runner's own batch classification
+    (``gather_batch_req_state``), which counts a step as a uniform decode only when nothing
+    in it is prefilling (fix 7 superseded)."""
+    (dispatch,) = probe_release("0.34.0", "spec_prefill_dispatch").values()
+    assert dispatch.status == PRESENT, dispatch.evidence
+    assert "the V2 runner's dispatch" in dispatch.evidence
+    uniform = {case: d["uniform"] for case, d in dispatch.details["dispatch"].items()}
+    assert uniform == {
+        f"K={k} {case}": case.startswith("decode")
+        for k in (3, 15)
+        for case in ("one prefill", "decode (control)", "two prefills")
+    }

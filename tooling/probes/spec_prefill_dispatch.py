@@ -23,6 +23,12 @@ drafter, at K = 3 and K = 15. Cases, each on a fresh runner:
 
 Fixed means no prefill case is dispatched as a uniform decode while every
 control is.
+
+A release without the V1 runner (0.34.0) serves DFlash on the V2 runner, which classifies
+a step in ``GPUModelRunner.gather_batch_req_state`` from its per-request state (a uniform
+decode token count, or none): the probe asks that method, the scheduler's output in, the
+runner's request state (``RequestState``) fed as the runner feeds it, the bookkeeping
+after a step (the prompt counted computed) stood in for.
 """
 
 from __future__ import annotations
@@ -136,27 +142,100 @@ def _cases(config: Any, k: int) -> list[Dispatch]:
     return found
 
 
+class _V2Batch:
+    """The V2 runner's batch classification over its request state (see the module)."""
+
+    def __init__(self, config: Any, k: int) -> None:
+        import torch
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+        from vllm.v1.worker.gpu.states import RequestState
+
+        self.classify = GPUModelRunner.gather_batch_req_state
+        # Only what gather_batch_req_state reads of its runner.
+        self.runner = object.__new__(GPUModelRunner)
+        self.runner.decode_query_len = 1 + k
+        self.runner.use_pp = False
+        self.runner.adaptive_verification = None
+        self.runner.pcp_manager = None
+        self.runner.req_states = RequestState(
+            max_num_reqs=8,
+            max_model_len=config.model_config.max_model_len,
+            max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
+            num_speculative_steps=k,
+            vocab_size=1000,
+            device=torch.device("cpu"),
+        )
+
+    def dispatch(self, out: Any) -> tuple[str, bool]:
+        states = self.runner.req_states
+        for new in out.scheduled_new_reqs:
+            prompt = list(new.prompt_token_ids)
+            states.add_request(new.req_id, len(prompt), prompt, new.num_computed_tokens, 64)
+        _, uniform = self.classify(self.runner, out, False)
+        # No graph mode: the V2 runner picks its graph after this classification.
+        return "", uniform is not None
+
+    def prompt_done(self, rid: str, prompt_len: int) -> None:
+        """What the runner records after a step that finished ``rid``'s prompt."""
+        states = self.runner.req_states
+        states.num_computed_prefill_tokens[states.req_id_to_index[rid]] = prompt_len
+
+
+def _v2_cases(config: Any, k: int) -> list[Dispatch]:
+    from vllm.v1.outputs import DraftTokenIds
+
+    found = []
+    sched = _harness.scheduler(config, block_size=BLOCK, num_blocks=NUM_BLOCKS)
+    batch = _V2Batch(config, k)
+    sched.add_request(_request("one", k + 1, 1))
+    out = sched.schedule()
+    if out.num_scheduled_tokens.get("one") != k + 1:
+        raise CannotDispatch(f"the {k + 1}-token prompt was not prefilled in one step")
+    found.append(Dispatch("one prefill", k, *batch.dispatch(out)))
+    sched.update_from_output(out, _harness.model_output("one", [7]))
+    batch.prompt_done("one", k + 1)
+    sched.update_draft_token_ids(DraftTokenIds(["one"], [[8] * k]))
+    out = sched.schedule()
+    if len(out.scheduled_spec_decode_tokens.get("one", ())) != k:
+        raise CannotDispatch(f"the decode step did not carry the {k} drafts")
+    found.append(Dispatch("decode (control)", k, *batch.dispatch(out)))
+    sched = _harness.scheduler(config, block_size=BLOCK, num_blocks=NUM_BLOCKS)
+    batch = _V2Batch(config, k)
+    for i, rid in enumerate(("two-a", "two-b")):
+        sched.add_request(_request(rid, k + 1, 1 + 100 * i))
+    out = sched.schedule()
+    if sorted(out.num_scheduled_tokens.values()) != [k + 1, k + 1]:
+        raise CannotDispatch(f"the two {k + 1}-token prompts were not prefilled in one step")
+    found.append(Dispatch("two prefills", k, *batch.dispatch(out)))
+    return found
+
+
 def _describe(d: Dispatch) -> str:
     kind = "uniform decode" if d.uniform else "mixed"
-    return f"K={d.num_spec_tokens} {d.case}: {d.mode} {kind}"
+    return f"K={d.num_spec_tokens} {d.case}: {d.mode + ' ' if d.mode else ''}{kind}"
 
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
     pair = _harness.hybrid_pair()
+    import importlib.util
+
+    v2 = importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None
+    cases, runner = (_v2_cases, "V2") if v2 else (_cases, "V1")
     try:
         dispatches = [
-            d for k in KS for d in _cases(_harness.vllm_config(pair, num_speculative_tokens=k), k)
+            d for k in KS for d in cases(_harness.vllm_config(pair, num_speculative_tokens=k), k)
         ]
     except CannotDispatch as e:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"cannot run a case: {e}")
     controls = [d for d in dispatches if d.case.startswith("decode")]
     prefills = [d for d in dispatches if not d.case.startswith("decode")]
     evidence = (
-        "hybrid target, FULL_AND_PIECEWISE, the V1 runner's dispatch of each step: "
+        f"hybrid target, FULL_AND_PIECEWISE, the {runner} runner's dispatch of each step: "
         + "; ".join(_describe(d) for d in dispatches)
     )
-    if not all(d.uniform and d.mode == "FULL" for d in controls):
+    # The V2 runner's classification is the uniform count alone; its graph comes after.
+    if not all(d.uniform and (v2 or d.mode == "FULL") for d in controls):
         status = UNKNOWN
         evidence = "a spec decode is not dispatched to the FULL graph: " + evidence
     else:
