@@ -276,6 +276,21 @@ def scheduler(config: Any, *, block_size: int, num_blocks: int, mamba: bool = Fa
     )
 
 
+def has_v1_runner() -> bool:
+    """Whether the probed tree has the V1 model runner; 0.34.0 serves with the V2 runner
+    alone. Asked of the module's spec, without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+
+
+def has_v1_dflash_proposer() -> bool:
+    """Whether the probed tree has V1's DFlash proposer (gone from 0.34.0)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.v1.spec_decode.dflash") is not None
+
+
 def model_output(rid: str, sampled: list[int]) -> Any:
     """What the model runner returns for one request that sampled ``sampled``."""
     return model_outputs({rid: sampled})

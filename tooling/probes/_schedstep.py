@@ -80,9 +80,7 @@ def worker_fills_drafts_from_last_batch() -> bool:
     batch: the V1 model runner does. A release without it (0.34.0) serves DFlash on the V2
     runner, whose input batch takes each request's drafts from its own persistent row
     (``vllm/v1/worker/gpu/input_batch.py``)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+    return _harness.has_v1_runner()
 
 
 class _Driver:

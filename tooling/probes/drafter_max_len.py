@@ -115,10 +115,8 @@ def _v2() -> ProbeResult:
 
 
 def run() -> ProbeResult:
-    import importlib.util
-
     _harness.install_cpu_platform()
-    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+    if not _harness.has_v1_runner():
         return _v2()
     pair = _harness.hybrid_pair()
     runner = _harness.v1_runner(_harness.vllm_config(pair, num_speculative_tokens=K))

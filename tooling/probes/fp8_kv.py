@@ -94,10 +94,7 @@ def run() -> ProbeResult:
         + (f"differs ({', '.join(mismatched)})" if mismatched else "the same on every layer")
     )
     offsets_ok = True
-    import importlib.util
-
-    v1_proposer = importlib.util.find_spec("vllm.v1.spec_decode.dflash") is not None
-    if getattr(config, "use_v2_model_runner", False) or not v1_proposer:
+    if getattr(config, "use_v2_model_runner", False) or not _harness.has_v1_dflash_proposer():
         # The V2 runner builds the drafter's query metadata itself (0.34.0 has no other).
         evidence += "; the V2 runner serves DFlash here (no V1 proposer to ask)"
     else:

@@ -154,10 +154,8 @@ def _v2() -> ProbeResult:
 
 
 def run() -> ProbeResult:
-    import importlib.util
-
     _harness.install_cpu_platform()
-    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+    if not _harness.has_v1_runner():
         return _v2()
     pair = _harness.hybrid_pair()
     option = {"num_speculative_tokens_per_batch_size": BUDGET}

@@ -218,9 +218,7 @@ def _describe(d: Dispatch) -> str:
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
     pair = _harness.hybrid_pair()
-    import importlib.util
-
-    v2 = importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None
+    v2 = not _harness.has_v1_runner()
     cases, runner = (_v2_cases, "V2") if v2 else (_cases, "V1")
     try:
         dispatches = [

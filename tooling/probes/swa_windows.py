@@ -19,7 +19,6 @@ V1's DFlash path supports) or per-layer sliding specs (a multi-group runner).
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -56,11 +55,8 @@ def _layer_causal(config: Any, model: Any) -> list[bool] | None:
     ``dflash_config.causal``; V1's proposer builds one metadata for all layers
     (None here).
     """
-    import importlib.util
-
     # 0.34.0 has the V2 runner alone, and no flag for it.
-    v1_only = importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
-    if v1_only and not getattr(config, "use_v2_model_runner", False):
+    if _harness.has_v1_runner() and not getattr(config, "use_v2_model_runner", False):
         return None
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
@@ -151,7 +147,7 @@ def run() -> ProbeResult:
     finally:
         torch.set_default_dtype(previous)
     per_layer = _layer_causal(config, model)
-    if per_layer is not None and importlib.util.find_spec("vllm.v1.spec_decode.dflash") is None:
+    if per_layer is not None and not _harness.has_v1_dflash_proposer():
         # No V1 proposer (0.34.0): the V2 speculator's query pass, per group.
         proposed = _harness.dflash_v2_query_metadata(config)
     else:
