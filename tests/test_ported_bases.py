@@ -64,6 +64,18 @@ def _port(folder: Path, base: str, patch_file: str) -> str:
     )
 
 
+def _port_eagle_cache_drop(ledger: Path) -> None:
+    """Give patch 3 a port on PORTED in ``ledger``: its own file, as the same hunks apply."""
+    port_lines = _port(ledger, PORTED, "0003-eagle-cache-drop.patch")
+    text = (ledger / "series.toml").read_text()
+    text = text.replace(
+        'probe = "eagle_cache_drop"\n',
+        f'probe = "eagle_cache_drop"\n\n[patch.on."{PORTED}"]\n{port_lines}\n',
+        1,
+    )
+    (ledger / "series.toml").write_text(text)
+
+
 def test_a_ledger_reads_each_fixs_code_on_a_ported_base(tmp_path):
     folder = tmp_path / "p"
     folder.mkdir()
@@ -75,14 +87,7 @@ def test_a_ledger_reads_each_fixs_code_on_a_ported_base(tmp_path):
             "dflash-swa-config": 'state = "not-needed"\nwhy = "the V1 path is gone"',
         },
     )
-    port_lines = _port(ledger, PORTED, "0003-eagle-cache-drop.patch")
-    text = (ledger / "series.toml").read_text()
-    text = text.replace(
-        'probe = "eagle_cache_drop"\n',
-        f'probe = "eagle_cache_drop"\n\n[patch.on."{PORTED}"]\n{port_lines}\n',
-        1,
-    )
-    (ledger / "series.toml").write_text(text)
+    _port_eagle_cache_drop(ledger)
     series = load_ledger(ledger)
     assert series.ported_bases == (PORTED, "0.34.0")
     # Another release: the patch files as they are, the series unchanged.
@@ -212,14 +217,7 @@ def test_on_a_ported_base_each_fix_comes_to_what_the_ledger_says(
         },
         keep=keep,
     )
-    port_lines = _port(ledger, PORTED, "0003-eagle-cache-drop.patch")
-    text = (ledger / "series.toml").read_text()
-    text = text.replace(
-        'probe = "eagle_cache_drop"\n',
-        f'probe = "eagle_cache_drop"\n\n[patch.on."{PORTED}"]\n{port_lines}\n',
-        1,
-    )
-    (ledger / "series.toml").write_text(text)
+    _port_eagle_cache_drop(ledger)
     series = load_ledger(ledger)
     upstream: Upstream = fetch_release(catalog.get(PORTED), with_wheel=False)
     report = apply_series(
