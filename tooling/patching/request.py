@@ -122,10 +122,11 @@ def export_requested(
             if source.base_version
             else [series.validated_base, *series.ported_bases]
         )
+        catalog = load_bases(patches_dir / "bases.toml")
         result = ExportResult(check=True)
         for base in bases:
             upstream = fetch_requested(
-                load_bases(patches_dir / "bases.toml"),
+                catalog,
                 replace(source, base_version=base),
                 fetch,
                 with_wheel=False,
