@@ -176,3 +176,20 @@ def test_0340_classifies_a_k_plus_1_prompt_as_a_prefill_on_its_v2_runner(probe_r
         for k in (3, 15)
         for case in ("one prefill", "decode (control)", "two prefills")
     }
+
+
+def test_0340_groups_share_one_gdn_build_read_as_their_graphs_were_captured(probe_release):
+    """0.34.0's GDN builder takes another group's metadata only on a CUDA device (the probe
+    hands it one whose tensors live on the CPU), and its V2 runner's own
+    ``build_attn_metadata`` shares at capture as at each step: every group's metadata equals
+    its own build and its graphs read this step's values (fix 19 superseded)."""
+    (groups,) = probe_release("0.34.0", "gdn_metadata_groups").values()
+    assert groups.status == PRESENT, groups.evidence
+    assert groups.details["differences"] == {
+        "DFlash at K=3": {
+            "verifying drafts": [],
+            "drafts beside a prefill": [],
+            "decodes without drafts": [],
+        },
+        "plain": {"decodes": [], "decodes beside a prefill": []},
+    }
