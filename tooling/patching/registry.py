@@ -14,13 +14,14 @@ needs no checkout, and there is no second list to keep in step.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, SeriesError
 from ..paths import PACKAGE_DIR
 from ..probing import probe_modules
-from .series import load_series
+from .series import BaseCode, load_series
 
 #: The ledger this toolchain ships (a link to patches/series.toml in a checkout).
 LEDGER = PACKAGE_DIR / "series.toml"
@@ -33,6 +34,8 @@ class Fix:
     patch_id: str
     probe: str
     title: str
+    on: Mapping[str, BaseCode] = field(default_factory=dict, compare=False, hash=False)
+    """What the ledger says the fix is on each ported base that names it."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def load_registry(ledger: Path) -> Registry:
             f"probe module {unnamed[0]} is named by no patch in {series.path}: "
             "give its patch an entry, or remove the module"
         )
-    fixes = tuple(Fix(p.index, p.id, p.probe, p.title) for p in series.patches)
+    fixes = tuple(Fix(p.index, p.id, p.probe, p.title, p.on) for p in series.patches)
     return Registry(series.path, fixes)
 
 

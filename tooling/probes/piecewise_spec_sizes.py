@@ -24,6 +24,9 @@ from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "piecewise_spec_sizes"
 KS = (3, 15)
+V2_KS = (3, 5, 7, 15)
+"""On the V2 runner's token grid (1, 2, 4, then multiples of 8 and 16) a K+1 that is a power
+of two always lands on a multiple of itself; K = 5 is one that does not."""
 MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
 
 
@@ -37,8 +40,70 @@ def piecewise_sizes(config: Any, mode: str) -> list[int]:
     return sorted(key.num_tokens for key in keys)
 
 
+def _v2_padded(k: int) -> dict[int, int]:
+    """Under PIECEWISE, each verify step of n requests at ``k`` that the V2 runner's graph
+    manager replays at a size not a multiple of k+1: n -> that size."""
+    import torch
+    from vllm.config import CUDAGraphMode
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from ._schedsim import Settings, engine_config, h200_platform
+
+    with h200_platform():
+        config = engine_config(Settings(k=k, max_num_seqs=64), _harness.scratch_dir())
+        config.model_config.enforce_eager = False
+        config.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
+        config.compilation_config.cudagraph_capture_sizes = None
+        config.compilation_config.max_cudagraph_capture_size = None
+        config._set_cudagraph_sizes()
+        _harness.ensure_single_process_group(config)
+        # The CPU platform has no CUDA graph pool; the manager only keeps its handle.
+        with _harness.replaced(type(current_platform), graph_pool_handle=lambda self: object()):
+            manager = CudaGraphManager(
+                config,
+                torch.device("cpu"),
+                CUDAGraphMode.PIECEWISE,
+                decode_query_lens=config.get_decode_cudagraph_query_lens(
+                    config.uniform_decode_query_len
+                ),
+            )
+    manager._graphs_captured = True  # what a step is dispatched to once captured
+    ceiling = config.compilation_config.max_cudagraph_capture_size
+    padded = {}
+    for n in range(1, ceiling // (k + 1) + 1):
+        desc = manager.dispatch(
+            num_reqs=n,
+            num_tokens=n * (k + 1),
+            uniform_token_count=k + 1,
+            num_active_loras=0,
+            max_query_len=k + 1,
+        )
+        if desc.cg_mode == CUDAGraphMode.PIECEWISE and desc.num_tokens % (k + 1):
+            padded[n] = desc.num_tokens
+    return padded
+
+
+def _v2() -> ProbeResult:
+    padded = {k: _v2_padded(k) for k in V2_KS}
+    found = "; ".join(
+        f"K={k}: " + (", ".join(f"{n} requests -> {s}" for n, s in list(p.items())[:6]) or "none")
+        for k, p in padded.items()
+    )
+    return ProbeResult(
+        probe=NAME,
+        status=UNKNOWN,
+        evidence="the V2 runner keys PIECEWISE graphs by token count for every batch; verify "
+        f"steps it replays at a size not a multiple of K+1: {found} (whether that faults "
+        "needs a GPU)",
+        details={f"K={k}": {str(n): s for n, s in p.items()} for k, p in padded.items()},
+    )
+
+
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
+    if not _harness.has_v1_runner():
+        return _v2()
     pair = _harness.hybrid_pair()
     sizes = {
         (k, mode): piecewise_sizes(_harness.vllm_config(pair, num_speculative_tokens=k), mode)

@@ -33,7 +33,8 @@ from ..errors import (
     VerifyIntegrityError,
     VllmNotFoundError,
 )
-from ..patching.registry import registry
+from ..patching.registry import Fix, registry
+from ..patching.series import CodeState
 from ..probing import ABSENT, PRESENT, ProbeResult, ProbeTarget, start_probes
 from .bytecode import BytecodeCheck, check_bytecode
 from .install import pip_install
@@ -152,7 +153,7 @@ class VerifyReport:
 
     @property
     def missing_fixes(self) -> list[FixStatus]:
-        return [f for f in self.fixes if f.number in self.required and not f.state.present]
+        return [f for f in self.fixes if f.number in self.required and not f.state.satisfied]
 
     def raise_unless_ok(self) -> None:
         """The verdict as the command's failure: integrity first, then a required fix."""
@@ -334,10 +335,18 @@ class FixState(StrEnum):
     ABSENT = "absent"
     ABSENT_SKIPPED = "absent (skipped in build)"
     UNKNOWN = "unknown"
+    NOT_NEEDED = "not needed on this base"
+    """The ledger says the defect's code path is gone from the installed release
+    (``[patch.on."BASE"]`` not-needed): nothing of the fix is to be found there."""
 
     @property
     def present(self) -> bool:
         return self in (FixState.PRESENT, FixState.PRESENT_UPSTREAM)
+
+    @property
+    def satisfied(self) -> bool:
+        """Whether a requirement of the fix holds: it is present, or not needed here."""
+        return self.present or self is FixState.NOT_NEEDED
 
 
 def fix_state(result: ProbeResult, patch_id: str, manifest: BuildManifest | None) -> FixState:
@@ -349,6 +358,26 @@ def fix_state(result: ProbeResult, patch_id: str, manifest: BuildManifest | None
         skipped = manifest is not None and patch_id in manifest.skipped
         return FixState.ABSENT_SKIPPED if skipped else FixState.ABSENT
     return FixState.UNKNOWN
+
+
+def base_release(version: str) -> str:
+    """The upstream release an installed vLLM's version names: ours carry a local label
+    (``0.34.0+dflash.22.<digest>``), stock none."""
+    return version.split("+", 1)[0]
+
+
+def fix_status(
+    fix: Fix, result: ProbeResult, manifest: BuildManifest | None, base: str
+) -> FixStatus:
+    """One fix on the installed release ``base`` (pure). Where the ledger says the fix is not
+    needed on that base, that is its state, and the probe's reading stays in the evidence."""
+    code = fix.on.get(base)
+    if code is not None and code.state is CodeState.NOT_NEEDED:
+        why = " ".join(code.why.split())
+        evidence = f"{why} (probe: {result.status}: {result.evidence})"
+        return FixStatus(fix.number, fix.patch_id, fix.probe, FixState.NOT_NEEDED, evidence)
+    state = fix_state(result, fix.patch_id, manifest)
+    return FixStatus(fix.number, fix.patch_id, fix.probe, state, result.evidence, result.form)
 
 
 def verify(
@@ -391,19 +420,8 @@ def verify(
             owned = sources[problem.path] if problem.kind == "bytecode" else problem.path
             problem.patches = manifest.owners(owned) if manifest else []
         results = run.wait()
-    fixes = []
-    for fix in known.fixes:
-        result = results[fix.probe]
-        fixes.append(
-            FixStatus(
-                fix.number,
-                fix.patch_id,
-                fix.probe,
-                fix_state(result, fix.patch_id, manifest),
-                result.evidence,
-                result.form,
-            )
-        )
+    base = base_release(dist.version)
+    fixes = [fix_status(fix, results[fix.probe], manifest, base) for fix in known.fixes]
     identity = VersionIdentity(
         metadata=dist.version,
         runtime=run.vllm_version,
