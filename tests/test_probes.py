@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tooling.probing import ABSENT, PRESENT, UNKNOWN, ProbeHost, ProbeResult, ProbeTarget, run_probes
+from tooling.probing import (
+    ABSENT,
+    PRESENT,
+    UNKNOWN,
+    ProbeHost,
+    ProbeResult,
+    ProbeTarget,
+    run_probes,
+)
 
 pytestmark = pytest.mark.slow
 
