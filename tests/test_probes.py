@@ -211,3 +211,23 @@ def test_0340_pads_verify_steps_on_its_piecewise_token_grid(probe_release):
     assert sizes.status == UNKNOWN, sizes.evidence
     assert sizes.details["K=3"] == sizes.details["K=7"] == sizes.details["K=15"] == {}
     assert sizes.details["K=5"]["5"] == 32 and sizes.details["K=5"]["6"] == 40
+
+
+def test_0340_serves_pipelines_and_reasoning_its_own_way_but_keeps_the_custom_all_reduce(
+    probe_release,
+):
+    """0.34.0 relays the drafter's hidden states between pipeline stages for an attention
+    target and refuses a hybrid one at load by name, and its structured-output manager
+    constrains the answer from the token after a reasoning end inside the drafts. Of fix 11
+    it lacks only NCCL's all-reduce for a hybrid target at TP 2: what its port brings."""
+    (guards,) = probe_release("0.34.0", "dflash_serving_guards").values()
+    assert guards.status == ABSENT, guards.evidence
+    assert guards.details == {
+        "pipeline_refused_or_relayed": True,
+        "hybrid_tp2_custom_all_reduce": True,
+        "attention_tp2_custom_all_reduce": True,
+        "structured_output_after_reasoning_in_drafts": "constrained",
+    }
+    assert "Qwen3NextForCausalLM does not support dflash with pipeline parallelism" in (
+        guards.evidence
+    )

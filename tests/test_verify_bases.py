@@ -85,3 +85,47 @@ def test_stock_0340_lacks_its_ports_and_the_undecided_fixes(
     missing = [n for n, c in codes.items() if c is None or c.state == "port"]
     assert f"required fix not present: {missing[0]} " in result.stderr
     assert sorted(n for n, s in states.items() if s in ("absent", "unknown")) == missing
+
+
+@pytest.mark.slow
+def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
+    tmp_path, catalog, fetch_release, probe_python, cache
+):
+    """The 0.34.0 build that leaves the undecided fix 9 out by name (as the GPU session
+    builds it) carries every port, each read present by its probe, and verify names fix 9
+    alone."""
+    fetch_release(catalog.get("0.34.0"))
+    dist = tmp_path / "dist"
+    built = run_cli(
+        "build",
+        "--offline",
+        "--cache-dir",
+        str(cache.root),
+        "--base",
+        "0.34.0",
+        "--skip",
+        "piecewise-spec-sizes",
+        "--dist",
+        str(dist),
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--probe-python",
+        str(probe_python),
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = dist.glob("*.whl")
+    assert wheel.name.startswith("vllm-0.34.0+dflash.21.")
+    assert ".skip.piecewisespecsizes-" in wheel.name
+    site = tmp_path / "site"
+    assert pip_install(wheel, target=site, compile_bytecode=False) is None
+    result = run_cli(
+        "verify", "--site-packages", str(site), "--probe-python", str(probe_python), "--json"
+    )
+    assert result.returncode == VerifyFixMissingError.exit_code, result.stderr
+    data = json.loads(result.stdout)
+    assert data["integrity"]["ok"] and data["built_by_us"]
+    states = {f["number"]: f["state"] for f in data["fixes"]}
+    ports = [f.number for f in registry().fixes if (c := f.on.get("0.34.0")) and c.state == "port"]
+    assert ports and all(states[n] == "present" for n in ports), states
+    met = ("present", "present (upstream form)", "not needed on this base")
+    assert [n for n, s in states.items() if s not in met] == [9]
