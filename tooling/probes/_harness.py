@@ -57,9 +57,8 @@ def install_cpu_platform() -> None:
             return True
 
     platforms._current_platform = ProbeCpuPlatform()
-    # Releases from 0.26 read pin-memory support once, at import, into the
-    # default of every CPU/GPU buffer: it must be this platform's answer
-    # before those buffers' module is imported.
+    # Releases from 0.26 read pin-memory support once, at import, into the default of every
+    # CPU/GPU buffer: it must be this platform's answer before that module is imported.
     import vllm.utils.torch_utils as torch_utils
 
     if hasattr(torch_utils, "PIN_MEMORY"):
@@ -71,9 +70,8 @@ def install_cpu_platform() -> None:
     from vllm.model_executor.models import registry
 
     registry._run_in_subprocess = lambda fn: fn()
-    # Without a GPU vLLM imports a stand-in for Triton, which lacks cdiv and
-    # next_power_of_2; the GDN metadata builder's chunk bookkeeping and DFlash's input
-    # kernel's grid call them on CPU integers.
+    # Without a GPU vLLM imports a stand-in for Triton, which lacks cdiv and next_power_of_2;
+    # the GDN builder's chunk bookkeeping and DFlash's input kernel's grid call them on ints.
     from vllm.triton_utils import triton
 
     if not hasattr(triton, "cdiv"):
@@ -277,18 +275,22 @@ def scheduler(config: Any, *, block_size: int, num_blocks: int, mamba: bool = Fa
 
 
 def has_v1_runner() -> bool:
-    """Whether the probed tree has the V1 model runner; 0.34.0 serves with the V2 runner
-    alone. Asked of the module's spec, without importing it."""
-    import importlib.util
+    """Whether the probed tree has the V1 model runner (0.34.0 has V2 alone): its spec."""
+    from importlib.util import find_spec
 
-    return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
+    return find_spec("vllm.v1.worker.gpu_model_runner") is not None
+
+
+def serves_v1(config: Any) -> bool:
+    """Whether the V1 runner serves ``config``: from 0.31.0 to 0.33.0 the config chooses."""
+    return has_v1_runner() and not getattr(config, "use_v2_model_runner", False)
 
 
 def has_v1_dflash_proposer() -> bool:
     """Whether the probed tree has V1's DFlash proposer (gone from 0.34.0)."""
-    import importlib.util
+    from importlib.util import find_spec
 
-    return importlib.util.find_spec("vllm.v1.spec_decode.dflash") is not None
+    return find_spec("vllm.v1.spec_decode.dflash") is not None
 
 
 def model_output(rid: str, sampled: list[int]) -> Any:

@@ -123,12 +123,6 @@ SETUPS = (
 NAMES = ("gdn-a", "gdn-b")
 
 
-def _serves_v1(config: Any) -> bool:
-    """Whether ``config`` is served by the V1 runner: 0.31.0 to 0.33.0 hold both and the
-    config chooses; 0.34.0 has only V2."""
-    return _harness.has_v1_runner() and not getattr(config, "use_v2_model_runner", False)
-
-
 def _same(a: Any, b: Any) -> bool:
     import torch
 
@@ -182,7 +176,7 @@ class _V1Runner:
     def __init__(self, first: Any, second: Any, spec: Any) -> None:
         self.first, self.second = first, second
 
-    def capture(self, own: Any) -> Any:
+    def capture(self, theirs: Any, own: Any) -> Any:
         return self.second.build_for_cudagraph_capture(own)
 
     @staticmethod
@@ -271,11 +265,7 @@ def _compare(first: Any, second: Any, runner: Any, setup: Setup, kind: str) -> l
     problems = []
     if kind == setup.captured:
         _align_indices((first, second), batches)
-        captured = (
-            runner.capture(*batches)
-            if isinstance(runner, _V2Runner)
-            else runner.capture(batches[1])
-        )
+        captured = runner.capture(*batches)
         graph_reads = {
             name: tensor.data_ptr()
             for name, tensor in _tensors(captured).items()
@@ -305,7 +295,7 @@ def _builders(setup: Setup, device: Any) -> tuple[Any, Any, Any, Any]:
     gather of each request's last blocks; FULL_AND_PIECEWISE graphs), one GDN spec and
     two of the release's builders for it."""
     import torch
-    from vllm.config import CUDAGraphMode
+    from vllm.config import CUDAGraphMode, set_current_vllm_config
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -327,29 +317,25 @@ def _builders(setup: Setup, device: Any) -> tuple[Any, Any, Any, Any]:
         mamba_cache_mode="align",
         num_speculative_blocks=setup.k,
     )
-    with _config_scope(config):
+    with set_current_vllm_config(config):
         first, second = (
             GDNAttentionMetadataBuilder(spec, [name], config, device) for name in NAMES
         )
     return config, spec, first, second
 
 
-def _config_scope(config: Any) -> Any:
-    from vllm.config import set_current_vllm_config
-
-    return set_current_vllm_config(config)
-
-
 def _problems(setup: Setup) -> dict[str, list[str]] | None:
     """Each kind of step's differences under ``setup``; None where the builder cannot
     take another group's metadata at all."""
+    from vllm.config import set_current_vllm_config
+
     # Builders on a CUDA device, as served: a release may share metadata only there.
     with cuda_on_cpu() as device:
         config, spec, first, second = _builders(setup, device)
         if not second.supports_update_block_table:
             return None
-        runner = (_V1Runner if _serves_v1(config) else _V2Runner)(first, second, spec)
-        with _config_scope(config):
+        runner = (_V1Runner if _harness.serves_v1(config) else _V2Runner)(first, second, spec)
+        with set_current_vllm_config(config):
             return {kind: _compare(first, second, runner, setup, kind) for kind in setup.batches}
 
 

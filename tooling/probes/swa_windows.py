@@ -56,7 +56,7 @@ def _layer_causal(config: Any, model: Any) -> list[bool] | None:
     (None here).
     """
     # 0.34.0 has the V2 runner alone, and no flag for it.
-    if _harness.has_v1_runner() and not getattr(config, "use_v2_model_runner", False):
+    if _harness.serves_v1(config):
         return None
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
