@@ -231,3 +231,13 @@ def test_0340_serves_pipelines_and_reasoning_its_own_way_but_keeps_the_custom_al
     assert "Qwen3NextForCausalLM does not support dflash with pipeline parallelism" in (
         guards.evidence
     )
+
+
+def test_0340_builds_each_flashattention_groups_own_fa3_schedule(probe_release):
+    """0.34.0's V2 runner hands metadata on only between Mamba groups: through its own
+    ``build_attn_metadata``, each FlashAttention group's graph reads the step's schedule
+    (fix 12 superseded)."""
+    (schedule,) = probe_release("0.34.0", "fa3_schedule_per_group").values()
+    assert schedule.status == PRESENT, schedule.evidence
+    assert "the V2 runner's build_attn_metadata" in schedule.evidence
+    assert schedule.details["second group's graph reads its own buffer"] is True

@@ -31,12 +31,12 @@ def test_the_installed_release_is_the_version_less_our_label():
 
 
 def test_a_fix_not_needed_on_the_installed_base_is_satisfied_whatever_its_probe_reads():
-    fix = _fix("fa3-schedule-per-group")  # not needed on 0.34.0 (series.toml)
+    fix = _fix("drafter-full-graphs")  # not needed on 0.34.0 (series.toml)
     status = fix_status(fix, _result(fix, ABSENT), None, "0.34.0")
     assert status.state is FixState.NOT_NEEDED and status.state.satisfied
     assert not status.state.present
     assert status.evidence.endswith("(probe: absent: what the probe saw)")
-    assert "V2" in status.evidence  # the ledger's why comes first
+    assert "V1 proposer" in status.evidence  # the ledger's why comes first
     # On the validated base the same fix is required, and absent is absent.
     status = fix_status(fix, _result(fix, ABSENT), None, "0.20.1")
     assert status.state is FixState.ABSENT and not status.state.satisfied

@@ -24,6 +24,10 @@ REASONING_PARSER = "deepseek_r1"
 GRAMMAR_WAIT_S = 60.0
 
 
+class CannotBuild(Exception):
+    """The target model cannot be built on this machine to ask the release's check."""
+
+
 def write_tokenizer(model_dir: Path) -> Any:
     """A tokenizer of ``WORDS`` saved beside the model's config, as a served model has one."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -84,7 +88,8 @@ def load_check(config: Any) -> str | None:
     """The release's load-time check of pipeline parallelism for a DFlash drafter on the
     target of ``config``, as its V2 runner makes it once the model is built: None where it
     serves (the drafter's hidden states are relayed between stages), else its message.
-    Raises LookupError where the release has no such check."""
+    Raises LookupError where the release has no such check, CannotBuild where the model
+    cannot be built here."""
     import importlib.util
 
     module = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
@@ -112,7 +117,10 @@ def load_check(config: Any) -> str | None:
         torch.device("meta"),
         _harness.replaced(type(current_platform), is_cpu=cpu_moe),
     ):
-        model = initialize_model(vllm_config=config)
+        try:
+            model = initialize_model(vllm_config=config)
+        except Exception as e:  # a release whose layers call a GPU kernel as they are made
+            raise CannotBuild(f"{type(e).__name__}: {' '.join(str(e).split())[:120]}") from e
     try:
         check(model, config.speculative_config.method)
     except ValueError as e:

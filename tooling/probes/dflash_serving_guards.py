@@ -79,9 +79,10 @@ def _structured_output(pair: Any) -> tuple[str, bool]:
     return ("constrained" if constrained else "unconstrained"), control
 
 
-def _pipeline(attention: Any, hybrid: Any) -> tuple[bool, str]:
+def _pipeline(attention: Any, hybrid: Any) -> tuple[bool | None, str]:
     """Whether pipeline parallelism with DFlash is refused at start-up by name, or served by
-    relaying the drafter's hidden states (see the module); and what was seen."""
+    relaying the drafter's hidden states (see the module), None where the target cannot be
+    built here to ask; and what was seen."""
     named, seen = _pipeline_refused(attention)
     if named or seen != "accepted":
         return named, seen
@@ -91,6 +92,8 @@ def _pipeline(attention: Any, hybrid: Any) -> tuple[bool, str]:
         relayed = _serving_guards.load_check(_harness.vllm_config(attention))
     except LookupError as e:
         return False, f"accepted ({e})"
+    except _serving_guards.CannotBuild as e:
+        return None, f"accepted; the load-time check cannot be asked here: {e}"
     refused_by_name = (
         hybrid_check is not None
         and "pipeline" in hybrid_check.lower()
@@ -127,9 +130,10 @@ def run() -> ProbeResult:
     if not custom_attention or not control:
         status = UNKNOWN
         evidence = "a control is refused, redirected or unconstrained: " + evidence
+    elif pipeline_ok is False or custom_hybrid or structured == "unconstrained":
+        status = ABSENT
     else:
-        fixed = pipeline_ok and not custom_hybrid and structured != "unconstrained"
-        status = PRESENT if fixed else ABSENT
+        status = PRESENT if pipeline_ok else UNKNOWN
     return ProbeResult(
         probe=NAME,
         status=status,

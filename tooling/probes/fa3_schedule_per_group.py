@@ -18,6 +18,11 @@ and handed to the second. Fixed means the second builder's buffer holds the step
 stock leaves the capture of 1 there. Control: the first builder's buffer holds the step's
 schedule; where neither builder keeps a schedule under full graphs, the question does not
 apply (unknown).
+
+Where the V2 runner serves (0.34.0 has no other), the captures and the step go through its
+own ``build_attn_metadata`` over the two groups, which decides whether one group's metadata
+is handed to the other; the question is the same: whether the second group's graphs read
+the step's schedule.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from __future__ import annotations
 from typing import Any
 
 from . import _harness
+from ._v2_groups import V2Groups
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "fa3_schedule_per_group"
 K = 3
 STEP_REQUESTS = 4
+NAMES = ("group-a", "group-b")
 
 
 def _schedule(batch_size: int, **_: Any) -> Any:
@@ -61,6 +68,35 @@ def _batch(requests: int) -> Any:
     )
 
 
+def _v1_steps(first: Any, second: Any, spec: Any) -> tuple[Any, Any, str]:
+    """The second group's captured metadata and the first's step, as 0.20.1's V1 runner
+    makes them: each group captures on its own build; each step one is handed on."""
+    import torch
+
+    captured = {}
+    for requests in (STEP_REQUESTS, 1):
+        for builder in (first, second):
+            captured[builder, requests] = builder.build_for_cudagraph_capture(_batch(requests))
+    built = first.build(common_prefix_len=0, common_attn_metadata=_batch(STEP_REQUESTS))
+    second.update_block_table(
+        built, torch.zeros((STEP_REQUESTS, 4), dtype=torch.int32), built.slot_mapping
+    )
+    return captured[second, STEP_REQUESTS], built, "handed from one builder to the other"
+
+
+def _v2_steps(first: Any, second: Any, spec: Any) -> tuple[Any, Any, str]:
+    """The same, made by the V2 runner's own ``build_attn_metadata``."""
+    from vllm.v1.attention.backends import flash_attn
+
+    groups = V2Groups.of(flash_attn.FlashAttentionBackend, spec, NAMES, (first, second))
+    captured = {
+        requests: groups.build((_batch(requests),) * 2, capture=True)[NAMES[1]]
+        for requests in (STEP_REQUESTS, 1)
+    }
+    step = groups.build((_batch(STEP_REQUESTS),) * 2, capture=False)
+    return captured[STEP_REQUESTS], step[NAMES[0]], "built by the V2 runner's build_attn_metadata"
+
+
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
     import torch
@@ -87,7 +123,7 @@ def run() -> ProbeResult:
     ):
         first, second = (
             flash_attn.FlashAttentionMetadataBuilder(spec, [name], config, torch.device("cpu"))
-            for name in ("group-a", "group-b")
+            for name in NAMES
         )
         buffers = [getattr(b, "scheduler_metadata", None) for b in (first, second)]
         if any(buffer is None for buffer in buffers):
@@ -97,32 +133,29 @@ def run() -> ProbeResult:
                 evidence="no FlashAttention builder keeps an FA3 schedule under full CUDA "
                 "graphs here: the question does not apply",
             )
-        for requests in (STEP_REQUESTS, 1):
-            for builder in (first, second):
-                builder.build_for_cudagraph_capture(_batch(requests))
-        built = first.build(common_prefix_len=0, common_attn_metadata=_batch(STEP_REQUESTS))
-        handed = second.update_block_table(
-            built, torch.zeros((STEP_REQUESTS, 4), dtype=torch.int32), built.slot_mapping
-        )
+        steps = _v1_steps if _harness.serves_v1(config) else _v2_steps
+        captured, built, how = steps(first, second, spec)
     n = built.scheduler_metadata.shape[0]
     holds = {
         "first builder's buffer": sorted({int(x) for x in first.scheduler_metadata[:n]}),
         "second builder's buffer": sorted({int(x) for x in second.scheduler_metadata[:n]}),
     }
-    reads_own = handed.scheduler_metadata.data_ptr() == second.scheduler_metadata.data_ptr()
+    # The buffer the second group's graph was captured reading is the one it replays.
+    reads_own = captured.scheduler_metadata.data_ptr() == second.scheduler_metadata.data_ptr()
+    read = holds["second builder's buffer" if reads_own else "first builder's buffer"]
     evidence = (
         f"after captures of {STEP_REQUESTS} and 1 requests and a step of {STEP_REQUESTS} "
-        f"handed from one builder to the other, the schedule's batch sizes: {holds}; the "
-        f"second group's metadata points at {'its own' if reads_own else 'the first'} buffer"
+        f"{how}, the schedule's batch sizes: {holds}; the second group's graph "
+        f"reads {'its own' if reads_own else 'the first'} builder's buffer"
     )
     if holds["first builder's buffer"] != [STEP_REQUESTS]:
         status = UNKNOWN
         evidence = "the first builder's own step left another schedule: " + evidence
     else:
-        status = PRESENT if holds["second builder's buffer"] == [STEP_REQUESTS] else ABSENT
+        status = PRESENT if read == [STEP_REQUESTS] else ABSENT
     return ProbeResult(
         probe=NAME,
         status=status,
         evidence=evidence,
-        details={**holds, "second group reads its own buffer": reads_own},
+        details={**holds, "second group's graph reads its own buffer": reads_own},
     )

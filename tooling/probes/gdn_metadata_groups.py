@@ -31,6 +31,7 @@ from typing import Any
 
 from . import _harness
 from ._cuda_on_cpu import cuda_on_cpu
+from ._v2_groups import V2Groups
 from .result import ABSENT, PRESENT, ProbeResult
 
 NAME = "gdn_metadata_groups"
@@ -196,42 +197,14 @@ class _V2Runner:
 
     def __init__(self, first: Any, second: Any, spec: Any) -> None:
         from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.worker.utils import AttentionGroup
 
-        self.groups = [
-            [AttentionGroup(GDNAttentionBackend, [name], spec, i, metadata_builders=[builder])]
-            for i, (name, builder) in enumerate(zip(NAMES, (first, second), strict=True))
-        ]
-        self.kv_cache_config = KVCacheConfig(
-            num_blocks=4097,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec([name], spec) for name in NAMES],
-        )
+        self.groups = V2Groups.of(GDNAttentionBackend, spec, NAMES, (first, second))
 
     def _build(self, theirs: Any, own: Any, extra: dict[str, Any], capture: bool) -> Any:
-        import torch
-        from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
         from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridAttnMetadata
 
-        is_prefilling = theirs.is_prefilling & (not capture)
-        metadata = build_attn_metadata(
-            attn_groups=self.groups,
-            num_reqs=theirs.num_reqs,
-            num_tokens=theirs.num_actual_tokens,
-            query_start_loc_gpu=theirs.query_start_loc,
-            query_start_loc_cpu=theirs.query_start_loc_cpu,
-            max_query_len=theirs.max_query_len,
-            seq_lens=theirs.seq_lens,
-            max_seq_len=theirs.max_seq_len,
-            block_tables=[theirs.block_table_tensor, own.block_table_tensor],
-            slot_mappings=torch.stack([theirs.slot_mapping, own.slot_mapping]),
-            kv_cache_config=self.kv_cache_config,
-            seq_lens_cpu_upper_bound=theirs.seq_lens_cpu_upper_bound,
-            is_prefilling=is_prefilling,
-            model_specific_attn_metadata=MambaHybridAttnMetadata(is_prefilling, **extra),
-            for_cudagraph_capture=capture,
-        )
+        hybrid = MambaHybridAttnMetadata(theirs.is_prefilling & (not capture), **extra)
+        metadata = self.groups.build((theirs, own), capture=capture, model_specific=hybrid)
         return metadata[NAMES[1]]
 
     @staticmethod
