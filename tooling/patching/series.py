@@ -160,7 +160,8 @@ class Series:
                 if strict:
                     raise SeriesError(
                         f"base {version}: fix {patch.id} has no code for it (series.toml names "
-                        f'no port, superseded or not-needed in [patch.on."{version}"])'
+                        f'no port, superseded or not-needed in [patch.on."{version}"]); '
+                        f"--skip {patch.id} builds without it, named in the version"
                     )
                 patches.append(patch)
                 continue
