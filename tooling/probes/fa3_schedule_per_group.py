@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _harness
-from ._v2_groups import V2Groups
+from ._v2_runner import V2Groups
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "fa3_schedule_per_group"

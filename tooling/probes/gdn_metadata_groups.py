@@ -31,7 +31,7 @@ from typing import Any
 
 from . import _harness
 from ._cuda_on_cpu import cuda_on_cpu
-from ._v2_groups import V2Groups
+from ._v2_runner import V2Groups
 from .result import ABSENT, PRESENT, ProbeResult
 
 NAME = "gdn_metadata_groups"

@@ -43,32 +43,12 @@ def piecewise_sizes(config: Any, mode: str) -> list[int]:
 def _v2_padded(k: int) -> dict[int, int]:
     """Under PIECEWISE, each verify step of n requests at ``k`` that the V2 runner's graph
     manager replays at a size not a multiple of k+1: n -> that size."""
-    import torch
     from vllm.config import CUDAGraphMode
-    from vllm.platforms import current_platform
-    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
-    from ._schedsim import Settings, engine_config, h200_platform
+    from ._schedsim import Settings
+    from ._v2_runner import graph_manager
 
-    with h200_platform():
-        config = engine_config(Settings(k=k, max_num_seqs=64), _harness.scratch_dir())
-        config.model_config.enforce_eager = False
-        config.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
-        config.compilation_config.cudagraph_capture_sizes = None
-        config.compilation_config.max_cudagraph_capture_size = None
-        config._set_cudagraph_sizes()
-        _harness.ensure_single_process_group(config)
-        # The CPU platform has no CUDA graph pool; the manager only keeps its handle.
-        with _harness.replaced(type(current_platform), graph_pool_handle=lambda self: object()):
-            manager = CudaGraphManager(
-                config,
-                torch.device("cpu"),
-                CUDAGraphMode.PIECEWISE,
-                decode_query_lens=config.get_decode_cudagraph_query_lens(
-                    config.uniform_decode_query_len
-                ),
-            )
-    manager._graphs_captured = True  # what a step is dispatched to once captured
+    config, manager = graph_manager(Settings(k=k, max_num_seqs=64), "PIECEWISE")
     ceiling = config.compilation_config.max_cudagraph_capture_size
     padded = {}
     for n in range(1, ceiling // (k + 1) + 1):

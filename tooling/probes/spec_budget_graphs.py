@@ -84,40 +84,18 @@ def _v2() -> ProbeResult:
 
     if importlib.util.find_spec("vllm.v1.worker.gpu.cudagraph_utils") is None:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence="no V1 runner and no V2 one")
-    import torch
     from vllm.config import CUDAGraphMode
-    from vllm.platforms import current_platform
-    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
-    from ._schedsim import Settings, engine_config, h200_platform
+    from ._schedsim import Settings
+    from ._v2_runner import graph_manager
 
     budget = tuple((first, last, k) for first, last, k in BUDGET)
-    with h200_platform():
-        config = engine_config(
-            Settings(k=K, max_num_seqs=64, spec_tokens_by_batch=budget), _harness.scratch_dir()
-        )
-        config.model_config.enforce_eager = False
-        config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-        config.compilation_config.cudagraph_capture_sizes = None
-        config.compilation_config.max_cudagraph_capture_size = None
-        config._set_cudagraph_sizes()
-        _harness.ensure_single_process_group(config)
-        # The CPU platform has no CUDA graph pool; the manager only keeps its handle.
-        with _harness.replaced(type(current_platform), graph_pool_handle=lambda self: object()):
-            manager = CudaGraphManager(
-                config,
-                torch.device("cpu"),
-                CUDAGraphMode.FULL_AND_PIECEWISE,
-                decode_query_lens=config.get_decode_cudagraph_query_lens(
-                    config.uniform_decode_query_len
-                ),
-            )
+    settings = Settings(k=K, max_num_seqs=64, spec_tokens_by_batch=budget)
+    _, manager = graph_manager(settings, "FULL_AND_PIECEWISE")
     full = {
         (d.num_reqs, d.uniform_token_count)
         for d in manager._capture_descs.get(CUDAGraphMode.FULL, [])
     }
-    # What a step is dispatched to once the graphs are captured (capture needs a GPU).
-    manager._graphs_captured = True
 
     def mode(reqs: int, per_request: int, uniform: bool) -> str:
         desc = manager.dispatch(

@@ -1,13 +1,18 @@
-"""Two KV-cache groups' attention metadata as the V2 model runner builds it: through its own
-``build_attn_metadata``, which decides what one group hands the next, at capture and at
-each step. The probes whose question is how groups share metadata ask it this way where
-the V2 runner serves (0.34.0 has no other).
+"""What the V2 model runner makes, made by its own code, for the probes that ask it where
+the V2 runner serves (0.34.0 has no other):
+
+- two KV-cache groups' attention metadata, through its ``build_attn_metadata``, which
+  decides what one group hands the next, at capture and at each step;
+- its CUDA-graph manager for the config ``vllm serve`` builds on an H200, which says what
+  graphs it captures and where it dispatches a step once they are captured.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from . import _harness
 
 
 @dataclass
@@ -64,3 +69,37 @@ class V2Groups:
             model_specific_attn_metadata=model_specific,
             for_cudagraph_capture=capture,
         )
+
+
+def graph_manager(settings: Any, mode: str) -> tuple[Any, Any]:
+    """The config ``vllm serve`` builds for the seed's pair with ``settings`` (a
+    ``_schedsim.Settings``) under CUDA-graph ``mode``, vLLM's default sizes, and the V2
+    runner's ``CudaGraphManager`` for it, made as the runner makes it and marked captured
+    (capture needs a GPU; dispatch does not)."""
+    import torch
+    from vllm.config import CUDAGraphMode
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from ._schedsim import engine_config, h200_platform
+
+    with h200_platform():
+        config = engine_config(settings, _harness.scratch_dir())
+        config.model_config.enforce_eager = False
+        config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
+        config.compilation_config.cudagraph_capture_sizes = None
+        config.compilation_config.max_cudagraph_capture_size = None
+        config._set_cudagraph_sizes()
+        _harness.ensure_single_process_group(config)
+        # The CPU platform has no CUDA graph pool; the manager only keeps its handle.
+        with _harness.replaced(type(current_platform), graph_pool_handle=lambda self: object()):
+            manager = CudaGraphManager(
+                config,
+                torch.device("cpu"),
+                CUDAGraphMode[mode],
+                decode_query_lens=config.get_decode_cudagraph_query_lens(
+                    config.uniform_decode_query_len
+                ),
+            )
+    manager._graphs_captured = True
+    return config, manager
