@@ -53,8 +53,9 @@ def _custom_all_reduce_at_tp2(pair: Any) -> bool:
 
 def _structured_output(pair: Any) -> tuple[str, bool]:
     """How the release serves structured output after reasoning ends inside the drafts:
-    "refused", "constrained" or "unconstrained"; and whether the control holds (a request
-    whose prompt ended reasoning is constrained from its first row)."""
+    "refused" (for that reason), "constrained" or "unconstrained"; and whether the controls
+    hold (the request without structured output is served, and a request whose prompt
+    ended reasoning is constrained from its first row)."""
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
     tokenizer = _serving_guards.write_tokenizer(pair.target)
@@ -62,15 +63,20 @@ def _structured_output(pair: Any) -> tuple[str, bool]:
     params = SamplingParams(
         max_tokens=8, structured_outputs=StructuredOutputsParams(json={"type": "object"})
     )
-    try:
-        params.verify(
-            config.model_config,
-            config.speculative_config,
-            config.structured_outputs_config,
-            tokenizer,
-        )
-    except Exception:  # releases raise ValueError or their own validation error
-        return "refused", True
+    # Control first: the same request without structured output is served.
+    for request in (SamplingParams(max_tokens=8), params):
+        try:
+            request.verify(
+                config.model_config,
+                config.speculative_config,
+                config.structured_outputs_config,
+                tokenizer,
+            )
+        except Exception as e:  # releases raise ValueError or their own validation error
+            message = " ".join(str(e).split())
+            if request is params and "reasoning" in message.lower():
+                return "refused", True
+            return f"refused ({message[:120]})", False
     rows = _serving_guards.grammar_rows(config, params, ["<think>", "a"], ["a", "</think>", "{"])
     ended = _serving_guards.grammar_rows(config, params, ["<think>", "a", "</think>"], ["{"])
     control = ended[0] is not None and "{" in ended[0]
