@@ -224,6 +224,9 @@ def test_a_session_builds_the_installs_its_steps_serve_and_fuzzes_beside_the_tra
     both = session_ablations(["fuzz-seed", "speed", "trained-1"])
     assert len(both) == len(set(both)) and set(both) == {*trained_ablations(), *speed}
     assert session_ablations(["speed"]) == speed
+    # The same engines on the recipe's shapes, drawn with random weights: no recipe.
+    assert session_ablations(["speed-shape"]) == speed
+    assert STEPS["speed-shape"].kind is Kind.SPEED_SHAPE
     assert session_ablations(["trained"]) == trained_ablations()
     assert session_ablations(["seed", "fuzz-seed"]) == []
     assert STEPS["fuzz-seed"].kind is Kind.FUZZ

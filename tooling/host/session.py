@@ -41,6 +41,9 @@ class Kind(StrEnum):
     """The trained pair's calls, once the recipe has written the pair."""
     SPEED = "speed"
     """The speed run on the trained pair (``host speed run``), once the recipe has written it."""
+    SPEED_SHAPE = "speed-shape"
+    """The speed run on the recipe's shapes with random weights, drawn on the GPU: each
+    engine's step without the recipe's training (every draft rejected)."""
     FUZZ = "fuzz"
     """The GPU fuzzer (``host fuzz``): the fixed wheel's campaign and stock's side by side,
     on the pair the step's variant names (``fuzz_settings``)."""
@@ -82,6 +85,7 @@ STEPS = {
         # The K = 15 call alone: lossless and acceptance with the ablations, after `speed`.
         Step("trained-1", Kind.TRAINED, calls="1"),
         Step("speed", Kind.SPEED),
+        Step("speed-shape", Kind.SPEED_SHAPE),
         # Beside the training, on the seed-shaped pair.
         Step("fuzz-seed", Kind.FUZZ, "seed"),
         # Once the recipe has written the pair: lossless, against its reference acceptance.
@@ -226,11 +230,24 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
         return run([*speed, *SPEED_ARGS], env=env, stdout=log, stderr=log)
 
 
+def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
+    """The recipe's shapes drawn with random weights on the GPU (under the step's
+    ``models/``, deleted once it ends), then the speed run on them, into ``$SESSION/STEP.txt``."""
+    pair = layout.session / step.name / "models" / "trained-shape"
+    host = [PYTHON, "-m", Modules.TOOLING, "host", "speed"]
+    with written(layout.session / f"{step.name}.txt") as log:
+        draw = [*host, "draw", "trained-shape", str(pair), "cuda"]
+        code = run(draw, env=env, stdout=log, stderr=log)
+        if code != 0:
+            return code
+        return run([*host, "run", str(pair), *SPEED_ARGS], env=env, stdout=log, stderr=log)
+
+
 def session_ablations(steps: list[str]) -> list[str]:
     """The patches left out of the installs the steps serve beside the fixed wheel and
     stock: the trained pair's calls' ablations and the speed run's ``no-<patch>`` engines."""
     ablated = trained_ablations() if any(STEPS[s].kind is Kind.TRAINED for s in steps) else []
-    if any(STEPS[s].kind is Kind.SPEED for s in steps):
+    if any(STEPS[s].kind in (Kind.SPEED, Kind.SPEED_SHAPE) for s in steps):
         sites = [ENGINES[e].site for e in SPEED_ENGINES]
         ablated += [site.removeprefix("no-") for site in sites if site.startswith("no-")]
     return list(dict.fromkeys(ablated))
@@ -344,6 +361,8 @@ def background(parts: Path, steps: list[str], layout: Layout) -> int:
             code = _drawn(layout, step, env)
         elif step.kind is Kind.FUZZ:
             code = _fuzz(layout, step, session / name, env)
+        elif step.kind is Kind.SPEED_SHAPE:
+            code = _speed_shape(layout, step, env)
         else:
             code = _trained(layout, step, env)
         mark(f"{name}: exit {code}")
