@@ -240,7 +240,9 @@ def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
         code = run(draw, env=env, stdout=log, stderr=log)
         if code != 0:
             return code
-        return run([*host, "run", str(pair), *SPEED_ARGS], env=env, stdout=log, stderr=log)
+        # No recipe to wait for: every level of the bar is profiled (the last option wins).
+        speed = [*host, "run", str(pair), *SPEED_ARGS, "--profile-levels", "1,16,64"]
+        return run(speed, env=env, stdout=log, stderr=log)
 
 
 def session_ablations(steps: list[str]) -> list[str]:
