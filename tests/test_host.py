@@ -276,3 +276,19 @@ def test_each_fuzz_step_names_its_pair_and_its_campaigns_options() -> None:
         "trained",
         "replay",
     }
+
+
+def test_a_default_part_fits_one_call_beside_the_checkout() -> None:
+    """A staging call carries the checkout's tracked files with one part; the checkout grows,
+    so its size is read here, with 2 MiB to spare."""
+    import subprocess
+
+    from tooling.host.parts import CALL_BYTES, PART_BYTES
+    from tooling.paths import REPO_DIR
+
+    names = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO_DIR, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    tracked = sum((REPO_DIR / n.decode()).stat().st_size for n in names if n)
+    assert tracked > 1 << 20, "the checkout's files were not read"
+    assert tracked + PART_BYTES + (2 << 20) <= CALL_BYTES, f"checkout {tracked} bytes"

@@ -19,8 +19,11 @@ from ..release.split import split_bundle
 from .layout import PYTHON, run, say, shown
 from .setup import VLLM
 
-#: A part's default size: what one call carries to the host.
-PART_BYTES = 60 << 20
+#: A part's default size. A call carries 64 MiB in all, the checkout's tracked files with
+#: the part: at 60 MiB the parts stopped fitting once the checkout passed 4 MiB.
+PART_BYTES = 56 << 20
+#: What one call to the GPU host carries, the checkout and the carried part together.
+CALL_BYTES = 64 << 20
 #: The toolchain's GPU-host extras the bundle carries: the reference dflash, GitPython for
 #: the offline builds, flash-linear-attention for the hybrid recipe's training.
 EXTRAS = (
