@@ -92,6 +92,6 @@ def test_stock_and_fixed_runners_read_the_drafter_only_under_a_guard(
 ) -> None:
     stock = (upstream_0201.source_dir / RUNNER).read_text()
     fixed = (Path(patched_0201.work_dir) / RUNNER).read_text()
-    assert stock.count("self.drafter") > 40  # the rule reads the real runner, not a stub
+    assert stock.count("self.drafter") > 30  # the rule reads the real runner, not a stub
     assert unguarded_drafter_reads(stock) == []
     assert unguarded_drafter_reads(fixed) == []
