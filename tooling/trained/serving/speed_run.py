@@ -82,6 +82,20 @@ REGIONS = (
         "gdn: metadata",
     ),
     ("vllm.v1.sample.rejection_sampler", "RejectionSampler", "forward", "rejection sampler"),
+    # The drafter's CPU apart from its forward: what is left of "draft" once these and the
+    # regions below are taken out is the forward's launch.
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer",
+        "prepare_next_token_ids_padded",
+        "drafter: next token ids",
+    ),
+    (
+        "vllm.v1.spec_decode.llm_base_proposer",
+        "SpecDecodeBaseProposer",
+        "prepare_inputs_padded",
+        "drafter: padded inputs",
+    ),
     ("vllm.v1.spec_decode.dflash", "DFlashProposer", "set_inputs_first_pass", "drafter: inputs"),
     (
         "vllm.v1.spec_decode.dflash",

@@ -36,6 +36,8 @@ REGION_CATEGORIES: dict[str, str] = {
     "rejection sampler": "rejection sampling",
     "hybrid: accepted tokens": "bookkeeping",
     "gpu_model_runner: draft": "drafter",
+    "drafter: next token ids": "drafter inputs and metadata",
+    "drafter: padded inputs": "drafter inputs and metadata",
     "drafter: inputs": "drafter inputs and metadata",
     "drafter: metadata": "drafter inputs and metadata",
     "drafter: context kv": "drafter context KV",
