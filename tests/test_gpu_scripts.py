@@ -364,3 +364,36 @@ def test_join_py_refuses_what_its_usage_line_does_not_name(tmp_path: Path) -> No
         f"join.py: cannot read {tmp_path / 'SHA256SUMS'}: "
     )
     assert "Traceback" not in done.stderr and not (tmp_path / "dest").exists()
+
+
+def _make_parts_for(tmp_path: Path, base: str) -> subprocess.CompletedProcess[str]:
+    """``BASE=base make-parts.sh parts`` on an empty cache."""
+    empty = str(tmp_path / "empty-cache")
+    return run_gpu_script(
+        "make-parts.sh", "parts", work=tmp_path, cwd=tmp_path, BASE=base, VLLM_DFLASH_CACHE=empty
+    )
+
+
+def test_make_parts_refuses_a_base_that_is_not_pinned_before_it_makes_anything(
+    tmp_path: Path,
+) -> None:
+    """BASE names the release the parts carry; one that bases.toml does not pin is one line
+    naming it, before any resolving or download."""
+    done = _make_parts_for(tmp_path, "0.99.0")
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.count("\n") == 1 and "'0.99.0'" in done.stderr, done.stderr
+    assert not (tmp_path / "parts").exists()
+
+
+def test_make_parts_for_another_base_asks_for_that_releases_artifacts(tmp_path: Path) -> None:
+    """BASE=0.34.0 looks for 0.34.0's official wheel and sdist, and says how to get them;
+    its bundle leaves out what the host's pip freeze has at the same versions, since 0.34.0
+    pins another torch than the host's."""
+    from tooling.host.parts import HOST_FREEZE, IMAGE_PACKAGES, PartsSettings
+
+    done = _make_parts_for(tmp_path, "0.34.0")
+    assert done.returncode != 0
+    assert "no vllm-0.34.0 wheel and sdist (tooling fetch --base 0.34.0" in done.stderr
+    assert PartsSettings(base="0.34.0").present == HOST_FREEZE
+    assert PartsSettings().present == IMAGE_PACKAGES
+    assert "torch==2.11.0" in HOST_FREEZE.read_text().splitlines()

@@ -87,9 +87,9 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return made
 
 
-def _parts(tmp_path: Path) -> Path:
+def _parts(tmp_path: Path, release: str = "vllm-0.20.1") -> Path:
     """Parts as make-parts.sh makes them: a bundle of one small wheel, its install.sh, and
-    the vLLM sdist's name."""
+    the vLLM sdist's name (``release``'s)."""
     payload = tmp_path / "payload"
     wheels = payload / "bundle" / "wheels"
     wheels.mkdir(parents=True)
@@ -98,7 +98,7 @@ def _parts(tmp_path: Path) -> Path:
     (payload / "bundle" / "install.txt").write_text(f"hostpkg==1.0 --hash=sha256:{digest}\n")
     install = REPO_DIR / "tooling" / "release" / "bundle_files" / "install.sh"
     (payload / "bundle" / "install.sh").write_text(install.read_text())
-    (payload / "vllm-0.20.1.tar.gz").write_bytes(b"not built here")
+    (payload / f"{release}.tar.gz").write_bytes(b"not built here")
     parts, _ = split_bundle(payload, tmp_path / "parts", 1 << 20, show_progress=False)
     return parts
 
@@ -140,3 +140,18 @@ def test_a_session_starts_runs_and_is_waited_for_with_only_what_the_host_has(
     freeze = (work / "session" / "host-freeze.txt").read_text()
     assert re.search(r"^[A-Za-z0-9_.-]+==\d", freeze, re.M), freeze[:300]
     assert "== session/host-freeze.txt" in (out / "texts.txt").read_text()
+
+
+def test_the_parts_name_the_release_every_build_is_for(python: Path, tmp_path: Path) -> None:
+    """Parts of another pinned release (make-parts.sh BASE=0.34.0): setup installs them and
+    builds for that release, asking for its official wheel; a payload of two sdists names
+    no one release and is refused before anything is built."""
+    parts, work = _parts(tmp_path, "vllm-0.34.0"), tmp_path / "work"
+    done = _run(python, "host-setup.sh", str(parts), work=work, ABLATIONS="", PROBES="0")
+    assert done.returncode != 0
+    assert "vllm-0.34.0-*.whl, expected one" in done.stderr, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    (work / "joined" / "payload" / "vllm-0.20.1.tar.gz").write_bytes(b"a second release")
+    again = _run(python, "host-setup.sh", str(parts), "build", work=work, ABLATIONS="")
+    assert again.returncode != 0
+    assert "one vllm-VERSION.tar.gz" in again.stderr and "Traceback" not in again.stderr

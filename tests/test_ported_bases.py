@@ -196,6 +196,20 @@ def test_a_build_for_a_ported_base_refuses_an_undecided_fix_before_fetching(tmp_
     assert not any(cache.rglob("*.tar.gz")) if cache.exists() else True
 
 
+def test_what_a_candidate_build_leaves_out_is_every_fix_with_no_code_on_the_base(tmp_path):
+    """The GPU host builds a ported base's candidate with ``--skip`` of these (its version
+    names them); off a ported base nothing is left out."""
+    ledger = load_ledger(
+        _ledger(tmp_path, "0.33.0", {"dflash-layer-id-offset": 'state = "superseded"\nwhy = "x"'})
+    )
+    absent = ledger.without_code_on("0.33.0")
+    assert "dflash-layer-id-offset" not in absent
+    assert absent == tuple(p.id for p in ledger.patches[1:])
+    assert ledger.without_code_on("0.20.1") == ()
+    real = load_ledger(PATCHES)
+    assert real.without_code_on("0.34.0") == ("piecewise-spec-sizes",)
+
+
 @pytest.mark.slow
 def test_on_a_ported_base_each_fix_comes_to_what_the_ledger_says(
     tmp_path, catalog, fetch_release, probe_python, cache

@@ -110,7 +110,7 @@ def setup_command(ctx: click.Context, parts: str, step: str) -> None:
     series = settings_of(ctx).series() if chosen is not SetupStep.INSTALL else None
     planned = ablations(series, None if asked is None else asked.split()) if series else []
     probe = None if env("PROBES") == "0" else shutil.which("python3") or "python3"
-    setup(where, chosen, layout_of(ctx), planned, probe)
+    setup(where, chosen, layout_of(ctx), planned, probe, series)
 
 
 def smoke_settings() -> SmokeSettings:
@@ -391,10 +391,15 @@ def speed_command(ctx: click.Context, step: str, words: tuple[str, ...]) -> None
 @click.pass_context
 def make_parts_command(ctx: click.Context, out: str, size: str) -> None:
     """make-parts.sh, on the build machine: the parts setup joins, into OUT (a new folder),
-    of SIZE bytes each (default 60 MiB). RAY=1 adds Ray; TRAINING=0 leaves train-wheels/
-    out."""
+    of SIZE bytes each (default 56 MiB). RAY=1 adds Ray; TRAINING=0 leaves train-wheels/
+    out; BASE=VERSION carries that pinned vLLM release instead of the series' own."""
     checked = part_size(size)
-    settings = parts_.PartsSettings(ray=env("RAY") == "1", training=env("TRAINING") != "0")
+    base = env("BASE")
+    if base is not None:
+        settings_of(ctx).catalog().get(base)
+    settings = parts_.PartsSettings(
+        ray=env("RAY") == "1", training=env("TRAINING") != "0", base=base
+    )
     parts_.make_parts(absolute(out), checked, settings_of(ctx).cache.root, settings)
 
 
@@ -402,7 +407,7 @@ def make_parts_command(ctx: click.Context, out: str, size: str) -> None:
 @click.argument("words", nargs=-1)
 def pair_parts_command(words: tuple[str, ...]) -> None:
     """pair-parts.sh, on the build machine: OUT_DIR [PART_SIZE_BYTES] -- DIR ...: the pair's
-    parts brought back in several folders, checked and split again (default 60 MiB)."""
+    parts brought back in several folders, checked and split again (default 56 MiB)."""
     out, size, folders = parts_.split_words(list(words))
     checked = part_size(size) if size is not None else parts_.PART_BYTES
     parts_.pair_parts(absolute(out), checked, [absolute(f) for f in folders])

@@ -19,6 +19,13 @@ from ..release.split import split_bundle
 from .layout import PYTHON, run, say, shown
 from .setup import VLLM
 
+#: What the host has, for the bundle to leave out. The image's list of names serves the
+#: default base, whose torch is the host's; another base pins another torch and CUDA
+#: libraries, so its bundle is made against the host's pip freeze, whose versions say what
+#: differs (a bare name matches any version).
+IMAGE_PACKAGES = REPO_DIR / "ci" / "gpu" / "h200-image-packages.txt"
+HOST_FREEZE = REPO_DIR / "ci" / "gpu" / "h200-host-freeze.txt"
+
 #: A part's default size. A call carries 64 MiB in all, the checkout's tracked files with
 #: the part: at 60 MiB the parts stopped fitting once the checkout passed 4 MiB.
 PART_BYTES = 56 << 20
@@ -56,10 +63,20 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PartsSettings:
     """RAY=1 adds Ray (the smoke's --distributed-executor-backend ray); TRAINING=0 leaves
-    train-wheels/ out, for a session that runs smokes alone."""
+    train-wheels/ out, for a session that runs smokes alone; BASE, the pinned vLLM release
+    the parts carry (default: the series' own)."""
 
     ray: bool = False
     training: bool = True
+    base: str | None = None
+
+    @property
+    def release(self) -> str:
+        return f"vllm-{self.base}" if self.base else VLLM
+
+    @property
+    def present(self) -> Path:
+        return IMAGE_PACKAGES if self.release == VLLM else HOST_FREEZE
 
 
 def _checked_out(out: Path, what: str) -> None:
@@ -71,9 +88,15 @@ def make_parts(out: Path, size: int, cache: Path, settings: PartsSettings) -> No
     """The payload (bundle/, the sdist, train-wheels/) split into parts of ``size`` bytes."""
     logger.debug("step: make the parts into %s", out)
     _checked_out(out, ": give a new folder for the parts")
-    wheels = sorted((cache / "pypi").glob(f"{VLLM}-*.whl"))
-    if len(wheels) != 1:
-        raise HostStepError(f"{cache}/pypi: no {VLLM} wheel (tooling fetch puts it there)")
+    release = settings.release
+    wheels = sorted((cache / "pypi").glob(f"{release}-*.whl"))
+    sdist = cache / "pypi" / f"{release}.tar.gz"
+    if len(wheels) != 1 or not sdist.is_file():
+        base = release.removeprefix("vllm-")
+        raise HostStepError(
+            f"{cache}/pypi: no {release} wheel and sdist (tooling fetch --base {base} puts "
+            "them there)"
+        )
     extras = list(EXTRAS)
     if settings.ray:
         from ..smoke.config import RAY_VERSION
@@ -95,8 +118,8 @@ def make_parts(out: Path, size: int, cache: Path, settings: PartsSettings) -> No
             "--wheel",
             str(wheels[0]),
         ]
-        cmd += ["--out", str(work / "bundle"), "--exclude-present"]
-        cmd += [str(REPO_DIR / "ci" / "gpu" / "h200-image-packages.txt")]
+        cmd += ["--base", release.removeprefix("vllm-"), "--out", str(work / "bundle")]
+        cmd += ["--exclude-present", str(settings.present)]
         cmd += [word for extra in extras for word in ("--extra", extra)]
         if run(cmd, env=env) != 0:
             raise HostStepError("the bundle could not be made (tooling bundle says why above)")
@@ -104,7 +127,7 @@ def make_parts(out: Path, size: int, cache: Path, settings: PartsSettings) -> No
         payload.mkdir()
         (bundle,) = (work / "bundle").glob("vllm-*-bundle-*")
         bundle.rename(payload / "bundle")
-        shutil.copy(cache / "pypi" / f"{VLLM}.tar.gz", payload)
+        shutil.copy(sdist, payload)
         if settings.training:
             (work / "train-wheels.txt").write_text(TRAIN_WHEELS)
             pip = [sys.executable, "-m", "pip", *PIP_DOWNLOAD, *TRAIN_PLATFORM]

@@ -1,8 +1,10 @@
 """``host-setup.sh``: join the carried parts, install vLLM's dependencies into ``$SITE``, then
 build and install every engine variant (stock, patched and the ablations) under ``$ENGINES``.
 
-The ablations come from the series (``tooling.patching.series``): one per patch asked for,
-without it and every patch written on it."""
+The parts carry one vLLM release (``make-parts.sh``, ``BASE``): its sdist's name says which,
+and every build is for it. The ablations come from the series (``tooling.patching.series``):
+one per patch asked for, without it and every patch written on it. On a ported base each
+build also leaves out the fixes that name no code there (the candidate wheel)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from .layout import PYTHON, Layout, Modules, run, say, shown, tail, written
 
 logger = logging.getLogger(__name__)
 
-#: The vLLM the engines are: its official wheel is stock, its sdist the ablations' source.
+#: The vLLM the engines are unless the parts say otherwise: its official wheel is stock, its
+#: sdist the builds' source.
 VLLM = "vllm-0.20.1"
 
 
@@ -76,6 +79,17 @@ def check_parts(parts: Path, step: SetupStep) -> None:
         )
 
 
+def payload_release(payload: Path) -> str:
+    """``vllm-VERSION``: the release the joined parts carry, named by its one sdist."""
+    found = sorted(payload.glob("vllm-*.tar.gz"))
+    if not (payload / "bundle" / "install.sh").is_file() or len(found) != 1:
+        raise HostUsageError(
+            f"{payload}: expected bundle/install.sh and one vllm-VERSION.tar.gz "
+            "(parts made by make-parts.sh)"
+        )
+    return found[0].name.removesuffix(".tar.gz")
+
+
 def install(parts: Path, layout: Layout) -> None:
     """Join the parts into ``$WORK/joined`` and install the bundle into ``$SITE``."""
     logger.debug("step: join %s, install the bundle into %s", parts, layout.site)
@@ -83,13 +97,7 @@ def install(parts: Path, layout: Layout) -> None:
     if run([PYTHON, str(parts / "join.py"), str(layout.work / "joined")], env=env) != 0:
         raise HostStepError(f"{parts}: the parts do not join (join.py says why above)")
     payload = layout.payload
-    if (
-        not (payload / "bundle" / "install.sh").is_file()
-        or not (payload / f"{VLLM}.tar.gz").is_file()
-    ):
-        raise HostUsageError(
-            f"{payload}: expected bundle/install.sh and {VLLM}.tar.gz (parts made by make-parts.sh)"
-        )
+    payload_release(payload)
     log = layout.work / "install.log"
     with written(log) as out:
         code = run(
@@ -129,26 +137,38 @@ def _build(layout: Layout, dist: Path, options: list[str], record: Path) -> Path
     return _one_wheel(dist, "vllm-*.whl")
 
 
-def build_engines(layout: Layout, chosen: list[Ablation], probe_python: str | None) -> None:
+def build_engines(
+    layout: Layout, chosen: list[Ablation], probe_python: str | None, series: Series | None
+) -> None:
     """The patched wheel (probed by ``probe_python``, or not at all: None), stock and the
     ablations, each pip-installed into its own folder under ``$ENGINES``."""
     logger.debug("step: build the engines into %s (%d ablations)", layout.engines, len(chosen))
     payload = layout.payload
-    official = _one_wheel(payload / "bundle" / "wheels", f"{VLLM}-*.whl")
+    release = payload_release(payload)
+    base = release.removeprefix("vllm-")
+    official = _one_wheel(payload / "bundle" / "wheels", f"{release}-*.whl")
     pypi = layout.cache / "pypi"
-    for source in (official, payload / f"{VLLM}.tar.gz"):
+    for source in (official, payload / f"{release}.tar.gz"):
         shutil.copy(source, pypi / source.name)
+    # A ported base's fixes with no code there are left out of every build, by name.
+    absent = series.without_code_on(base) if series is not None else ()
+    if absent:
+        say(f"base {base}: every build leaves out {', '.join(absent)} (no code there)")
+    on_base = ["--base", base, *[word for pid in absent for word in ("--skip", pid)]]
     probes = ["--no-probes"] if probe_python is None else ["--probe-python", probe_python]
-    patched = _build(layout, layout.work / "dist", probes, layout.work / "build-patched.json")
+    patched = _build(
+        layout, layout.work / "dist", [*on_base, *probes], layout.work / "build-patched.json"
+    )
     _pip_install(layout, "stock", official)
     _pip_install(layout, "patched", patched)
     for ablation in chosen:
         logger.debug("ablation %s: without %s", ablation.engine, ", ".join(ablation.skipped))
-        skips = [word for pid in ablation.skipped for word in ("--skip", pid)]
+        skipped = [pid for pid in ablation.skipped if pid not in absent]
+        skips = [word for pid in skipped for word in ("--skip", pid)]
         wheel = _build(
             layout,
             layout.work / f"dist-{ablation.patch}",
-            [*skips, "--no-probes"],
+            [*on_base, *skips, "--no-probes"],
             layout.work / f"build-no-{ablation.patch}.json",
         )
         _pip_install(layout, ablation.engine, wheel)
@@ -165,6 +185,7 @@ def setup(
     layout: Layout,
     chosen: list[Ablation],
     probe_python: str | None,
+    series: Series | None = None,
 ) -> None:
     """The whole of ``host-setup.sh``: ``step`` says how much of it."""
     check_parts(parts, step)
@@ -173,4 +194,4 @@ def setup(
     if step is not SetupStep.BUILD:
         install(parts, layout)
     if step is not SetupStep.INSTALL:
-        build_engines(layout, chosen, probe_python)
+        build_engines(layout, chosen, probe_python, series)

@@ -181,6 +181,14 @@ class Series:
         ]
         return replace(self, patches=tuple(patches), base=version)
 
+    def without_code_on(self, version: str) -> tuple[str, ...]:
+        """The fixes that name no code for the ported base ``version`` (pure): what a
+        candidate build there leaves out, and records in its version. None off a ported
+        base, where every patch file is tried as it is."""
+        if version not in self.ported_bases:
+            return ()
+        return tuple(p.id for p in self.patches if version not in p.on)
+
     @property
     def probes(self) -> tuple[str, ...]:
         """The probes of this series' patches, in series order, each once."""
