@@ -292,3 +292,26 @@ def test_a_default_part_fits_one_call_beside_the_checkout() -> None:
     tracked = sum((REPO_DIR / n.decode()).stat().st_size for n in names if n)
     assert tracked > 1 << 20, "the checkout's files were not read"
     assert tracked + PART_BYTES + (2 << 20) <= CALL_BYTES, f"checkout {tracked} bytes"
+
+
+def test_the_verify_step_runs_tooling_verify_on_each_install_and_keeps_its_lines(
+    tmp_path: Path,
+) -> None:
+    """``verify`` runs the real ``tooling verify`` on the stock and the patched install, each
+    into a text of its own; an install with no vLLM is an error, not a verdict, and the
+    step's exit names it (a missing fix, 15, would be a verdict)."""
+    import os
+
+    from tooling.host.layout import Layout
+    from tooling.host.session import STEPS, _verify
+
+    layout = Layout(tmp_path / "work")
+    for engine in ("stock", "patched"):
+        layout.engine(engine).mkdir(parents=True)
+    (layout.session).mkdir(parents=True)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    code = _verify(layout, STEPS["verify"], layout.env(None, PATH=path))
+    assert code == 16
+    for engine in ("stock", "patched"):
+        text = (layout.session / f"verify-{engine}.txt").read_text()
+        assert text.strip() == f"error: no vllm-*.dist-info in {layout.engine(engine)}"

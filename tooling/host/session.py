@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from .. import pidfile, procs
-from ..errors import HostRefusal, HostStepError, HostUsageError
+from ..errors import HostRefusal, HostStepError, HostUsageError, VerifyFixMissingError
 from ..paths import REPO_DIR
 from ..trained.speed import ENGINES
 from .fuzz import ENGINES as FUZZ_ENGINES
@@ -44,6 +45,9 @@ class Kind(StrEnum):
     SPEED_SHAPE = "speed-shape"
     """The speed run on the recipe's shapes with random weights, drawn on the GPU: each
     engine's step without the recipe's training (every draft rejected)."""
+    VERIFY = "verify"
+    """``tooling verify`` of the stock and the patched install on this host: each fix by
+    behaviour (the probes run on the host's CPU, with the installed release's torch)."""
     FUZZ = "fuzz"
     """The GPU fuzzer (``host fuzz``): the fixed wheel's campaign and stock's side by side,
     on the pair the step's variant names (``fuzz_settings``)."""
@@ -86,6 +90,7 @@ STEPS = {
         Step("trained-1", Kind.TRAINED, calls="1"),
         Step("speed", Kind.SPEED),
         Step("speed-shape", Kind.SPEED_SHAPE),
+        Step("verify", Kind.VERIFY),
         # Beside the training, on the seed-shaped pair.
         Step("fuzz-seed", Kind.FUZZ, "seed"),
         # Once the recipe has written the pair: lossless, against its reference acceptance.
@@ -245,6 +250,22 @@ def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
         return run(speed, env=env, stdout=log, stderr=log)
 
 
+def _verify(layout: Layout, step: Step, env: dict[str, str]) -> int:
+    """Each install's verdicts into ``$SESSION/STEP-ENGINE.txt``; 0 when both gave them (a
+    fix missing, exit 15, is a verdict: stock lacks the fixes), else the first other exit."""
+    code = 0
+    # verify takes the probes' interpreter as a path.
+    probe = shutil.which(PYTHON, path=env.get("PATH")) or PYTHON
+    for engine in ("stock", "patched"):
+        cmd = [PYTHON, "-m", Modules.TOOLING, "verify"]
+        cmd += ["--site-packages", str(layout.engine(engine)), "--probe-python", probe]
+        with written(layout.session / f"{step.name}-{engine}.txt") as log:
+            done = run(cmd, env={**env, "PYTHONPATH": str(layout.site)}, stdout=log, stderr=log)
+        mark(f"verify {engine}: exit {done}")
+        code = code or (done if done not in (0, VerifyFixMissingError.exit_code) else 0)
+    return code
+
+
 def session_ablations(steps: list[str]) -> list[str]:
     """The patches left out of the installs the steps serve beside the fixed wheel and
     stock: the trained pair's calls' ablations and the speed run's ``no-<patch>`` engines."""
@@ -365,6 +386,8 @@ def background(parts: Path, steps: list[str], layout: Layout) -> int:
             code = _fuzz(layout, step, session / name, env)
         elif step.kind is Kind.SPEED_SHAPE:
             code = _speed_shape(layout, step, env)
+        elif step.kind is Kind.VERIFY:
+            code = _verify(layout, step, env)
         else:
             code = _trained(layout, step, env)
         mark(f"{name}: exit {code}")
