@@ -316,6 +316,8 @@ def test_make_parts_stopped_while_pip_downloads_leaves_nothing_running_or_behind
     name, _, requires = VLLM
     wheel = build_wheel(cache / "pypi", name, "0.20.1", requires)
     assert zipfile.is_zipfile(wheel)
+    # make-parts asks for the release's sdist before it resolves anything.
+    (cache / "pypi" / "vllm-0.20.1.tar.gz").write_bytes(b"not read before the bundle")
     index.stall.add("sniffio")
     scratch = tmp_path / "tmp"
     script = subprocess.Popen(

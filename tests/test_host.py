@@ -281,8 +281,6 @@ def test_each_fuzz_step_names_its_pair_and_its_campaigns_options() -> None:
 def test_a_default_part_fits_one_call_beside_the_checkout() -> None:
     """A staging call carries the checkout's tracked files with one part; the checkout grows,
     so its size is read here, with 2 MiB to spare."""
-    import subprocess
-
     from tooling.host.parts import CALL_BYTES, PART_BYTES
     from tooling.paths import REPO_DIR
 

@@ -26,8 +26,8 @@ from .setup import VLLM
 IMAGE_PACKAGES = REPO_DIR / "ci" / "gpu" / "h200-image-packages.txt"
 HOST_FREEZE = REPO_DIR / "ci" / "gpu" / "h200-host-freeze.txt"
 
-#: A part's default size. A call carries 64 MiB in all, the checkout's tracked files with
-#: the part: at 60 MiB the parts stopped fitting once the checkout passed 4 MiB.
+#: A part's default size, with room left for the checkout: a call carries its tracked files
+#: with the part, within CALL_BYTES.
 PART_BYTES = 56 << 20
 #: What one call to the GPU host carries, the checkout and the carried part together.
 CALL_BYTES = 64 << 20

@@ -183,7 +183,7 @@ class Series:
 
     def without_code_on(self, version: str) -> tuple[str, ...]:
         """The fixes that name no code for the ported base ``version`` (pure): what a
-        candidate build there leaves out, and records in its version. None off a ported
+        candidate build there leaves out, and records in its version. Empty off a ported
         base, where every patch file is tried as it is."""
         if version not in self.ported_bases:
             return ()

@@ -69,8 +69,7 @@ REGIONS = (
         "_build_attention_metadata",
         "runner: attention metadata",
     ),
-    # The rest of "preprocess", where a DFlash step spent 1.1 ms more than plain's
-    # (profiled, one request, 2026-12-05).
+    # The rest of "preprocess", on which a DFlash step spends more than plain's.
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_update_states", "runner: states"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs", "runner: inputs"),
     (
