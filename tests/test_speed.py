@@ -210,6 +210,23 @@ def test_the_report_gives_ratios_pass_by_pass_and_keeps_a_cut_short_engine(tiny_
     assert "cut short" in text
 
 
+def test_where_the_fixed_wheels_plain_engine_failed_the_ratios_are_to_stocks(tiny_pair, tmp_path):
+    """2026-12-05: the fixed wheel's plain engine died at start-up and every ratio read "-";
+    the report then takes plain stock as the reference, and says so in its header."""
+    work = tmp_path / "work"
+    engines = ["plain-stock", "plain", "dflash"]
+    speed.plan(tiny_pair, work, engines, speed.Settings(k=15, levels=(1,)))
+    passes = [{"tokens": 100, "seconds": 1.0, "most_running": 1} for _ in range(3)]
+    (work / "plain-stock.out.json").write_text(json.dumps({"ok": True, "speed": {"1": passes}}))
+    (work / "plain.out.json").write_text(json.dumps({"ok": False, "error": "AttributeError"}))
+    drafted = [{**p, "seconds": 2.0, "acceptance_length": 1.0} for p in passes]
+    (work / "dflash.out.json").write_text(json.dumps({"ok": True, "speed": {"1": drafted}}))
+    text, ok = speed.report(work)
+    assert not ok
+    assert "| concurrent | plain-stock tok/s (x plain-stock) |" in text
+    assert "| 1 | 100 (1.00) | - (-) | 50 (0.50, AL 1.00) |" in text
+
+
 def test_the_host_step_refuses_an_unknown_pair_kind_in_one_line():
     done = subprocess.run(
         [sys.executable, "-m", "tooling", "host", "speed", "draw", "nope", "dir"],
