@@ -265,20 +265,12 @@ def _fmt(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def reference(results: dict[str, dict[str, Any]], key: str = "speed") -> str:
-    """The plain engine the ratios are to: the fixed wheel's, or stock's where the fixed
-    wheel's gave no figures (it failed), so that a run keeps its ratios to plain vLLM."""
-    if results.get(PLAIN, {}).get(key) or not results.get(STOCK, {}).get(key):
-        return PLAIN
-    return STOCK
-
-
 def speed_table(
     chosen: list[SpeedEngine], results: dict[str, dict[str, Any]], key: str = "speed"
 ) -> list[str]:
     """Decode tokens/s per level: the median pass (or window: ``key``), and the median of
-    per-pass ratios to plain (``reference``)."""
-    to = reference(results, key)
+    per-pass ratios to plain: the fixed wheel's, or stock's where that gave none (failed)."""
+    to = STOCK if results.get(STOCK, {}).get(key) and not results.get(PLAIN, {}).get(key) else PLAIN
     base = results.get(to, {})
     levels = sorted({int(lv) for r in results.values() for lv in r.get(key, {})})
     head = "| concurrent | " + " | ".join(f"{e.name} tok/s (x {to})" for e in chosen) + " |"
