@@ -54,36 +54,20 @@ logger = logging.getLogger(__name__)
 
 #: The region that marks each profiled engine step.
 STEP_REGION = "engine step"
+_SCHEDULER = "vllm.v1.core.sched.scheduler"
+_RUNNER = "vllm.v1.worker.gpu_model_runner"
+_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
+_DFLASH = "vllm.v1.spec_decode.dflash"
 #: Methods timed as regions inside a profile: (module, class, method, region).
 REGIONS = (
-    ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", "scheduler: schedule"),
-    (
-        "vllm.v1.core.sched.scheduler",
-        "Scheduler",
-        "update_from_output",
-        "scheduler: update_from_output",
-    ),
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner",
-        "_build_attention_metadata",
-        "runner: attention metadata",
-    ),
+    (_SCHEDULER, "Scheduler", "schedule", "scheduler: schedule"),
+    (_SCHEDULER, "Scheduler", "update_from_output", "scheduler: update_from_output"),
+    (_RUNNER, "GPUModelRunner", "_build_attention_metadata", "runner: attention metadata"),
     # The rest of "preprocess", on which a DFlash step spends more than plain's.
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_update_states", "runner: states"),
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs", "runner: inputs"),
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner",
-        "_determine_batch_execution_and_padding",
-        "runner: dispatch",
-    ),
-    (
-        "vllm.v1.worker.gpu_model_runner",
-        "GPUModelRunner",
-        "_update_states_after_model_execute",
-        "hybrid: accepted tokens",
-    ),
+    (_RUNNER, "GPUModelRunner", "_update_states", "runner: states"),
+    (_RUNNER, "GPUModelRunner", "_prepare_inputs", "runner: inputs"),
+    (_RUNNER, "GPUModelRunner", "_determine_batch_execution_and_padding", "runner: dispatch"),
+    (_RUNNER, "GPUModelRunner", "_update_states_after_model_execute", "hybrid: accepted tokens"),
     (
         "vllm.v1.attention.backends.gdn_attn",
         "GDNAttentionMetadataBuilder",
@@ -93,37 +77,17 @@ REGIONS = (
     ("vllm.v1.sample.rejection_sampler", "RejectionSampler", "forward", "rejection sampler"),
     # The drafter's CPU apart from its forward: what is left of "drafter: propose" once
     # the regions below are taken out is the forward's launch and the drafts' sampling.
+    (_PROPOSER, "SpecDecodeBaseProposer", "propose", "drafter: propose"),
     (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer",
-        "propose",
-        "drafter: propose",
-    ),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
+        _PROPOSER,
         "SpecDecodeBaseProposer",
         "prepare_next_token_ids_padded",
         "drafter: next token ids",
     ),
-    (
-        "vllm.v1.spec_decode.llm_base_proposer",
-        "SpecDecodeBaseProposer",
-        "prepare_inputs_padded",
-        "drafter: padded inputs",
-    ),
-    ("vllm.v1.spec_decode.dflash", "DFlashProposer", "set_inputs_first_pass", "drafter: inputs"),
-    (
-        "vllm.v1.spec_decode.dflash",
-        "DFlashProposer",
-        "build_model_inputs_first_pass",
-        "drafter: context kv",
-    ),
-    (
-        "vllm.v1.spec_decode.dflash",
-        "DFlashProposer",
-        "build_per_group_and_layer_attn_metadata",
-        "drafter: metadata",
-    ),
+    (_PROPOSER, "SpecDecodeBaseProposer", "prepare_inputs_padded", "drafter: padded inputs"),
+    (_DFLASH, "DFlashProposer", "set_inputs_first_pass", "drafter: inputs"),
+    (_DFLASH, "DFlashProposer", "build_model_inputs_first_pass", "drafter: context kv"),
+    (_DFLASH, "DFlashProposer", "build_per_group_and_layer_attn_metadata", "drafter: metadata"),
 )
 
 
