@@ -105,10 +105,13 @@ STEPS = {
 SPEED_ENGINES = ("plain-stock", "plain", "dflash", "dflash-budget", "dflash-drafter-graphs")
 SPEED_ARGS = (
     *("--engines", ",".join(SPEED_ENGINES), "--interleave", "--sustained"),
-    # The bar's levels; profiled where the step is CPU time (one request) and where it is
-    # the GPU's (64): a third profile does not fit beside the recipe's training.
-    *("--levels", "1,16,64", "--profile-levels", "1,64"),
+    *("--levels", "1,16,64"),
 )
+#: The levels profiled: beside the recipe's training, where the step is CPU time (one
+#: request) and where it is the GPU's (64), as a third profile does not fit; on the drawn
+#: shapes, with no recipe to wait for, every level of the bar.
+TRAINED_PROFILE = ("--profile-levels", "1,64")
+SHAPE_PROFILE = ("--profile-levels", "1,16,64")
 #: The fuzz step's campaigns, beside the training: engine pairs one after another, none
 #: started after FUZZ_S, each drawing workloads until FUZZ_PAIR_S less 300 s from its start
 #: (its engines' start included) and stopped at FUZZ_PAIR_S, so that about two pairs fit
@@ -232,7 +235,7 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
         if code != 0 or step.kind is not Kind.SPEED:
             return code
         speed = [PYTHON, "-m", Modules.TOOLING, "host", "speed", "run", str(layout.pair)]
-        return run([*speed, *SPEED_ARGS], env=env, stdout=log, stderr=log)
+        return run([*speed, *SPEED_ARGS, *TRAINED_PROFILE], env=env, stdout=log, stderr=log)
 
 
 def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
@@ -245,8 +248,7 @@ def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
         code = run(draw, env=env, stdout=log, stderr=log)
         if code != 0:
             return code
-        # No recipe to wait for: every level of the bar is profiled (the last option wins).
-        speed = [*host, "run", str(pair), *SPEED_ARGS, "--profile-levels", "1,16,64"]
+        speed = [*host, "run", str(pair), *SPEED_ARGS, *SHAPE_PROFILE]
         return run(speed, env=env, stdout=log, stderr=log)
 
 
