@@ -361,6 +361,25 @@ def test_the_report_gives_the_sustained_windows_their_own_table(tiny_pair, tmp_p
     assert ok
     table = text.split("## Decode tokens/s, batch kept full")[1]
     assert "| 16 | 3000 (1.00) | 4500 (1.50, AL 5.50) |" in table
+    assert "| 16 | - | - |" in table.split("by the mode of the target's CUDA graph")[1]
+
+
+def test_a_profile_with_the_batch_kept_full_gets_its_own_table(tiny_pair, tmp_path):
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(16,)))
+    steady = {str(n): {"step_ms": 8.5, "cpu_ms": {"drafter: propose": 3.0}} for n in (1, 16)}
+    kept = {str(n): {"step_ms": 30.0, "cpu_ms": {"drafter: propose": 9.0}} for n in (1, 16)}
+    figures = {"ok": True, "profile": steady, "profile_sustained": kept}
+    (work / "dflash.out.json").write_text(json.dumps(figures))
+    (work / "plain.out.json").write_text(json.dumps({"ok": True, "profile": steady}))
+    text, _ = speed.report(work)
+    assert text.count("### 1 concurrent: ms per engine step") == 1
+    first, kept_full = text.split("### 16 concurrent, batch kept full: ms per engine step")
+    assert "### 16 concurrent: ms per engine step" in first
+    assert "### 1 concurrent, batch kept full: ms per engine step" in first
+    assert "| step_ms | 8.50 | 8.50 |" in first
+    assert "| step_ms | - | 30.00 |" in kept_full
+    assert "| CPU: drafter: propose | - | 9.000 |" in kept_full
 
 
 def _methods(source_dir: Path, module: str) -> dict[str, tuple[set[str], list[str]]]:

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from tooling.paths import REPO_DIR
-from tooling.trained.serving.sustained import Window, measured_completions
+from tooling.trained.serving.sustained import (
+    Window,
+    dispatch_mode,
+    dispatch_table,
+    measured_completions,
+)
 from tooling.trained.serving.turns import Turns
 
 ENGINE = textwrap.dedent(
@@ -114,3 +119,33 @@ def test_a_sustained_window_counts_only_tokens_made_between_its_bounds():
 
 def test_a_window_measures_twice_its_batch_and_at_least_sixteen_requests():
     assert [measured_completions(n) for n in (1, 8, 16, 64)] == [16, 16, 32, 128]
+
+
+def test_a_windows_steps_are_filed_by_the_targets_graph_mode_and_only_inside_it():
+    """2026-12-05: on the trained pair a DFlash step with the batch kept full took 3 to 5 times
+    its steady step; the steps a prompt joins are to be told apart from the decode steps."""
+    window = Window(level=1, warm=1, measured=1)
+    assert not window.inside
+    window.began = 1.0
+    assert window.inside
+    window.file_step(8.5, {"target FULL 256->256": 1, "drafter PIECEWISE 16->16": 1})
+    window.file_step(31.0, {"target PIECEWISE 496->512": 1, "drafter PIECEWISE 16->16": 1})
+    window.file_step(9.0, {"target FULL 256->256": 1})
+    window.file_step(0.4, {})  # a step that ran no forward (only outputs)
+    window.ended = 2.0
+    assert not window.inside
+    assert window.step_ms == {"FULL": [8.5, 9.0], "PIECEWISE": [31.0], "-": [0.4]}
+    assert dispatch_mode({"target FULL 16->16": 1, "target NONE 4096->4096": 1}) == "FULL+NONE"
+
+
+def test_the_dispatch_table_merges_every_window_of_a_level():
+    windows = [
+        {"step_ms": {"FULL": [8.0, 10.0], "PIECEWISE": [30.0]}},
+        {"step_ms": {"FULL": [9.0]}},
+    ]
+    results = {"dflash": {"sustained": {"16": windows}}, "plain": {"sustained": {}}}
+    assert dispatch_table(["plain", "dflash"], results) == [
+        "| concurrent | plain | dflash |",
+        "|---|---|---|",
+        "| 16 | - | FULL 3 × 9.00 ms (47%); PIECEWISE 1 × 30.00 ms (53%) |",
+    ]

@@ -28,6 +28,8 @@ from ..entry import answer, entry_logging
 from ..errors import SmokeError
 from .hybrid_plan import GIB
 from .measure import serve_engines
+from .serving.sustained import dispatch_table
+from .speed_tables import fmt, profile_table, step_table
 
 logger = logging.getLogger(__name__)
 
@@ -261,10 +263,6 @@ def _ratios(
     return [a / b for a, b in pairs]
 
 
-def _fmt(value: float | None, spec: str = ".0f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def speed_table(
     chosen: list[SpeedEngine], results: dict[str, dict[str, Any]], key: str = "speed"
 ) -> list[str]:
@@ -288,65 +286,8 @@ def speed_table(
             cut = [p["error"] for p in passes if "error" in p]
             short = f", **{most} ran**" if r.get(key) and most < level else ""
             short += f", **{cut[0]}**" if cut else ""
-            cells.append(f"{_fmt(rate)} ({_fmt(ratio, '.2f')}{al}{short})")
+            cells.append(f"{fmt(rate)} ({fmt(ratio, '.2f')}{al}{short})")
         lines.append(f"| {level} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def step_table(chosen: list[SpeedEngine], results: dict[str, dict[str, Any]]) -> list[str]:
-    """Median engine step time and tokens per step once every request is decoding."""
-    levels = sorted({int(lv) for r in results.values() for lv in r.get("steps", {})})
-    lines = [
-        "| concurrent | " + " | ".join(f"{e.name} ms/step (tok/step)" for e in chosen) + " |",
-        "|---" * (len(chosen) + 1) + "|",
-    ]
-    for level in levels:
-        cells = []
-        for e in chosen:
-            s = results.get(e.name, {}).get("steps", {}).get(str(level), {})
-            if not s.get("steps") and s.get("at_once", level) < level:
-                cells.append(f"- (**{s['at_once']} of {level} at once**)")
-                continue
-            cells.append(
-                f"{_fmt(s.get('step_ms_median'), '.2f')} ({_fmt(s.get('tokens_per_step'), '.1f')})"
-            )
-        lines.append(f"| {level} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def profile_table(chosen: list[SpeedEngine], results: dict[str, dict[str, Any]]) -> list[str]:
-    """Per profiled level: GPU ms per step by what launched it, the GPU's idle time, CPU ms
-    per region and host waits."""
-    lines: list[str] = []
-    levels = sorted({int(lv) for r in results.values() for lv in r.get("profile", {})})
-    for level in levels:
-        profiles = {
-            e.name: results.get(e.name, {}).get("profile", {}).get(str(level), {}) for e in chosen
-        }
-        rows: dict[str, dict[str, str]] = {}
-        for name, p in profiles.items():
-            if "error" in p:
-                rows.setdefault("profile failed", {})[name] = p["error"][:60]
-                continue
-            for key in ("step_ms", "gpu_busy_ms", "gpu_idle_ms", "kernels", "sync_calls"):
-                if key in p:
-                    rows.setdefault(key, {})[name] = _fmt(p[key], ".2f")
-            for group, label in (("gpu_ms", "GPU"), ("cpu_ms", "CPU"), ("sync_ms", "wait")):
-                for category, ms in p.get(group, {}).items():
-                    rows.setdefault(f"{label}: {category}", {})[name] = _fmt(ms, ".3f")
-        if not rows:
-            continue
-        lines += [
-            "",
-            f"### {level} concurrent: ms per engine step",
-            "",
-            "| | " + " | ".join(profiles) + " |",
-            "|---" * (len(profiles) + 1) + "|",
-        ]
-        lines += [
-            f"| {row} | " + " | ".join(cells.get(n, "-") for n in profiles) + " |"
-            for row, cells in rows.items()
-        ]
     return lines
 
 
@@ -365,12 +306,12 @@ def projection(
     lines = [
         "| acceptance length | " + " | ".join(f"{lv} concurrent" for lv in levels) + " |",
         "|---" * (len(levels) + 1) + "|",
-        "| plain step, ms | " + " | ".join(_fmt(_window(plain, lv), ".2f") for lv in levels) + " |",
+        "| plain step, ms | " + " | ".join(fmt(_window(plain, lv), ".2f") for lv in levels) + " |",
         "| DFlash step, AL 1, ms | "
-        + " | ".join(_fmt(_window(drafted, lv), ".2f") for lv in levels)
+        + " | ".join(fmt(_window(drafted, lv), ".2f") for lv in levels)
         + " |",
         f"| DFlash step, AL {k + 1}, ms | "
-        + " | ".join(_fmt(_window(drafted, lv, constant=True), ".2f") for lv in levels)
+        + " | ".join(fmt(_window(drafted, lv, constant=True), ".2f") for lv in levels)
         + " |",
     ]
     for a in lengths:
@@ -398,7 +339,7 @@ def report(work: Path) -> tuple[str, bool]:
             f"{({**e.engine_args, **e.speculative_args}) or 'defaults'}): "
             f"{r.get('cudagraph_mode')}, capture up to {r.get('max_cudagraph_capture_size')}, "
             f"async scheduling {r.get('async_scheduling')}, "
-            f"started in {_fmt(r.get('startup_s'), '.0f')} s; compiled or tuned again in steady "
+            f"started in {fmt(r.get('startup_s'), '.0f')} s; compiled or tuned again in steady "
             f"traffic: {r.get('steady_changes') or 'nothing'}"
             + (f"; **{r.get('error', 'no result')}**" if e.name in failed else "")
         )
@@ -406,8 +347,12 @@ def report(work: Path) -> tuple[str, bool]:
     if any(r.get("sustained") for r in results.values()):
         lines += ["", "## Decode tokens/s, batch kept full", ""]
         lines += speed_table(chosen, results, "sustained")
-    lines += ["", "## Engine steps", "", *step_table(chosen, results)]
-    lines += ["", "## Where a step's time goes", *profile_table(chosen, results)]
+        lines += ["", "Their steps, by the mode of the target's CUDA graph:", ""]
+        lines += dispatch_table([e.name for e in chosen], results)
+    names = [e.name for e in chosen]
+    lines += ["", "## Engine steps", "", *step_table(names, results)]
+    lines += ["", "## Where a step's time goes", *profile_table(names, results)]
+    lines += profile_table(names, results, "profile_sustained")
     for e in chosen:
         constant = results[e.name].get("constant_logits")
         if not constant:

@@ -14,12 +14,14 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
   acceptance length from vLLM's own counters and the CUDA-graph dispatch of every step;
 - **sustained** (with ``sustained``): ``passes`` windows with ``level`` requests kept in
   flight, each finished one replaced at once (``sustained``): tokens/s as a server under
-  steady traffic makes them, which no request's tail decides;
+  steady traffic makes them, which no request's tail decides, and each step's time by the
+  target's CUDA-graph mode;
 - **steps**: ``level`` requests, once all are decoding, ``window_steps`` engine steps timed one
   by one: the step time and the tokens each step gave;
 - **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
   ``torch.profiler``, split by ``trace_split`` into GPU time by what launched it, CPU time by
-  region and host waits; vLLM's own profiling scopes are on only inside the profile.
+  region and host waits; with ``sustained``, one such window profiled too
+  (``profile_sustained``); vLLM's own profiling scopes are on only inside a profile.
 
 Across the steady traffic it also reports anything compiled, captured or autotuned again
 (vLLM's compilation counter, Dynamo's counters, the entries of every Triton autotuner).
@@ -28,8 +30,6 @@ Across the steady traffic it also reports anything compiled, captured or autotun
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import gc
 import json
 import logging
 import os
@@ -46,6 +46,7 @@ from typing import Any
 from ...smoke.serving.child import exit_now, serve
 from ...smoke.serving.distribution import DistributionRequest, RunningCounter, start_engine
 from . import sustained, trace_split
+from .recompiles import compiles, grown
 from .sustained import acceptance_length
 from .trained_run import _generate, _mark_done, _spec, _wait_for_barrier
 from .turns import Turns, whole_run
@@ -159,40 +160,6 @@ def _runner(llm: Any) -> Any:
     return llm.collective_rpc(lambda worker: worker.model_runner)[0]
 
 
-def _autotune_entries() -> int:
-    import warnings
-
-    from triton.runtime.autotuner import Autotuner
-
-    def tuner(o: Any) -> bool:
-        try:
-            return isinstance(o, Autotuner)
-        except ReferenceError:  # a weak proxy whose object is gone
-            return False
-
-    with warnings.catch_warnings():
-        # isinstance on some of the process's objects warns (lazy modules).
-        warnings.simplefilter("ignore")
-        tuners = [o for o in gc.get_objects() if tuner(o)]
-    return sum(len(getattr(o, "cache", {})) for o in tuners)
-
-
-def _compiles() -> dict[str, int]:
-    """vLLM's compilation counter, Dynamo's counters and Triton's autotune entries, now."""
-    from torch._dynamo.utils import counters
-    from vllm.compilation.counter import compilation_counter
-
-    now = {f"vllm.{k}": int(v) for k, v in dataclasses.asdict(compilation_counter).items()}
-    for group in ("stats", "frames", "recompiles"):
-        now.update({f"dynamo.{group}.{k}": int(v) for k, v in counters.get(group, {}).items()})
-    now["triton.autotune_entries"] = _autotune_entries()
-    return now
-
-
-def _grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-
-
 def _one_pass(
     llm: Any, request: SpeedRunRequest, level: int, running: RunningCounter, seen: Dispatches
 ) -> dict[str, Any]:
@@ -303,7 +270,9 @@ def _decoding_window(
     }
 
 
-def _profile(llm: Any, request: SpeedRunRequest, level: int) -> dict[str, Any]:
+def _profile(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``measure`` (a window whose steps run under ``STEP_REGION``) under ``torch.profiler``,
+    split per step by ``trace_split``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -313,9 +282,10 @@ def _profile(llm: Any, request: SpeedRunRequest, level: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="speed-trace-") as folder:
         trace = Path(folder) / "trace.json"
         with _profiling_scopes() as missing, profile(activities=activities) as prof:
-            window = _decoding_window(llm, request, level, request.profile_steps, mark=True)
-        if not window["steps"]:
-            return {"error": f"no steady step: {window['at_once']} of {level} decoded at once"}
+            window = measure()
+        if not window.get("steps"):
+            at_once = window.get("at_once")
+            return {"error": window.get("error") or f"no steady step: {at_once} decoded at once"}
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text()).get("traceEvents", [])
     steps, span = trace_split.step_window(events, STEP_REGION)
@@ -366,7 +336,9 @@ def _units(
             )
 
         def one_window(level: int = level, key: str = key) -> None:
-            window = sustained.run_window(llm, request.prompts, level, request.max_new_tokens)
+            window = sustained.run_window(
+                llm, request.prompts, level, request.max_new_tokens, seen.take
+            )
             figures["sustained"].setdefault(key, []).append(window)
 
         def steps(level: int = level, key: str = key) -> None:
@@ -375,11 +347,22 @@ def _units(
             )
 
         def profile(level: int = level, key: str = key) -> None:
-            try:
-                figures["profile"][key] = _profile(llm, request, level)
-            except Exception as exc:  # a profile that fails leaves the speed figures
-                logger.exception("profile at %d", level)
-                figures["profile"][key] = {"error": f"{type(exc).__name__}: {exc}"}
+            windows = {
+                "profile": lambda: _decoding_window(
+                    llm, request, level, request.profile_steps, mark=True
+                ),
+                # The steps a server under steady traffic runs, prompts joining included.
+                "profile_sustained": lambda: sustained.run_window(
+                    llm, request.prompts, level, request.max_new_tokens, seen.take, STEP_REGION
+                ),
+            }
+            for name, measure in list(windows.items())[: 2 if request.sustained else 1]:
+                kept = figures.setdefault(name, {})
+                try:
+                    kept[key] = _profile(measure)
+                except Exception as exc:  # a profile that fails leaves the speed figures
+                    logger.exception("%s at %d", name, level)
+                    kept[key] = {"error": f"{type(exc).__name__}: {exc}"}
 
         for _ in range(request.passes):
             yield f"pass at {level}", one_pass
@@ -406,7 +389,7 @@ def _measure(
 ) -> dict[str, Any]:
     """Every unit, alone on the GPU: all in one hold of the run's lock, or interleaved with
     the other engines' units (``turns``)."""
-    before = _compiles()
+    before = compiles()
     figures: dict[str, Any] = {"speed": {}, "steps": {}, "profile": {}}
     if request.sustained:
         figures["sustained"] = {}
@@ -417,7 +400,7 @@ def _measure(
             with turns.turn() if turns is not None else contextlib.nullcontext():
                 unit()
             _save_partial(request, figures)
-        figures["steady_changes"] = _grown(before, _compiles())
+        figures["steady_changes"] = grown(before, compiles())
         if request.constant_logits:
             with turns.turn() if turns is not None else contextlib.nullcontext():
                 figures["constant_logits"] = _constant_logits(llm, request)

@@ -7,12 +7,19 @@ the window opens once ``level`` requests have finished (the batch then holds req
 every age) and closes when ``measured`` more have; every token any request made inside the
 window counts, finished or not, so no request's tail weighs on the figure. Both bounds are
 counts of requests, never seconds, so the window is the same on any machine.
+
+Each step inside the window is also timed and filed under the CUDA-graph mode of the
+target forward it dispatched: a request that joins a batch verifying drafts makes a mixed
+step, which no steady decode step shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +50,8 @@ class Window:
     began_step: int = 0
     ended_step: int = 0
     made: dict[str, int] = field(default_factory=dict)
+    #: ms of each step inside the window, by the mode of the target forward it dispatched.
+    step_ms: dict[str, list[float]] = field(default_factory=dict)
 
     def take(self, request_id: str, tokens_so_far: int, finished: bool) -> bool:
         """One request's output of a step; True when it finished (a slot to refill)."""
@@ -67,9 +76,35 @@ class Window:
     def done(self) -> bool:
         return self.ended is not None or self.steps >= STEP_CAP
 
+    @property
+    def inside(self) -> bool:
+        """Whether the next step falls inside the window."""
+        return self.began is not None and self.ended is None
 
-def run_window(llm: Any, prompts: list[list[int]], level: int, max_new_tokens: int) -> dict:
-    """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine)."""
+    def file_step(self, ms: float, dispatched: dict[str, int]) -> None:
+        self.step_ms.setdefault(dispatch_mode(dispatched), []).append(round(ms, 3))
+
+
+def dispatch_mode(dispatched: dict[str, int]) -> str:
+    """The CUDA-graph mode of the target forwards a step dispatched (``Dispatches`` keys,
+    ``"target FULL 16->16"``): ``FULL``, ``PIECEWISE``, ``NONE``, joined if several, ``-``
+    if none."""
+    modes = sorted({key.split()[1] for key in dispatched if key.startswith("target ")})
+    return "+".join(modes) or "-"
+
+
+def run_window(
+    llm: Any,
+    prompts: list[list[int]],
+    level: int,
+    max_new_tokens: int,
+    dispatched: Callable[[], dict[str, int]] = dict,
+    marker: str | None = None,
+) -> dict:
+    """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine).
+    ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``);
+    with ``marker``, each step inside the window runs under a profiler region of that name."""
+    from torch.profiler import record_function
     from vllm.inputs import TokensPrompt
 
     from ...smoke.serving.distribution import greedy_params
@@ -92,11 +127,20 @@ def run_window(llm: Any, prompts: list[list[int]], level: int, max_new_tokens: i
         add()
     before = after = None
     while not window.done:
-        for out in engine.step():
+        inside = window.inside
+        if inside:
+            dispatched()
+        begin = time.perf_counter()
+        with record_function(marker) if marker and inside else contextlib.nullcontext():
+            outputs = engine.step()
+        now = time.perf_counter()
+        if inside:
+            window.file_step((now - begin) * 1000.0, dispatched())
+        for out in outputs:
             if window.take(out.request_id, len(out.outputs[0].token_ids), out.finished):
                 add()
         opened = window.began is None
-        window.after_step(time.perf_counter())
+        window.after_step(now)
         if opened and window.began is not None:
             before = _spec(llm)
         if window.ended is not None:
@@ -129,4 +173,29 @@ def _figures(window: Window, before: dict | None, after: dict | None) -> dict[st
         "acceptance_length": (
             acceptance_length(before, after) if before is not None and after is not None else None
         ),
+        "step_ms": window.step_ms,
     }
+
+
+def dispatch_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """The steps of every sustained window at each level, by the target forward's mode: how
+    many, their median ms and their share of the windows' step time."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
+    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for level in levels:
+        cells = []
+        for name in names:
+            merged: dict[str, list[float]] = {}
+            for w in results.get(name, {}).get("sustained", {}).get(str(level), []):
+                for mode, ms in w.get("step_ms", {}).items():
+                    merged.setdefault(mode, []).extend(ms)
+            total = sum(sum(ms) for ms in merged.values())
+            cells.append(
+                "; ".join(
+                    f"{mode} {len(ms)} × {statistics.median(ms):.2f} ms ({sum(ms) / total:.0%})"
+                    for mode, ms in sorted(merged.items())
+                )
+                or "-"
+            )
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines

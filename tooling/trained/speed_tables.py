@@ -1,0 +1,69 @@
+"""The speed report's tables of engine steps and of profiles (``tooling.trained.speed``),
+each a list of Markdown lines from the run's results, one column per engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt(value: float | None, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def step_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Median engine step time and tokens per step once every request is decoding."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("steps", {})})
+    lines = [
+        "| concurrent | " + " | ".join(f"{name} ms/step (tok/step)" for name in names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
+    for level in levels:
+        cells = []
+        for name in names:
+            s = results.get(name, {}).get("steps", {}).get(str(level), {})
+            if not s.get("steps") and s.get("at_once", level) < level:
+                cells.append(f"- (**{s['at_once']} of {level} at once**)")
+                continue
+            cells.append(
+                f"{fmt(s.get('step_ms_median'), '.2f')} ({fmt(s.get('tokens_per_step'), '.1f')})"
+            )
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def profile_table(
+    names: list[str], results: dict[str, dict[str, Any]], key: str = "profile"
+) -> list[str]:
+    """Per profiled level (``profile``: steady decode; ``profile_sustained``: the batch kept
+    full): GPU ms per step by what launched it, the GPU's idle time, CPU ms per region and
+    host waits."""
+    lines: list[str] = []
+    kind = ", batch kept full" if key == "profile_sustained" else ""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get(key, {})})
+    for level in levels:
+        profiles = {name: results.get(name, {}).get(key, {}).get(str(level), {}) for name in names}
+        rows: dict[str, dict[str, str]] = {}
+        for name, p in profiles.items():
+            if "error" in p:
+                rows.setdefault("profile failed", {})[name] = p["error"][:60]
+                continue
+            for figure in ("step_ms", "gpu_busy_ms", "gpu_idle_ms", "kernels", "sync_calls"):
+                if figure in p:
+                    rows.setdefault(figure, {})[name] = fmt(p[figure], ".2f")
+            for group, label in (("gpu_ms", "GPU"), ("cpu_ms", "CPU"), ("sync_ms", "wait")):
+                for category, ms in p.get(group, {}).items():
+                    rows.setdefault(f"{label}: {category}", {})[name] = fmt(ms, ".3f")
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"### {level} concurrent{kind}: ms per engine step",
+            "",
+            "| | " + " | ".join(profiles) + " |",
+            "|---" * (len(profiles) + 1) + "|",
+        ]
+        lines += [
+            f"| {row} | " + " | ".join(cells.get(n, "-") for n in profiles) + " |"
+            for row, cells in rows.items()
+        ]
+    return lines
