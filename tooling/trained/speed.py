@@ -349,6 +349,9 @@ def report(work: Path) -> tuple[str, bool]:
         lines += speed_table(chosen, results, "sustained")
         lines += ["", "Their steps, by the mode of the target's CUDA graph:", ""]
         lines += dispatch_table([e.name for e in chosen], results)
+    if any(r.get("steady") for r in results.values()):
+        lines += ["", "## Decode tokens/s, steady windows (every request decoding)", ""]
+        lines += speed_table(chosen, results, "steady")
     names = [e.name for e in chosen]
     lines += ["", "## Engine steps", "", *step_table(names, results)]
     lines += ["", "## Where a step's time goes", *profile_table(names, results)]

@@ -17,7 +17,8 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
   steady traffic makes them, which no request's tail decides, and each step's time by the
   target's CUDA-graph mode;
 - **steps**: ``level`` requests, once all are decoding, ``window_steps`` engine steps timed one
-  by one: the step time and the tokens each step gave;
+  by one: the step time and the tokens each step gave (``steady``: each such window; with
+  ``sustained``, ``passes`` of them in turns);
 - **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
   ``torch.profiler``, split by ``trace_split`` into GPU time by what launched it, CPU time by
   region and host waits; with ``sustained``, one such window profiled too
@@ -260,8 +261,11 @@ def _decoding_window(
     engine.abort_request([r for r in ids if r not in finished])
     while engine.has_unfinished_requests():
         engine.step()
+    # As a pass's figures: the tokens made and the time the timed steps took.
+    made = {"tokens": tokens, "seconds": sum(times) / 1000.0} if times else {}
     return {
         "steps": len(times),
+        **made,
         "step_ms_median": statistics.median(times) if times else None,
         "step_ms_mean": statistics.fmean(times) if times else None,
         "tokens_per_step": tokens / len(times) if times else None,
@@ -342,21 +346,31 @@ def _units(
             figures["sustained"].setdefault(key, []).append(window)
 
         def steps(level: int = level, key: str = key) -> None:
-            figures["steps"][key] = _decoding_window(
-                llm, request, level, request.window_steps, mark=False
-            )
+            window = _decoding_window(llm, request, level, request.window_steps, mark=False)
+            figures["steps"].setdefault(key, window)
+            figures["steady"].setdefault(key, []).append(window)
 
         def profile(level: int = level, key: str = key) -> None:
             windows = {
                 "profile": lambda: _decoding_window(
                     llm, request, level, request.profile_steps, mark=True
                 ),
-                # The steps a server under steady traffic runs, prompts joining included.
+                # The steps a server under steady traffic runs, prompts joining included: at
+                # two requests and more, where most steps have one (at one request a
+                # window's trace would hold hundreds of steps, and one joins every 30th).
                 "profile_sustained": lambda: sustained.run_window(
-                    llm, request.prompts, level, request.max_new_tokens, seen.take, STEP_REGION
+                    llm,
+                    request.prompts,
+                    level,
+                    request.max_new_tokens,
+                    seen.take,
+                    STEP_REGION,
+                    measured=level,
                 ),
             }
-            for name, measure in list(windows.items())[: 2 if request.sustained else 1]:
+            for name, measure in list(windows.items())[
+                : 2 if request.sustained and level > 1 else 1
+            ]:
                 kept = figures.setdefault(name, {})
                 try:
                     kept[key] = _profile(measure)
@@ -368,7 +382,10 @@ def _units(
             yield f"pass at {level}", one_pass
         for _ in range(request.passes if request.sustained else 0):
             yield f"sustained window at {level}", one_window
-        yield f"steps at {level}", steps
+        # With the batch kept full (the bar's run), steady windows in turns as well: plain
+        # against stock within 2% is a figure single passes on a shared host spread too much for.
+        for _ in range(request.passes if request.sustained else 1):
+            yield f"steps at {level}", steps
         if level in request.profile_levels:
             yield f"profile at {level}", profile
 
@@ -390,7 +407,7 @@ def _measure(
     """Every unit, alone on the GPU: all in one hold of the run's lock, or interleaved with
     the other engines' units (``turns``)."""
     before = compiles()
-    figures: dict[str, Any] = {"speed": {}, "steps": {}, "profile": {}}
+    figures: dict[str, Any] = {"speed": {}, "steps": {}, "steady": {}, "profile": {}}
     if request.sustained:
         figures["sustained"] = {}
     held = whole_run(Path(request.lock)) if turns is None else contextlib.nullcontext()

@@ -100,10 +100,12 @@ def run_window(
     max_new_tokens: int,
     dispatched: Callable[[], dict[str, int]] = dict,
     marker: str | None = None,
+    measured: int | None = None,
 ) -> dict:
     """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine).
     ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``);
-    with ``marker``, each step inside the window runs under a profiler region of that name."""
+    with ``marker``, each step inside the window runs under a profiler region of that name;
+    ``measured``: requests to finish inside it, if not ``measured_completions``."""
     from torch.profiler import record_function
     from vllm.inputs import TokensPrompt
 
@@ -112,7 +114,7 @@ def run_window(
 
     engine = llm.llm_engine
     params = greedy_params(max_new_tokens, None)
-    window = Window(level, warm=level, measured=measured_completions(level))
+    window = Window(level, warm=level, measured=measured or measured_completions(level))
     added = 0
 
     def add() -> None:
