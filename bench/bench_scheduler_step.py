@@ -9,6 +9,11 @@ back (``update_draft_token_ids``): the engine core's side of a step, less the mo
 The figure is CPU time of this process (``time.process_time``), so other work on the
 machine does not count; the ratio DFlash / plain is the figure to read.
 
+A second figure times the steps a prompt joins: before each, one running request ends and a
+new ``JOIN_LEN``-token prompt arrives, as under a server's steady traffic, where on one
+H200 a DFlash step with a prompt joining took 30-40 ms more than a decode step and plain's
+nothing (2026-12-05). It says how much of that the scheduler's side of a step explains.
+
 Run (the probe interpreter, with the tree to measure on its path):
   PYTHONPATH=build/work/vllm-0.20.1:. $(.venv/bin/tooling probe-env) \\
       bench/bench_scheduler_step.py [--k 15] [--steps 200] [--max-num-seqs 256]
@@ -36,6 +41,8 @@ from tooling.probes._schedsim import (
 )
 
 PROMPT_LEN = 512
+#: The prompt that joins: the trained pair's held-out prompts are this long.
+JOIN_LEN = 256
 #: Drafts accepted a step as a trained pair's: acceptance length about 3.5 at K = 15.
 ACCEPTED = (1, 2, 2, 3, 3, 4)
 
@@ -48,6 +55,8 @@ class Row:
     ms_per_step: float
     """Median CPU milliseconds of one step's scheduler work."""
     tokens_per_step: float
+    joining_ms_per_step: float
+    """The same, of a step in which one request has ended and a prompt joins."""
 
 
 def _add_requests(engine: Engine, concurrent: int) -> None:
@@ -103,7 +112,33 @@ def measure(k: int, concurrent: int, steps: int, root: Path, max_num_seqs: int |
     for _ in range(10):
         _step(engine, k, rng)
     times, tokens = zip(*(_step(engine, k, rng) for _ in range(steps)), strict=True)
-    return Row(k, concurrent, steps, statistics.median(times) * 1e3, statistics.mean(tokens))
+    return Row(
+        k,
+        concurrent,
+        steps,
+        statistics.median(times) * 1e3,
+        statistics.mean(tokens),
+        statistics.median(_joining(engine, k, rng, concurrent, steps)) * 1e3,
+    )
+
+
+def _joining(engine: Engine, k: int, rng: random.Random, first: int, steps: int) -> list[float]:
+    """CPU seconds of ``steps`` steps, each after one running request ended and a new prompt
+    arrived (the ending timed too: the engine core does it between steps)."""
+    from vllm.v1.request import RequestStatus
+
+    scheduler = engine.scheduler
+    spent = []
+    for index in range(first, first + steps):
+        t0 = time.process_time()
+        ended = scheduler.running[0].request_id
+        scheduler.finish_requests([ended], RequestStatus.FINISHED_LENGTH_CAPPED)
+        req = Req(arrival=0, prompt_len=JOIN_LEN, max_tokens=1 << 20)
+        scheduler.add_request(engine_request(index, req, engine.hasher))
+        ended_s = time.process_time() - t0
+        step_s, _ = _step(engine, k, rng)
+        spent.append(ended_s + step_s)
+    return spent
 
 
 def main() -> int:
@@ -126,8 +161,11 @@ def main() -> int:
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=1))
         return 0
-    print("| concurrent | plain ms/step | DFlash ms/step | ratio | tokens/step plain / DFlash |")
-    print("|---|---|---|---|---|")
+    print(
+        "| concurrent | plain ms/step | DFlash ms/step | ratio | tokens/step plain / DFlash "
+        "| a prompt joining: plain / DFlash ms/step |"
+    )
+    print("|---|---|---|---|---|---|")
     by: dict[int, dict[int, Any]] = {}
     for r in rows:
         by.setdefault(r.concurrent, {})[r.k] = r
@@ -136,7 +174,8 @@ def main() -> int:
         print(
             f"| {c} | {plain.ms_per_step:.3f} | {spec.ms_per_step:.3f} | "
             f"{spec.ms_per_step / plain.ms_per_step:.2f} | "
-            f"{plain.tokens_per_step:.0f} / {spec.tokens_per_step:.0f} |"
+            f"{plain.tokens_per_step:.0f} / {spec.tokens_per_step:.0f} | "
+            f"{plain.joining_ms_per_step:.3f} / {spec.joining_ms_per_step:.3f} |"
         )
     return 0
 

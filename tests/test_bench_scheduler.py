@@ -1,0 +1,40 @@
+"""bench/bench_scheduler_step.py on vLLM's real Scheduler (the fixed tree): its steady step
+and its step with a prompt joining, for plain and for DFlash (issue 45)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tooling.paths import REPO_DIR
+
+
+@pytest.mark.slow
+def test_the_scheduler_bench_times_a_step_with_a_prompt_joining(patched_0201, probe_python):
+    """2026-12-05: on one H200 a DFlash step with a prompt joining took 30-40 ms more than a
+    decode step; the bench times the scheduler's side of such a step on the CPU."""
+    env = {**os.environ, "PYTHONPATH": f"{patched_0201.work_dir}{os.pathsep}{REPO_DIR}"}
+    bench = REPO_DIR / "bench" / "bench_scheduler_step.py"
+    args = ["--k", "15", "--steps", "8", "--concurrent", "16", "--json"]
+    done = subprocess.run(
+        [str(probe_python), str(bench), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(patched_0201.work_dir).parent,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # vLLM logs on stdout too: the figures are the JSON list the bench prints last.
+    figures = done.stdout[done.stdout.rindex("[\n {") :]
+    rows = {row["k"]: row for row in json.loads(figures)}
+    assert set(rows) == {0, 15}
+    # Every request verifies K drafts a step with the drafter, one token without.
+    assert rows[0]["tokens_per_step"] == 16 and rows[15]["tokens_per_step"] == 256
+    for row in rows.values():
+        assert row["steps"] == 8
+        assert row["joining_ms_per_step"] > 0 and row["ms_per_step"] > 0
