@@ -104,6 +104,15 @@ ENGINES = {
             KV_GIB_DRAFTED_16,
             speculative_args={"dflash_full_cudagraphs": True},
         ),
+        # Prefix caching off, so the Gated DeltaNet states are kept per request, not aligned to
+        # blocks: whether the cost of a step with a prompt joining is the aligned states'.
+        SpeedEngine(
+            "dflash-no-prefix-caching",
+            "patched",
+            True,
+            KV_GIB_DRAFTED,
+            {"enable_prefix_caching": False},
+        ),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
