@@ -73,6 +73,8 @@ PURE = {
     "smoke/client.py",
     "trained/hybrid_verdicts.py",
     "trained/serving/trace_split.py",
+    # The speed report's tables: a run's figures in, Markdown lines out.
+    "trained/speed_tables.py",
     # The recipe's settings, a config as data, its choice of prompts, torch helpers.
     "trainer/checked.py",
     "trainer/config.py",

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def autotune_entries() -> int:
@@ -36,6 +39,11 @@ def compiles() -> dict[str, int]:
     for group in ("stats", "frames", "recompiles"):
         now.update({f"dynamo.{group}.{k}": int(v) for k, v in counters.get(group, {}).items()})
     now["triton.autotune_entries"] = autotune_entries()
+    logger.debug(
+        "compile counters read: %d, Triton autotune entries %d",
+        len(now),
+        now["triton.autotune_entries"],
+    )
     return now
 
 
