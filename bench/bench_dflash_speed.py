@@ -12,9 +12,9 @@ GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them,
   full;
 - plain on the fixed wheel within ``PLAIN_TOLERANCE`` of plain on stock at each concurrency,
   on the run's steady windows (every request decoding, taken in turns with the other
-  engines) where it has them: single passes and windows with prompts joining spread by 30%
-  and more on a shared host (2026-12-05), too much to judge 2% by. Where the run has no
-  steady windows, on every measure it has.
+  engines) where it has them: single passes and windows with prompts joining spread far
+  more than 2% on a shared host (docs/notebook/2026-12-05-trained-speed.md). Where the run
+  has no steady windows, on every measure it has.
 
 Exit 0 when every goal is met, 1 when one is not (each named), 2 when a figure is missing.
 

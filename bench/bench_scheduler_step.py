@@ -10,9 +10,10 @@ The figure is CPU time of this process (``time.process_time``), so other work on
 machine does not count; the ratio DFlash / plain is the figure to read.
 
 A second figure times the steps a prompt joins: before each, one running request ends and a
-new ``JOIN_LEN``-token prompt arrives, as under a server's steady traffic, where on one
-H200 a DFlash step with a prompt joining took 30-40 ms more than a decode step and plain's
-nothing (2026-12-05). It says how much of that the scheduler's side of a step explains.
+new ``JOIN_LEN``-token prompt arrives, as under a server's steady traffic, where on the GPU
+such a step costs DFlash far more than a decode step and plain next to nothing
+(docs/notebook/2026-12-05-trained-speed.md). It says how much of that the scheduler's side
+of a step explains.
 
 Run (the probe interpreter, with the tree to measure on its path):
   PYTHONPATH=build/work/vllm-0.20.1:. $(.venv/bin/tooling probe-env) \\

@@ -15,8 +15,8 @@ from tooling.paths import REPO_DIR
 
 @pytest.mark.slow
 def test_the_scheduler_bench_times_a_step_with_a_prompt_joining(patched_0201, probe_python):
-    """2026-12-05: on one H200 a DFlash step with a prompt joining took 30-40 ms more than a
-    decode step; the bench times the scheduler's side of such a step on the CPU."""
+    """On the GPU a step with a prompt joining costs DFlash far more than a decode step
+    (2026-12-05); the bench times the scheduler's side of such a step on the CPU."""
     env = {**os.environ, "PYTHONPATH": f"{patched_0201.work_dir}{os.pathsep}{REPO_DIR}"}
     bench = REPO_DIR / "bench" / "bench_scheduler_step.py"
     args = ["--k", "15", "--steps", "8", "--concurrent", "16", "--json"]

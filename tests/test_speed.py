@@ -321,8 +321,8 @@ def test_the_bench_judges_the_bar_on_a_runs_figures(tmp_path):
 
 
 def test_the_bench_holds_plain_to_stock_on_steady_windows_where_the_run_has_them(tmp_path):
-    """2026-12-05: single passes of one engine spread by 30% and more on the GPU host, so
-    plain's 2% against stock is judged on the steady windows taken in turns."""
+    """Single passes of one engine spread far more than 2% on the GPU host (2026-12-05), so
+    plain against stock is judged on the steady windows taken in turns."""
     bench = REPO_DIR / "bench" / "bench_dflash_speed.py"
     drafted = _passes(300, 300, 300, 300, 300)
     noisy = _passes(100, 100, 100, 100, 100)

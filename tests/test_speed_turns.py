@@ -122,8 +122,8 @@ def test_a_window_measures_twice_its_batch_and_at_least_sixteen_requests():
 
 
 def test_a_windows_steps_are_filed_by_the_targets_graph_mode_and_only_inside_it():
-    """2026-12-05: on the trained pair a DFlash step with the batch kept full took 3 to 5 times
-    its steady step; the steps a prompt joins are to be told apart from the decode steps."""
+    """With the batch kept full a DFlash step took several times its steady step on the
+    trained pair (2026-12-05); the steps a prompt joins are told apart from the decode steps."""
     window = Window(level=1, warm=1, measured=1)
     assert not window.inside
     window.began = 1.0

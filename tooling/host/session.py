@@ -101,9 +101,9 @@ STEPS = {
 }
 #: The speed step's engines and options: issue 45's bar and plain against stock, measured in
 #: turns pass by pass, on batches and with the batch kept full (five engines fit one H200, the
-#: last sized for 16 requests). Beside DFlash as shipped: prefix caching off, where a step
-#: with a prompt joining cost 30-40 ms more than a decode step (2026-12-05), and the drafter's
-#: full graphs, where a step is CPU time.
+#: last sized for 16 requests). Beside DFlash as shipped: prefix caching off, to tell whether
+#: the aligned Gated DeltaNet states are what a step with a prompt joining costs DFlash, and
+#: the drafter's full graphs, where a step is CPU time.
 SPEED_ENGINES = (
     "plain-stock",
     "plain",

@@ -355,9 +355,9 @@ def _units(
                 "profile": lambda: _decoding_window(
                     llm, request, level, request.profile_steps, mark=True
                 ),
-                # The steps a server under steady traffic runs, prompts joining included: at
-                # two requests and more, where most steps have one (at one request a
-                # window's trace would hold hundreds of steps, and one joins every 30th).
+                # The steps a server under steady traffic runs, prompts joining included:
+                # above one request, where most steps have one; at one request they are
+                # rare and a window's trace would be long.
                 "profile_sustained": lambda: sustained.run_window(
                     llm,
                     request.prompts,
@@ -382,8 +382,8 @@ def _units(
             yield f"pass at {level}", one_pass
         for _ in range(request.passes if request.sustained else 0):
             yield f"sustained window at {level}", one_window
-        # With the batch kept full (the bar's run), steady windows in turns as well: plain
-        # against stock within 2% is a figure single passes on a shared host spread too much for.
+        # With the batch kept full (the bar's run), steady windows in turns as well: single
+        # passes on a shared host spread too much to hold plain to stock by.
         for _ in range(request.passes if request.sustained else 1):
             yield f"steps at {level}", steps
         if level in request.profile_levels:
