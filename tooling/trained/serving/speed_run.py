@@ -17,8 +17,8 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
   steady traffic makes them, which no request's tail decides, and each step's time by the
   target's CUDA-graph mode;
 - **steps**: ``level`` requests, once all are decoding, ``window_steps`` engine steps timed one
-  by one: the step time and the tokens each step gave (``steady``: each such window; with
-  ``sustained``, ``passes`` of them in turns);
+  by one: the step time and the tokens each step gave (with ``sustained``, ``passes`` of
+  them in turns, each kept in ``steady``);
 - **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
   ``torch.profiler``, split by ``trace_split`` into GPU time by what launched it, CPU time by
   region and host waits; with ``sustained``, one such window profiled too
@@ -348,7 +348,8 @@ def _units(
         def steps(level: int = level, key: str = key) -> None:
             window = _decoding_window(llm, request, level, request.window_steps, mark=False)
             figures["steps"].setdefault(key, window)
-            figures["steady"].setdefault(key, []).append(window)
+            if request.sustained:
+                figures["steady"].setdefault(key, []).append(window)
 
         def profile(level: int = level, key: str = key) -> None:
             windows = {
