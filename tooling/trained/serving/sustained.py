@@ -10,7 +10,8 @@ counts of requests, never seconds, so the window is the same on any machine.
 
 Each step inside the window is also timed and filed under the CUDA-graph mode of the
 target forward it dispatched: a request that joins a batch verifying drafts makes a mixed
-step, which no steady decode step shows.
+step, which no steady decode step shows. Under asynchronous scheduling a step's time holds
+the launch of its own batch and the wait for the batch before it.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def dispatch_table(names: list[str], results: dict[str, dict[str, Any]]) -> list
             for w in results.get(name, {}).get("sustained", {}).get(str(level), []):
                 for mode, ms in w.get("step_ms", {}).items():
                     merged.setdefault(mode, []).extend(ms)
-            total = sum(sum(ms) for ms in merged.values())
+            total = sum(sum(ms) for ms in merged.values()) or 1.0
             cells.append(
                 "; ".join(
                     f"{mode} {len(ms)} × {statistics.median(ms):.2f} ms ({sum(ms) / total:.0%})"
