@@ -262,10 +262,10 @@ def _decoding_window(
     while engine.has_unfinished_requests():
         engine.step()
     # As a pass's figures: the tokens made and the time the timed steps took.
-    made = {"tokens": tokens, "seconds": sum(times) / 1000.0} if times else {}
+    timed: dict[str, float] = {"tokens": tokens, "seconds": sum(times) / 1000.0} if times else {}
     return {
         "steps": len(times),
-        **made,
+        **timed,
         "step_ms_median": statistics.median(times) if times else None,
         "step_ms_mean": statistics.fmean(times) if times else None,
         "tokens_per_step": tokens / len(times) if times else None,
