@@ -129,13 +129,23 @@ def test_a_windows_steps_are_filed_by_the_targets_graph_mode_and_only_inside_it(
     window.began = 1.0
     assert window.inside
     window.file_step(8.5, {"target FULL 256->256": 1, "drafter PIECEWISE 16->16": 1})
-    window.file_step(31.0, {"target PIECEWISE 496->512": 1, "drafter PIECEWISE 16->16": 1})
+    window.file_step(31.0, {"target PIECEWISE 496->512": 1, "drafter PIECEWISE 16->16": 1}, 1)
     window.file_step(9.0, {"target FULL 256->256": 1})
     window.file_step(0.4, {})  # a step that ran no forward (only outputs)
+    window.file_step(40.0, {"target NONE 1792->1792": 1}, 5)
     window.ended = 2.0
     assert not window.inside
-    assert window.step_ms == {"FULL": [8.5, 9.0], "PIECEWISE": [31.0], "-": [0.4]}
+    assert window.step_ms == {"FULL": [8.5, 9.0], "PIECEWISE": [31.0], "-": [0.4], "NONE": [40.0]}
+    assert window.joined_ms == {"0": [8.5, 9.0, 0.4], "1": [31.0], "3+": [40.0]}
     assert dispatch_mode({"target FULL 16->16": 1, "target NONE 4096->4096": 1}) == "FULL+NONE"
+
+
+def test_the_table_by_prompts_joining_reads_its_own_filing():
+    windows = [{"step_ms": {"FULL": [8.0]}, "joined_ms": {"0": [8.0], "1": [30.0, 34.0]}}]
+    results = {"dflash": {"sustained": {"64": windows}}}
+    assert dispatch_table(["dflash"], results, "joined_ms")[-1] == (
+        "| 64 | 0 1 × 8.00 ms (11%); 1 2 × 32.00 ms (89%) |"
+    )
 
 
 def test_the_dispatch_table_merges_every_window_of_a_level():

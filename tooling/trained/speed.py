@@ -358,6 +358,8 @@ def report(work: Path) -> tuple[str, bool]:
         lines += speed_table(chosen, results, "sustained")
         lines += ["", "Their steps, by the mode of the target's CUDA graph:", ""]
         lines += dispatch_table([e.name for e in chosen], results)
+        lines += ["", "The same steps, by how many prompts joined them:", ""]
+        lines += dispatch_table([e.name for e in chosen], results, "joined_ms")
     if any(r.get("steady") for r in results.values()):
         lines += ["", "## Decode tokens/s, steady windows (every request decoding)", ""]
         lines += speed_table(chosen, results, "steady")

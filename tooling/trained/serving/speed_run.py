@@ -329,6 +329,8 @@ def _units(
 ) -> Iterator[tuple[str, Callable[[], None]]]:
     """The run's units of measuring, in order; each fills ``figures`` when called."""
     seen = Dispatches()
+    joins = sustained.Joins()
+    joins.install()
     seen.target = _runner(llm).cudagraph_dispatcher
     seen.install()
     for level in request.levels:
@@ -341,7 +343,7 @@ def _units(
 
         def one_window(level: int = level, key: str = key) -> None:
             window = sustained.run_window(
-                llm, request.prompts, level, request.max_new_tokens, seen.take
+                llm, request.prompts, level, request.max_new_tokens, seen.take, joined=joins.take
             )
             figures["sustained"].setdefault(key, []).append(window)
 
@@ -367,6 +369,7 @@ def _units(
                     seen.take,
                     STEP_REGION,
                     measured=level,
+                    joined=joins.take,
                 ),
             }
             for name, measure in list(windows.items())[

@@ -8,10 +8,11 @@ every age) and closes when ``measured`` more have; every token any request made 
 window counts, finished or not, so no request's tail weighs on the figure. Both bounds are
 counts of requests, never seconds, so the window is the same on any machine.
 
-Each step inside the window is also timed and filed under the CUDA-graph mode of the
-target forward it dispatched: a request that joins a batch verifying drafts makes a mixed
-step, which no steady decode step shows. Under asynchronous scheduling a step's time holds
-the launch of its own batch and the wait for the batch before it.
+Each step inside the window is also timed and filed twice: under the CUDA-graph mode of the
+target forward it dispatched, and under how many prompts the scheduler admitted in it
+(``Joins``). A request that joins a batch verifying drafts makes a mixed step, which no
+steady decode step shows. Under asynchronous scheduling a step's time holds the launch of
+its own batch and the wait for the batch before it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class Window:
     made: dict[str, int] = field(default_factory=dict)
     #: ms of each step inside the window, by the mode of the target forward it dispatched.
     step_ms: dict[str, list[float]] = field(default_factory=dict)
+    #: The same steps by how many prompts joined them (``JOINED_BUCKETS``).
+    joined_ms: dict[str, list[float]] = field(default_factory=dict)
 
     def take(self, request_id: str, tokens_so_far: int, finished: bool) -> bool:
         """One request's output of a step; True when it finished (a slot to refill)."""
@@ -82,8 +85,39 @@ class Window:
         """Whether the next step falls inside the window."""
         return self.began is not None and self.ended is None
 
-    def file_step(self, ms: float, dispatched: dict[str, int]) -> None:
+    def file_step(self, ms: float, dispatched: dict[str, int], joined: int = 0) -> None:
         self.step_ms.setdefault(dispatch_mode(dispatched), []).append(round(ms, 3))
+        bucket = str(joined) if joined < JOINED_BUCKETS else f"{JOINED_BUCKETS}+"
+        self.joined_ms.setdefault(bucket, []).append(round(ms, 3))
+
+
+#: Steps with this many prompts joining or more are filed together.
+JOINED_BUCKETS = 3
+
+
+class Joins:
+    """How many prompts vLLM's scheduler admitted since the last ``take`` (wraps
+    ``Scheduler.schedule``, which the in-process engine calls inside each step)."""
+
+    def __init__(self) -> None:
+        self.joined = 0
+
+    def install(self) -> None:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        original = Scheduler.schedule
+        seen = self
+
+        def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(self, *args, **kwargs)
+            seen.joined += len(out.scheduled_new_reqs)
+            return out
+
+        Scheduler.schedule = schedule  # type: ignore[method-assign]
+
+    def take(self) -> int:
+        joined, self.joined = self.joined, 0
+        return joined
 
 
 def dispatch_mode(dispatched: dict[str, int]) -> str:
@@ -102,11 +136,13 @@ def run_window(
     dispatched: Callable[[], dict[str, int]] = dict,
     marker: str | None = None,
     measured: int | None = None,
+    joined: Callable[[], int] = int,
 ) -> dict:
     """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine).
-    ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``);
-    with ``marker``, each step inside the window runs under a profiler region of that name;
-    ``measured``: requests to finish inside it, if not ``measured_completions``."""
+    ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``),
+    ``joined`` the prompts admitted (``Joins.take``); with ``marker``, each step inside the
+    window runs under a profiler region of that name; ``measured``: requests to finish inside
+    it, if not ``measured_completions``."""
     from torch.profiler import record_function
     from vllm.inputs import TokensPrompt
 
@@ -133,12 +169,13 @@ def run_window(
         inside = window.inside
         if inside:
             dispatched()
+            joined()
         begin = time.perf_counter()
         with record_function(marker) if marker and inside else contextlib.nullcontext():
             outputs = engine.step()
         now = time.perf_counter()
         if inside:
-            window.file_step((now - begin) * 1000.0, dispatched())
+            window.file_step((now - begin) * 1000.0, dispatched(), joined())
         for out in outputs:
             if window.take(out.request_id, len(out.outputs[0].token_ids), out.finished):
                 add()
@@ -177,12 +214,16 @@ def _figures(window: Window, before: dict | None, after: dict | None) -> dict[st
             acceptance_length(before, after) if before is not None and after is not None else None
         ),
         "step_ms": window.step_ms,
+        "joined_ms": window.joined_ms,
     }
 
 
-def dispatch_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
-    """The steps of every sustained window at each level, by the target forward's mode: how
-    many, their median ms and their share of the windows' step time."""
+def dispatch_table(
+    names: list[str], results: dict[str, dict[str, Any]], filed: str = "step_ms"
+) -> list[str]:
+    """The steps of every sustained window at each level, by the target forward's mode
+    (``step_ms``) or by the prompts joining them (``joined_ms``): how many, their median ms
+    and their share of the windows' step time."""
     levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
     lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for level in levels:
@@ -190,7 +231,7 @@ def dispatch_table(names: list[str], results: dict[str, dict[str, Any]]) -> list
         for name in names:
             merged: dict[str, list[float]] = {}
             for w in results.get(name, {}).get("sustained", {}).get(str(level), []):
-                for mode, ms in w.get("step_ms", {}).items():
+                for mode, ms in w.get(filed, {}).items():
                     merged.setdefault(mode, []).extend(ms)
             total = sum(sum(ms) for ms in merged.values()) or 1.0
             cells.append(
