@@ -12,13 +12,9 @@ from pathlib import Path
 import pytest
 
 from tooling.paths import REPO_DIR
-from tooling.trained.serving.sustained import (
-    Window,
-    dispatch_mode,
-    dispatch_table,
-    measured_completions,
-)
+from tooling.trained.serving.sustained import Window, dispatch_mode, measured_completions
 from tooling.trained.serving.turns import Turns
+from tooling.trained.speed_tables import dispatch_table
 
 ENGINE = textwrap.dedent(
     """

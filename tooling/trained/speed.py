@@ -28,8 +28,7 @@ from ..entry import answer, entry_logging
 from ..errors import SmokeError
 from .hybrid_plan import GIB
 from .measure import serve_engines
-from .serving.sustained import dispatch_table
-from .speed_tables import fmt, profile_table, step_table
+from .speed_tables import dispatch_table, fmt, profile_table, step_table
 
 logger = logging.getLogger(__name__)
 
@@ -352,18 +351,18 @@ def report(work: Path) -> tuple[str, bool]:
             f"traffic: {r.get('steady_changes') or 'nothing'}"
             + (f"; **{r.get('error', 'no result')}**" if e.name in failed else "")
         )
+    names = [e.name for e in chosen]
     lines += ["", "## Decode tokens/s", "", *speed_table(chosen, results)]
     if any(r.get("sustained") for r in results.values()):
         lines += ["", "## Decode tokens/s, batch kept full", ""]
         lines += speed_table(chosen, results, "sustained")
         lines += ["", "Their steps, by the mode of the target's CUDA graph:", ""]
-        lines += dispatch_table([e.name for e in chosen], results)
+        lines += dispatch_table(names, results)
         lines += ["", "The same steps, by how many prompts joined them:", ""]
-        lines += dispatch_table([e.name for e in chosen], results, "joined_ms")
+        lines += dispatch_table(names, results, "joined_ms")
     if any(r.get("steady") for r in results.values()):
         lines += ["", "## Decode tokens/s, steady windows (every request decoding)", ""]
         lines += speed_table(chosen, results, "steady")
-    names = [e.name for e in chosen]
     lines += ["", "## Engine steps", "", *step_table(names, results)]
     lines += ["", "## Where a step's time goes", *profile_table(names, results)]
     lines += profile_table(names, results, "profile_sustained")

@@ -1,8 +1,10 @@
-"""The speed report's tables of engine steps and of profiles (``tooling.trained.speed``),
-each a list of Markdown lines from the run's results, one column per engine."""
+"""The speed report's tables of engine steps, of profiles and of the sustained windows'
+steps (``tooling.trained.speed``), each a list of Markdown lines from the run's results, one
+column per engine."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 
@@ -66,4 +68,31 @@ def profile_table(
             f"| {row} | " + " | ".join(cells.get(n, "-") for n in profiles) + " |"
             for row, cells in rows.items()
         ]
+    return lines
+
+
+def dispatch_table(
+    names: list[str], results: dict[str, dict[str, Any]], filed: str = "step_ms"
+) -> list[str]:
+    """The steps of every sustained window at each level, by the target forward's mode
+    (``step_ms``) or by the prompts joining them (``joined_ms``): how many, their median ms
+    and their share of the windows' step time."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
+    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for level in levels:
+        cells = []
+        for name in names:
+            merged: dict[str, list[float]] = {}
+            for w in results.get(name, {}).get("sustained", {}).get(str(level), []):
+                for mode, ms in w.get(filed, {}).items():
+                    merged.setdefault(mode, []).extend(ms)
+            total = sum(sum(ms) for ms in merged.values()) or 1.0
+            cells.append(
+                "; ".join(
+                    f"{mode} {len(ms)} × {statistics.median(ms):.2f} ms ({sum(ms) / total:.0%})"
+                    for mode, ms in sorted(merged.items())
+                )
+                or "-"
+            )
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
     return lines

@@ -354,27 +354,32 @@ def _units(
                 figures["steady"].setdefault(key, []).append(window)
 
         def profile(level: int = level, key: str = key) -> None:
-            windows = {
-                "profile": lambda: _decoding_window(
-                    llm, request, level, request.profile_steps, mark=True
-                ),
-                # The steps a server under steady traffic runs, prompts joining included:
-                # above one request, where most steps have one; at one request they are
-                # rare and a window's trace would be long.
-                "profile_sustained": lambda: sustained.run_window(
-                    llm,
-                    request.prompts,
-                    level,
-                    request.max_new_tokens,
-                    seen.take,
-                    STEP_REGION,
-                    measured=level,
-                    joined=joins.take,
-                ),
-            }
-            for name, measure in list(windows.items())[
-                : 2 if request.sustained and level > 1 else 1
-            ]:
+            windows: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                (
+                    "profile",
+                    lambda: _decoding_window(llm, request, level, request.profile_steps, mark=True),
+                )
+            ]
+            # The steps a server under steady traffic runs, prompts joining included: above one
+            # request, where most steps have one; at one request they are rare and a window's
+            # trace would be long.
+            if request.sustained and level > 1:
+                windows.append(
+                    (
+                        "profile_sustained",
+                        lambda: sustained.run_window(
+                            llm,
+                            request.prompts,
+                            level,
+                            request.max_new_tokens,
+                            seen.take,
+                            STEP_REGION,
+                            measured=level,
+                            joined=joins.take,
+                        ),
+                    )
+                )
+            for name, measure in windows:
                 kept = figures.setdefault(name, {})
                 try:
                     kept[key] = _profile(measure)

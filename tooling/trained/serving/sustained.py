@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -216,30 +215,3 @@ def _figures(window: Window, before: dict | None, after: dict | None) -> dict[st
         "step_ms": window.step_ms,
         "joined_ms": window.joined_ms,
     }
-
-
-def dispatch_table(
-    names: list[str], results: dict[str, dict[str, Any]], filed: str = "step_ms"
-) -> list[str]:
-    """The steps of every sustained window at each level, by the target forward's mode
-    (``step_ms``) or by the prompts joining them (``joined_ms``): how many, their median ms
-    and their share of the windows' step time."""
-    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
-    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for level in levels:
-        cells = []
-        for name in names:
-            merged: dict[str, list[float]] = {}
-            for w in results.get(name, {}).get("sustained", {}).get(str(level), []):
-                for mode, ms in w.get(filed, {}).items():
-                    merged.setdefault(mode, []).extend(ms)
-            total = sum(sum(ms) for ms in merged.values()) or 1.0
-            cells.append(
-                "; ".join(
-                    f"{mode} {len(ms)} × {statistics.median(ms):.2f} ms ({sum(ms) / total:.0%})"
-                    for mode, ms in sorted(merged.items())
-                )
-                or "-"
-            )
-        lines.append(f"| {level} | " + " | ".join(cells) + " |")
-    return lines
