@@ -13,6 +13,7 @@ once by the tool itself (what ``tooling fetch`` would do), then linked.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -222,3 +223,17 @@ def probe_env(probe_python: Path, dflash_path: Path) -> tuple[str, dict[str, str
     )
     env["TOKENIZERS_PARALLELISM"] = "true"
     return str(probe_python), env
+
+
+@pytest.fixture
+def tiny_pair(tmp_path: Path) -> Path:
+    """A pair folder the speed run plans from (its manifest only; no weights are read)."""
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    manifest = {
+        "target": "/p/target",
+        "drafter": "/p/drafter",
+        "spec": {"vocab_size": 512, "seed": 3},
+    }
+    (pair / "tiny.json").write_text(json.dumps(manifest))
+    return pair

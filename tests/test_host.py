@@ -196,7 +196,8 @@ def test_the_variants_sharing_a_gpu_run_at_once_under_one_deadline(tmp_path: Pat
 def test_the_speed_session_steps_wait_for_the_pair_and_build_the_ablations_call_1_serves() -> None:
     """``start PARTS speed trained-1``: one session's speed work, the engines built while the
     recipe trains, then the speed run on the pair, then its first call with the ablations."""
-    from tooling.host.session import SPEED_ARGS, Kind
+    from tooling.host.session import Kind
+    from tooling.host.speed import SPEED_ARGS
 
     assert STEPS["speed"].kind is Kind.SPEED and STEPS["trained-1"].calls == "1"
     assert STEPS["trained-1"].kind is Kind.TRAINED and not STEPS["trained"].calls
@@ -207,11 +208,32 @@ def test_the_speed_session_steps_wait_for_the_pair_and_build_the_ablations_call_
     assert set(engines) <= set(ENGINES) and {"plain-stock", "plain", "dflash"} <= set(engines)
 
 
+def test_the_locate_step_runs_a_shorter_speed_run_and_one_speed_step_a_session() -> None:
+    """``speed-locate``: where a step with a prompt joining goes, in a third of the bar's
+    time (the levels where most steps have one, both profiled); it writes the speed step's
+    run folder, so a session takes one of the two."""
+    from tooling.host.session import Kind, check_steps
+    from tooling.host.speed import LOCATE_ARGS, LOCATE_ENGINES, speed_args
+    from tooling.trained.speed import ENGINES
+
+    assert STEPS["speed-locate"].kind is Kind.SPEED
+    args = speed_args("locate")
+    assert args == LOCATE_ARGS and "--sustained" in args
+    assert args[args.index("--levels") + 1] == args[args.index("--profile-levels") + 1] == "16,64"
+    assert set(LOCATE_ENGINES) <= set(ENGINES) and "dflash-no-prefix-caching" in LOCATE_ENGINES
+    assert speed_args("")[-2:] == ("--profile-levels", "1,64")
+    assert speed_args("shape")[-2:] == ("--profile-levels", "1,16,64")
+    check_steps(["speed-locate", "trained-1", "fuzz-trained"])
+    with pytest.raises(HostUsageError, match="one per session"):
+        check_steps(["speed-locate", "speed"])
+
+
 def test_a_session_builds_the_installs_its_steps_serve_and_fuzzes_beside_the_training() -> None:
     """The speed run's ablated engines (``no-<patch>`` sites) are built with the calls'
     ablations, each once; a session without the calls or the speed run builds none;
     ``fuzz-seed`` is a step of its own, before the pair is needed."""
-    from tooling.host.session import SPEED_ENGINES, Kind, session_ablations
+    from tooling.host.session import Kind, session_ablations
+    from tooling.host.speed import SPEED_ENGINES
     from tooling.host.trained import trained_ablations
     from tooling.trained.speed import ENGINES
 

@@ -121,19 +121,6 @@ prof.export_chrome_trace({str(tmp_path / "trace.json")!r})
     assert figures["gpu_ms"] == {}
 
 
-@pytest.fixture
-def tiny_pair(tmp_path: Path) -> Path:
-    pair = tmp_path / "pair"
-    pair.mkdir()
-    manifest = {
-        "target": "/p/target",
-        "drafter": "/p/drafter",
-        "spec": {"vocab_size": 512, "seed": 3},
-    }
-    (pair / "tiny.json").write_text(json.dumps(manifest))
-    return pair
-
-
 def test_each_engine_is_planned_with_its_own_k_and_cache(tiny_pair, tmp_path):
     work = tmp_path / "work"
     speed.plan(tiny_pair, work, ["plain", "dflash-k7"], speed.Settings(k=15, levels=(1, 16)))

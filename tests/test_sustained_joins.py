@@ -1,4 +1,4 @@
-"""``serving.sustained.Joins`` on vLLM's real Scheduler (the fixed tree, on the CPU): the
+"""``serving.watch.Joins`` on vLLM's real Scheduler (the fixed tree, on the CPU): the
 prompts a step admits, which the speed run files each sustained step under."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
 
     from tooling.probes._schedsim import Req, Settings, build_engine, engine_request
     from tooling.probes._schedsim import h200_platform
-    from tooling.trained.serving.sustained import Joins
+    from tooling.trained.serving.watch import Joins
 
     with tempfile.TemporaryDirectory() as tmp, h200_platform():
         engine = build_engine(Settings(k=15, max_num_seqs=64, max_model_len=2048), Path(tmp))

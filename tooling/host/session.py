@@ -26,6 +26,7 @@ from .fuzz import FuzzSettings, fuzz
 from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
 from .proof import seed_pair
 from .setup import SetupStep, setup
+from .speed import LOCATE_ENGINES, SPEED_ENGINES, speed_args
 from .trained import RECIPE, TrainSettings, import_pair, train, trained_ablations
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ STEPS = {
         # The K = 15 call alone: lossless and acceptance with the ablations, after `speed`.
         Step("trained-1", Kind.TRAINED, calls="1"),
         Step("speed", Kind.SPEED),
+        # Where a step with a prompt joining goes, first: fewer engines and levels than the bar.
+        Step("speed-locate", Kind.SPEED, "locate"),
         Step("speed-shape", Kind.SPEED_SHAPE),
         Step("verify", Kind.VERIFY),
         # Beside the training, on the seed-shaped pair.
@@ -99,30 +102,6 @@ STEPS = {
         Step("fuzz-replay", Kind.FUZZ, "replay"),
     )
 }
-#: The speed step's engines and options: issue 45's bar and plain against stock, measured in
-#: turns pass by pass, on batches and with the batch kept full (five engines fit one H200, the
-#: last sized for 16 requests). Beside DFlash as shipped: prefix caching off, to tell whether
-#: the aligned Gated DeltaNet states are what a step with a prompt joining costs DFlash, and
-#: the drafter's full graphs, where a step is CPU time.
-SPEED_ENGINES = (
-    "plain-stock",
-    "plain",
-    "dflash",
-    "dflash-no-prefix-caching",
-    "dflash-drafter-graphs",
-)
-SPEED_ARGS = (
-    *("--engines", ",".join(SPEED_ENGINES), "--interleave", "--sustained"),
-    *("--levels", "1,16,64"),
-    # Steady windows in turns and a profiled sustained window make the bar's run longer than
-    # the speed run's default limit, which would cut the profile at 64 first.
-    *("--time-limit", "1200"),
-)
-#: The levels profiled: beside the recipe's training, where the step is CPU time (one
-#: request) and where it is the GPU's (64), as a third profile does not fit; on the drawn
-#: shapes, with no recipe to wait for, every level of the bar.
-TRAINED_PROFILE = ("--profile-levels", "1,64")
-SHAPE_PROFILE = ("--profile-levels", "1,16,64")
 #: The fuzz step's campaigns, beside the training: engine pairs one after another, none
 #: started after FUZZ_S, each drawing workloads until FUZZ_PAIR_S less 300 s from its start
 #: (its engines' start included) and stopped at FUZZ_PAIR_S, so that about two pairs fit
@@ -159,6 +138,8 @@ def check_steps(steps: list[str]) -> None:
         raise HostUsageError(
             "seed-full's 57 GB leave no disk for trained's installs: one per session"
         )
+    if len([s for s in steps if STEPS[s].kind is Kind.SPEED]) > 1:
+        raise HostUsageError("speed and speed-locate write one run folder: one per session")
 
 
 def start(
@@ -246,7 +227,8 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
         if code != 0 or step.kind is not Kind.SPEED:
             return code
         speed = [PYTHON, "-m", Modules.TOOLING, "host", "speed", "run", str(layout.pair)]
-        return run([*speed, *SPEED_ARGS, *TRAINED_PROFILE], env=env, stdout=log, stderr=log)
+        args = speed_args(step.variant)
+        return run([*speed, *args], env=env, stdout=log, stderr=log)
 
 
 def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
@@ -259,7 +241,7 @@ def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
         code = run(draw, env=env, stdout=log, stderr=log)
         if code != 0:
             return code
-        speed = [*host, "run", str(pair), *SPEED_ARGS, *SHAPE_PROFILE]
+        speed = [*host, "run", str(pair), *speed_args("shape")]
         return run(speed, env=env, stdout=log, stderr=log)
 
 
@@ -284,7 +266,7 @@ def session_ablations(steps: list[str]) -> list[str]:
     stock: the trained pair's calls' ablations and the speed run's ``no-<patch>`` engines."""
     ablated = trained_ablations() if any(STEPS[s].kind is Kind.TRAINED for s in steps) else []
     if any(STEPS[s].kind in (Kind.SPEED, Kind.SPEED_SHAPE) for s in steps):
-        sites = [ENGINES[e].site for e in SPEED_ENGINES]
+        sites = [ENGINES[e].site for e in SPEED_ENGINES + LOCATE_ENGINES]
         ablated += [site.removeprefix("no-") for site in sites if site.startswith("no-")]
     return list(dict.fromkeys(ablated))
 

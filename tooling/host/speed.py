@@ -23,6 +23,49 @@ from .layout import PYTHON, Layout, Modules, run, running, say, since, tail
 
 logger = logging.getLogger(__name__)
 
+#: The session's speed step (``host session``): issue 45's bar and plain against stock,
+#: measured in turns pass by pass, on batches and with the batch kept full (five engines fit
+#: one H200, the last sized for 16 requests). Beside DFlash as shipped: prefix caching off, to
+#: tell whether the aligned Gated DeltaNet states are what a step with a prompt joining costs
+#: DFlash, and the drafter's full graphs, where a step is CPU time.
+SPEED_ENGINES = (
+    "plain-stock",
+    "plain",
+    "dflash",
+    "dflash-no-prefix-caching",
+    "dflash-drafter-graphs",
+)
+SPEED_ARGS = (
+    *("--engines", ",".join(SPEED_ENGINES), "--interleave", "--sustained"),
+    *("--levels", "1,16,64"),
+    # Steady windows in turns and a profiled sustained window make the bar's run longer than
+    # the speed run's default limit, which would cut the profile at 64 first.
+    *("--time-limit", "1200"),
+)
+#: The levels profiled: beside the recipe's training, where the step is CPU time (one
+#: request) and where it is the GPU's (64), as a third profile does not fit; on the drawn
+#: shapes, with no recipe to wait for, every level of the bar.
+TRAINED_PROFILE = ("--profile-levels", "1,64")
+SHAPE_PROFILE = ("--profile-levels", "1,16,64")
+#: The ``speed-locate`` step: where a step with a prompt joining a verifying batch spends what
+#: it costs DFlash and not plain, in a third of the bar's GPU time: the levels where most steps
+#: have one, both profiled with the batch kept full, and prefix caching off beside it.
+LOCATE_ENGINES = ("plain", "dflash", "dflash-no-prefix-caching")
+LOCATE_ARGS = (
+    *("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained"),
+    *("--levels", "16,64", "--passes", "3", "--profile-levels", "16,64"),
+    *("--time-limit", "900"),
+)
+
+
+def speed_args(variant: str) -> tuple[str, ...]:
+    """The speed run's options for a session step's variant: ``locate``, ``shape`` (the drawn
+    shapes), else the bar's on the trained pair."""
+    if variant == "locate":
+        return LOCATE_ARGS
+    return (*SPEED_ARGS, *(SHAPE_PROFILE if variant == "shape" else TRAINED_PROFILE))
+
+
 #: What ``draw`` can make, with the tiny module's arguments.
 ARCHES = {
     "trained-shape": ["--arch", "trained-shape"],

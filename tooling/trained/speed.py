@@ -28,7 +28,7 @@ from ..entry import answer, entry_logging
 from ..errors import SmokeError
 from .hybrid_plan import GIB
 from .measure import serve_engines
-from .speed_tables import dispatch_table, fmt, profile_table, step_table
+from .speed_tables import compile_table, dispatch_table, fmt, profile_table, step_table
 
 logger = logging.getLogger(__name__)
 
@@ -360,6 +360,11 @@ def report(work: Path) -> tuple[str, bool]:
         lines += dispatch_table(names, results)
         lines += ["", "The same steps, by how many prompts joined them:", ""]
         lines += dispatch_table(names, results, "joined_ms")
+        lines += ["", "The same steps, by what stalled them (a Triton compile, a collection):", ""]
+        lines += dispatch_table(names, results, "stalled_ms")
+    if any(r.get("warm") for r in results.values()):
+        lines += ["", "## Triton kernels compiled, warm-up and measured", ""]
+        lines += compile_table(names, results)
     if any(r.get("steady") for r in results.values()):
         lines += ["", "## Decode tokens/s, steady windows (every request decoding)", ""]
         lines += speed_table(chosen, results, "steady")

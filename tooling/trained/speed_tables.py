@@ -96,3 +96,53 @@ def dispatch_table(
             )
         lines.append(f"| {level} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _compiled(kernels: dict[str, list[float]] | None) -> str:
+    if kernels is None:
+        return "not counted"
+    if not kernels:
+        return "none"
+    times = sum(int(n) for n, _ in kernels.values())
+    ms = sum(m for _, m in kernels.values())
+    top = max(kernels.items(), key=lambda kv: kv[1][1])
+    return f"{times} in {ms:.0f} ms (most: {top[0].rsplit('.', 1)[-1]}, {top[1][1]:.0f} ms)"
+
+
+def _window_ms(window: dict[str, Any]) -> float | None:
+    if not window.get("steps") or "seconds" not in window:
+        return None
+    return window["seconds"] * 1000.0 / window["steps"]
+
+
+def compile_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """The Triton kernels each engine compiled (or loaded from Triton's disk cache) in each
+    level's warm-up, with the ms a step of its cold window (the batch kept full, before any
+    measured window), then in every measured unit after the warm-ups; and the measured
+    sustained windows' ms a step, first to last."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("warm", {})})
+    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for level in levels:
+        cells = []
+        for name in names:
+            warm = results.get(name, {}).get("warm", {}).get(str(level), {})
+            cold = _window_ms(warm.get("sustained_cold", {}))
+            cells.append(
+                _compiled(warm.get("triton_compiled"))
+                + ("" if cold is None else f"; cold window {cold:.1f} ms a step")
+            )
+        lines.append(f"| warm-up at {level} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| measured units | "
+        + " | ".join(_compiled(results.get(n, {}).get("triton_compiled")) for n in names)
+        + " |"
+    )
+    sustained = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
+    for level in sustained:
+        cells = []
+        for name in names:
+            windows = results.get(name, {}).get("sustained", {}).get(str(level), [])
+            ms = [_window_ms(w) for w in windows]
+            cells.append(", ".join(fmt(m, ".1f") for m in ms) or "-")
+        lines.append(f"| windows at {level}, ms a step in order | " + " | ".join(cells) + " |")
+    return lines

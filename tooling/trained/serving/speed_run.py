@@ -24,8 +24,9 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
   region and host waits; with ``sustained``, one such window profiled too
   (``profile_sustained``); vLLM's own profiling scopes are on only inside a profile.
 
-Across the steady traffic it also reports anything compiled, captured or autotuned again
-(vLLM's compilation counter, Dynamo's counters, the entries of every Triton autotuner).
+Across the measured units it also reports anything compiled, captured or autotuned again
+(vLLM's compilation counter, Dynamo's counters, the entries of every Triton autotuner, and
+every Triton kernel compiled: ``watch.Stalls``, in each level's warm-up too).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,7 @@ from .recompiles import compiles, grown
 from .sustained import acceptance_length
 from .trained_run import _generate, _mark_done, _spec, _wait_for_barrier
 from .turns import Turns, whole_run
+from .watch import Dispatches, Watch, totals_grown
 
 logger = logging.getLogger(__name__)
 
@@ -126,35 +127,6 @@ class SpeedRunRequest:
         values = dict(data)
         values["engine"] = DistributionRequest.from_json(values["engine"])
         return cls(**values)
-
-
-class Dispatches:
-    """The CUDA-graph mode and padded size of every forward the engine dispatched, the target's
-    and the drafter's apart (wraps ``CudagraphDispatcher.dispatch``)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self.target: Any = None
-
-    def install(self) -> None:
-        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-
-        original = CudagraphDispatcher.dispatch
-        seen = self
-
-        def dispatch(self: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
-            mode, descriptor = original(self, num_tokens, *args, **kwargs)
-            who = "target" if self is seen.target else "drafter"
-            padded = getattr(descriptor, "num_tokens", num_tokens)
-            seen.counts[f"{who} {getattr(mode, 'name', mode)} {num_tokens}->{padded}"] += 1
-            return mode, descriptor
-
-        CudagraphDispatcher.dispatch = dispatch  # type: ignore[method-assign]
-
-    def take(self) -> dict[str, int]:
-        out = dict(self.counts.most_common())
-        self.counts.clear()
-        return out
 
 
 def _runner(llm: Any) -> Any:
@@ -325,14 +297,14 @@ def _zero_lm_heads(worker: Any) -> int:
 
 
 def _units(
-    llm: Any, request: SpeedRunRequest, running: RunningCounter, figures: dict[str, Any]
+    llm: Any,
+    request: SpeedRunRequest,
+    running: RunningCounter,
+    figures: dict[str, Any],
+    watch: Watch,
 ) -> Iterator[tuple[str, Callable[[], None]]]:
     """The run's units of measuring, in order; each fills ``figures`` when called."""
-    seen = Dispatches()
-    joins = sustained.Joins()
-    joins.install()
-    seen.target = _runner(llm).cudagraph_dispatcher
-    seen.install()
+    seen, joins, stalls = watch.dispatches, watch.joins, watch.stalls
     for level in request.levels:
         key = str(level)
 
@@ -343,7 +315,13 @@ def _units(
 
         def one_window(level: int = level, key: str = key) -> None:
             window = sustained.run_window(
-                llm, request.prompts, level, request.max_new_tokens, seen.take, joined=joins.take
+                llm,
+                request.prompts,
+                level,
+                request.max_new_tokens,
+                seen.take,
+                joined=joins.take,
+                stalls=stalls.take,
             )
             figures["sustained"].setdefault(key, []).append(window)
 
@@ -411,32 +389,41 @@ def _constant_logits(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
 
 
 def _measure(
-    llm: Any, request: SpeedRunRequest, running: RunningCounter, turns: Turns | None
+    llm: Any,
+    request: SpeedRunRequest,
+    running: RunningCounter,
+    turns: Turns | None,
+    watch: Watch,
 ) -> dict[str, Any]:
     """Every unit, alone on the GPU: all in one hold of the run's lock, or interleaved with
     the other engines' units (``turns``)."""
     before = compiles()
+    compiled = watch.compiled_so_far()
     figures: dict[str, Any] = {"speed": {}, "steps": {}, "steady": {}, "profile": {}}
     if request.sustained:
         figures["sustained"] = {}
     held = whole_run(Path(request.lock)) if turns is None else contextlib.nullcontext()
     with held:
-        for name, unit in _units(llm, request, running, figures):
+        for name, unit in _units(llm, request, running, figures, watch):
             logger.info("%s: %s", request.name, name)
             with turns.turn() if turns is not None else contextlib.nullcontext():
                 unit()
             _save_partial(request, figures)
         figures["steady_changes"] = grown(before, compiles())
+        figures["triton_compiled"] = totals_grown(compiled, watch.compiled_so_far())
         if request.constant_logits:
             with turns.turn() if turns is not None else contextlib.nullcontext():
                 figures["constant_logits"] = _constant_logits(llm, request)
     return figures
 
 
-def _warm(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
-    """The first traffic of each level's shapes, before the measured passes."""
-    warm = {}
+def _warm(llm: Any, request: SpeedRunRequest, watch: Watch) -> dict[str, Any]:
+    """The first traffic of each level's shapes, before the measured passes; with
+    ``sustained``, a short window with the batch kept full as well, whose mixed steps no batch
+    runs, with the Triton kernels the level's warm-up compiled."""
+    warm: dict[str, Any] = {}
     for level in request.levels:
+        compiled = watch.compiled_so_far()
         batch = [request.prompts[i % len(request.prompts)] for i in range(level)]
         begin = time.perf_counter()
         done = _generate(llm, batch, request.max_new_tokens, None)
@@ -445,6 +432,18 @@ def _warm(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
             "tokens": sum(len(o.outputs[0].token_ids) for o in done),
         }
         _decoding_window(llm, request, level, 4, mark=False)
+        if request.sustained:
+            warm[str(level)]["sustained_cold"] = sustained.run_window(
+                llm,
+                request.prompts,
+                level,
+                request.max_new_tokens,
+                watch.dispatches.take,
+                measured=level,
+                joined=watch.joins.take,
+                stalls=watch.stalls.take,
+            )
+        warm[str(level)]["triton_compiled"] = totals_grown(compiled, watch.compiled_so_far())
     return warm
 
 
@@ -459,12 +458,13 @@ def run(request: SpeedRunRequest) -> dict[str, Any]:
     try:
         try:
             llm, startup_s = start_engine(request.engine)
-            warm = _warm(llm, request)
+            watch = Watch.installed(_runner(llm).cudagraph_dispatcher)
+            warm = _warm(llm, request, watch)
         finally:
             # An engine that failed must not keep the others waiting.
             _mark_done(request)  # type: ignore[arg-type]
         waited = _wait_for_barrier(request)  # type: ignore[arg-type]
-        measured = _measure(llm, request, running, turns)
+        measured = _measure(llm, request, running, turns, watch)
     finally:
         # Done or failed at any point: the others take their turns without this engine's.
         if turns is not None:

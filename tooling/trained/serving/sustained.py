@@ -8,10 +8,12 @@ every age) and closes when ``measured`` more have; every token any request made 
 window counts, finished or not, so no request's tail weighs on the figure. Both bounds are
 counts of requests, never seconds, so the window is the same on any machine.
 
-Each step inside the window is also timed and filed twice: under the CUDA-graph mode of the
-target forward it dispatched, and under how many prompts the scheduler admitted in it
-(``Joins``). A request that joins a batch verifying drafts makes a mixed step, which no
-steady decode step shows. Under asynchronous scheduling a step's time holds the launch of
+Each step inside the window is also timed and filed three ways: under the CUDA-graph mode of
+the target forward it dispatched, under how many prompts the scheduler admitted in it
+(``watch.Joins``), and under what stalled it, if anything (``watch.Stalls``: a Triton kernel
+compiled, a garbage collection). A request that joins a batch verifying drafts makes a mixed
+step, which no steady decode step shows, and the first mixed steps of each shape meet
+kernels no warm-up compiled. Under asynchronous scheduling a step's time holds the launch of
 its own batch and the wait for the batch before it.
 """
 
@@ -23,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .watch import stall_kind
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,11 @@ class Window:
     step_ms: dict[str, list[float]] = field(default_factory=dict)
     #: The same steps by how many prompts joined them (``JOINED_BUCKETS``).
     joined_ms: dict[str, list[float]] = field(default_factory=dict)
+    #: The same steps by what stalled them (``watch.stall_kind``).
+    stalled_ms: dict[str, list[float]] = field(default_factory=dict)
+    #: Each Triton kernel compiled inside the window: [times, ms in all].
+    compiles: dict[str, list[float]] = field(default_factory=dict)
+    gc_ms: float = 0.0
 
     def take(self, request_id: str, tokens_so_far: int, finished: bool) -> bool:
         """One request's output of a step; True when it finished (a slot to refill)."""
@@ -84,39 +93,28 @@ class Window:
         """Whether the next step falls inside the window."""
         return self.began is not None and self.ended is None
 
-    def file_step(self, ms: float, dispatched: dict[str, int], joined: int = 0) -> None:
+    def file_step(
+        self,
+        ms: float,
+        dispatched: dict[str, int],
+        joined: int = 0,
+        stalls: dict[str, Any] | None = None,
+    ) -> None:
         self.step_ms.setdefault(dispatch_mode(dispatched), []).append(round(ms, 3))
         bucket = str(joined) if joined < JOINED_BUCKETS else f"{JOINED_BUCKETS}+"
         self.joined_ms.setdefault(bucket, []).append(round(ms, 3))
+        if stalls is None:
+            return
+        self.stalled_ms.setdefault(stall_kind(stalls), []).append(round(ms, 3))
+        for name, compile_ms in stalls.get("compiled", []):
+            kept = self.compiles.setdefault(name, [0, 0.0])
+            kept[0] += 1
+            kept[1] = round(kept[1] + compile_ms, 3)
+        self.gc_ms = round(self.gc_ms + stalls.get("gc_ms", 0.0), 3)
 
 
 #: Steps with this many prompts joining or more are filed together.
 JOINED_BUCKETS = 3
-
-
-class Joins:
-    """How many prompts vLLM's scheduler admitted since the last ``take`` (wraps
-    ``Scheduler.schedule``, which the in-process engine calls inside each step)."""
-
-    def __init__(self) -> None:
-        self.joined = 0
-
-    def install(self) -> None:
-        from vllm.v1.core.sched.scheduler import Scheduler
-
-        original = Scheduler.schedule
-        seen = self
-
-        def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-            out = original(self, *args, **kwargs)
-            seen.joined += len(out.scheduled_new_reqs)
-            return out
-
-        Scheduler.schedule = schedule  # type: ignore[method-assign]
-
-    def take(self) -> int:
-        joined, self.joined = self.joined, 0
-        return joined
 
 
 def dispatch_mode(dispatched: dict[str, int]) -> str:
@@ -136,10 +134,12 @@ def run_window(
     marker: str | None = None,
     measured: int | None = None,
     joined: Callable[[], int] = int,
+    stalls: Callable[[], dict[str, Any]] | None = None,
 ) -> dict:
     """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine).
     ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``),
-    ``joined`` the prompts admitted (``Joins.take``); with ``marker``, each step inside the
+    ``joined`` the prompts admitted (``Joins.take``), ``stalls`` what stalled a step
+    (``Stalls.take``; None: not filed so); with ``marker``, each step inside the
     window runs under a profiler region of that name; ``measured``: requests to finish inside
     it, if not ``measured_completions``."""
     from torch.profiler import record_function
@@ -169,12 +169,19 @@ def run_window(
         if inside:
             dispatched()
             joined()
+            if stalls is not None:
+                stalls()
         begin = time.perf_counter()
         with record_function(marker) if marker and inside else contextlib.nullcontext():
             outputs = engine.step()
         now = time.perf_counter()
         if inside:
-            window.file_step((now - begin) * 1000.0, dispatched(), joined())
+            window.file_step(
+                (now - begin) * 1000.0,
+                dispatched(),
+                joined(),
+                stalls() if stalls is not None else None,
+            )
         for out in outputs:
             if window.take(out.request_id, len(out.outputs[0].token_ids), out.finished):
                 add()
@@ -214,4 +221,9 @@ def _figures(window: Window, before: dict | None, after: dict | None) -> dict[st
         ),
         "step_ms": window.step_ms,
         "joined_ms": window.joined_ms,
+        **(
+            {"stalled_ms": window.stalled_ms, "compiles": window.compiles, "gc_ms": window.gc_ms}
+            if window.stalled_ms
+            else {}
+        ),
     }
