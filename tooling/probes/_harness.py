@@ -173,6 +173,7 @@ def vllm_config(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     speculative_args: dict[str, Any] | None = None,
+    max_num_seqs: int = 4,
 ) -> Any:
     """A real VllmConfig for ``pair``, built the way the engine builds it;
     ``speculative_args``: more of ``--speculative-config``."""
@@ -209,7 +210,7 @@ def vllm_config(
     return VllmConfig(
         model_config=model,
         scheduler_config=SchedulerConfig(
-            max_num_seqs=4,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=1024,
             max_model_len=1024,
             is_encoder_decoder=False,

@@ -38,24 +38,19 @@ class _Decided(Exception):
         self.drafts = drafts
 
 
-def _drafts_after_step(runner: Any, max_seq_len: int) -> bool:
-    """Whether ``sample_tokens`` runs the drafter after a step of that longest sequence."""
+def sample_after_step(runner: Any, step: Any, proposed: Any, copied: Any) -> None:
+    """``sample_tokens`` after a step whose drafter metadata is ``step``, sampling and the
+    bookkeeping around the drafter's decision stood in for: the drafter's entry point is
+    ``proposed``, the copy of its drafts to the CPU ``copied``."""
     import torch
-
-    def drafted(*args: Any, **kwargs: Any) -> Any:
-        raise _Decided(True)
-
-    def zeroed(*args: Any, **kwargs: Any) -> Any:
-        raise _Decided(False)
 
     runner._sample = lambda logits, metadata: SimpleNamespace(
         sampled_token_ids=torch.zeros((1, 1), dtype=torch.int32), logprobs_tensors=None
     )
     runner._update_states_after_model_execute = lambda *args, **kwargs: None
     runner.valid_sampled_token_count_event = None
-    runner.propose_draft_token_ids = drafted
-    runner._copy_draft_token_ids_to_cpu = zeroed
-    step = SimpleNamespace(max_seq_len=max_seq_len)
+    runner.propose_draft_token_ids = proposed
+    runner._copy_draft_token_ids_to_cpu = copied
     # execute_model's hand-over as 0.20-0.22 unpack it: scheduler output, logits, spec
     # metadata, the drafter's attention metadata, hidden states (3), EC output, graph
     # stats, slot mappings.
@@ -71,8 +66,21 @@ def _drafts_after_step(runner: Any, max_seq_len: int) -> bool:
         None,
         None,
     )
+    runner.sample_tokens(None)
+
+
+def _drafts_after_step(runner: Any, max_seq_len: int) -> bool:
+    """Whether ``sample_tokens`` runs the drafter after a step of that longest sequence."""
+
+    def drafted(*args: Any, **kwargs: Any) -> Any:
+        raise _Decided(True)
+
+    def zeroed(*args: Any, **kwargs: Any) -> Any:
+        raise _Decided(False)
+
+    step = SimpleNamespace(max_seq_len=max_seq_len, num_reqs=1)
     try:
-        runner.sample_tokens(None)
+        sample_after_step(runner, step, drafted, zeroed)
     except _Decided as decided:
         return decided.drafts
     raise LookupError("sample_tokens neither ran the drafter nor zeroed its drafts")

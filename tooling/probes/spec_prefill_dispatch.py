@@ -65,12 +65,20 @@ def _runner_and_scheduler(config: Any) -> tuple[Any, Any]:
 
 
 def option_config(
-    probe: str, lead: str, pair: Any, k: int, option: dict[str, Any], shown: Any
+    probe: str,
+    lead: str,
+    pair: Any,
+    k: int,
+    option: dict[str, Any],
+    shown: Any,
+    max_num_seqs: int = 4,
 ) -> Any:
     """The config of ``pair`` at K = ``k`` with ``option`` in its speculative config; where
     the tree refuses the option, the probe's answer: ABSENT, ``lead`` and ``shown`` of it."""
     try:
-        return _harness.vllm_config(pair, num_speculative_tokens=k, speculative_args=option)
+        return _harness.vllm_config(
+            pair, num_speculative_tokens=k, speculative_args=option, max_num_seqs=max_num_seqs
+        )
     except (TypeError, ValueError) as e:
         return ProbeResult(
             probe=probe,
