@@ -1,0 +1,58 @@
+"""``trained.gpu_fit``: a speed run's engines served together only where they fit the GPU lent,
+else one at a time, said in one line (an H100 may come where an H200 was planned)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+from tooling.host.speed import LOCATE_ENGINES, SPEED_ENGINES
+from tooling.trained.gpu_fit import ENGINE_OVERHEAD_GIB, fitted, gpu_memory_gib, needed_gib
+from tooling.trained.speed import ENGINES, Settings
+
+#: What nvidia-smi reports as memory.total, MiB: one H200 and one H100 (80 GB).
+H200_GIB = 143771 / 1024
+H100_GIB = 81559 / 1024
+
+
+def test_the_sessions_runs_fit_one_h200_together_and_not_one_h100():
+    together = Settings(interleave=True, sustained=True)
+    for names in (SPEED_ENGINES, LOCATE_ENGINES):
+        engines = [ENGINES[n] for n in names]
+        assert fitted(together, engines, H200_GIB) is together
+        alone = fitted(together, engines, H100_GIB)
+        assert alone.one_at_a_time and not alone.interleave and alone.sustained
+    # Five engines with 104 GiB of KV cache between them served together on one H200.
+    assert needed_gib(ENGINES[n] for n in SPEED_ENGINES) == 104 + 5 * ENGINE_OVERHEAD_GIB
+
+
+def test_an_unknown_gpu_or_a_run_already_one_at_a_time_is_left_as_asked(caplog):
+    engines = [ENGINES[n] for n in SPEED_ENGINES]
+    asked = Settings(interleave=True)
+    assert fitted(asked, engines, None) is asked
+    alone = Settings(one_at_a_time=True)
+    with caplog.at_level(logging.WARNING):
+        assert fitted(alone, engines, H100_GIB) is alone
+    assert not caplog.records
+
+
+def test_the_switch_is_said_in_one_line(caplog):
+    with caplog.at_level(logging.WARNING):
+        fitted(Settings(interleave=True), [ENGINES[n] for n in LOCATE_ENGINES], H100_GIB)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "3 engines need about 107 GiB together and the GPU has 80 GiB" in line
+
+
+def test_the_gpu_is_asked_through_nvidia_smi(tmp_path, monkeypatch):
+    # No GPU and no nvidia-smi on this machine: nothing to ask.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_memory_gib() is None
+    # nvidia-smi's answer to the query, as it prints it on a host of one H100.
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho 81559\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    assert gpu_memory_gib() == H100_GIB
+    tool.write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
+    assert gpu_memory_gib() is None
+    assert os.environ["PATH"] == str(tmp_path)
