@@ -220,7 +220,7 @@ def test_the_locate_step_runs_a_shorter_speed_run_and_one_speed_step_a_session()
     args = speed_args("locate")
     assert args == LOCATE_ARGS and "--sustained" in args
     assert args[args.index("--levels") + 1] == args[args.index("--profile-levels") + 1] == "16,64"
-    assert set(LOCATE_ENGINES) <= set(ENGINES) and "dflash-off-above-8" in LOCATE_ENGINES
+    assert set(LOCATE_ENGINES) <= set(ENGINES) and "dflash-no-prefix-caching" in LOCATE_ENGINES
     assert speed_args("")[-2:] == ("--profile-levels", "1,64")
     assert speed_args("shape")[-2:] == ("--profile-levels", "1,16,64")
     check_steps(["speed-locate", "trained-1", "fuzz-trained"])

@@ -49,10 +49,9 @@ TRAINED_PROFILE = ("--profile-levels", "1,64")
 SHAPE_PROFILE = ("--profile-levels", "1,16,64")
 #: The ``speed-locate`` step: where a step with a prompt joining a verifying batch spends what
 #: it costs DFlash and not plain, in a third of the bar's GPU time: the levels where most steps
-#: have one, both profiled with the batch kept full; beside them drafting turned off above 8
-#: requests (patch 23), what a budget that stops drafting where it does not pay serves. Three
+#: have one, both profiled with the batch kept full, and prefix caching off beside it. Three
 #: engines, so that they fit one H200 together (``gpu_fit``).
-LOCATE_ENGINES = ("plain", "dflash", "dflash-off-above-8")
+LOCATE_ENGINES = ("plain", "dflash", "dflash-no-prefix-caching")
 LOCATE_ARGS = (
     *("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained"),
     *("--levels", "16,64", "--passes", "3", "--profile-levels", "16,64"),

@@ -9,8 +9,8 @@ the target computed (so later drafts attend to every position) and drafts nothin
 drafts are zeroed, as for a batch past the drafter's max_model_len. And the target's step of
 one token a request, which ran PIECEWISE, replays a full CUDA graph as a plain engine's does.
 
-The probe asks the V1 model runner (``CPUModelRunner``, a hybrid target and a DFlash
-drafter at K = 15, the budget ``BUDGET``) what ``sample_tokens`` asks of the drafter after a
+The probe asks the V1 model runner (``CPUModelRunner``, an attention-only target and a
+DFlash drafter at K = 15, the budget ``BUDGET``) what ``sample_tokens`` asks of the drafter after a
 step of 2 requests (K = 15 verified: the full pass) and of 3 (none verified: the context
 alone, and the drafts zeroed). Sampling and the bookkeeping around the decision are stood in
 for (``drafter_max_len.sample_after_step``); the drafter's entry point records what it was
@@ -19,8 +19,13 @@ dispatch of the step that follows three requests' prompts under the budget (vLLM
 Scheduler, as ``spec_budget_graphs`` asks it): none verifies drafts, and the step replays a
 uniform FULL graph.
 
-Absent: the full pass at 3 requests, the step of no drafts PIECEWISE, or the config refuses
-the budget (no such option).
+These run on an attention-only target. On a hybrid target such a step would read each
+request's Mamba/Gated DeltaNet state from before the drafts the step before it accepted
+(the non-speculative path reads the first state slot, where the accepted state sits in the
+slot of the last accepted token): the fixed config refuses a range of 0 there, in one line.
+
+Absent: the full pass at 3 requests, the step of no drafts PIECEWISE, a hybrid target served
+a range of 0, or the config refuses the budget (no such option).
 """
 
 from __future__ import annotations
@@ -78,12 +83,16 @@ def run() -> ProbeResult:
             evidence="no V1 model runner: the V2 runner's DFlash speculator decides this "
             "itself (the ledger's reading)",
         )
-    pair = _harness.hybrid_pair()
+    pair = _harness.write_tiny_pair(
+        _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5]
+    )
     shown = "num_speculative_tokens_per_batch_size"
     # Room for a full graph of one token a request: capture sizes are multiples of K + 1.
     config = option_config(NAME, f"DFlash K={K}", pair, K, BUDGET, shown, max_num_seqs=K + 1)
     if isinstance(config, ProbeResult):
         return config
+    hybrid = option_config(NAME, "hybrid", _harness.hybrid_pair(), K, BUDGET, shown)
+    refused = isinstance(hybrid, ProbeResult)
     runner = _harness.v1_runner(config)
     try:
         seen = {n: _asked_after_step(runner, n) for n in (2, 3)}
@@ -104,6 +113,8 @@ def run() -> ProbeResult:
         )
         + f"; 3 requests' next step verifies {drafts} drafts, dispatched {mode}"
         + (" uniform" if uniform else "")
+        + "; a hybrid target with the budget: "
+        + (hybrid.evidence.split("refuses ", 1)[-1][:200] if refused else "served")
     )
     if seen[2] != (False, False) or drafts != 0:
         return ProbeResult(
@@ -111,7 +122,7 @@ def run() -> ProbeResult:
             status=UNKNOWN,
             evidence="the budget is not served as written: " + evidence,
         )
-    fixed = seen[3] == (True, True) and (mode, uniform) == ("FULL", True)
+    fixed = seen[3] == (True, True) and (mode, uniform) == ("FULL", True) and refused
     return ProbeResult(
         probe=NAME,
         status=PRESENT if fixed else ABSENT,
@@ -119,5 +130,6 @@ def run() -> ProbeResult:
         details={
             **{str(n): {"context_only": c, "zeroed": z} for n, (c, z) in seen.items()},
             "no_drafts_step": {"mode": mode, "uniform": uniform},
+            "hybrid_refused": refused,
         },
     )

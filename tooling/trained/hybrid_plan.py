@@ -56,10 +56,9 @@ FULL_DRAFTER = "drafter-full-attention"
 #: and the target's verification hides it from the lossless checks).
 DRAFTER_GRAPHS = {"dflash_full_cudagraphs": True}
 #: The drafts a step verifies under the first call's speculation budget (patch 17) once more
-#: than LOAD_BUDGET_FROM - 1 requests run: none, so its 16 at once run no drafter query pass and
-#: write the drafter's context alone (patch 23), on full CUDA graphs of their own (patch 20);
-#: as they finish, the last eight draft again over that context; one at a time, the call's K.
-LOAD_BUDGET_K = 0
+#: than LOAD_BUDGET_FROM - 1 requests run: its 16 at once verify these, on full CUDA graphs of
+#: their own (patch 20), one at a time the call's K.
+LOAD_BUDGET_K = 7
 LOAD_BUDGET_FROM = 9
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"

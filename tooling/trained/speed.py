@@ -62,9 +62,6 @@ PROMPT_LEN = 128
 BUDGET = [[1, 16, 15], [17, 1024, 7]]
 GRAPHS_1024 = {"compilation_config": {"max_cudagraph_capture_size": 1024}}
 BUDGETED = {"num_speculative_tokens_per_batch_size": BUDGET}
-#: Drafting off above 8 running requests (patch 23): its steps at 16 and 64 against plain's say
-#: what turning drafting off costs where drafting does not pay.
-OFF_ABOVE_8 = {"num_speculative_tokens_per_batch_size": [[1, 8, 15], [9, 1024, 0]]}
 
 
 @dataclass(frozen=True)
@@ -98,9 +95,6 @@ ENGINES = {
         ),
         # Patch 17's budget: K = 15 up to 16 running requests, 7 above.
         SpeedEngine("dflash-budget", "patched", True, KV_GIB_DRAFTED, speculative_args=BUDGETED),
-        SpeedEngine(
-            "dflash-off-above-8", "patched", True, KV_GIB_DRAFTED, speculative_args=OFF_ABOVE_8
-        ),
         # Patch 22's option: the drafter's uniform pass on full CUDA graphs of its own, where a
         # step is CPU time (up to 16 requests: a fifth engine of 64 would not fit one H200).
         SpeedEngine(
