@@ -86,6 +86,26 @@ def test_a_speculation_budget_serves_its_workloads_and_stock_refuses_it(
     assert [r["outcome"] for r in data["replayed"]] == ["refused"] * len(BUDGET_CASES), err
 
 
+def test_a_budget_that_verifies_no_drafts_is_refused_on_the_hybrid_target(
+    probe_python, patched_0201, tmp_path
+):
+    """Patch 23: a step verifying no drafts would read each request's Gated DeltaNet state from
+    before the drafts the step before accepted; the seed's hybrid target refuses K = 0."""
+    case = json.loads(BUDGET_CASES[0].read_text())
+    ranges = case["case"]["settings"]["spec_tokens_by_batch"]
+    case["case"]["settings"]["spec_tokens_by_batch"] = [
+        [*r[:2], 0] if r[2] < 15 else r for r in ranges
+    ]
+    assert any(r[2] == 0 for r in case["case"]["settings"]["spec_tokens_by_batch"])
+    path = tmp_path / "none-above.json"
+    path.write_text(json.dumps(case))
+    code, data, err = fuzz(
+        probe_python, Path(patched_0201.work_dir), tmp_path / "p", "--replay", str(path)
+    )
+    assert code == 0, err
+    assert [r["outcome"] for r in data["replayed"]] == ["refused"], data["replayed"]
+
+
 def test_a_seeded_campaign_fails_stock_with_the_hang(probe_python, upstream_0201, tmp_path):
     code, data, err = fuzz(
         probe_python,
