@@ -92,7 +92,8 @@ def run() -> ProbeResult:
     if isinstance(config, ProbeResult):
         return config
     hybrid = option_config(NAME, "hybrid", _harness.hybrid_pair(), K, BUDGET, shown)
-    refused = isinstance(hybrid, ProbeResult)
+    # Refused for its range of 0, not for another reason the tree may have.
+    refused = isinstance(hybrid, ProbeResult) and "hybrid target" in hybrid.evidence
     runner = _harness.v1_runner(config)
     try:
         seen = {n: _asked_after_step(runner, n) for n in (2, 3)}

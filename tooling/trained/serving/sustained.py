@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .watch import stall_kind
+from .watch import stall_kind, tally
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +107,7 @@ class Window:
             return
         self.stalled_ms.setdefault(stall_kind(stalls), []).append(round(ms, 3))
         for name, compile_ms in stalls.get("compiled", []):
-            kept = self.compiles.setdefault(name, [0, 0.0])
-            kept[0] += 1
-            kept[1] = round(kept[1] + compile_ms, 3)
+            tally(self.compiles, name, compile_ms)
         self.gc_ms = round(self.gc_ms + stalls.get("gc_ms", 0.0), 3)
 
 

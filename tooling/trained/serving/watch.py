@@ -122,9 +122,7 @@ class Stalls:
         began = self._began.pop((name, id(kw.get("key"))), None)
         ms = (time.perf_counter() - began) * 1000.0 if began is not None else 0.0
         self.compiled.append((name, round(ms, 3)))
-        kept = self.totals.setdefault(name, [0, 0.0])
-        kept[0] += 1
-        kept[1] = round(kept[1] + ms, 3)
+        tally(self.totals, name, ms)
         return chained(**kw) if chained is not None else None
 
     def _collection(self, phase: str, info: dict[str, Any]) -> None:
@@ -143,6 +141,13 @@ class Stalls:
         }
         self.compiled, self.gc_ms, self.collections = [], 0.0, 0
         return out
+
+
+def tally(table: dict[str, list[float]], name: str, ms: float) -> None:
+    """One compile of ``name`` that took ``ms``, added to ``table`` ([times, ms in all])."""
+    kept = table.setdefault(name, [0, 0.0])
+    kept[0] += 1
+    kept[1] = round(kept[1] + ms, 3)
 
 
 def totals_grown(
