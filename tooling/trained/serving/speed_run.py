@@ -296,6 +296,21 @@ def _zero_lm_heads(worker: Any) -> int:
     return zeroed
 
 
+def _window(llm: Any, request: SpeedRunRequest, watch: Watch, level: int, **kwargs: Any) -> dict:
+    """One window with the batch kept full at ``level`` (``sustained.run_window``), each step
+    filed by the forwards ``watch`` saw dispatched and the prompts it saw join; ``kwargs``: the
+    rest of ``run_window``'s options (``stalls``, ``marker``, ``measured``)."""
+    return sustained.run_window(
+        llm,
+        request.prompts,
+        level,
+        request.max_new_tokens,
+        watch.dispatches.take,
+        joined=watch.joins.take,
+        **kwargs,
+    )
+
+
 def _units(
     llm: Any,
     request: SpeedRunRequest,
@@ -304,7 +319,7 @@ def _units(
     watch: Watch,
 ) -> Iterator[tuple[str, Callable[[], None]]]:
     """The run's units of measuring, in order; each fills ``figures`` when called."""
-    seen, joins, stalls = watch.dispatches, watch.joins, watch.stalls
+    seen = watch.dispatches
     for level in request.levels:
         key = str(level)
 
@@ -314,15 +329,7 @@ def _units(
             )
 
         def one_window(level: int = level, key: str = key) -> None:
-            window = sustained.run_window(
-                llm,
-                request.prompts,
-                level,
-                request.max_new_tokens,
-                seen.take,
-                joined=joins.take,
-                stalls=stalls.take,
-            )
+            window = _window(llm, request, watch, level, stalls=watch.stalls.take)
             figures["sustained"].setdefault(key, []).append(window)
 
         def steps(level: int = level, key: str = key) -> None:
@@ -345,15 +352,8 @@ def _units(
                 windows.append(
                     (
                         "profile_sustained",
-                        lambda: sustained.run_window(
-                            llm,
-                            request.prompts,
-                            level,
-                            request.max_new_tokens,
-                            seen.take,
-                            STEP_REGION,
-                            measured=level,
-                            joined=joins.take,
+                        lambda: _window(
+                            llm, request, watch, level, marker=STEP_REGION, measured=level
                         ),
                     )
                 )
@@ -433,15 +433,8 @@ def _warm(llm: Any, request: SpeedRunRequest, watch: Watch) -> dict[str, Any]:
         }
         _decoding_window(llm, request, level, 4, mark=False)
         if request.sustained:
-            warm[str(level)]["sustained_cold"] = sustained.run_window(
-                llm,
-                request.prompts,
-                level,
-                request.max_new_tokens,
-                watch.dispatches.take,
-                measured=level,
-                joined=watch.joins.take,
-                stalls=watch.stalls.take,
+            warm[str(level)]["sustained_cold"] = _window(
+                llm, request, watch, level, measured=level, stalls=watch.stalls.take
             )
         warm[str(level)]["triton_compiled"] = totals_grown(compiled, watch.compiled_so_far())
     return warm
