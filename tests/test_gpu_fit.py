@@ -1,5 +1,5 @@
-"""``trained.gpu_fit``: a speed run's engines served together only where they fit the GPU lent,
-else one at a time, said in one line (an H100 may come where an H200 was planned)."""
+"""``trained.gpu_fit``: engines served together only where they fit the GPU lent, else in turns
+(a speed run's one at a time), said in one line (an H100 may come where an H200 was planned)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import os
 import stat
 
 from tooling.host.speed import LOCATE_ENGINES, SPEED_ENGINES
-from tooling.trained.gpu_fit import ENGINE_OVERHEAD_GIB, fitted, gpu_memory_gib, needed_gib
+from tooling.trained.gpu_fit import (
+    ENGINE_OVERHEAD_GIB,
+    fitted,
+    gpu_memory_gib,
+    needed_gib,
+    turns,
+)
 from tooling.trained.speed import ENGINES, Settings
 
 #: What nvidia-smi reports as memory.total, MiB: one H200 and one H100 (80 GB).
@@ -16,13 +22,13 @@ H200_GIB = 143771 / 1024
 H100_GIB = 81559 / 1024
 
 
-def test_the_sessions_runs_fit_one_h200_together_and_not_one_h100():
+def test_the_sessions_runs_fit_one_h200_together_and_the_locate_run_one_h100():
     together = Settings(interleave=True, sustained=True)
     for names in (SPEED_ENGINES, LOCATE_ENGINES):
-        engines = [ENGINES[n] for n in names]
-        assert fitted(together, engines, H200_GIB) is together
-        alone = fitted(together, engines, H100_GIB)
-        assert alone.one_at_a_time and not alone.interleave and alone.sustained
+        assert fitted(together, [ENGINES[n] for n in names], H200_GIB) is together
+    assert fitted(together, [ENGINES[n] for n in LOCATE_ENGINES], H100_GIB) is together
+    alone = fitted(together, [ENGINES[n] for n in SPEED_ENGINES], H100_GIB)
+    assert alone.one_at_a_time and not alone.interleave and alone.sustained
     # Five engines with 104 GiB of KV cache between them served together on one H200.
     assert needed_gib(ENGINES[n] for n in SPEED_ENGINES) == 104 + 5 * ENGINE_OVERHEAD_GIB
 
@@ -39,9 +45,27 @@ def test_an_unknown_gpu_or_a_run_already_one_at_a_time_is_left_as_asked(caplog):
 
 def test_the_switch_is_said_in_one_line(caplog):
     with caplog.at_level(logging.WARNING):
-        fitted(Settings(interleave=True), [ENGINES[n] for n in LOCATE_ENGINES], H100_GIB)
+        fitted(Settings(interleave=True), [ENGINES[n] for n in SPEED_ENGINES], H100_GIB)
     [line] = [r.getMessage() for r in caplog.records]
-    assert "3 engines need about 107 GiB together and the GPU has 80 GiB" in line
+    assert "5 engines need about 129 GiB together and the GPU has 80 GiB" in line
+
+
+def test_a_trained_call_too_large_for_the_gpu_is_served_in_as_few_turns_as_fit(caplog):
+    from tooling.trained import hybrid_plan
+
+    call = [v for v in hybrid_plan.variants((15, 7)) if v.call == 2]
+    assert turns(call, H200_GIB, "call 2") == [call]
+    for gpu_gib, count in ((H100_GIB, 2), (H100_GIB / 2, 4)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            served = turns(call, gpu_gib, "call 2")
+        # Every engine once, in the plan's order, each turn within the GPU.
+        assert [v for turn in served for v in turn] == call and len(served) == count
+        assert all(needed_gib(turn) <= gpu_gib for turn in served)
+        [line] = [r.getMessage() for r in caplog.records]
+        assert f"call 2: {len(call)} engines need about {needed_gib(call)} GiB" in line
+        assert f"served in {count} turns" in line
+    assert turns(call, None, "call 2") == [call] and turns([], H100_GIB, "none") == []
 
 
 def test_the_gpu_is_asked_through_nvidia_smi(tmp_path, monkeypatch):

@@ -203,12 +203,16 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     assert graphs.call == 1 and graphs.site == "patched" and graphs.k == K
     sent = json.loads((tmp_path / "work" / f"{graphs.name}.in.json").read_text())["engine"]
     assert sent["speculative_args"] == hp.DRAFTER_GRAPHS
-    (budget,) = [v for v in chosen if v.budget]
-    assert budget.call == 1 and budget.site == "patched" and budget.k == K
-    sent = json.loads((tmp_path / "work" / f"{budget.name}.in.json").read_text())["engine"]
-    ranges = sent["speculative_args"]["num_speculative_tokens_per_batch_size"]
-    assert ranges[0][2] == K and ranges[1][2] == hp.LOAD_BUDGET_K < K
-    assert ranges[1][0] <= hp.LOAD_CONCURRENCY
+    # The budget's 16 at once verify no drafts, on the fixed wheel and, as its control, on
+    # the wheel without the fix of the state such a step reads.
+    budgets = [v for v in chosen if v.budget]
+    assert [v.site for v in budgets] == ["patched", f"no-{hp.STATE_FIX}"]
+    for budget in budgets:
+        assert budget.call == 1 and budget.k == K
+        sent = json.loads((tmp_path / "work" / f"{budget.name}.in.json").read_text())["engine"]
+        ranges = sent["speculative_args"]["num_speculative_tokens_per_batch_size"]
+        assert ranges[0][2] == K and ranges[1][2] == hp.LOAD_BUDGET_K == 0
+        assert ranges[1][0] <= hp.LOAD_CONCURRENCY
     assert {v.site for v in chosen} == set(hp.SITES)
     request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
     assert request["engine"]["num_speculative_tokens"] == K
@@ -273,12 +277,14 @@ def test_without_fix_12_lossless_under_load_means_the_check_cannot_see_its_fault
     assert "without fa3-schedule-per-group, so the check does not show the fault" in text
 
 
-def test_each_calls_engines_fit_one_h200_beside_their_working_memory() -> None:
+def test_each_call_is_served_on_one_h200_in_one_turn() -> None:
+    from tooling.trained.gpu_fit import turns
+
     chosen = hp.variants((15, 7))
     for call in {v.call for v in chosen}:
         engines = [v for v in chosen if v.call == call]
-        # About 2 GiB each for weights, CUDA graphs and activations, of an H200's 139.
-        assert sum(v.kv_cache_gib + 2 for v in engines) <= 125, call
+        # nvidia-smi's memory.total of one H200, GiB.
+        assert turns(engines, 143771 / 1024, f"call {call}") == [engines], call
 
 
 def test_the_prefix_cache_pair_serves_only_the_prompts_that_share_a_prefix(

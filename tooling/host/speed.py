@@ -47,14 +47,15 @@ SPEED_ARGS = (
 #: shapes, with no recipe to wait for, every level of the bar.
 TRAINED_PROFILE = ("--profile-levels", "1,64")
 SHAPE_PROFILE = ("--profile-levels", "1,16,64")
-#: The ``speed-locate`` step: where a step with a prompt joining a verifying batch spends what
-#: it costs DFlash and not plain, in a third of the bar's GPU time: the levels where most steps
-#: have one, both profiled with the batch kept full, and prefix caching off beside it. Three
-#: engines, so that they fit one H200 together (``gpu_fit``).
-LOCATE_ENGINES = ("plain", "dflash", "dflash-no-prefix-caching")
+#: The ``speed-locate`` step: whether drafting off above 8 running requests (patch 23, the
+#: state its steps read on this hybrid target fixed by patch 24) keeps DFlash from losing to
+#: plain, and where drafting stops paying: below 9 the engine drafts the seed's K, so its
+#: ratios at 1, 4 and 8 are DFlash's as shipped. Two engines, so that they fit one H100
+#: together (``gpu_fit``); the step at 64 profiled.
+LOCATE_ENGINES = ("plain", "dflash-off-above-8")
 LOCATE_ARGS = (
     *("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained"),
-    *("--levels", "16,64", "--passes", "3", "--profile-levels", "16,64"),
+    *("--levels", "1,4,8,16,64", "--passes", "3", "--profile-levels", "64"),
     *("--time-limit", "900"),
 )
 

@@ -1,7 +1,8 @@
-"""Whether a speed run's engines fit the GPU together: each holds its fixed KV cache and, beside
-it, its weights, activations and CUDA graphs. Engines that do not fit are served one at a time,
-said in one line, rather than started together to fail for memory: the GPU lent may be an H100
-(80 GB) where a run was planned on an H200 (141 GB)."""
+"""Whether engines fit the GPU together: each holds its fixed KV cache and, beside it, its
+weights, activations and CUDA graphs. Engines that do not fit are served in turns (a speed run's
+one at a time, a trained call's in as few turns as fit), said in one line, rather than started
+together to fail for memory: the GPU lent may be an H100 (80 GB) where a run was planned on an
+H200 (141 GB)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from .. import procs
 
 logger = logging.getLogger(__name__)
 
-#: What an engine of the trained pair holds beside its KV cache, GiB, at most: five engines
-#: with 104 GiB of KV cache between them served together on one H200 (2026-12-05).
-ENGINE_OVERHEAD_GIB = 7
+#: What an engine of the trained pair holds beside its KV cache, GiB, at most: eight engines of
+#: the first trained call with 96 GiB of KV cache between them served together on one H200
+#: (2026-12-04).
+ENGINE_OVERHEAD_GIB = 5
 MIB_PER_GIB = 1024
 
 
@@ -35,6 +37,7 @@ class _Settings(Protocol):
 
 
 S = TypeVar("S", bound=_Settings)
+E = TypeVar("E", bound=_Engine)
 
 
 def gpu_memory_gib() -> float | None:
@@ -69,3 +72,26 @@ def fitted(settings: S, engines: Iterable[_Engine], gpu_gib: float | None) -> S:
         gpu_gib,
     )
     return dataclasses.replace(settings, one_at_a_time=True, interleave=False)  # type: ignore[type-var]
+
+
+def turns(engines: list[E], gpu_gib: float | None, what: str) -> list[list[E]]:
+    """``engines`` in turns that each fit ``gpu_gib``, in their order (each turn takes the next
+    engines while they fit; one too large for the GPU alone is a turn of its own, to fail for
+    memory as it would have); all at once where they fit or the GPU is not known."""
+    if gpu_gib is None or needed_gib(engines) <= gpu_gib:
+        return [engines] if engines else []
+    out: list[list[E]] = []
+    for engine in engines:
+        if out and needed_gib([*out[-1], engine]) <= gpu_gib:
+            out[-1].append(engine)
+        else:
+            out.append([engine])
+    logger.warning(
+        "%s: %d engines need about %d GiB together and the GPU has %.0f GiB: served in %d turns",
+        what,
+        len(engines),
+        needed_gib(engines),
+        gpu_gib,
+        len(out),
+    )
+    return out

@@ -20,6 +20,7 @@ from ..errors import SmokeError
 from ..trainer.api import TrainRequest, train_in
 from . import hybrid, hybrid_plan
 from .acceptance import measure_engines, table_markdown
+from .gpu_fit import gpu_memory_gib, turns
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +102,12 @@ def serve_engines(
 
 
 def run_call(work: Path, engines: dict[str, Path], call: int, time_limit_s: float) -> None:
-    """Serve every variant of ``call`` (planned in ``work``) at once (``serve_engines``)."""
+    """Serve every variant of ``call`` (planned in ``work``) at once (``serve_engines``), or in
+    as few turns as fit the GPU, in the plan's order."""
     chosen = [v for v in hybrid_plan.load_variants(work) if v.call == call]
-    sites = {v.name: v.site for v in chosen}
-    serve_engines(work, engines, sites, "tooling.trained.serving.trained_run", time_limit_s)
+    for turn in turns(chosen, gpu_memory_gib(), f"call {call}"):
+        sites = {v.name: v.site for v in turn}
+        serve_engines(work, engines, sites, "tooling.trained.serving.trained_run", time_limit_s)
 
 
 def measure_trained_hybrid(
