@@ -219,7 +219,7 @@ def test_the_locate_step_runs_a_shorter_speed_run_and_one_speed_step_a_session()
     assert STEPS["speed-locate"].kind is Kind.SPEED
     args = speed_args("locate")
     assert args == LOCATE_ARGS and "--sustained" in args
-    assert args[args.index("--levels") + 1] == "1,4,8,16,64"
+    assert args[args.index("--levels") + 1] == "1,8,16,64"
     assert args[args.index("--profile-levels") + 1] == "64"
     assert set(LOCATE_ENGINES) <= set(ENGINES) and "dflash-off-above-8" in LOCATE_ENGINES
     budget = ENGINES["dflash-off-above-8"].speculative_args
