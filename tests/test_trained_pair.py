@@ -580,3 +580,20 @@ def test_the_steady_speed_is_the_median_pass_so_a_pass_still_compiling_does_not_
     # Two steady passes (an earlier run's) give their mean, as before.
     (row,) = hv.speed_rows(plain, {"speed": {"1": passes(4.64, 0.317, 0.205)}})
     assert row.drafted_steady_s == pytest.approx(0.261)
+
+
+def test_a_plan_of_some_engines_writes_only_them_and_refuses_a_name_it_lacks(
+    tmp_path: Path,
+) -> None:
+    from tooling.errors import SmokeError
+
+    only = ("plain", f"patched-k{K}")
+    pair = _pair(tmp_path)
+    chosen = hp.plan(pair, tmp_path / "work", only)
+    assert tuple(v.name for v in chosen) == only
+    assert [v.name for v in hp.load_variants(tmp_path / "work")] == list(only)
+    assert sorted(p.name for p in (tmp_path / "work").glob("*.in.json")) == sorted(
+        f"{n}.in.json" for n in only
+    )
+    with pytest.raises(SmokeError, match="no engine nowhere in the plan"):
+        hp.plan(pair, tmp_path / "again", ("plain", "nowhere"))

@@ -266,6 +266,13 @@ def _calls() -> list[int]:
     return [int(word) for word in given.split()]
 
 
+def _engines() -> str:
+    given = env("ENGINES") or ""
+    if len(given) > 999 or any(not (c.isalnum() or c in "-_,.") for c in given):
+        raise HostUsageError(f"ENGINES must be engine names separated by commas, not '{given}'")
+    return given
+
+
 @host_group.command("trained")
 @click.argument("words", nargs=-1)
 @click.pass_context
@@ -273,7 +280,8 @@ def trained_command(ctx: click.Context, words: tuple[str, ...]) -> None:
     """trained-hybrid.sh: train|wait|CALL|chain|collect|export-pair CALL|import-pair PARTS.
 
     OUT (for CALL, collect and export-pair); TIME_LIMIT (default 540 s a call), WAIT_S
-    (default 540 s; chain 1200 s), CALLS, TRAIN_WHEELS, TRAIN_ARGS."""
+    (default 540 s; chain 1200 s), CALLS, ENGINES (a call's engines, NAME,...: all when
+    unset), TRAIN_WHEELS, TRAIN_ARGS."""
     step, arg = _trained_words(words)
     number = whole_number("CALL", arg) if step == "export-pair" and arg is not None else None
     out = env("OUT")
@@ -290,7 +298,8 @@ def trained_command(ctx: click.Context, words: tuple[str, ...]) -> None:
     elif step == "wait":
         code = trained_.wait(layout, 540 if wait_s is None else wait_s, where)
     elif step == "chain":
-        code = trained_.chain(layout, 1200 if wait_s is None else wait_s, calls, limit)
+        only = _engines()
+        code = trained_.chain(layout, 1200 if wait_s is None else wait_s, calls, limit, only)
     elif step == "collect" and where is not None:
         trained_.collect(layout, where)
     elif step == "export-pair" and number is not None and where is not None:

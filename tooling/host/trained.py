@@ -104,14 +104,16 @@ def wait(layout: Layout, wait_s: int, out: Path | None) -> int:
     return 0
 
 
-def call(number: int, layout: Layout, out: Path, time_limit: int) -> int:
-    """One call of the trained pair's engines, then the report of every call so far into
-    ``out`` with the runs packed (no compile caches); the call's exit status."""
+def call(number: int, layout: Layout, out: Path, time_limit: int, only: str = "") -> int:
+    """One call of the trained pair's engines (or those ``only`` names, NAME,...), then the
+    report of every call so far into ``out`` with the runs packed (no compile caches); the
+    call's exit status."""
     logger.debug("step: trained pair call %d", number)
     layout.runs.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     cmd = [PYTHON, "-m", Modules.TRAINED_CALL, "run-call", str(layout.pair), str(layout.runs)]
     cmd += [str(number), "--engines-root", str(layout.engines), "--time-limit", str(time_limit)]
+    cmd += ["--only", only] if only else []
     report = out / f"trained-report-{number}.txt"
     with written(report) as text:
         code = run(cmd, env=layout.env(str(layout.site)), stdout=text)
@@ -135,9 +137,9 @@ def planned_calls(layout: Layout) -> int:
     return max(calls)
 
 
-def chain(layout: Layout, wait_s: int, calls: list[int], time_limit: int) -> int:
-    """Wait for the pair, then every call (or ``calls``) into ``$WORK/results``; a call that
-    failed fails the chain."""
+def chain(layout: Layout, wait_s: int, calls: list[int], time_limit: int, only: str = "") -> int:
+    """Wait for the pair, then every call (or ``calls``, of the engines ``only`` names) into
+    ``$WORK/results``; a call that failed fails the chain."""
     logger.debug("step: chain of calls %s", calls or "all planned")
     out = layout.work / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +147,7 @@ def chain(layout: Layout, wait_s: int, calls: list[int], time_limit: int) -> int
         return 1
     code = 0
     for number in calls or range(1, planned_calls(layout) + 1):
-        code = call(number, layout, out, time_limit) or code
+        code = call(number, layout, out, time_limit, only) or code
     return code
 
 

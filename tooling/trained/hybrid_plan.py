@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import SmokeError
+
 logger = logging.getLogger(__name__)
 
 #: A plain run's top-2 logprob margin at or below which a differing greedy token is a tie.
@@ -215,12 +217,17 @@ def budget_schedule(k: int) -> dict[str, Any]:
     return {"num_speculative_tokens_per_batch_size": ranges}
 
 
-def plan(pair: Path, work: Path) -> list[Variant]:
-    """Write ``work/<variant>.in.json`` for every engine (and ``work/FULL_DRAFTER``);
-    return the variants."""
+def plan(pair: Path, work: Path, only: tuple[str, ...] = ()) -> list[Variant]:
+    """Write ``work/<variant>.in.json`` for every engine, or those ``only`` names (and
+    ``work/FULL_DRAFTER``); return the variants. A name no variant has is refused."""
     prompts = json.loads((pair / "prompts.json").read_text())
     engine = prompts["engine"]
     chosen = variants(tuple(prompts["speculative_tokens"]))
+    unknown = sorted(set(only) - {v.name for v in chosen})
+    if unknown:
+        raise SmokeError(f"no engine {', '.join(unknown)} in the plan of {pair}")
+    if only:
+        chosen = [v for v in chosen if v.name in only]
     logger.debug("plan %d engine variants of %s in %s", len(chosen), pair, work)
     work.mkdir(parents=True, exist_ok=True)
     full = full_attention_drafter(pair / "drafter", work / FULL_DRAFTER)

@@ -154,6 +154,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("call", type=int)
     p.add_argument("--engines-root", type=Path, required=True)
     p.add_argument("--time-limit", type=float, default=540.0)
+    p.add_argument("--only", default="", help="Serve and judge only these engines (NAME,...).")
     args = parser.parse_args(argv)
     root = args.engines_root
     engines = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
@@ -162,7 +163,11 @@ def main(argv: list[str]) -> int:
         if missing:
             logger.error("error: %s lacks %s", root, ", ".join(missing))
             return SmokeError.exit_code
-        hybrid_plan.plan(args.pair, args.work)
+        try:
+            hybrid_plan.plan(args.pair, args.work, tuple(n for n in args.only.split(",") if n))
+        except SmokeError as e:
+            logger.error("error: %s", e)
+            return SmokeError.exit_code
         run_call(args.work, engines, args.call, args.time_limit)
     text, ok = hybrid.report(args.pair, args.work, args.call)
     answer(text.removesuffix("\n"))
