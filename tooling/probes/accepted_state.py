@@ -20,7 +20,11 @@ step's output (the rejection sampler's tokens, -1 past the last accepted) goes t
 runner's own ``_update_states_after_model_execute`` and to the scheduler, accepting
 ``ACCEPTED``. No drafts are proposed after it, and the next step's token budget is lowered
 to 3, so the scheduler passes over the last request (``PASSED_OVER``) while the other three
-decode a token each without drafts. The step after brings it back.
+decode a token each without drafts. The step after brings it back. Then the scheduler's own
+``_preempt_request`` preempts ``PREEMPTED``, and a lowered budget chunks its recompute: a
+first chunk of ``FIRST_CHUNK`` tokens, past its prompt, and a later one of the tokens left
+(several), from computed tokens past its prompt, with no drafts, beside the others' one-token
+decodes.
 
 Stood in for: the model (its forward raises with the metadata), the runner's KV-cache setup
 (one GDN group of 1 + K state blocks a request, Mamba cache mode "none", its metadata builder
@@ -35,15 +39,18 @@ non-speculative state index otherwise) found among the request's own state block
 
 Fixed: each of the three decodes without drafts starts from the slot its verify step
 accepted into, and the passed-over request, back, keeps its count and starts from its slot
-too. Synchronous scheduling only: the runner's asynchronous path reads the previous step's
-sampled tokens and counts through ``sample_tokens``'s GPU hand-over, which a run without the
-model does not make. Unknown where the V2 runner serves (0.34.0 has no other; from 0.29.0 the
+too; and the recompute's later chunk takes the non-speculative (prefill) path, which a row of
+several tokens needs: on the speculative path it would write states past its 1 + K slots.
+Synchronous scheduling only: the runner's asynchronous path reads the previous step's sampled
+tokens and counts through ``sample_tokens``'s GPU hand-over, which a run without the model
+does not make. Unknown where the V2 runner serves (0.34.0 has no other; from 0.29.0 the
 config may choose it), which keeps accepted counts in its own request state, or where the
 steps do not run as written.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +65,10 @@ PROMPT = 20
 ACCEPTED = {"r0": 2, "r1": 4, "r2": 1, "r3": 3}
 #: The request the scheduler passes over in the step without drafts: the last it runs.
 PASSED_OVER = "r3"
+#: The request preempted and recomputed in two chunks, the first of ``FIRST_CHUNK`` tokens:
+#: past its prompt, so the second starts from computed tokens past it too.
+PREEMPTED = "r1"
+FIRST_CHUNK = PROMPT + 2
 #: The GDN layer whose metadata the forward would read.
 LAYER = "model.layers.0.linear_attn"
 #: Why a tree served by the V2 runner reads unknown.
@@ -93,6 +104,18 @@ class Read:
     """Each request's starting state slot among its 1 + K state blocks."""
     counts: dict[str, int] = field(default_factory=dict)
     """Each row's accepted count as the runner's input batch holds it."""
+
+
+@dataclass
+class Recompute:
+    """``PREEMPTED``'s recompute after its preemption, and the GDN path of its later chunk."""
+
+    chunks: list[int]
+    """The tokens scheduled for it in the two steps."""
+    computed: int
+    """Its computed tokens, as the runner's input batch holds them, at the later chunk."""
+    paths: dict[str, str] = field(default_factory=dict)
+    """Each row's GDN path in the later chunk's step."""
 
 
 class _Served:
@@ -161,9 +184,10 @@ class _Served:
                 return reached.metadata
         raise CannotStep("execute_model returned before the model's forward")
 
-    def sampled(self, out: Any, accepted: dict[str, int]) -> None:
+    def sampled(self, out: Any, accepted: dict[str, int], discarded: str = "") -> None:
         """The step's sampling: ``accepted[r]`` tokens of each request, for the runner's
-        bookkeeping of accepted counts and for the scheduler."""
+        bookkeeping of accepted counts and for the scheduler, which gets none of the
+        ``discarded`` request's (a chunk short of its end, whose token the runner drops)."""
         import torch
 
         rows = self.runner.input_batch.req_ids
@@ -171,7 +195,7 @@ class _Served:
         for i, rid in enumerate(rows):
             tokens[i, : accepted[rid]] = 9
         self.runner._update_states_after_model_execute(tokens, out)
-        sampled = {rid: [9] * accepted[rid] for rid in rows}
+        sampled = {rid: [] if rid == discarded else [9] * accepted[rid] for rid in rows}
         self.scheduler.update_from_output(out, _harness.model_outputs(sampled))
 
     def read(self, metadata: Any) -> Read:
@@ -195,6 +219,61 @@ class _Served:
         return found
 
 
+def _paths(served: _Served, metadata: Any) -> dict[str, str]:
+    """Each row's GDN path under ``metadata``: speculative where its sequence mask is set."""
+    masks = getattr(metadata, "spec_sequence_masks_cpu", None)
+    if masks is None:
+        masks = metadata.spec_sequence_masks
+    paths = {}
+    for i, rid in enumerate(served.runner.input_batch.req_ids):
+        spec = int(metadata.num_spec_decodes) > 0 and masks is not None and bool(masks[i])
+        paths[rid] = "speculative" if spec else "non-speculative"
+    return paths
+
+
+def _recompute(served: _Served, out: Any) -> Recompute:
+    """After the step ``out`` (all four decoding), ``PREEMPTED`` preempted by the scheduler
+    and recomputed in two chunks beside the others' decodes without drafts."""
+    sched = served.scheduler
+    rids = list(ACCEPTED)
+    served.sampled(out, dict.fromkeys(rids, 1))
+    request = sched.requests[PREEMPTED]
+    # The scheduler's own preemption (which wants the request out of running first); as
+    # when schedule() preempts, the step it happens in runs the others only (a budget of
+    # their decodes), so the runner drops it from the batch before it comes back.
+    sched.running.remove(request)
+    sched._preempt_request(request, time.monotonic())
+    others = [r for r in rids if r != PREEMPTED]
+    budget = sched.max_num_scheduled_tokens
+    sched.max_num_scheduled_tokens = len(others)
+    out = sched.schedule()
+    _scheduled(out, others)
+    served.execute(out)
+    served.sampled(out, dict.fromkeys(others, 1))
+    # A budget of the others' decodes and FIRST_CHUNK: its recompute is chunked.
+    sched.max_num_scheduled_tokens = len(others) + FIRST_CHUNK
+    out = sched.schedule()
+    sched.max_num_scheduled_tokens = budget
+    first = out.num_scheduled_tokens.get(PREEMPTED)
+    if first != FIRST_CHUNK:
+        raise CannotStep(f"{PREEMPTED}'s first recompute chunk is {first} tokens")
+    served.execute(out)
+    served.sampled(out, dict.fromkeys(rids, 1), discarded=PREEMPTED)
+    out = sched.schedule()
+    rest = out.num_scheduled_tokens.get(PREEMPTED, 0)
+    if rest < 2 or any(out.scheduled_spec_decode_tokens.values()):
+        raise CannotStep(
+            f"{PREEMPTED}'s later recompute chunk is {rest} tokens, drafts "
+            f"{dict(out.scheduled_spec_decode_tokens)}"
+        )
+    metadata = served.execute(out)
+    batch = served.runner.input_batch
+    computed = int(batch.num_computed_tokens_cpu[batch.req_id_to_index[PREEMPTED]])
+    if computed < PROMPT:
+        raise CannotStep(f"{PREEMPTED}'s later recompute chunk starts from {computed}")
+    return Recompute([first, rest], computed, _paths(served, metadata))
+
+
 def _scheduled(out: Any, rids: list[str]) -> None:
     """That ``out`` decodes one token of each of ``rids``, and no drafts."""
     if dict(out.num_scheduled_tokens) != dict.fromkeys(rids, 1) or any(
@@ -206,9 +285,9 @@ def _scheduled(out: Any, rids: list[str]) -> None:
         )
 
 
-def _steps() -> tuple[Read, Read]:
+def _steps() -> tuple[Read, Read, Recompute]:
     """The step of decodes without drafts after the verify step, and the one after it that
-    brings ``PASSED_OVER`` back: what each row starts from."""
+    brings ``PASSED_OVER`` back: what each row starts from; and ``PREEMPTED``'s recompute."""
     from vllm.v1.outputs import DraftTokenIds
 
     served = _Served()
@@ -237,7 +316,8 @@ def _steps() -> tuple[Read, Read]:
     served.sampled(out, dict.fromkeys(stayed, 1))
     out = sched.schedule()
     _scheduled(out, rids)
-    return no_drafts, served.read(served.execute(out))
+    back = served.read(served.execute(out))
+    return no_drafts, back, _recompute(served, out)
 
 
 def _describe(read: Read, rids: list[str]) -> str:
@@ -252,7 +332,7 @@ def run() -> ProbeResult:
     if not _harness.has_v1_runner():
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"no V1 model runner: {V2}")
     try:
-        no_drafts, back = _steps()
+        no_drafts, back, recompute = _steps()
     except NotServedByV1 as e:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"{e}: {V2}")
     except (AttributeError, TypeError, ValueError, LookupError, CannotStep) as e:
@@ -264,7 +344,13 @@ def run() -> ProbeResult:
     expected = {rid: n - 1 for rid, n in ACCEPTED.items()}
     stayed = {rid: slot for rid, slot in expected.items() if rid != PASSED_OVER}
     kept = back.counts[PASSED_OVER]
-    fixed = no_drafts.slots == stayed and back.slots[PASSED_OVER] == expected[PASSED_OVER]
+    recompute_path = recompute.paths[PREEMPTED]
+    fixed = (
+        no_drafts.slots == stayed
+        and back.slots[PASSED_OVER] == expected[PASSED_OVER]
+        and recompute_path == "non-speculative"
+    )
+    first, rest = recompute.chunks
     evidence = (
         f"hybrid target, DFlash K={K}, the V1 runner's execute_model up to the forward: after a "
         "verify step accepting "
@@ -273,6 +359,9 @@ def run() -> ProbeResult:
         + _describe(no_drafts, list(stayed))
         + f"; {PASSED_OVER}, back a step later, holds accepted count {kept} and takes "
         + _describe(back, [PASSED_OVER])
+        + f"; {PREEMPTED}, preempted, recomputes in chunks of {first} and {rest} tokens "
+        f"(prompt {PROMPT}): the {rest}, from {recompute.computed} computed with no drafts, "
+        f"take the {recompute_path} path"
     )
     return ProbeResult(
         probe=NAME,
@@ -283,5 +372,6 @@ def run() -> ProbeResult:
             "no_drafts": vars(no_drafts),
             "back": vars(back),
             "kept_count": kept,
+            "recompute": vars(recompute),
         },
     )
