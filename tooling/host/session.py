@@ -221,7 +221,6 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
     env = {"WAIT_S": "1500", **env}
     if step.calls:
         env["CALLS"] = step.calls
-
     cmd = [PYTHON, "-m", Modules.TOOLING, "host", "trained", "--", command]
     with written(layout.session / f"{step.name}.txt") as log:
         code = run(cmd, env=env, stdout=log, stderr=log)

@@ -16,9 +16,9 @@ from .. import procs
 
 logger = logging.getLogger(__name__)
 
-#: What an engine of the trained pair holds beside its KV cache, GiB, at most: eight engines of
-#: the first trained call with 96 GiB of KV cache between them served together on one H200
-#: (2026-12-04).
+#: What an engine of the trained pair holds beside its KV cache, GiB, at most: as much as the
+#: first trained call's engines left themselves when they ran together on one H200
+#: (docs/notebook/2026-12-04-gdn-groups.md).
 ENGINE_OVERHEAD_GIB = 5
 MIB_PER_GIB = 1024
 
@@ -78,7 +78,8 @@ def turns(engines: list[E], gpu_gib: float | None, what: str) -> list[list[E]]:
     """``engines`` in turns that each fit ``gpu_gib``, in their order (each turn takes the next
     engines while they fit; one too large for the GPU alone is a turn of its own, to fail for
     memory as it would have); all at once where they fit or the GPU is not known."""
-    if gpu_gib is None or needed_gib(engines) <= gpu_gib:
+    need = needed_gib(engines)
+    if gpu_gib is None or need <= gpu_gib:
         return [engines] if engines else []
     out: list[list[E]] = []
     for engine in engines:
@@ -90,7 +91,7 @@ def turns(engines: list[E], gpu_gib: float | None, what: str) -> list[list[E]]:
         "%s: %d engines need about %d GiB together and the GPU has %.0f GiB: served in %d turns",
         what,
         len(engines),
-        needed_gib(engines),
+        need,
         gpu_gib,
         len(out),
     )

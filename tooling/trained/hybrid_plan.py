@@ -62,7 +62,6 @@ DRAFTER_GRAPHS = {"dflash_full_cudagraphs": True}
 #: their own (patch 20), one at a time the call's K.
 LOAD_BUDGET_K = 7
 LOAD_BUDGET_FROM = 9
-
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"
 PLAIN_SPEED = "plain-speed"
