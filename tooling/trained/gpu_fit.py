@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 #: What an engine of the trained pair holds beside its KV cache, GiB, at most: as much as the
 #: first trained call's engines left themselves when they ran together on one H200
-#: (docs/notebook/2026-12-04-gdn-groups.md).
+#: (docs/notebook/2026-12-04-fuzz-findings.md, call 1).
 ENGINE_OVERHEAD_GIB = 5
 MIB_PER_GIB = 1024
 
