@@ -71,6 +71,11 @@ def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
         "decode all-accepted K=3": 1,
     }
     assert set(after["dflash-lookahead-slots"]["details"]["outside"].values()) == {0}
+    # Fix 24: decodes without drafts start from the slot each verify step accepted into, and
+    # the request passed over keeps its count (3) where the tree before reset it to 1.
+    state = after["hybrid-accepted-state"]["details"]
+    assert state["no_drafts"]["slots"] == {"r0": 1, "r1": 3, "r2": 0}
+    assert (state["kept_count"], before["hybrid-accepted-state"]["details"]["kept_count"]) == (3, 1)
 
 
 @pytest.mark.slow

@@ -80,3 +80,16 @@ def test_the_gpu_is_asked_through_nvidia_smi(tmp_path, monkeypatch):
     tool.write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
     assert gpu_memory_gib() is None
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_the_state_step_serves_call_1s_checks_of_patches_23_and_24_in_one_turn_on_an_h100():
+    from tooling.host.session import STATE_ENGINES, STEPS
+    from tooling.trained import hybrid_plan
+
+    step = STEPS["trained-1-state"]
+    assert step.calls == "1" and step.engines == STATE_ENGINES
+    by_name = {v.name: v for v in hybrid_plan.variants((15, 7))}
+    chosen = [by_name[n] for n in STATE_ENGINES.split(",")]
+    assert {v.call for v in chosen} == {1}
+    assert [v.site for v in chosen if v.budget] == ["patched", f"no-{hybrid_plan.STATE_FIX}"]
+    assert turns(chosen, H100_GIB, "call 1") == [chosen]

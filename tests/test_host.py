@@ -209,9 +209,9 @@ def test_the_speed_session_steps_wait_for_the_pair_and_build_the_ablations_call_
 
 
 def test_the_locate_step_runs_a_shorter_speed_run_and_one_speed_step_a_session() -> None:
-    """``speed-locate``: plain beside DFlash at the levels around where drafting stops
-    paying, the one of 64 profiled; it writes the speed step's run folder, so a session
-    takes one of the two."""
+    """``speed-locate``: plain beside drafting off above 8 requests, at the levels around
+    where drafting stops paying, the one of 64 profiled; it writes the speed step's run
+    folder, so a session takes one of the two."""
     from tooling.host.session import Kind, check_steps
     from tooling.host.speed import LOCATE_ARGS, LOCATE_ENGINES, speed_args
     from tooling.trained.speed import ENGINES
@@ -221,7 +221,9 @@ def test_the_locate_step_runs_a_shorter_speed_run_and_one_speed_step_a_session()
     assert args == LOCATE_ARGS and "--sustained" in args
     assert args[args.index("--levels") + 1] == "1,8,16,64"
     assert args[args.index("--profile-levels") + 1] == "64"
-    assert set(LOCATE_ENGINES) <= set(ENGINES) and LOCATE_ENGINES == ("plain", "dflash")
+    assert set(LOCATE_ENGINES) <= set(ENGINES) and "dflash-off-above-8" in LOCATE_ENGINES
+    budget = ENGINES["dflash-off-above-8"].speculative_args
+    assert budget["num_speculative_tokens_per_batch_size"] == [[1, 8, 15], [9, 1024, 0]]
     assert speed_args("")[-2:] == ("--profile-levels", "1,64")
     assert speed_args("shape")[-2:] == ("--profile-levels", "1,16,64")
     check_steps(["speed-locate", "trained-1", "fuzz-trained"])

@@ -241,3 +241,17 @@ def test_0340_builds_each_flashattention_groups_own_fa3_schedule(probe_release):
     assert schedule.status == PRESENT, schedule.evidence
     assert "the V2 runner's build_attn_metadata" in schedule.evidence
     assert schedule.details["second group's graph reads its own buffer"] is True
+
+
+def test_0280_starts_a_decode_without_drafts_from_slot_0_and_0340_cannot_be_asked(probe_release):
+    """Fix 24 on the last release whose config chooses the V1 runner for the hybrid pair:
+    decodes without drafts after a verify step take the non-speculative path from each
+    request's first state slot, and a request passed over comes back with its count reset.
+    0.34.0 has only the V2 runner: unknown, never absent for an API it does not have."""
+    (v1,) = probe_release("0.28.0", "accepted_state").values()
+    assert v1.status == ABSENT, v1.evidence
+    assert v1.details["no_drafts"]["slots"] == {"r0": 0, "r1": 0, "r2": 0}
+    assert v1.details["kept_count"] == 1
+    (v2,) = probe_release("0.34.0", "accepted_state").values()
+    assert v2.status == UNKNOWN, v2.evidence
+    assert v2.evidence.startswith("no V1 model runner"), v2.evidence

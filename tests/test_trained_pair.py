@@ -203,12 +203,16 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     assert graphs.call == 1 and graphs.site == "patched" and graphs.k == K
     sent = json.loads((tmp_path / "work" / f"{graphs.name}.in.json").read_text())["engine"]
     assert sent["speculative_args"] == hp.DRAFTER_GRAPHS
-    (budget,) = [v for v in chosen if v.budget]
-    assert budget.call == 1 and budget.site == "patched" and budget.k == K
-    sent = json.loads((tmp_path / "work" / f"{budget.name}.in.json").read_text())["engine"]
-    ranges = sent["speculative_args"]["num_speculative_tokens_per_batch_size"]
-    assert ranges[0][2] == K and ranges[1][2] == hp.LOAD_BUDGET_K < K
-    assert ranges[1][0] <= hp.LOAD_CONCURRENCY
+    # The budget's 16 at once verify no drafts, on the fixed wheel and, as its control, on
+    # the wheel without the fix of the state such a step reads.
+    budgets = [v for v in chosen if v.budget]
+    assert [v.site for v in budgets] == ["patched", f"no-{hp.STATE_FIX}"]
+    for budget in budgets:
+        assert budget.call == 1 and budget.k == K
+        sent = json.loads((tmp_path / "work" / f"{budget.name}.in.json").read_text())["engine"]
+        ranges = sent["speculative_args"]["num_speculative_tokens_per_batch_size"]
+        assert ranges[0][2] == K and ranges[1][2] == hp.LOAD_BUDGET_K == 0
+        assert ranges[1][0] <= hp.LOAD_CONCURRENCY
     assert {v.site for v in chosen} == set(hp.SITES)
     request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
     assert request["engine"]["num_speculative_tokens"] == K

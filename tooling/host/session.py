@@ -54,6 +54,11 @@ class Kind(StrEnum):
     on the pair the step's variant names (``fuzz_settings``)."""
 
 
+#: Call 1's engines that check patches 23 and 24 on the trained pair: plain, the fixed wheel, its
+#: budget that verifies no drafts above 8 requests, and that budget without patch 24.
+STATE_ENGINES = "plain,patched-k15,patched-k15-budget,no-hybrid-accepted-state-k15-budget"
+
+
 @dataclass(frozen=True)
 class Step:
     """A session step: its name, what kind of work it is and, for a smoke, its variant."""
@@ -65,6 +70,8 @@ class Step:
     """SMOKE_ARGS the step's smoke gets."""
     calls: str = ""
     """CALLS a trained step runs (empty: every call of the pair's plan)."""
+    engines: str = ""
+    """ENGINES of its calls a trained step serves (empty: every one)."""
 
 
 STEPS = {
@@ -89,6 +96,8 @@ STEPS = {
         Step("trained", Kind.TRAINED),
         # The K = 15 call alone: lossless and acceptance with the ablations, after `speed`.
         Step("trained-1", Kind.TRAINED, calls="1"),
+        # Call 1's checks of patches 23 and 24 alone, which fit one H100 in one turn.
+        Step("trained-1-state", Kind.TRAINED, calls="1", engines=STATE_ENGINES),
         Step("speed", Kind.SPEED),
         # Where a step with a prompt joining goes, first: fewer engines and levels than the bar.
         Step("speed-locate", Kind.SPEED, "locate"),
@@ -221,6 +230,8 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
     env = {"WAIT_S": "1500", **env}
     if step.calls:
         env["CALLS"] = step.calls
+    if step.engines:
+        env["ENGINES"] = step.engines
     cmd = [PYTHON, "-m", Modules.TOOLING, "host", "trained", "--", command]
     with written(layout.session / f"{step.name}.txt") as log:
         code = run(cmd, env=env, stdout=log, stderr=log)

@@ -47,10 +47,12 @@ SPEED_ARGS = (
 #: shapes, with no recipe to wait for, every level of the bar.
 TRAINED_PROFILE = ("--profile-levels", "1,64")
 SHAPE_PROFILE = ("--profile-levels", "1,16,64")
-#: The ``speed-locate`` step: where drafting stops paying on the trained pair, DFlash as shipped
-#: beside plain at 1, 8, 16 and 64 requests, the step at 64 profiled. Two engines, so that they
-#: fit one H100 together (``gpu_fit``).
-LOCATE_ENGINES = ("plain", "dflash")
+#: The ``speed-locate`` step: whether drafting off above 8 running requests (patch 23, the
+#: state its steps read on this hybrid target fixed by patch 24) keeps DFlash from losing to
+#: plain, and where drafting stops paying: below 9 the engine drafts the seed's K, so its
+#: ratios at 1 and 8 are DFlash's as shipped. Two engines, so that they fit one H100
+#: together (``gpu_fit``); the step at 64 profiled.
+LOCATE_ENGINES = ("plain", "dflash-off-above-8")
 LOCATE_ARGS = (
     *("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained"),
     *("--levels", "1,8,16,64", "--passes", "3", "--profile-levels", "64"),

@@ -19,13 +19,13 @@ dispatch of the step that follows three requests' prompts under the budget (vLLM
 Scheduler, as ``spec_budget_graphs`` asks it): none verifies drafts, and the step replays a
 uniform FULL graph.
 
-These run on an attention-only target. On a hybrid target such a step would read each
-request's Mamba/Gated DeltaNet state from before the drafts the step before it accepted
-(the non-speculative path reads the first state slot, where the accepted state sits in the
-slot of the last accepted token): the fixed config refuses a range of 0 there, in one line.
+These run on an attention-only target. The same budget on a hybrid target's config must be
+accepted too: such a step reads each request's Gated DeltaNet state from the slot its last
+step accepted into (fix 24, probe ``accepted_state``), where patch 23 once refused a range
+of 0 there.
 
-Absent: the full pass at 3 requests, the step of no drafts PIECEWISE, a hybrid target served
-a range of 0, or the config refuses the budget (no such option).
+Absent: the full pass at 3 requests, the step of no drafts PIECEWISE, the hybrid config
+refusing the budget, or the config refusing it on either target (no such option).
 """
 
 from __future__ import annotations
@@ -92,8 +92,7 @@ def run() -> ProbeResult:
     if isinstance(config, ProbeResult):
         return config
     hybrid = option_config(NAME, "hybrid", _harness.hybrid_pair(), K, BUDGET, shown)
-    # Refused for its range of 0, not for another reason the tree may have.
-    refused = isinstance(hybrid, ProbeResult) and "hybrid target" in hybrid.evidence
+    accepted = not isinstance(hybrid, ProbeResult)
     runner = _harness.v1_runner(config)
     try:
         seen = {n: _asked_after_step(runner, n) for n in (2, 3)}
@@ -114,8 +113,8 @@ def run() -> ProbeResult:
         )
         + f"; 3 requests' next step verifies {drafts} drafts, dispatched {mode}"
         + (" uniform" if uniform else "")
-        + "; a hybrid target with the budget: "
-        + (hybrid.evidence.split("refuses ", 1)[-1][:200] if refused else "served")
+        + "; a hybrid target's config with the budget: "
+        + ("accepted" if accepted else hybrid.evidence.split("refuses ", 1)[-1][:200])
     )
     if seen[2] != (False, False) or drafts != 0:
         return ProbeResult(
@@ -123,7 +122,7 @@ def run() -> ProbeResult:
             status=UNKNOWN,
             evidence="the budget is not served as written: " + evidence,
         )
-    fixed = seen[3] == (True, True) and (mode, uniform) == ("FULL", True) and refused
+    fixed = seen[3] == (True, True) and (mode, uniform) == ("FULL", True) and accepted
     return ProbeResult(
         probe=NAME,
         status=PRESENT if fixed else ABSENT,
@@ -131,6 +130,6 @@ def run() -> ProbeResult:
         details={
             **{str(n): {"context_only": c, "zeroed": z} for n, (c, z) in seen.items()},
             "no_drafts_step": {"mode": mode, "uniform": uniform},
-            "hybrid_refused": refused,
+            "hybrid_accepted": accepted,
         },
     )

@@ -58,10 +58,15 @@ FULL_DRAFTER = "drafter-full-attention"
 #: and the target's verification hides it from the lossless checks).
 DRAFTER_GRAPHS = {"dflash_full_cudagraphs": True}
 #: The drafts a step verifies under the first call's speculation budget (patch 17) once more
-#: than LOAD_BUDGET_FROM - 1 requests run: its 16 at once verify these, on full CUDA graphs of
-#: their own (patch 20), one at a time the call's K.
-LOAD_BUDGET_K = 7
+#: than LOAD_BUDGET_FROM - 1 requests run: none, so that its 16 at once serve patch 23's step
+#: of no drafts, whose decodes on this hybrid target read the state the drafts before them
+#: left (patch 24); one at a time the call's K.
+LOAD_BUDGET_K = 0
 LOAD_BUDGET_FROM = 9
+#: The fix the budget's control is served without: the same budget on the wheel without
+#: patch 24, whose steps of no drafts read each request's first state slot.
+STATE_FIX = "hybrid-accepted-state"
+
 PLAIN = "plain"
 PLAIN_PREFIX = "plain-prefix"
 PLAIN_SPEED = "plain-speed"
@@ -72,7 +77,7 @@ FIRST_PREFIX_PROMPT = "prefix-a"
 #: The vLLM installs the variants run on: the fixed wheel, stock, and one ablation each.
 SITES = (
     *("patched", "stock"),
-    *(f"no-{p}" for p in (*ABLATED, FULL_DRAFTER_FIX)),
+    *(f"no-{p}" for p in (*ABLATED, FULL_DRAFTER_FIX, STATE_FIX)),
 )
 
 
@@ -108,9 +113,9 @@ class Variant:
 
 def variants(ks: tuple[int, ...]) -> list[Variant]:
     """The engines, one call per K (the seed's K first): the fixed wheel and stock in each;
-    the plain engine, the fixed wheel with ``DRAFTER_GRAPHS`` and under a speculation budget
-    in the first; the ablations of ``ABLATED`` in the others (in the only one where there is
-    one).
+    the plain engine, the fixed wheel with ``DRAFTER_GRAPHS``, and under a speculation
+    budget with its control (the wheel without ``STATE_FIX``) in the first; the ablations of
+    ``ABLATED`` in the others (in the only one where there is one).
 
     The engines at the seed's K hold the KV cache 16 concurrent requests need (a hybrid
     target keeps a Gated DeltaNet state per drafted position, so a request of the seed's K
@@ -131,11 +136,10 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
             # The checks of the newest fixes in the first call, served first where the call
             # takes turns (``gpu_fit``); the ablations of the settled fixes in the later calls.
             if k > LOAD_BUDGET_K:
-                out.append(
-                    Variant(
-                        f"patched-k{k}-budget", "patched", k, call, kv_cache_gib=kv, budget=True
-                    )
-                )
+                out += [
+                    Variant(f"{site}-k{k}-budget", site, k, call, kv_cache_gib=kv, budget=True)
+                    for site in ("patched", f"no-{STATE_FIX}")
+                ]
             out.append(
                 Variant(
                     f"patched-k{k}-drafter-graphs",

@@ -62,6 +62,7 @@ PROMPT_LEN = 128
 BUDGET = [[1, 16, 15], [17, 1024, 7]]
 GRAPHS_1024 = {"compilation_config": {"max_cudagraph_capture_size": 1024}}
 BUDGETED = {"num_speculative_tokens_per_batch_size": BUDGET}
+OFF_ABOVE_8 = {"num_speculative_tokens_per_batch_size": [[1, 8, 15], [9, 1024, 0]]}
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,11 @@ ENGINES = {
             True,
             KV_GIB_DRAFTED_16,
             speculative_args={"dflash_full_cudagraphs": True},
+        ),
+        # Patch 23's budget: drafting off above 8 running requests (their steps verify none,
+        # and on this hybrid target read the state the drafts before them left, patch 24).
+        SpeedEngine(
+            "dflash-off-above-8", "patched", True, KV_GIB_DRAFTED, speculative_args=OFF_ABOVE_8
         ),
         # Prefix caching off, so the Gated DeltaNet states are kept per request, not aligned to
         # blocks: whether the cost of a step with a prompt joining is the aligned states'.
