@@ -41,6 +41,10 @@ Fixed: each of the three decodes without drafts starts from the slot its verify 
 accepted into, and the passed-over request, back, keeps its count and starts from its slot
 too; and the recompute's later chunk takes the non-speculative (prefill) path, which a row of
 several tokens needs: on the speculative path it would write states past its 1 + K slots.
+And the runner's own dummy batch (``_dummy_run``, as a graph capture's warm-up runs it), on a
+fresh runner and after those steps, takes the non-speculative path or reads accepted counts of
+at least 1: its buffers hold zeros or a real step's rows, and a row read as a decode with 0
+accepted starts from the slot before the request's first.
 Synchronous scheduling only: the runner's asynchronous path reads the previous step's sampled
 tokens and counts through ``sample_tokens``'s GPU hand-over, which a run without the model
 does not make. Unknown where the V2 runner serves (0.34.0 has no other; from 0.29.0 the
@@ -107,6 +111,21 @@ class Read:
 
 
 @dataclass
+class Dummy:
+    """The GDN path of the runner's own dummy batch (warm-up and graph capture)."""
+
+    path: str
+    counts: list[int] = field(default_factory=list)
+    """The accepted counts its rows read, on the speculative path: each must be at least 1,
+    as a count of 0 starts from the slot before the request's first (the first full graph
+    capture's illegal memory access on one H100)."""
+
+    @property
+    def safe(self) -> bool:
+        return self.path == "non-speculative" or min(self.counts, default=1) >= 1
+
+
+@dataclass
 class Recompute:
     """``PREEMPTED``'s recompute after its preemption, and the GDN path of its later chunk."""
 
@@ -170,6 +189,8 @@ class _Served:
             raise _Forward(get_forward_context().attn_metadata[LAYER])
 
         runner._model_forward = forward
+        # The dummy batch calls the model itself.
+        runner.model = forward
 
     def execute(self, out: Any) -> Any:
         """The GDN metadata ``execute_model`` builds for ``out``, up to the forward."""
@@ -183,6 +204,25 @@ class _Served:
             except _Forward as reached:
                 return reached.metadata
         raise CannotStep("execute_model returned before the model's forward")
+
+    def dummy(self) -> Dummy:
+        """The GDN metadata of the runner's ``_dummy_run`` of one token a row, built as a
+        capture's warm-up builds it, up to the forward."""
+        import vllm.v1.worker.block_table as block_table
+        from vllm.config import set_current_vllm_config
+
+        kernel = "_compute_slot_mapping_kernel"
+        with set_current_vllm_config(self.config), _harness.recording(block_table, kernel):
+            try:
+                self.runner._dummy_run(len(ACCEPTED), force_attention=True)
+            except _Forward as reached:
+                metadata = reached.metadata
+                spec = int(metadata.num_spec_decodes)
+                if not spec:
+                    return Dummy("non-speculative")
+                counts = metadata.num_accepted_tokens[:spec]
+                return Dummy("speculative", [int(c) for c in counts])
+        raise CannotStep("_dummy_run returned before the model's forward")
 
     def sampled(self, out: Any, accepted: dict[str, int], discarded: str = "") -> None:
         """The step's sampling: ``accepted[r]`` tokens of each request, for the runner's
@@ -285,12 +325,25 @@ def _scheduled(out: Any, rids: list[str]) -> None:
         )
 
 
-def _steps() -> tuple[Read, Read, Recompute]:
+@dataclass
+class Steps:
+    """What the probe's steps read."""
+
+    no_drafts: Read
+    back: Read
+    recompute: Recompute
+    dummies: tuple[Dummy, Dummy]
+    """The dummy batch's path on a fresh runner and after the real steps."""
+
+
+def _steps() -> Steps:
     """The step of decodes without drafts after the verify step, and the one after it that
-    brings ``PASSED_OVER`` back: what each row starts from; and ``PREEMPTED``'s recompute."""
+    brings ``PASSED_OVER`` back: what each row starts from; ``PREEMPTED``'s recompute; and
+    the runner's dummy batch before and after them."""
     from vllm.v1.outputs import DraftTokenIds
 
     served = _Served()
+    fresh = served.dummy()
     sched = served.scheduler
     rids = list(ACCEPTED)
     for i, rid in enumerate(rids):
@@ -317,7 +370,8 @@ def _steps() -> tuple[Read, Read, Recompute]:
     out = sched.schedule()
     _scheduled(out, rids)
     back = served.read(served.execute(out))
-    return no_drafts, back, _recompute(served, out)
+    recompute = _recompute(served, out)
+    return Steps(no_drafts, back, recompute, (fresh, served.dummy()))
 
 
 def _describe(read: Read, rids: list[str]) -> str:
@@ -327,12 +381,18 @@ def _describe(read: Read, rids: list[str]) -> str:
     )
 
 
+def _dummy_text(dummy: Dummy) -> str:
+    if dummy.path == "non-speculative":
+        return "the non-speculative path"
+    return "the speculative path with accepted counts " + ", ".join(map(str, dummy.counts))
+
+
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
     if not _harness.has_v1_runner():
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"no V1 model runner: {V2}")
     try:
-        no_drafts, back, recompute = _steps()
+        steps = _steps()
     except NotServedByV1 as e:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"{e}: {V2}")
     except (AttributeError, TypeError, ValueError, LookupError, CannotStep) as e:
@@ -341,6 +401,7 @@ def run() -> ProbeResult:
             status=UNKNOWN,
             evidence="the runner could not be driven: " + " ".join(str(e).split())[:300],
         )
+    no_drafts, back, recompute = steps.no_drafts, steps.back, steps.recompute
     expected = {rid: n - 1 for rid, n in ACCEPTED.items()}
     stayed = {rid: slot for rid, slot in expected.items() if rid != PASSED_OVER}
     kept = back.counts[PASSED_OVER]
@@ -349,6 +410,7 @@ def run() -> ProbeResult:
         no_drafts.slots == stayed
         and back.slots[PASSED_OVER] == expected[PASSED_OVER]
         and recompute_path == "non-speculative"
+        and all(d.safe for d in steps.dummies)
     )
     first, rest = recompute.chunks
     evidence = (
@@ -361,7 +423,8 @@ def run() -> ProbeResult:
         + _describe(back, [PASSED_OVER])
         + f"; {PREEMPTED}, preempted, recomputes in chunks of {first} and {rest} tokens "
         f"(prompt {PROMPT}): the {rest}, from {recompute.computed} computed with no drafts, "
-        f"take the {recompute_path} path"
+        f"take the {recompute_path} path; the runner's dummy batch, fresh and after these "
+        "steps, takes " + " and ".join(_dummy_text(d) for d in steps.dummies)
     )
     return ProbeResult(
         probe=NAME,
@@ -373,5 +436,6 @@ def run() -> ProbeResult:
             "back": vars(back),
             "kept_count": kept,
             "recompute": vars(recompute),
+            "dummies": [vars(d) for d in steps.dummies],
         },
     )
