@@ -102,6 +102,8 @@ STEPS = {
         # Where a step with a prompt joining goes, first: fewer engines and levels than the bar.
         Step("speed-locate", Kind.SPEED, "locate"),
         Step("speed-shape", Kind.SPEED_SHAPE),
+        # Drafting off above 8 against plain at 16 and 64 on the drawn shapes: no training.
+        Step("speed-shape-off", Kind.SPEED_SHAPE, "shape-off"),
         Step("verify", Kind.VERIFY),
         # Beside the training, on the seed-shaped pair.
         Step("fuzz-seed", Kind.FUZZ, "seed"),
@@ -252,7 +254,7 @@ def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
         code = run(draw, env=env, stdout=log, stderr=log)
         if code != 0:
             return code
-        speed = [*host, "run", str(pair), *speed_args("shape")]
+        speed = [*host, "run", str(pair), *speed_args(step.variant or "shape")]
         return run(speed, env=env, stdout=log, stderr=log)
 
 

@@ -60,11 +60,24 @@ LOCATE_ARGS = (
 )
 
 
+#: ``speed-shape-off``: the same two engines on the drawn shapes, where drafting is off (16
+#: and 64 requests): a step that verifies no drafts costs what it costs whatever the weights,
+#: so its ratio to plain there is the bar's without the recipe's training.
+SHAPE_OFF_ARGS = (
+    *("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained"),
+    *("--levels", "16,64", "--passes", "5", "--profile-levels", "64"),
+    *("--time-limit", "600"),
+)
+
+
 def speed_args(variant: str) -> tuple[str, ...]:
     """The speed run's options for a session step's variant: ``locate``, ``shape`` (the drawn
-    shapes), else the bar's on the trained pair."""
+    shapes), ``shape-off`` (drafting off, on the drawn shapes), else the bar's on the
+    trained pair."""
     if variant == "locate":
         return LOCATE_ARGS
+    if variant == "shape-off":
+        return SHAPE_OFF_ARGS
     return (*SPEED_ARGS, *(SHAPE_PROFILE if variant == "shape" else TRAINED_PROFILE))
 
 
