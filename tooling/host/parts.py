@@ -19,11 +19,10 @@ from ..release.split import split_bundle
 from .layout import PYTHON, run, say, shown
 from .setup import VLLM
 
-#: What the host has, for the bundle to leave out. The image's list of names serves the
-#: default base, whose torch is the host's; another base pins another torch and CUDA
-#: libraries, so its bundle is made against the host's pip freeze, whose versions say what
-#: differs (a bare name matches any version).
-IMAGE_PACKAGES = REPO_DIR / "ci" / "gpu" / "h200-image-packages.txt"
+#: What the host has, for the bundle to leave out: the host's pip freeze, whose versions say
+#: what differs from a base's lock (a bare name would match any version). Every base's
+#: bundle is made against it: another base pins another torch and CUDA libraries, and the
+#: host's image moves under the default base's lock, whose older versions must then ship.
 HOST_FREEZE = REPO_DIR / "ci" / "gpu" / "h200-host-freeze.txt"
 
 #: A part's default size, with room left for the checkout: a call carries its tracked files
@@ -76,7 +75,7 @@ class PartsSettings:
 
     @property
     def present(self) -> Path:
-        return IMAGE_PACKAGES if self.release == VLLM else HOST_FREEZE
+        return HOST_FREEZE
 
 
 def _checked_out(out: Path, what: str) -> None:
