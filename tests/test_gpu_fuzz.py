@@ -446,6 +446,52 @@ def test_a_campaign_saves_each_finding_shrunk_and_reports(tmp_path):
     assert "| lossless |" in (tmp_path / "summary.md").read_text()
 
 
+def test_settings_their_config_refuses_take_no_pair_and_are_reported(tmp_path):
+    """The vetter answers for several times as many draws as the plan serves; the campaign
+    serves the first ones it passes, in draw order, and reports the others refused (the
+    vetter's answer here is a rule on K; on the GPU host it is vLLM's config)."""
+    asked: list[list[GpuSettings]] = []
+
+    def vetter(drawn):
+        asked.append(drawn)
+        return [f"K = {s.k} refused" if s.k >= 7 else None for s in drawn]
+
+    runner = PairOnPaper()
+    plan = GpuPlan(seed=3, settings=3, workloads=1, shrink=False)
+    report = Campaign(plan, tmp_path, "paper", runner, vetter).run()
+    (drawn,) = asked
+    assert drawn == [draw_settings(3, n) for n in range(12)]
+    passed = [n for n, why in enumerate(vetter(drawn)) if why is None][:3]
+    assert [number for _, number in runner.calls] == passed
+    refused_before = [n for n in range(passed[-1]) if n not in passed]
+    assert report.vetted == len(refused_before) == len(report.refused) > 0
+    assert report.pairs == 3
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["refused_before_start"] == report.vetted
+    assert (
+        f"{report.vetted} more settings refused by their config"
+        in (tmp_path / "summary.md").read_text()
+    )
+
+
+def test_without_an_answer_from_the_vetter_every_draw_is_served(tmp_path):
+    runner = PairOnPaper()
+    plan = GpuPlan(seed=3, settings=2, workloads=1, shrink=False)
+    report = Campaign(plan, tmp_path, "paper", runner, lambda drawn: None).run()
+    assert [number for _, number in runner.calls] == [0, 1] and report.vetted == 0
+
+
+def test_a_vetting_child_that_cannot_import_vllm_leaves_the_draws_as_drawn(tmp_path, pair):
+    """The real child, run by an interpreter without vLLM: it fails, says so in its log,
+    and the campaign is told to serve every draw (None), not that all were refused."""
+    from tooling.fuzzing.gpu_pair import GpuTarget, vet_settings
+
+    target = GpuTarget(Path(sys.executable), pair)
+    answer = vet_settings(target, [draw_settings(0, 0)], tmp_path / "vet", 1 << 30)
+    assert answer is None
+    assert json.loads((tmp_path / "vet" / "vet.out.json").read_text())["ok"] is False
+
+
 def test_a_campaign_stopped_by_a_signal_keeps_its_findings(tmp_path):
     plan = GpuPlan(seed=0, settings=5, workloads=3, shrink=False)
     with pytest.raises(KeyboardInterrupt):

@@ -10,7 +10,11 @@ file at once (the settings and the workload it failed in), then shrunk on the GP
 every finding and the report of what ran.
 
 The pair runner is a parameter (``PairRunner``): the campaign's own is ``gpu_pair.run_pair``
-on the GPU; what it returns is all the campaign reads.
+on the GPU; what it returns is all the campaign reads. So is the vetter (``Vetter``): before
+the first pair, the campaign's own (``gpu_pair.vet_settings``) builds the DFlash engine's
+vLLM config for several times as many draws as it will serve, with no engine started, and the
+campaign serves the first draws that config accepts, each refused one recorded as refused.
+A refusal had cost its pair both processes' start and ended it without a workload.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from .gpu_case import (
     write_gpu_case_file,
 )
 from .gpu_oracles import Mode, Verdict
-from .gpu_pair import GpuTarget, Judgement, PairRun, judge_pair, run_pair
+from .gpu_pair import GpuTarget, Judgement, PairRun, judge_pair, run_pair, vet_settings
 from .gpu_report import CampaignReport, Finding
 from .gpu_shrink import shrink
 
@@ -47,6 +51,11 @@ GIB = 1 << 30
 PairRunner = Callable[
     [GpuSettings, int, int, list[tuple[GpuReq, ...]] | None, Path, float], PairRun
 ]
+#: Drawn settings -> each one's refusal by the DFlash engine's config, or None where it
+#: passes; None for all when they could not be vetted.
+Vetter = Callable[[list[GpuSettings]], list[str | None] | None]
+#: Draws vetted for each engine pair the plan serves.
+VET_DRAWS = 4
 
 
 @dataclass(frozen=True)
@@ -79,10 +88,18 @@ def alone(settings: GpuSettings) -> tuple[GpuReq, ...]:
 class Campaign:
     """One campaign's state: the report, the findings saved, the runner that serves pairs."""
 
-    def __init__(self, plan: GpuPlan, out_dir: Path, found_on: str, runner: PairRunner) -> None:
+    def __init__(
+        self,
+        plan: GpuPlan,
+        out_dir: Path,
+        found_on: str,
+        runner: PairRunner,
+        vetter: Vetter | None = None,
+    ) -> None:
         self.plan = plan
         self.out_dir = out_dir
         self.runner = runner
+        self.vetter = vetter
         self.report = CampaignReport(found_on=found_on, seed=plan.seed, mode=plan.mode.kind)
         self.shrunk: dict[str, int] = {}
 
@@ -96,7 +113,7 @@ class Campaign:
                 for index, case_file in enumerate(self.plan.replay):
                     self._replay(index, case_file)
             else:
-                for number in range(self.plan.settings):
+                for number in self._numbers():
                     if (
                         self.plan.seconds is not None
                         and time.monotonic() - started > self.plan.seconds
@@ -109,6 +126,31 @@ class Campaign:
         finally:
             self.report.write(self.out_dir)
         return self.report
+
+    def _numbers(self) -> list[int]:
+        """The draws to serve: the first ``settings`` the DFlash engine's config accepts
+        among ``VET_DRAWS`` times as many, the refused ones recorded (no pair started);
+        without a vetter, or where vetting failed, the first ``settings`` as drawn."""
+        everything = list(range(self.plan.settings))
+        if self.vetter is None:
+            return everything
+        count = self.plan.settings * VET_DRAWS
+        drawn = [draw_settings(self.plan.seed, n, self.plan.max_k) for n in range(count)]
+        refused = self.vetter(drawn)
+        if refused is None:
+            return everything
+        kept: list[int] = []
+        for number, (settings, why) in enumerate(zip(drawn, refused, strict=True)):
+            if len(kept) == self.plan.settings:
+                break
+            if why is None:
+                kept.append(number)
+                continue
+            logger.info("draw %d refused by its config, no engine started: %s", number, why)
+            self.report.refused.append(f"{settings}: {why}")
+            self.report.vetted += 1
+        self.report.write(self.out_dir)
+        return kept
 
     def _serve(
         self, settings: GpuSettings, number: int, replay: list[tuple[GpuReq, ...]] | None, name: str
@@ -260,4 +302,9 @@ def run_gpu_campaign(
     """``plan`` on ``target``'s GPU; findings, ``summary.json`` and ``summary.md`` in
     ``out_dir`` whatever ends it."""
     logger.debug("GPU fuzz campaign of %s into %s", target.describe(), out_dir)
-    return Campaign(plan, out_dir, found_on, campaign_runner(target, plan)).run()
+
+    def vetter(settings: list[GpuSettings]) -> list[str | None] | None:
+        return vet_settings(target, settings, out_dir / "vet", plan.kv_cache_memory_bytes)
+
+    runner = campaign_runner(target, plan)
+    return Campaign(plan, out_dir, found_on, runner, None if plan.replay else vetter).run()

@@ -34,6 +34,9 @@ from .gpu_oracles import (
 logger = logging.getLogger(__name__)
 
 MODULE = "tooling.fuzzing.serving.gpu_run"
+VET_MODULE = "tooling.fuzzing.serving.gpu_vet"
+#: The vetting child's time: one import of vLLM and a config built a setting.
+VET_TIMEOUT_S = 600.0
 ROLES = ("dflash", "plain")
 #: How often a pair's processes are looked at while they serve.
 POLL_S = 1.0
@@ -211,6 +214,45 @@ def run_pair(
             stop_group(proc, grace_s=10.0)
     runs = {role: _read(work / f"{role}.progress.json", files[role][1]) for role in procs}
     return PairRun(runs, time.monotonic() - started, stopped)
+
+
+def vet_settings(
+    target: GpuTarget, settings: list[GpuSettings], work: Path, kv_cache_memory_bytes: int
+) -> list[str | None] | None:
+    """Each of ``settings``' refusal by the DFlash engine's vLLM config (``serving.gpu_vet``,
+    no engine started), or None where it passes; None for them all when the vetting child
+    itself failed (its log in ``work``), so that every setting is served as before."""
+    work.mkdir(parents=True, exist_ok=True)
+    in_file, out_file = work / "vet.in.json", work / "vet.out.json"
+    in_file.write_text(
+        json.dumps(
+            {
+                "target": str(target.target),
+                "drafter": str(target.drafter),
+                "settings": [asdict(s) for s in settings],
+                "kv_cache_memory_bytes": kv_cache_memory_bytes,
+                "vocab_size": target.vocab_size,
+            }
+        )
+    )
+    out_file.unlink(missing_ok=True)
+    env = {**target.env, "VLLM_CACHE_ROOT": str(work / "vllm-cache-vet")}
+    cmd = [str(target.python), "-m", VET_MODULE, str(in_file), str(out_file)]
+    try:
+        done = run_command(cmd, timeout_s=VET_TIMEOUT_S, env=env, cwd=REPO_DIR)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        logger.info("the settings could not be vetted (%s): each pair starts as drawn", e)
+        return None
+    (work / "vet.log").write_text(done.stdout + done.stderr)
+    try:
+        data = json.loads(out_file.read_text())
+    except (OSError, ValueError):
+        data = {}
+    refused = data.get("refused")
+    if not data.get("ok") or not isinstance(refused, list) or len(refused) != len(settings):
+        logger.info("the settings could not be vetted (%s): each pair starts as drawn", work)
+        return None
+    return [r if isinstance(r, str) else None for r in refused]
 
 
 def _dflash_failed(figures: Path) -> bool:

@@ -42,6 +42,9 @@ class CampaignReport:
     """Engine pairs started (settings drawn or replayed)."""
     refused: list[str] = field(default_factory=list)
     """Settings vLLM refused at start-up, each with its reason."""
+    vetted: int = 0
+    """Of ``refused``, those refused by the DFlash engine's config alone, before any engine
+    of theirs started (``serving.gpu_vet``): no pair, no GPU time."""
     workloads: int = 0
     requests: int = 0
     gpu_seconds: float = 0.0
@@ -74,6 +77,7 @@ class CampaignReport:
             "mode": self.mode,
             "pairs": self.pairs,
             "refused": self.refused,
+            "refused_before_start": self.vetted,
             "workloads": self.workloads,
             "requests": self.requests,
             "gpu_minutes": round(self.gpu_seconds / 60, 2),
@@ -104,8 +108,10 @@ class CampaignReport:
     def to_markdown(self) -> str:
         head = (
             f"# GPU fuzz campaign, seed {self.seed} ({self.mode})\n\n"
-            f"On {self.found_on}: {self.pairs} engine pairs ({len(self.refused)} refused at "
-            f"start-up) x {self.workloads} workloads x {self.requests} requests in "
+            f"On {self.found_on}: {self.pairs} engine pairs "
+            f"({len(self.refused) - self.vetted} refused at start-up; {self.vetted} more "
+            f"settings refused by their config, no engine started) x "
+            f"{self.workloads} workloads x {self.requests} requests in "
             f"{self.gpu_seconds / 60:.1f} GPU minutes ({self.requests_per_gpu_minute:.1f} "
             f"requests a GPU minute)"
             + (", stopped early" if self.stopped else "")
