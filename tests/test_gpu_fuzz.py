@@ -474,10 +474,17 @@ def test_settings_their_config_refuses_take_no_pair_and_are_reported(tmp_path):
     )
 
 
-def test_without_an_answer_from_the_vetter_every_draw_is_served(tmp_path):
+@pytest.mark.parametrize("answer", [None, "every draw refused"])
+def test_without_a_useful_answer_from_the_vetter_every_draw_is_served(tmp_path, answer):
+    """No answer (the child failed), or every draw refused alike (as a model the config
+    cannot inspect refuses them all): the pairs start as drawn and show what it is."""
     runner = PairOnPaper()
     plan = GpuPlan(seed=3, settings=2, workloads=1, shrink=False)
-    report = Campaign(plan, tmp_path, "paper", runner, lambda drawn: None).run()
+
+    def vetter(drawn):
+        return None if answer is None else [answer] * len(drawn)
+
+    report = Campaign(plan, tmp_path, "paper", runner, vetter).run()
     assert [number for _, number in runner.calls] == [0, 1] and report.vetted == 0
 
 

@@ -130,14 +130,19 @@ class Campaign:
     def _numbers(self) -> list[int]:
         """The draws to serve: the first ``settings`` the DFlash engine's config accepts
         among ``VET_DRAWS`` times as many, the refused ones recorded (no pair started);
-        without a vetter, or where vetting failed, the first ``settings`` as drawn."""
+        without a vetter, where vetting failed or refused every draw, the first
+        ``settings`` as drawn."""
         everything = list(range(self.plan.settings))
         if self.vetter is None:
             return everything
         count = self.plan.settings * VET_DRAWS
         drawn = [draw_settings(self.plan.seed, n, self.plan.max_k) for n in range(count)]
         refused = self.vetter(drawn)
-        if refused is None:
+        if refused is None or None not in refused:
+            # Every draw refused reads as the vetting's own failure (a model the config
+            # cannot inspect refuses them all alike): the pairs show it instead.
+            if refused is not None:
+                logger.info("every draw refused by its config: each pair starts as drawn")
             return everything
         kept: list[int] = []
         for number, (settings, why) in enumerate(zip(drawn, refused, strict=True)):

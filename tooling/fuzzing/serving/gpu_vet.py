@@ -27,6 +27,7 @@ from .gpu_run import REFUSALS, GpuRunRequest, _engine_request, _one_line
 
 logger = logging.getLogger(__name__)
 
+
 class _Built(Exception):
     """Raised once vLLM has built the engine's config: the setting passed every check."""
 
