@@ -76,7 +76,9 @@ def test_0201_all_apply_and_each_probe_flips(patched_0201, series):
     state = after["hybrid-accepted-state"]["details"]
     assert state["no_drafts"]["slots"] == {"r0": 1, "r1": 3, "r2": 0}
     assert (state["kept_count"], before["hybrid-accepted-state"]["details"]["kept_count"]) == (3, 1)
-    # and the runner's dummy batch (a capture's warm-up) reads no accepted count of 0.
+    # A request resumed after a preemption starts again at 1 (its states went with its
+    # blocks), and the runner's dummy batch (a capture's warm-up) reads no count of 0.
+    assert state["recompute"]["resumed_count"] == 1
     assert [d["path"] for d in state["dummies"]] == ["non-speculative"] * 2
 
 

@@ -20,8 +20,9 @@ step's output (the rejection sampler's tokens, -1 past the last accepted) goes t
 runner's own ``_update_states_after_model_execute`` and to the scheduler, accepting
 ``ACCEPTED``. No drafts are proposed after it, and the next step's token budget is lowered
 to 3, so the scheduler passes over the last request (``PASSED_OVER``) while the other three
-decode a token each without drafts. The step after brings it back. Then the scheduler's own
-``_preempt_request`` preempts ``PREEMPTED``, and a lowered budget chunks its recompute: a
+decode a token each without drafts. The step after brings it back. Then, after a verify step
+in which ``PREEMPTED`` accepts ``ACCEPTED[PREEMPTED]`` tokens, the scheduler's own
+``_preempt_request`` preempts it, and a lowered budget chunks its recompute: a
 first chunk of ``FIRST_CHUNK`` tokens, past its prompt, and a later one of the tokens left
 (several), from computed tokens past its prompt, with no drafts, beside the others' one-token
 decodes.
@@ -39,8 +40,10 @@ non-speculative state index otherwise) found among the request's own state block
 
 Fixed: each of the three decodes without drafts starts from the slot its verify step
 accepted into, and the passed-over request, back, keeps its count and starts from its slot
-too; and the recompute's later chunk takes the non-speculative (prefill) path, which a row of
-several tokens needs: on the speculative path it would write states past its 1 + K slots.
+too; the preempted request's count starts again at 1 when it is resumed (its states went
+with its blocks); and the recompute's later chunk takes the non-speculative (prefill) path,
+which a row of several tokens needs: on the speculative path it would write states past its
+1 + K slots.
 And the runner's own dummy batch (``_dummy_run``, as a graph capture's warm-up runs it), on a
 fresh runner and after those steps, takes the non-speculative path or reads accepted counts of
 at least 1: its buffers hold zeros or a real step's rows, and a row read as a decode with 0
@@ -133,6 +136,9 @@ class Recompute:
     """The tokens scheduled for it in the two steps."""
     computed: int
     """Its computed tokens, as the runner's input batch holds them, at the later chunk."""
+    resumed_count: int = 0
+    """Its accepted count as the input batch holds it at its first chunk: its states went
+    with its blocks, so 1 (the first slot), not the count its last step before accepted."""
     paths: dict[str, str] = field(default_factory=dict)
     """Each row's GDN path in the later chunk's step."""
 
@@ -272,11 +278,18 @@ def _paths(served: _Served, metadata: Any) -> dict[str, str]:
 
 
 def _recompute(served: _Served, out: Any) -> Recompute:
-    """After the step ``out`` (all four decoding), ``PREEMPTED`` preempted by the scheduler
-    and recomputed in two chunks beside the others' decodes without drafts."""
+    """After the step ``out`` (all four decoding) and a verify step in which ``PREEMPTED``
+    accepts ``ACCEPTED[PREEMPTED]`` tokens, ``PREEMPTED`` preempted by the scheduler and
+    recomputed in two chunks beside the others' decodes without drafts."""
+    from vllm.v1.outputs import DraftTokenIds
+
     sched = served.scheduler
     rids = list(ACCEPTED)
     served.sampled(out, dict.fromkeys(rids, 1))
+    sched.update_draft_token_ids(DraftTokenIds(rids, [[8] * K for _ in rids]))
+    out = sched.schedule()
+    served.execute(out)
+    served.sampled(out, {rid: ACCEPTED[PREEMPTED] if rid == PREEMPTED else 1 for rid in rids})
     request = sched.requests[PREEMPTED]
     # The scheduler's own preemption (which wants the request out of running first); as
     # when schedule() preempts, the step it happens in runs the others only (a budget of
@@ -298,6 +311,8 @@ def _recompute(served: _Served, out: Any) -> Recompute:
     if first != FIRST_CHUNK:
         raise CannotStep(f"{PREEMPTED}'s first recompute chunk is {first} tokens")
     served.execute(out)
+    batch = served.runner.input_batch
+    resumed_count = int(batch.num_accepted_tokens_cpu[batch.req_id_to_index[PREEMPTED]])
     served.sampled(out, dict.fromkeys(rids, 1), discarded=PREEMPTED)
     out = sched.schedule()
     rest = out.num_scheduled_tokens.get(PREEMPTED, 0)
@@ -307,11 +322,12 @@ def _recompute(served: _Served, out: Any) -> Recompute:
             f"{dict(out.scheduled_spec_decode_tokens)}"
         )
     metadata = served.execute(out)
-    batch = served.runner.input_batch
     computed = int(batch.num_computed_tokens_cpu[batch.req_id_to_index[PREEMPTED]])
     if computed < PROMPT:
         raise CannotStep(f"{PREEMPTED}'s later recompute chunk starts from {computed}")
-    return Recompute([first, rest], computed, _paths(served, metadata))
+    return Recompute(
+        [first, rest], computed, resumed_count=resumed_count, paths=_paths(served, metadata)
+    )
 
 
 def _scheduled(out: Any, rids: list[str]) -> None:
@@ -410,6 +426,7 @@ def run() -> ProbeResult:
         no_drafts.slots == stayed
         and back.slots[PASSED_OVER] == expected[PASSED_OVER]
         and recompute_path == "non-speculative"
+        and recompute.resumed_count == 1
         and all(d.safe for d in steps.dummies)
     )
     first, rest = recompute.chunks
@@ -422,9 +439,10 @@ def run() -> ProbeResult:
         + f"; {PASSED_OVER}, back a step later, holds accepted count {kept} and takes "
         + _describe(back, [PASSED_OVER])
         + f"; {PREEMPTED}, preempted, recomputes in chunks of {first} and {rest} tokens "
-        f"(prompt {PROMPT}): the {rest}, from {recompute.computed} computed with no drafts, "
-        f"take the {recompute_path} path; the runner's dummy batch, fresh and after these "
-        "steps, takes " + " and ".join(_dummy_text(d) for d in steps.dummies)
+        f"(prompt {PROMPT}), resumed with accepted count {recompute.resumed_count}: the "
+        f"{rest}, from {recompute.computed} computed with no drafts, take the "
+        f"{recompute_path} path; the runner's dummy batch, fresh and after these steps, takes "
+        + " and ".join(_dummy_text(d) for d in steps.dummies)
     )
     return ProbeResult(
         probe=NAME,
