@@ -871,3 +871,52 @@ def test_every_saved_gpu_finding_is_a_case_whose_scheduler_side_is_kept(path):
         for p in sorted((Path(__file__).parent / "data" / "sched-fuzz").glob("*.json"))
     ]
     assert any(k.case == side and k.kind != "pass" for k in kept), path.name
+
+
+VET_ON_THE_CPU = """
+import json, sys
+from dataclasses import asdict
+from pathlib import Path
+from tooling.probes import _harness
+_harness.install_cpu_platform()
+from tooling.fuzzing.gpu_case import GpuSettings
+from tooling.fuzzing.serving import gpu_vet
+
+pair = _harness.hybrid_pair(Path(sys.argv[1]))
+settings = [
+    GpuSettings(k=3, max_num_batched_tokens=8, max_num_seqs=8, max_model_len=1024),
+    GpuSettings(k=3, max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=1024),
+]
+request = {
+    "target": str(pair.target),
+    "drafter": str(pair.drafter),
+    "settings": [asdict(s) for s in settings],
+    "kv_cache_memory_bytes": 1 << 30,
+    "vocab_size": 512,
+}
+print(json.dumps(gpu_vet.vet(request)))
+"""
+
+
+@pytest.mark.slow
+def test_the_vetting_child_answers_with_vllms_own_config(probe_python, upstream_0201, tmp_path):
+    """The real vetting child on vLLM's real config (stock 0.20.1, a hybrid target and a
+    DFlash drafter, on the CPU platform the probes give vLLM): a step budget the drafts
+    leave no token in is refused with vLLM's own line, a setting that fits passes, and
+    the child returns with no engine started."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": f"{upstream_0201.source_dir}:{Path.cwd()}"}
+    done = subprocess.run(
+        [str(probe_python), "-c", VET_ON_THE_CPU, str(tmp_path / "pair")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused = json.loads(done.stdout.splitlines()[-1])["refused"]
+    assert refused[1] is None
+    assert refused[0] is not None and "max_num_scheduled_tokens" in refused[0]
