@@ -2,8 +2,8 @@
 
 Runs on the GPU host as ``python -m tooling.fuzzing.serving.gpu_vet IN.json OUT.json`` in
 the interpreter of the vLLM under test. A setting vLLM refuses ends its engine pair before
-any workload, after the pair's processes imported vLLM and began to start (over a minute of
-the GPU each); a campaign that draws several such settings spends its time on refusals. This
+any workload, after the pair's processes imported vLLM and began to start, on the GPU's
+time; a campaign that draws several such settings spends its time on refusals. This
 child imports vLLM once and, for each setting, builds the DFlash engine's ``LLM`` exactly as
 ``gpu_run`` does, stopped where vLLM's own ``EngineArgs.create_engine_config`` returns: every
 check vLLM (and the series) makes of the settings has run, and nothing touched the GPU's
