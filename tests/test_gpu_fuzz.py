@@ -8,6 +8,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -800,19 +801,15 @@ print(json.dumps({"record": record, "aborted": engine.aborted, "steps": engine.s
 """
 
 
-@pytest.mark.slow
-def test_a_workload_past_its_time_is_cut_by_the_driver_not_left_to_hang(
-    probe_python, upstream_0201
-):
-    """A pair's engine still stepping when its time runs out (an eager engine decoding
-    thousands of tokens beside the training) ends the workload itself, with every request
-    aborted and the step it ended at: the campaign then finds the process gone, no hang."""
+def on_stock(probe_python: Path, upstream: Any, script: str, *args: str) -> Any:
+    """``script`` run by the probe interpreter with stock ``upstream`` on its path: the JSON
+    its last line prints."""
     import os
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": f"{upstream_0201.source_dir}:{Path.cwd()}"}
+    env = {**os.environ, "PYTHONPATH": f"{upstream.source_dir}:{Path.cwd()}"}
     done = subprocess.run(
-        [str(probe_python), "-c", DRIVER_PAST_ITS_TIME, "5.5"],
+        [str(probe_python), "-c", script, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -820,7 +817,17 @@ def test_a_workload_past_its_time_is_cut_by_the_driver_not_left_to_hang(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    answer = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_workload_past_its_time_is_cut_by_the_driver_not_left_to_hang(
+    probe_python, upstream_0201
+):
+    """A pair's engine still stepping when its time runs out (an eager engine decoding
+    thousands of tokens beside the training) ends the workload itself, with every request
+    aborted and the step it ended at: the campaign then finds the process gone, no hang."""
+    answer = on_stock(probe_python, upstream_0201, DRIVER_PAST_ITS_TIME, "5.5")
     record = answer["record"]
     assert record["error"] is None and record["cut"] == 6 == answer["steps"]
     assert answer["aborted"] == ["w0r0"]
@@ -904,19 +911,8 @@ def test_the_vetting_child_answers_with_vllms_own_config(probe_python, upstream_
     DFlash drafter, on the CPU platform the probes give vLLM): a step budget the drafts
     leave no token in is refused with vLLM's own line, a setting that fits passes, and
     the child returns with no engine started."""
-    import os
-    import subprocess
-
-    env = {**os.environ, "PYTHONPATH": f"{upstream_0201.source_dir}:{Path.cwd()}"}
-    done = subprocess.run(
-        [str(probe_python), "-c", VET_ON_THE_CPU, str(tmp_path / "pair")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    refused = json.loads(done.stdout.splitlines()[-1])["refused"]
+    refused = on_stock(probe_python, upstream_0201, VET_ON_THE_CPU, str(tmp_path / "pair"))[
+        "refused"
+    ]
     assert refused[1] is None
     assert refused[0] is not None and "max_num_scheduled_tokens" in refused[0]
