@@ -53,8 +53,10 @@ SHAPE_PROFILE = ("--profile-levels", "1,16,64")
 #: ratios at 1 and 8 are DFlash's as shipped. Two engines, so that they fit one H100
 #: together (``gpu_fit``); the step at 64 profiled.
 LOCATE_ENGINES = ("plain", "dflash-off-above-8")
+#: Those two engines measured in turns, with the batch kept full.
+LOCATE_RUN = ("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained")
 LOCATE_ARGS = (
-    *("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained"),
+    *LOCATE_RUN,
     *("--levels", "1,8,16,64", "--passes", "3", "--profile-levels", "64"),
     *("--time-limit", "900"),
 )
@@ -64,7 +66,7 @@ LOCATE_ARGS = (
 #: and 64 requests): a step that verifies no drafts costs what it costs whatever the weights,
 #: so its ratio to plain there is the bar's without the recipe's training.
 SHAPE_OFF_ARGS = (
-    *("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained"),
+    *LOCATE_RUN,
     *("--levels", "16,64", "--passes", "5", "--profile-levels", "64"),
     *("--time-limit", "600"),
 )
