@@ -98,6 +98,7 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         22: "absent",
         23: "absent",
         24: "absent",
+        25: "absent",
     }
     assert by_number(states(report)) == expected
     assert [f.number for f in report.missing_fixes] == [

@@ -67,7 +67,7 @@ LOCATE_ARGS = (
 #: so its ratio to plain there is the bar's without the recipe's training.
 SHAPE_OFF_ARGS = (
     *LOCATE_RUN,
-    *("--levels", "16,64", "--passes", "5", "--profile-levels", "64"),
+    *("--levels", "16,64", "--passes", "5", "--profile-levels", "16"),
     *("--time-limit", "600"),
 )
 
