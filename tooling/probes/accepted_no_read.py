@@ -1,0 +1,172 @@
+"""Fix 27: a hybrid target's accepted counts after a step of no drafts are not read back.
+
+On a hybrid target with a drafter, vLLM's V1 runner counts each request's accepted tokens
+after every step (``_update_states_after_model_execute``) and reads them back from the GPU:
+with prefix caching (Mamba cache mode "align") by ``.cpu()`` at once, which waits for the
+step's forward and sampling; otherwise by a copy the next step's preparation waits for. With
+asynchronous scheduling that wait keeps the runner's next step from overlapping the GPU's
+work, which a plain engine's does. After a step that verified no drafts (the speculation
+budget's drafting off, fix 23, or a step of prompts alone) each request accepted its one
+sampled token, which the runner knows without the GPU.
+
+The probe builds vLLM's V1 model runner on the CPU (``CPUModelRunner``) for a hybrid target
+with a DFlash drafter at K = 3, in both Mamba cache modes, and hands its
+``_update_states_after_model_execute`` the sampler's output of a step of four requests: one
+token each (no drafts), then a verify step's (the rejection sampler's tokens, -1 past the
+last accepted). The CUDA event the runner records for the copy and the state copy of the
+"align" mode (``postprocess_mamba``) are stood in for by recorders; a ``TorchFunctionMode``
+records each ``.cpu()``, ``.numpy()`` of a device buffer and copy into the host's counts.
+
+Present: after the step of one token each, the counts read 1 on the host and on the device,
+with no read back and no event recorded, in both modes; the "align" mode's state copy runs
+after each step as before; and the verify step's counts are right. Absent: the counts of
+the step without drafts are read back from the device. Unknown: any count that is wrong, or
+a state copy run where it should not be or missing where it should.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from . import _harness
+from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+
+NAME = "accepted_no_read"
+K = 3
+ONE_TOKEN = [[5], [6], [7], [8]]
+VERIFY = [[5, -1, -1, -1], [5, 6, 7, -1], [5, 6, 7, 8], [5, 6, -1, -1]]
+MODES = ("align", "none")
+
+
+class _Event:
+    def __init__(self) -> None:
+        self.recorded = 0
+
+    def record(self) -> None:
+        self.recorded += 1
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _runner(mode: str) -> Any:
+    config = _harness.vllm_config(
+        _harness.hybrid_pair(),
+        method="dflash",
+        num_speculative_tokens=K,
+        block_size=16,
+        prefix_caching=mode == "align",
+        mamba_cache_mode=mode,
+    )
+    runner = _harness.v1_runner(config)
+    # Stood in for: what the "align" mode's state copy is handed (the KV-cache setup and the
+    # model's copy functions), which the recorder of that copy does not read.
+    runner.kv_cache_config = None
+    runner.model = SimpleNamespace(get_mamba_state_copy_func=lambda: ())
+    runner._get_mamba_copy_bufs = lambda: None
+    runner.mamba_state_idx = {}
+    return runner
+
+
+def _after(runner: Any, tokens: list[list[int]]) -> dict[str, Any]:
+    """What the runner does after a step that sampled ``tokens``: the counts it keeps on the
+    host and the device, the reads back it made, the events it recorded."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from vllm.v1.worker import gpu_model_runner
+
+    device = runner.num_accepted_tokens.gpu
+    host = runner.input_batch.num_accepted_tokens_cpu_tensor
+    reads: list[str] = []
+
+    def _of(tensor: Any, buffer: Any) -> bool:
+        start = buffer.data_ptr()
+        end = start + buffer.numel() * buffer.element_size()
+        return isinstance(tensor, torch.Tensor) and start <= tensor.data_ptr() < end
+
+    class _Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            name = getattr(func, "__name__", "")
+            if name in ("cpu", "numpy", "tolist", "item") and args and _of(args[0], device):
+                reads.append(name)
+            if name == "copy_" and len(args) > 1 and _of(args[0], host) and _of(args[1], device):
+                reads.append("copy_ to the host")
+            return func(*args, **(kwargs or {}))
+
+    event = _Event()
+    runner.num_accepted_tokens_event = event
+    copies: list[bool] = []
+    real = gpu_model_runner.mamba_utils.postprocess_mamba
+    gpu_model_runner.mamba_utils.postprocess_mamba = lambda *a, **k: copies.append(True)
+    n = len(tokens)
+    host[:n] = 0
+    device[:n] = 0
+    step = SimpleNamespace(num_scheduled_tokens={}, scheduled_spec_decode_tokens={})
+    try:
+        with _Reads():
+            runner._update_states_after_model_execute(torch.tensor(tokens, dtype=torch.int32), step)
+    finally:
+        gpu_model_runner.mamba_utils.postprocess_mamba = real
+    return {
+        "host": [int(c) for c in host[:n].tolist()],
+        "device": [int(c) for c in device[:n].tolist()],
+        "reads": reads,
+        "events": event.recorded,
+        "state_copies": len(copies),
+    }
+
+
+def run() -> ProbeResult:
+    _harness.install_cpu_platform()
+    if not _harness.has_v1_runner():
+        return ProbeResult(
+            probe=NAME,
+            status=UNKNOWN,
+            evidence="no V1 model runner: the V2 runner keeps accepted counts in its own "
+            "request state (the ledger's reading)",
+        )
+    seen: dict[str, dict[str, Any]] = {}
+    try:
+        for mode in MODES:
+            runner = _runner(mode)
+            seen[mode] = {"one token": _after(runner, ONE_TOKEN), "verify": _after(runner, VERIFY)}
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        return ProbeResult(
+            probe=NAME,
+            status=UNKNOWN,
+            evidence="the runner could not be asked: " + " ".join(str(e).split())[:300],
+        )
+    wants = {"one token": [1, 1, 1, 1], "verify": [sum(t != -1 for t in row) for row in VERIFY]}
+    wrong = [
+        f"{mode}, {step}: {found[step]}"
+        for mode, found in seen.items()
+        for step, want in wants.items()
+        if found[step]["host"] != want or found[step]["device"] != want
+    ]
+    evidence = "; ".join(
+        f"Mamba cache mode {mode!r}: after a step of one token each, counts "
+        + str(found["one token"]["host"])
+        + (
+            f", read back ({', '.join(found['one token']['reads']) or 'an event recorded'})"
+            if found["one token"]["reads"] or found["one token"]["events"]
+            else ", not read back"
+        )
+        + f"; after a verify step, counts {found['verify']['host']}"
+        for mode, found in seen.items()
+    )
+    wrong += [
+        f"{mode}, {step}: the state copy ran {found[step]['state_copies']} times"
+        for mode, found in seen.items()
+        for step in wants
+        if found[step]["state_copies"] != (mode == "align")
+    ]
+    if wrong:
+        return ProbeResult(probe=NAME, status=UNKNOWN, evidence="wrong counts: " + "; ".join(wrong))
+    read_back = any(f["one token"]["reads"] or f["one token"]["events"] for f in seen.values())
+    return ProbeResult(
+        probe=NAME,
+        status=ABSENT if read_back else PRESENT,
+        evidence=f"hybrid target, DFlash K={K}: " + evidence,
+        details=seen,
+    )
