@@ -104,6 +104,7 @@ STEPS = {
         Step("speed-shape", Kind.SPEED_SHAPE),
         # Drafting off above 8 against plain at 16 and 64 on the drawn shapes: no training.
         Step("speed-shape-off", Kind.SPEED_SHAPE, "shape-off"),
+        Step("speed-shape-off-16", Kind.SPEED_SHAPE, "shape-off-16"),
         Step("verify", Kind.VERIFY),
         # Beside the training, on the seed-shaped pair.
         Step("fuzz-seed", Kind.FUZZ, "seed"),

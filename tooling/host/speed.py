@@ -70,16 +70,26 @@ SHAPE_OFF_ARGS = (
     *("--levels", "16,64", "--passes", "5", "--profile-levels", "16"),
     *("--time-limit", "600"),
 )
+#: ``speed-shape-off-16``: the same at 16 requests alone, three passes, for a session with
+#: little device time left.
+SHAPE_OFF_16_ARGS = (
+    *LOCATE_RUN,
+    *("--levels", "16", "--passes", "3", "--profile-levels", "16"),
+    *("--time-limit", "360"),
+)
 
 
 def speed_args(variant: str) -> tuple[str, ...]:
     """The speed run's options for a session step's variant: ``locate``, ``shape`` (the drawn
-    shapes), ``shape-off`` (drafting off, on the drawn shapes), else the bar's on the
+    shapes), ``shape-off`` (drafting off, on the drawn shapes), ``shape-off-16`` (its 16 alone),
+    else the bar's on the
     trained pair."""
     if variant == "locate":
         return LOCATE_ARGS
     if variant == "shape-off":
         return SHAPE_OFF_ARGS
+    if variant == "shape-off-16":
+        return SHAPE_OFF_16_ARGS
     return (*SPEED_ARGS, *(SHAPE_PROFILE if variant == "shape" else TRAINED_PROFILE))
 
 
