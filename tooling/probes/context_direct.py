@@ -11,14 +11,17 @@ runner already mapped it to in the drafter's KV-cache group.
 The probe builds vLLM's V1 model runner on the CPU (``CPUModelRunner``) with a DFlash drafter
 at K = ``K`` and asks its drafter to store the context of a step of no drafts: two decodes and
 a prompt chunk of five tokens joining them, on a block table of distinct blocks and the
-runner's slot mapping for it. The drafter's model is stood in for by a recorder of what it
-is asked to write (its K/V math is not this fix's). The same step then goes through the
-input kernel itself, run by Triton's interpreter in an interpreter of its own, for the
-context positions and slots it lays out.
+runner's slot mapping for it. It asks twice: with the positions as one row, and as a target
+with M-RoPE (Qwen3.5 and 3.6) hands them, three rows of which the kernel reads the first.
+The drafter's model is stood in for by a recorder of what it is asked to write (its K/V math
+is not this fix's). The same step then goes through the input kernel itself, run by
+Triton's interpreter in an interpreter of its own, for the context positions and slots it
+lays out.
 
-Present: the context is written at the kernel's positions and slots, every token once, and
-the kernel did not run. Absent: it ran (or the drafter has no context-only path at all:
-fix 23 absent). Unknown: the positions or slots differ from the kernel's.
+Present: in both forms the context is written at the kernel's positions and slots, every
+token once, and the kernel did not run. Absent: it ran in either (or the drafter has no
+context-only path at all: fix 23 absent). Unknown: the positions or slots differ from the
+kernel's.
 """
 
 from __future__ import annotations
@@ -115,19 +118,32 @@ def stored() -> dict[str, Any]:
     hidden = torch.randn(n, HIDDEN)
     next_ids = torch.tensor([7] * len(QUERY_LENS), dtype=torch.int32)
     tokens = torch.arange(n, dtype=torch.int32)
-    drafter.store_context(tokens, positions, hidden, next_ids, None, cad, None)
-    layout(tokens, next_ids, positions, hidden, None, cad, None)
-    return {
-        "store_context": True,
-        "written": written,
-        "layout_ran": bool(laid_out),
-        "kernel": {
+    found: dict[str, Any] = {"store_context": True, "runner_slots": slots, "tokens": n}
+    for target, given in _position_forms(positions).items():
+        written.clear()
+        laid_out.clear()
+        drafter.store_context(tokens, given, hidden, next_ids, None, cad, None)
+        found[target] = {"written": list(written), "layout_ran": bool(laid_out)}
+        layout(tokens, next_ids, given, hidden, None, cad, None)
+        found[target]["kernel"] = {
             "positions": [int(p) for p in drafter._context_positions_buffer[:n].tolist()],
             "slots": [int(s) for s in drafter._context_slot_mapping_buffer[:n].tolist()],
-        },
-        "runner_slots": slots,
-        "tokens": n,
-    }
+        }
+    return found
+
+
+def _position_forms(positions: Any) -> dict[str, Any]:
+    """The step's positions as the runner hands them: one row, or for a target with M-RoPE
+    (Qwen3.5 and 3.6) three rows of a wider buffer, sliced to the step's tokens, the other
+    rows differing from the first as an image's would."""
+    import torch
+
+    n = positions.shape[0]
+    rows = torch.zeros(3, n + 9, dtype=torch.int64)
+    rows[0, :n] = positions
+    rows[1, :n] = positions + 1000
+    rows[2, :n] = positions + 2000
+    return {"one row": positions, "M-RoPE rows": rows[:, :n]}
 
 
 def _ask() -> dict[str, Any]:
@@ -172,24 +188,38 @@ def run() -> ProbeResult:
             evidence="the DFlash drafter has no context-only path (fix 23 absent): a step of no "
             "drafts runs its whole first pass",
         )
-    kernel = found["kernel"]
-    written = found["written"]
-    right = (
+    forms = ("one row", "M-RoPE rows")
+    wrong = [form for form in forms if not _right(found, form)]
+    evidence = (
+        f"DFlash K={K}, a step of no drafts ({found['tokens']} tokens: two decodes and a prompt "
+        f"chunk of five), positions as "
+        + "; as ".join(
+            f"{form}: the context written at {found[form]['written']}, the input kernel lays "
+            f"out {found[form]['kernel']}, the kernel "
+            + ("ran" if found[form]["layout_ran"] else "did not run")
+            for form in forms
+        )
+    )
+    if wrong:
+        return ProbeResult(
+            probe=NAME, status=UNKNOWN, evidence=f"wrong context ({', '.join(wrong)}): {evidence}"
+        )
+    ran = [form for form in forms if found[form]["layout_ran"]]
+    return ProbeResult(
+        probe=NAME,
+        status=ABSENT if ran else PRESENT,
+        evidence=evidence,
+        details={form: found[form] for form in forms},
+    )
+
+
+def _right(found: dict[str, Any], form: str) -> bool:
+    """Whether the context of ``form`` was written once, at the kernel's positions and at
+    the runner's slots (which are the kernel's)."""
+    written, kernel = found[form]["written"], found[form]["kernel"]
+    return (
         len(written) == 1
         and written[0]["rows"] == found["tokens"]
         and written[0]["positions"] == kernel["positions"]
         and written[0]["slots"] == kernel["slots"] == found["runner_slots"]
-    )
-    evidence = (
-        f"DFlash K={K}, a step of no drafts ({found['tokens']} tokens: two decodes and a prompt "
-        f"chunk of five): the context written at {written}; the input kernel lays out "
-        f"{kernel}; the kernel " + ("ran" if found["layout_ran"] else "did not run")
-    )
-    if not right:
-        return ProbeResult(probe=NAME, status=UNKNOWN, evidence="wrong context: " + evidence)
-    return ProbeResult(
-        probe=NAME,
-        status=ABSENT if found["layout_ran"] else PRESENT,
-        evidence=evidence,
-        details={"layout_ran": found["layout_ran"], "written": written, "kernel": kernel},
     )
