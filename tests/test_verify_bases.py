@@ -9,10 +9,12 @@ import pytest
 
 from tooling.errors import VerifyFixMissingError
 from tooling.patching.registry import registry
+from tooling.patching.series import load_ledger
 from tooling.probing import ABSENT, PRESENT, ProbeResult
 from tooling.verifying.install import pip_install
 from tooling.verifying.verify import FixState, base_release, fix_status
 
+from .helpers import PATCHES
 from .verify_helpers import run_cli
 
 
@@ -91,11 +93,14 @@ def test_stock_0340_lacks_its_ports_and_the_undecided_fixes(
 def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
     tmp_path, catalog, fetch_release, probe_python, cache
 ):
-    """The 0.34.0 build that leaves the undecided fix 9 out by name (as the GPU session
-    builds it) carries every port, each read present by its probe, and verify names fix 9
-    alone."""
+    """The 0.34.0 build that leaves out by name the fixes with no code there yet (as the GPU
+    session builds it: fixes 9 and 25, undecided) carries every port, each read present by
+    its probe, and verify names those fixes alone."""
     fetch_release(catalog.get("0.34.0"))
     dist = tmp_path / "dist"
+    left_out = load_ledger(PATCHES).without_code_on("0.34.0")
+    assert left_out == ("piecewise-spec-sizes", "gdn-uniform-metadata")
+    skips = [arg for fix in left_out for arg in ("--skip", fix)]
     built = run_cli(
         "build",
         "--offline",
@@ -103,8 +108,7 @@ def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
         str(cache.root),
         "--base",
         "0.34.0",
-        "--skip",
-        "piecewise-spec-sizes",
+        *skips,
         "--dist",
         str(dist),
         "--work-dir",
@@ -114,9 +118,9 @@ def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = dist.glob("*.whl")
-    # The series less the fix it leaves out.
-    assert wheel.name.startswith(f"vllm-0.34.0+dflash.{len(registry().fixes) - 1}.")
-    assert ".skip.piecewisespecsizes-" in wheel.name
+    # The series less the fixes it leaves out.
+    assert wheel.name.startswith(f"vllm-0.34.0+dflash.{len(registry().fixes) - 2}.")
+    assert ".skip.gdnuniformmetadata.piecewisespecsizes-" in wheel.name
     site = tmp_path / "site"
     assert pip_install(wheel, target=site, compile_bytecode=False) is None
     result = run_cli(
@@ -129,4 +133,4 @@ def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
     ports = [f.number for f in registry().fixes if (c := f.on.get("0.34.0")) and c.state == "port"]
     assert ports and all(states[n] == "present" for n in ports), states
     met = ("present", "present (upstream form)", "not needed on this base")
-    assert [n for n, s in states.items() if s not in met] == [9]
+    assert [n for n, s in states.items() if s not in met] == [9, 25]

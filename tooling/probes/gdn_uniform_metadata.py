@@ -10,7 +10,9 @@ was a DFlash step's largest metadata cost, with drafting off too.
 
 The probe builds the metadata of such steps with this release's GDN builder, on a CUDA
 device as served (``_cuda_on_cpu``), from the served config of a hybrid target with a DFlash
-drafter at K = 3, prefix caching on (Mamba cache mode "align") and FULL_AND_PIECEWISE graphs:
+drafter at K = 3, prefix caching on (Mamba cache mode "align", each request's aligned state
+indices handed to the builder where the release's runner hands them: 0.34.0's V2 runner) and
+FULL_AND_PIECEWISE graphs:
 four requests verifying 3 drafts, and four decoding one token with no drafts, each padded by
 two empty rows as the runner pads a step to a captured size. For each it counts the tensor
 operations the build dispatches (``TorchDispatchMode``), and checks every field against what
@@ -31,7 +33,7 @@ from typing import Any
 
 from . import _harness
 from ._cuda_on_cpu import cuda_on_cpu
-from .gdn_metadata_groups import BLOCK, Setup, _batch, _builders
+from .gdn_metadata_groups import BLOCK, Setup, _align_indices, _batch, _builders
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "gdn_uniform_metadata"
@@ -123,6 +125,7 @@ def _step(builder: Any, kind: str) -> tuple[int, list[str]] | None:
         "num_accepted_tokens": accepted,
         "num_decode_draft_tokens_cpu": torch.tensor(drafts, dtype=torch.int32),
     }
+    _align_indices((builder,), (batch,))
     built, ops = _counted(lambda: builder.build(0, batch, **extra))
     if built.num_spec_decodes == 0 and kind == "decodes without drafts":
         return None
@@ -131,13 +134,6 @@ def _step(builder: Any, kind: str) -> tuple[int, list[str]] | None:
 
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
-    if not _harness.has_v1_runner():
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="no V1 model runner: the V2 runner builds GDN metadata through its own "
-            "model state (the ledger's reading)",
-        )
     from vllm.config import set_current_vllm_config
 
     setup = Setup(f"DFlash at K={K}", K, {}, "")
