@@ -41,8 +41,8 @@ K = 3
 PADDING = 2
 MAX_OPS = 20
 """Operations other than views a uniform step's build may dispatch: the block table's gather
-of each request's last blocks (7) and the four graph buffers' copies and fills (8), with a
-little room; the mixed-batch code dispatches about three times as many."""
+of each request's last blocks and the graph buffers' copies and fills, with a little room;
+the mixed-batch code dispatches several times as many."""
 STEPS: dict[str, tuple[list[int], list[int], list[int]]] = {
     "verifying drafts": ([K + 1] * 4, [40, 57, 33, 80], [K] * 4),
     "decodes without drafts": ([1] * 4, [18, 49, 100, 7], [0] * 4),
