@@ -16,11 +16,9 @@ Fixed: no query slot is one of them (a query past the end writes nowhere).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
+
+from ._interpreted import NotInterpreted, run_interpreted
 
 BLOCK = 16
 MAX_MODEL_LEN = 64
@@ -68,26 +66,10 @@ def query_slots() -> list[int]:
 
 def ask() -> dict[str, Any]:
     """``query_slots`` in a fresh interpreter with Triton's interpreter on; what it found."""
-    # The probes' own package, whatever its name in the probed interpreter (a copy's).
-    package = __package__
-    code = (
-        f"import json; from {package} import _harness; _harness.install_cpu_platform(); "
-        f"from {package} import _dflash_v2_kernel as v; print(json.dumps(v.query_slots()))"
-    )
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        # vLLM keeps Triton where no GPU driver is active only with no visible device.
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    if done.returncode != 0:
-        tail = " ".join(done.stderr.split()[-40:])
-        return {"error": f"the kernel did not run: {tail}"}
-    slots = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        slots = run_interpreted("_dflash_v2_kernel", "query_slots")
+    except NotInterpreted as e:
+        return {"error": f"the kernel did not run: {e}"}
     positions = list(range(LAST + 1, LAST + 2 + K))
     held = {_slot(p): p for p in range(LAST + 1)}
     overwritten = [[p, s, held[s]] for p, s in zip(positions, slots, strict=True) if s in held]

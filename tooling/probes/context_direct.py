@@ -26,13 +26,10 @@ kernel's.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 from . import _harness
+from ._interpreted import NotInterpreted, run_interpreted
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "context_direct"
@@ -147,24 +144,10 @@ def _position_forms(positions: Any) -> dict[str, Any]:
 
 
 def _ask() -> dict[str, Any]:
-    package = __package__
-    code = (
-        f"import json; from {package} import _harness; _harness.install_cpu_platform(); "
-        f"from {package} import context_direct as c; print(json.dumps(c.stored()))"
-    )
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        # vLLM keeps Triton where no GPU driver is active only with no visible device.
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    if done.returncode != 0:
-        return {"error": " ".join(done.stderr.split()[-40:])}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    try:
+        return dict(run_interpreted("context_direct", "stored"))
+    except NotInterpreted as e:
+        return {"error": str(e)}
 
 
 def run() -> ProbeResult:
