@@ -102,6 +102,8 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         26: "absent",
         27: "absent",
         28: "absent",
+        29: "absent",
+        30: "absent",
     }
     assert by_number(states(report)) == expected
     assert [f.number for f in report.missing_fixes] == [

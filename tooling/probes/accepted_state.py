@@ -244,6 +244,20 @@ class _Served:
         sampled = {rid: [] if rid == discarded else [9] * accepted[rid] for rid in rows}
         self.scheduler.update_from_output(out, _harness.model_outputs(sampled))
 
+    def drafted(self, rids: list[str]) -> Any:
+        """The requests' prompts prefilled (one token sampled each), then K drafts each
+        handed to the scheduler: the scheduler's output for their verify step."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        sched = self.scheduler
+        for i, rid in enumerate(rids):
+            sched.add_request(_request(rid, PROMPT, 1 + 100 * i))
+        out = sched.schedule()
+        self.execute(out)
+        self.sampled(out, dict.fromkeys(rids, 1))
+        sched.update_draft_token_ids(DraftTokenIds(rids, [[8] * K for _ in rids]))
+        return sched.schedule()
+
     def read(self, metadata: Any) -> Read:
         """Each row's starting slot under ``metadata``, and its count in the input batch."""
         batch = self.runner.input_batch
@@ -356,19 +370,12 @@ def _steps() -> Steps:
     """The step of decodes without drafts after the verify step, and the one after it that
     brings ``PASSED_OVER`` back: what each row starts from; ``PREEMPTED``'s recompute; and
     the runner's dummy batch before and after them."""
-    from vllm.v1.outputs import DraftTokenIds
 
     served = _Served()
     fresh = served.dummy()
     sched = served.scheduler
     rids = list(ACCEPTED)
-    for i, rid in enumerate(rids):
-        sched.add_request(_request(rid, PROMPT, 1 + 100 * i))
-    out = sched.schedule()
-    served.execute(out)
-    served.sampled(out, dict.fromkeys(rids, 1))
-    sched.update_draft_token_ids(DraftTokenIds(rids, [[8] * K for _ in rids]))
-    out = sched.schedule()
+    out = served.drafted(rids)
     verified = served.read(served.execute(out))
     # Control: a step verifying drafts starts each row from its slot on every tree.
     if verified.speculative != len(rids) or set(verified.slots.values()) != {0}:

@@ -1,0 +1,29 @@
+"""What the probes that drive vLLM's V1 model runner on the CPU share: where a tree lacks
+that runner, and where the steps they drive do not run as written."""
+
+from __future__ import annotations
+
+from . import _harness
+from .result import UNKNOWN, ProbeResult
+
+#: What the steps a probe drives raise where the tree's runner or scheduler differs from the
+#: one the probe is written for (a renamed method or field, a step refused).
+NOT_AS_WRITTEN = (ValueError, TypeError, AttributeError, KeyError)
+
+
+def without_v1_runner(probe: str, why: str) -> ProbeResult | None:
+    """Unknown, with ``why``, where the probed tree has no V1 model runner (0.34.0 has the V2
+    one alone); None where it has one. The CPU platform is installed first either way."""
+    _harness.install_cpu_platform()
+    if _harness.has_v1_runner():
+        return None
+    return ProbeResult(probe=probe, status=UNKNOWN, evidence=f"no V1 model runner: {why}")
+
+
+def not_as_written(probe: str, error: Exception) -> ProbeResult:
+    """Unknown: the steps did not run as written, with ``error``'s first words."""
+    return ProbeResult(
+        probe=probe,
+        status=UNKNOWN,
+        evidence="the steps did not run as written: " + " ".join(str(error).split())[:300],
+    )
