@@ -17,10 +17,12 @@ it) for a hybrid target with a DFlash drafter at K = 15 and the budget ``BUDGET`
 - a step of a decode of one token and a prompt's last piece of one token (a first step of
   ``CHUNK`` tokens each left one token of the second prompt);
 - control: the step after it, two decodes of one token each, which replays the budget's full
-  graph (a tree without that graph reads unknown).
+  graph (a tree without that graph reads unknown);
+- the step after that, which a prompt of one token joins (its first piece is one token too;
+  ``tests/test_dispatch_drawn.py`` drew it).
 
-Present: the control replays a uniform FULL graph and the step with the prompt's piece does
-not. Absent: both do.
+Present: the control replays a uniform FULL graph and neither step with a prompt's piece
+does. Absent: either does.
 
 Unknown where the V2 runner serves (0.34.0): it classifies a step from its own request state,
 which this probe does not drive.
@@ -50,8 +52,9 @@ CHUNK = 20
 MAX_NUM_SEQS = K + 1
 
 
-def _steps(config: Any) -> tuple[tuple[str, bool], tuple[str, bool]]:
-    """The dispatch of the step with a prompt's one-token piece, and of the step after it."""
+def _steps(config: Any) -> tuple[tuple[str, bool], ...]:
+    """The dispatch of the step with a prompt's one-token piece, of the step after it (two
+    decodes), and of the step after that, which a one-token prompt joins."""
     runner, sched = _runner_and_scheduler(config)
     sched.add_request(_request("decode", CHUNK, 1))
     sched.add_request(_request("prompt", CHUNK + 1, 101))
@@ -74,7 +77,13 @@ def _steps(config: Any) -> tuple[tuple[str, bool], tuple[str, bool]]:
     out = sched.schedule()
     if out.num_scheduled_tokens != {"decode": 1, "prompt": 1}:
         raise CannotDispatch(f"the third step scheduled {out.num_scheduled_tokens}")
-    return piece, _dispatch(runner, out)
+    decodes = _dispatch(runner, out)
+    sched.update_from_output(out, _harness.model_outputs({"decode": [8], "prompt": [9]}))
+    sched.add_request(_request("one", 1, 201))
+    out = sched.schedule()
+    if out.num_scheduled_tokens != {"decode": 1, "prompt": 1, "one": 1}:
+        raise CannotDispatch(f"the fourth step scheduled {out.num_scheduled_tokens}")
+    return piece, decodes, _dispatch(runner, out)
 
 
 def run() -> ProbeResult:
@@ -91,12 +100,13 @@ def run() -> ProbeResult:
     if not _harness.serves_v1(config):
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence="the config chooses the V2 runner")
     try:
-        piece, decodes = _steps(config)
+        piece, decodes, joined = _steps(config)
     except CannotDispatch as e:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"cannot run a case: {e}")
     seen = {
         "a decode and a prompt's one-token piece": piece,
         "two decodes of one token (control)": decodes,
+        "two decodes and a one-token prompt": joined,
     }
     evidence = (
         f"hybrid target, K = {K}, budget {BUDGET}, FULL_AND_PIECEWISE, the V1 runner's "
@@ -107,7 +117,7 @@ def run() -> ProbeResult:
         status = UNKNOWN
         evidence = "the budget's step of no drafts does not replay its FULL graph: " + evidence
     else:
-        status = ABSENT if piece == ("FULL", True) else PRESENT
+        status = ABSENT if ("FULL", True) in (piece, joined) else PRESENT
     return ProbeResult(
         probe=NAME,
         status=status,
