@@ -159,6 +159,16 @@ def run_on_tree(
     return json.loads(out.read_text())
 
 
+def run_draws(python: Path, patched: Any, tmp: Path, script: str, seeds: list[int]) -> dict:
+    """A slow test's drawn schedules: ``script`` over ``seeds`` on the patched tree (a
+    successful ``patched_0201``), its JSON once every draw ran (it lists the faults of any
+    that did not, with their seeds, under ``errors``)."""
+    assert patched.ok
+    out = run_on_tree(python, Path(patched.work_dir), tmp, script, json.dumps(seeds), timeout=900)
+    assert out["errors"] == []
+    return out
+
+
 def wait_until(
     predicate: Callable[[], object], what: str, *, alive: subprocess.Popen | None = None
 ) -> None:

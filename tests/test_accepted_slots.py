@@ -16,13 +16,11 @@ step that scheduled no request.
 
 from __future__ import annotations
 
-import json
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from .helpers import run_on_tree
+from .helpers import run_draws
 
 pytestmark = pytest.mark.slow
 
@@ -98,11 +96,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_every_decode_row_reads_its_last_accepted_slot(probe_python, patched_0201, tmp_path):
-    assert patched_0201.ok
-    out = run_on_tree(
-        probe_python, Path(patched_0201.work_dir), tmp_path, SCRIPT, json.dumps(SEEDS), timeout=900
-    )
-    assert out["errors"] == []
+    out = run_draws(probe_python, patched_0201, tmp_path, SCRIPT, SEEDS)
     assert out["mismatches"] == []
     # The draws reach what the check is for: rows read, requests passed over, empty steps.
     assert out["checked_rows"] > 8 * len(SEEDS)

@@ -16,13 +16,11 @@ q - 1 drafts a request.
 
 from __future__ import annotations
 
-import json
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from .helpers import run_on_tree
+from .helpers import run_draws
 
 pytestmark = pytest.mark.slow
 
@@ -112,11 +110,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_uniform_full_steps_hold_decodes_alone(probe_python, patched_0201, tmp_path):
-    assert patched_0201.ok
-    out = run_on_tree(
-        probe_python, Path(patched_0201.work_dir), tmp_path, SCRIPT, json.dumps(SEEDS), timeout=900
-    )
-    assert out["errors"] == []
+    out = run_draws(probe_python, patched_0201, tmp_path, SCRIPT, SEEDS)
     assert out["violations"] == []
     # The draws reach what the check is for: uniform FULL steps, and steps shaped like one
     # that hold a prompt's piece.

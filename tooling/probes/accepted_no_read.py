@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import _harness
+from ._v1 import without_v1_runner
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "accepted_no_read"
@@ -128,14 +129,9 @@ def _read_back(step: dict[str, Any]) -> bool:
 
 
 def run() -> ProbeResult:
-    _harness.install_cpu_platform()
-    if not _harness.has_v1_runner():
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="no V1 model runner: the V2 runner keeps accepted counts in its own "
-            "request state (the ledger's reading)",
-        )
+    why = "the V2 runner keeps accepted counts in its own request state (the ledger's reading)"
+    if (unknown := without_v1_runner(NAME, why)) is not None:
+        return unknown
     seen: dict[str, dict[str, Any]] = {}
     try:
         for mode in MODES:

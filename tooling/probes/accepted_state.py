@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _harness
+from ._v1 import without_v1_runner
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 from .spec_prefill_dispatch import _request
 
@@ -411,9 +412,8 @@ def _dummy_text(dummy: Dummy) -> str:
 
 
 def run() -> ProbeResult:
-    _harness.install_cpu_platform()
-    if not _harness.has_v1_runner():
-        return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"no V1 model runner: {V2}")
+    if (unknown := without_v1_runner(NAME, V2)) is not None:
+        return unknown
     try:
         steps = _steps()
     except NotServedByV1 as e:

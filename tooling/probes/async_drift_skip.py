@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _harness
+from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
 from .accepted_state import PROMPT, CannotStep, K, NotServedByV1, _Served
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 from .spec_prefill_dispatch import _request
@@ -99,22 +99,13 @@ def _steps() -> dict[str, tuple[bool, bool]]:
 
 
 def run() -> ProbeResult:
-    _harness.install_cpu_platform()
-    if not _harness.has_v1_runner():
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="no V1 model runner: the V2 runner keeps computed tokens on the device "
-            "(the ledger's reading)",
-        )
+    why = "the V2 runner keeps computed tokens on the device (the ledger's reading)"
+    if (unknown := without_v1_runner(NAME, why)) is not None:
+        return unknown
     try:
         seen = _steps()
-    except (CannotStep, NotServedByV1, ValueError, TypeError, AttributeError, KeyError) as e:
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="the steps did not run as written: " + " ".join(str(e).split())[:300],
-        )
+    except (CannotStep, NotServedByV1, *NOT_AS_WRITTEN) as e:
+        return not_as_written(NAME, e)
     ran_without, same_without = seen["after no drafts"]
     evidence = (
         "hybrid target, DFlash K=3, asynchronous spec decode: the step after no drafts "

@@ -30,6 +30,7 @@ from typing import Any
 
 from . import _harness
 from ._interpreted import NotInterpreted, run_interpreted
+from ._v1 import without_v1_runner
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "context_direct"
@@ -151,14 +152,9 @@ def _ask() -> dict[str, Any]:
 
 
 def run() -> ProbeResult:
-    _harness.install_cpu_platform()
-    if not _harness.has_v1_runner():
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="no V1 model runner: the V2 runner's DFlash speculator writes its context "
-            "itself (the ledger's reading)",
-        )
+    why = "the V2 runner's DFlash speculator writes its context itself (the ledger's reading)"
+    if (unknown := without_v1_runner(NAME, why)) is not None:
+        return unknown
     found = _ask()
     if "error" in found:
         return ProbeResult(

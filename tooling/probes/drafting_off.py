@@ -34,6 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import _harness
+from ._v1 import without_v1_runner
 from .drafter_max_len import sample_after_step
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 from .spec_budget_graphs import _decoding
@@ -75,14 +76,9 @@ def _asked_after_step(runner: Any, num_reqs: int) -> tuple[bool, bool]:
 
 
 def run() -> ProbeResult:
-    _harness.install_cpu_platform()
-    if not _harness.has_v1_runner():
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="no V1 model runner: the V2 runner's DFlash speculator decides this "
-            "itself (the ledger's reading)",
-        )
+    why = "the V2 runner's DFlash speculator decides this itself (the ledger's reading)"
+    if (unknown := without_v1_runner(NAME, why)) is not None:
+        return unknown
     pair = _harness.write_tiny_pair(
         _harness.scratch_dir(), target_layers=8, target_layer_ids=[1, 3, 5]
     )
