@@ -10,8 +10,9 @@ asynchronous scheduling runs near ``max_model_len``), each verify step accepting
 drafts handed on or not. Half the draws run the runner's asynchronous path, its state set as
 ``sample_tokens`` leaves it (the previous batch's rows, the valid sampled counts). In every step
 each scheduled row must start from the slot of the last token its last step accepted, read off
-the Gated DeltaNet metadata. Without patch 30 the asynchronous draws read stale slots after a
-step that scheduled no request.
+the Gated DeltaNet metadata, and its computed tokens on the device must be the scheduler's (the
+asynchronous path corrects them from the valid counts). Without patch 30 the asynchronous draws
+read stale slots after a step that scheduled no request.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ SCRIPT = textwrap.dedent(
 
     seeds = json.loads(sys.argv[1])
     out = {"steps": 0, "empty": 0, "passed_over": 0, "checked_rows": 0}
-    out.update(mismatches=[], errors=[])
+    out.update(mismatches=[], computed=[], errors=[])
     for seed in seeds:
         rng = random.Random(seed)
         asynchronous = seed % 2 == 0
@@ -66,6 +67,15 @@ SCRIPT = textwrap.dedent(
                 scheduled = list(step.num_scheduled_tokens)
                 out["passed_over"] += len(rids) - len(scheduled)
                 read = served.read(served.execute(step))
+                runner = served.runner
+                for i, rid in enumerate(runner.input_batch.req_ids):
+                    request = sched.requests[rid]
+                    before = request.num_computed_tokens - step.num_scheduled_tokens[rid]
+                    if int(runner.num_computed_tokens[i]) != before:
+                        out["computed"].append(
+                            f"seed {seed} step {n} ({kind}, async {asynchronous}): {rid} at "
+                            f"{int(runner.num_computed_tokens[i])} on the device, {before} computed"
+                        )
                 for rid in scheduled:
                     out["checked_rows"] += 1
                     if read.slots[rid] != kept[rid] - 1:
@@ -98,6 +108,7 @@ SCRIPT = textwrap.dedent(
 def test_every_decode_row_reads_its_last_accepted_slot(probe_python, patched_0201, tmp_path):
     out = run_draws(probe_python, patched_0201, tmp_path, SCRIPT, SEEDS)
     assert out["mismatches"] == []
+    assert out["computed"] == []
     # The draws reach what the check is for: rows read, requests passed over, empty steps.
     assert out["checked_rows"] > 8 * len(SEEDS)
     assert out["passed_over"] > 0 and out["empty"] > 0
