@@ -32,7 +32,6 @@ SCRIPT = textwrap.dedent(
     from tooling.probes import _harness
     _harness.install_cpu_platform()
     from vllm.v1.outputs import DraftTokenIds
-    import torch
     from tooling.probes.accepted_state import _Served, K, CannotStep
     from tooling.probes.async_drift_skip import _asynchronous
     from tooling.probes.async_kept_accepted import _empty_step
@@ -88,10 +87,7 @@ SCRIPT = textwrap.dedent(
                 served.sampled(step, accepted)
                 kept.update(accepted)
                 if asynchronous:
-                    _asynchronous(served)
-                    served.runner.valid_sampled_token_count_gpu = torch.tensor(
-                        [accepted[r] for r in served.runner.input_batch.req_ids], dtype=torch.int32
-                    )
+                    _asynchronous(served, accepted)
                 running = [r.request_id for r in sched.running]
                 if rng.random() < 0.7:
                     sched.update_draft_token_ids(DraftTokenIds(running, [[8] * K for _ in running]))

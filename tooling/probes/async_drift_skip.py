@@ -35,9 +35,11 @@ NAME = "async_drift_skip"
 RIDS = ["r0", "r1", "r2", "r3"]
 
 
-def _asynchronous(served: _Served) -> None:
+def _asynchronous(served: _Served, valid: dict[str, int] | None = None) -> None:
     """The runner's spec-decode state as its asynchronous path leaves it after a step: each
-    request of the batch at its row, and one valid sampled token each."""
+    request of the batch at its row, and its valid sampled tokens, ``valid[request]`` (one
+    each where not given). The runner's drift correction takes a row's accepted count from
+    them, so a step that accepted more than one hands on its own."""
     import torch
 
     runner = served.runner
@@ -45,7 +47,8 @@ def _asynchronous(served: _Served) -> None:
     runner.use_async_spec_decode = True
     batch = runner.input_batch
     batch.prev_req_id_to_index = {rid: i for i, rid in enumerate(batch.req_ids)}
-    runner.valid_sampled_token_count_gpu = torch.ones(len(batch.req_ids), dtype=torch.int32)
+    counts = [1 if valid is None else valid[rid] for rid in batch.req_ids]
+    runner.valid_sampled_token_count_gpu = torch.tensor(counts, dtype=torch.int32)
 
 
 def _step(served: _Served, out: Any, corrections: list[bool]) -> tuple[bool, bool]:

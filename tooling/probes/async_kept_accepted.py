@@ -56,8 +56,6 @@ def _empty_step(served: _Served) -> None:
 
 def _slots() -> dict[str, int]:
     """Each request's starting slot in the step after the empty one."""
-    import torch
-
     served = _Served()
     sched = served.scheduler
     rids = list(ACCEPTED)
@@ -67,12 +65,7 @@ def _slots() -> dict[str, int]:
     _asynchronous(served)
     served.execute(out)
     served.sampled(out, ACCEPTED)
-    _asynchronous(served)
-    # The valid sampled counts of that step, as the asynchronous path hands them on: where
-    # the runner's drift correction takes a row's count from them, it is the right one.
-    served.runner.valid_sampled_token_count_gpu = torch.tensor(
-        [ACCEPTED[rid] for rid in served.runner.input_batch.req_ids], dtype=torch.int32
-    )
+    _asynchronous(served, ACCEPTED)
     _empty_step(served)
     out = sched.schedule()
     if out.num_scheduled_tokens != dict.fromkeys(rids, 1):
