@@ -429,7 +429,7 @@ def test_every_profiled_region_names_a_method_the_release_has(upstream_0201) -> 
     """A region whose method is gone is only listed as missing in a profile, which a GPU
     session finds out too late: each is read here in 0.20.1's source, the class's own or
     one of its bases' in the same module, and has a category in the split."""
-    from tooling.trained.serving.speed_run import REGIONS
+    from tooling.trained.serving.regions import REGIONS
 
     for module, cls, method, region in REGIONS:
         classes = _methods(upstream_0201.source_dir, module)

@@ -378,6 +378,10 @@ def report(work: Path) -> tuple[str, bool]:
     lines += ["", "## Engine steps", "", *step_table(names, results)]
     lines += ["", "## Where a step's time goes", *profile_table(names, results)]
     lines += profile_table(names, results, "profile_sustained")
+    if any(r.get("timed") for r in results.values()):
+        lines += ["", "## The same steps, no profiler: CPU by region and the host's waits", ""]
+        lines += profile_table(names, results, "timed")
+        lines += profile_table(names, results, "timed_sustained")
     for e in chosen:
         constant = results[e.name].get("constant_logits")
         if not constant:

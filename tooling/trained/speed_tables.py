@@ -37,10 +37,11 @@ def profile_table(
     names: list[str], results: dict[str, dict[str, Any]], key: str = "profile"
 ) -> list[str]:
     """Per profiled level (``profile``: steady decode; ``profile_sustained``: the batch kept
-    full): GPU ms per step by what launched it, the GPU's idle time, CPU ms per region and
-    host waits."""
+    full; ``timed`` and ``timed_sustained``: the same with no profiler): GPU ms per step by
+    what launched it, the GPU's idle time, CPU ms per region and host waits."""
     lines: list[str] = []
-    kind = ", batch kept full" if key == "profile_sustained" else ""
+    kind = ", batch kept full" if key.endswith("_sustained") else ""
+    kind += ", no profiler" if key.startswith("timed") else ""
     levels = sorted({int(lv) for r in results.values() for lv in r.get(key, {})})
     for level in levels:
         profiles = {name: results.get(name, {}).get(key, {}).get(str(level), {}) for name in names}

@@ -22,7 +22,10 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
 - **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
   ``torch.profiler``, split by ``trace_split`` into GPU time by what launched it, CPU time by
   region and host waits; with ``sustained``, one such window profiled too
-  (``profile_sustained``); vLLM's own profiling scopes are on only inside a profile.
+  (``profile_sustained``); vLLM's own profiling scopes are on only inside a profile;
+- **timed** (the same levels): the same windows again with no profiler, each region and each
+  wait of the host for the GPU timed by a clock (``regions.timed``: ``timed``,
+  ``timed_sustained``), since a profile slows the host until the GPU never keeps it waiting.
 
 Across the measured units it also reports anything compiled, captured or autotuned again
 (vLLM's compilation counter, Dynamo's counters, the entries of every Triton autotuner, and
@@ -32,66 +35,30 @@ every Triton kernel compiled: ``watch.Stalls``, in each level's warm-up too).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...smoke.serving.child import exit_now, serve
 from ...smoke.serving.distribution import DistributionRequest, RunningCounter, start_engine
-from . import sustained, trace_split
+from . import sustained
 from .recompiles import compiles, grown
+from .regions import Measure, profiled, timed
 from .sustained import acceptance_length
 from .trained_run import _generate, _mark_done, _spec, _wait_for_barrier
 from .turns import Turns, whole_run
 from .watch import Dispatches, Watch, totals_grown
 
 logger = logging.getLogger(__name__)
-
-#: The region that marks each profiled engine step.
-STEP_REGION = "engine step"
-_SCHEDULER = "vllm.v1.core.sched.scheduler"
-_RUNNER = "vllm.v1.worker.gpu_model_runner"
-_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
-_DFLASH = "vllm.v1.spec_decode.dflash"
-#: Methods timed as regions inside a profile: (module, class, method, region).
-REGIONS = (
-    (_SCHEDULER, "Scheduler", "schedule", "scheduler: schedule"),
-    (_SCHEDULER, "Scheduler", "update_from_output", "scheduler: update_from_output"),
-    (_RUNNER, "GPUModelRunner", "_build_attention_metadata", "runner: attention metadata"),
-    # The rest of "preprocess", on which a DFlash step spends more than plain's.
-    (_RUNNER, "GPUModelRunner", "_update_states", "runner: states"),
-    (_RUNNER, "GPUModelRunner", "_prepare_inputs", "runner: inputs"),
-    (_RUNNER, "GPUModelRunner", "_determine_batch_execution_and_padding", "runner: dispatch"),
-    (_RUNNER, "GPUModelRunner", "_update_states_after_model_execute", "hybrid: accepted tokens"),
-    (
-        "vllm.v1.attention.backends.gdn_attn",
-        "GDNAttentionMetadataBuilder",
-        "build",
-        "gdn: metadata",
-    ),
-    ("vllm.v1.sample.rejection_sampler", "RejectionSampler", "forward", "rejection sampler"),
-    # The drafter's CPU apart from its forward: what is left of "drafter: propose" once
-    # the regions below are taken out is the forward's launch and the drafts' sampling.
-    (_PROPOSER, "SpecDecodeBaseProposer", "propose", "drafter: propose"),
-    (
-        _PROPOSER,
-        "SpecDecodeBaseProposer",
-        "prepare_next_token_ids_padded",
-        "drafter: next token ids",
-    ),
-    (_PROPOSER, "SpecDecodeBaseProposer", "prepare_inputs_padded", "drafter: padded inputs"),
-    (_DFLASH, "DFlashProposer", "set_inputs_first_pass", "drafter: inputs"),
-    (_DFLASH, "DFlashProposer", "build_model_inputs_first_pass", "drafter: context kv"),
-    (_DFLASH, "DFlashProposer", "build_per_group_and_layer_attn_metadata", "drafter: metadata"),
-)
 
 
 @dataclass
@@ -152,45 +119,15 @@ def _one_pass(
     }
 
 
-@contextlib.contextmanager
-def _profiling_scopes() -> Iterator[list[str]]:
-    """vLLM's own scopes and ``REGIONS`` as ``record_function`` regions, for one profile."""
-    import importlib
-
-    import vllm.v1.utils as vutils
-    from torch.profiler import record_function
-
-    missing: list[str] = []
-    restore: list[tuple[Any, str, Any]] = []
-    for module, cls_name, method, region in REGIONS:
-        cls = getattr(importlib.import_module(module), cls_name, None)
-        original = getattr(cls, method, None) if cls is not None else None
-        if original is None:
-            missing.append(f"{cls_name}.{method}")
-            continue
-
-        def timed(*args: Any, __fn: Any = original, __region: str = region, **kwargs: Any) -> Any:
-            with record_function(__region):
-                return __fn(*args, **kwargs)
-
-        restore.append((cls, method, original))
-        setattr(cls, method, timed)
-    scopes = vutils._PROFILER_FUNC
-    vutils._PROFILER_FUNC = record_function
-    try:
-        yield missing
-    finally:
-        vutils._PROFILER_FUNC = scopes
-        for cls, method, original in restore:
-            setattr(cls, method, original)
-
-
 def _decoding_window(
-    llm: Any, request: SpeedRunRequest, level: int, steps: int, mark: bool
+    llm: Any,
+    request: SpeedRunRequest,
+    level: int,
+    steps: int,
+    mark: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> dict[str, Any]:
     """``level`` requests; once each has decoded a token, ``steps`` engine steps timed one by
-    one (each a ``STEP_REGION`` when ``mark``); the rest aborted and drained."""
-    from torch.profiler import record_function
+    one (each inside ``mark()`` where given); the rest aborted and drained."""
     from vllm.inputs import TokensPrompt
 
     from ...smoke.serving.distribution import greedy_params
@@ -226,7 +163,7 @@ def _decoding_window(
         if finished or at_once < level:
             break
         begin = time.perf_counter()
-        with record_function(STEP_REGION) if mark else contextlib.nullcontext():
+        with mark() if mark is not None else contextlib.nullcontext():
             step()
         times.append((time.perf_counter() - begin) * 1000.0)
     tokens = sum(made[r] - start[r] for r in ids)
@@ -244,29 +181,6 @@ def _decoding_window(
         "prefill_steps": warm_steps,
         "at_once": at_once,
     }
-
-
-def _profile(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``measure`` (a window whose steps run under ``STEP_REGION``) under ``torch.profiler``,
-    split per step by ``trace_split``."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    with tempfile.TemporaryDirectory(prefix="speed-trace-") as folder:
-        trace = Path(folder) / "trace.json"
-        with _profiling_scopes() as missing, profile(activities=activities) as prof:
-            window = measure()
-        if not window.get("steps"):
-            at_once = window.get("at_once")
-            return {"error": window.get("error") or f"no steady step: {at_once} decoded at once"}
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text()).get("traceEvents", [])
-    steps, span = trace_split.step_window(events, STEP_REGION)
-    figures = trace_split.split(events, steps, span).per_step()
-    return {**figures, "window": window, "regions_missing": missing}
 
 
 def _save_partial(request: SpeedRunRequest, figures: dict[str, Any]) -> None:
@@ -333,16 +247,18 @@ def _units(
             figures["sustained"].setdefault(key, []).append(window)
 
         def steps(level: int = level, key: str = key) -> None:
-            window = _decoding_window(llm, request, level, request.window_steps, mark=False)
+            window = _decoding_window(llm, request, level, request.window_steps)
             figures["steps"].setdefault(key, window)
             if request.sustained:
                 figures["steady"].setdefault(key, []).append(window)
 
         def profile(level: int = level, key: str = key) -> None:
-            windows: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            windows: list[tuple[str, Measure]] = [
                 (
-                    "profile",
-                    lambda: _decoding_window(llm, request, level, request.profile_steps, mark=True),
+                    "",
+                    lambda mark: _decoding_window(
+                        llm, request, level, request.profile_steps, mark=mark
+                    ),
                 )
             ]
             # The steps a server under steady traffic runs, prompts joining included: above one
@@ -351,18 +267,23 @@ def _units(
             if request.sustained and level > 1:
                 windows.append(
                     (
-                        "profile_sustained",
-                        lambda: _window(
-                            llm, request, watch, level, marker=STEP_REGION, measured=level
+                        "_sustained",
+                        lambda mark: _window(
+                            llm, request, watch, level, marker=mark, measured=level
                         ),
                     )
                 )
-            for name, measure in windows:
-                kept = figures.setdefault(name, {})
+            runner = _runner(llm)
+            how: list[tuple[str, Callable[[Measure], dict[str, Any]]]] = [
+                ("profile", profiled),
+                ("timed", lambda measure: timed(runner, measure)),
+            ]
+            for (kind, split), (suffix, measure) in itertools.product(how, windows):
+                kept = figures.setdefault(kind + suffix, {})
                 try:
-                    kept[key] = _profile(measure)
-                except Exception as exc:  # a profile that fails leaves the speed figures
-                    logger.exception("%s at %d", name, level)
+                    kept[key] = split(measure)
+                except Exception as exc:  # a split that fails leaves the speed figures
+                    logger.exception("%s%s at %d", kind, suffix, level)
                     kept[key] = {"error": f"{type(exc).__name__}: {exc}"}
 
         for _ in range(request.passes):
@@ -382,7 +303,7 @@ def _constant_logits(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
     return {
         "lm_heads_zeroed": zeroed,
         "steps": {
-            str(level): _decoding_window(llm, request, level, request.window_steps, mark=False)
+            str(level): _decoding_window(llm, request, level, request.window_steps)
             for level in request.levels
         },
     }
@@ -431,7 +352,7 @@ def _warm(llm: Any, request: SpeedRunRequest, watch: Watch) -> dict[str, Any]:
             "seconds": time.perf_counter() - begin,
             "tokens": sum(len(o.outputs[0].token_ids) for o in done),
         }
-        _decoding_window(llm, request, level, 4, mark=False)
+        _decoding_window(llm, request, level, 4)
         if request.sustained:
             warm[str(level)]["sustained_cold"] = _window(
                 llm, request, watch, level, measured=level, stalls=watch.stalls.take

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +130,7 @@ def run_window(
     level: int,
     max_new_tokens: int,
     dispatched: Callable[[], dict[str, int]] = dict,
-    marker: str | None = None,
+    marker: Callable[[], AbstractContextManager[Any]] | None = None,
     measured: int | None = None,
     joined: Callable[[], int] = int,
     stalls: Callable[[], dict[str, Any]] | None = None,
@@ -138,9 +139,8 @@ def run_window(
     ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``),
     ``joined`` the prompts admitted (``Joins.take``), ``stalls`` what stalled a step
     (``Stalls.take``; None: not filed so); with ``marker``, each step inside the
-    window runs under a profiler region of that name; ``measured``: requests to finish inside
-    it, if not ``measured_completions``."""
-    from torch.profiler import record_function
+    window runs inside ``marker()`` (a profiler's region, a clock's step); ``measured``:
+    requests to finish inside it, if not ``measured_completions``."""
     from vllm.inputs import TokensPrompt
 
     from ...smoke.serving.distribution import greedy_params
@@ -170,7 +170,7 @@ def run_window(
             if stalls is not None:
                 stalls()
         begin = time.perf_counter()
-        with record_function(marker) if marker and inside else contextlib.nullcontext():
+        with marker() if marker is not None and inside else contextlib.nullcontext():
             outputs = engine.step()
         now = time.perf_counter()
         if inside:
