@@ -198,3 +198,45 @@ def test_a_steps_logged_status_is_its_smokes(tmp_path: Path) -> None:
     assert marks[-2].startswith("the pair drawn on the GPU: exit 0 in ")
     assert marks[-1] == "seed-full-pair: exit 17"
     assert "production smoke pair: exit 17" in (work / "session" / "seed-full-pair.txt").read_text()
+
+
+def test_wait_returns_once_the_pair_is_written_and_says_to_export_it(tmp_path: Path) -> None:
+    """The pair's export is calls of their own while the steps run: a wait that sees the
+    recipe write the pair returns then, whatever its limit, and says so."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    running = subprocess.Popen(["sleep", "600"])
+    pair = work / "hybrid-pair"
+    # Written a moment after the wait begins, as the recipe writes it last.
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib, sys, time; time.sleep(3); p = pathlib.Path(sys.argv[1]); "
+            "p.mkdir(parents=True); (p / 'summary.json').write_text('{}')",
+            str(pair),
+        ]
+    )
+    try:
+        _session(work, running)
+        done = run_gpu_script("hybrid-session.sh", "wait", "100000", work=work, out=out)
+    finally:
+        running.kill()
+        running.wait()
+        writer.wait()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2:] == [
+        "pair: written and not exported; `trained-hybrid.sh export-pair 0`, 1, ... now",
+        "session: running",
+    ]
+    # Once its parts are made, the wait runs to its limit and no longer asks.
+    (work / "pair-parts").mkdir()
+    again = subprocess.Popen(["sleep", "600"])
+    try:
+        record(work / "session" / "background.pid", again.pid)
+        done = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
+    finally:
+        again.kill()
+        again.wait()
+    assert done.stdout.splitlines()[-1] == "session: running"
+    assert "pair: written" not in done.stdout
