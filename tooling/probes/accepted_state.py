@@ -58,6 +58,7 @@ steps do not run as written.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,10 +232,12 @@ class _Served:
                 return Dummy("speculative", [int(c) for c in counts])
         raise CannotStep("_dummy_run returned before the model's forward")
 
-    def sampled(self, out: Any, accepted: dict[str, int], discarded: str = "") -> None:
+    def sampled(
+        self, out: Any, accepted: dict[str, int], discarded: Collection[str] = ()
+    ) -> None:
         """The step's sampling: ``accepted[r]`` tokens of each request, for the runner's
         bookkeeping of accepted counts and for the scheduler, which gets none of the
-        ``discarded`` request's (a chunk short of its end, whose token the runner drops)."""
+        ``discarded`` requests' (chunks short of their end, whose tokens the runner drops)."""
         import torch
 
         rows = self.runner.input_batch.req_ids
@@ -242,7 +245,7 @@ class _Served:
         for i, rid in enumerate(rows):
             tokens[i, : accepted[rid]] = 9
         self.runner._update_states_after_model_execute(tokens, out)
-        sampled = {rid: [] if rid == discarded else [9] * accepted[rid] for rid in rows}
+        sampled = {rid: [] if rid in discarded else [9] * accepted[rid] for rid in rows}
         self.scheduler.update_from_output(out, _harness.model_outputs(sampled))
 
     def drafted(self, rids: list[str]) -> Any:
@@ -328,7 +331,7 @@ def _recompute(served: _Served, out: Any) -> Recompute:
     served.execute(out)
     batch = served.runner.input_batch
     resumed_count = int(batch.num_accepted_tokens_cpu[batch.req_id_to_index[PREEMPTED]])
-    served.sampled(out, dict.fromkeys(rids, 1), discarded=PREEMPTED)
+    served.sampled(out, dict.fromkeys(rids, 1), discarded=(PREEMPTED,))
     out = sched.schedule()
     rest = out.num_scheduled_tokens.get(PREEMPTED, 0)
     if rest < 2 or any(out.scheduled_spec_decode_tokens.values()):

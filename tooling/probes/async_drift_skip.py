@@ -24,6 +24,7 @@ step without drafts. Unknown: the steps do not run as written, or the computed t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
@@ -35,18 +36,23 @@ NAME = "async_drift_skip"
 RIDS = ["r0", "r1", "r2", "r3"]
 
 
-def _asynchronous(served: _Served, valid: dict[str, int] | None = None) -> None:
+def _asynchronous(
+    served: _Served, valid: dict[str, int] | None = None, discarded: Collection[str] = ()
+) -> None:
     """The runner's spec-decode state as its asynchronous path leaves it after a step: each
-    request of the batch at its row, and its valid sampled tokens, ``valid[request]`` (one
-    each where not given). The runner's drift correction takes a row's accepted count from
-    them, so a step that accepted more than one hands on its own."""
+    request of the batch at its row but the ``discarded`` (chunks short of their prompt's
+    end, whose sampled tokens the runner drops), and its valid sampled tokens,
+    ``valid[request]`` (one each where not given). The runner's drift correction takes a
+    row's accepted count from them, so a step that accepted more than one hands on its own."""
     import torch
 
     runner = served.runner
     runner.use_async_scheduling = True
     runner.use_async_spec_decode = True
     batch = runner.input_batch
-    batch.prev_req_id_to_index = {rid: i for i, rid in enumerate(batch.req_ids)}
+    batch.prev_req_id_to_index = {
+        rid: i for i, rid in enumerate(batch.req_ids) if rid not in discarded
+    }
     counts = [1 if valid is None else valid[rid] for rid in batch.req_ids]
     runner.valid_sampled_token_count_gpu = torch.tensor(counts, dtype=torch.int32)
 
