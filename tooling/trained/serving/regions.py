@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import tempfile
 import threading
 import time
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from . import trace_split
+
+logger = logging.getLogger(__name__)
 
 #: The region that marks each measured engine step.
 STEP_REGION = "engine step"
@@ -124,6 +127,7 @@ def profiled(measure: Measure) -> dict[str, Any]:
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
+    logger.debug("profiling a window (%s)", ", ".join(a.name for a in activities))
     with tempfile.TemporaryDirectory(prefix="speed-trace-") as folder:
         trace = Path(folder) / "trace.json"
         with (
@@ -291,6 +295,8 @@ def timed(runner: Any, measure: Measure, regions: Any = REGIONS) -> dict[str, An
     each region's (``regions`` and vLLM's own scopes) and the host's waits by region."""
     clock = Clock()
     with _methods_as(regions, clock.region) as missing, _waits_timed(clock, runner):
+        if missing:
+            logger.debug("regions the release lacks, not timed: %s", ", ".join(missing))
         window = measure(clock.step)
     if not window.get("steps"):
         at_once = window.get("at_once")
