@@ -232,9 +232,7 @@ class _Served:
                 return Dummy("speculative", [int(c) for c in counts])
         raise CannotStep("_dummy_run returned before the model's forward")
 
-    def sampled(
-        self, out: Any, accepted: dict[str, int], discarded: Collection[str] = ()
-    ) -> None:
+    def sampled(self, out: Any, accepted: dict[str, int], discarded: Collection[str] = ()) -> None:
         """The step's sampling: ``accepted[r]`` tokens of each request, for the runner's
         bookkeeping of accepted counts and for the scheduler, which gets none of the
         ``discarded`` requests' (chunks short of their end, whose tokens the runner drops)."""
