@@ -29,6 +29,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, random, sys
     from tooling.probes import _harness
+    from tooling.probes._v1 import draw_fault
     _harness.install_cpu_platform()
     from vllm.v1.outputs import DraftTokenIds, EMPTY_MODEL_RUNNER_OUTPUT
     from tooling.probes.spec_prefill_dispatch import _dispatch, _request, _runner_and_scheduler
@@ -102,8 +103,7 @@ SCRIPT = textwrap.dedent(
                     sched.update_draft_token_ids(DraftTokenIds(decoding, drafts))
                 out["steps"] += 1
         except Exception as e:  # any fault of a draw is reported, with its seed
-            said = " ".join(str(e).split())[:200]
-            out["errors"].append(f"seed {seed}: {type(e).__name__}: {said}")
+            out["errors"].append(draw_fault(seed, e))
     json.dump(out, open(sys.argv[2], "w"))
     """
 )

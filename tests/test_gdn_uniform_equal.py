@@ -10,23 +10,20 @@ FULL_AND_PIECEWISE graphs, as the probe makes it, on a CUDA device as served (``
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
+from pathlib import Path
 
 import pytest
 
 from tooling.fetching.upstream import Upstream
 from tooling.patching.apply import apply_series
 from tooling.patching.outcome import APPLIED
-from tooling.paths import REPO_DIR
 
-from .helpers import apply_options
+from .helpers import apply_options, run_on_tree
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = """
-import dataclasses, json, torch
+import dataclasses, json, sys, torch
 from tooling.probes import _harness
 _harness.install_cpu_platform()
 from vllm.config import set_current_vllm_config
@@ -69,28 +66,12 @@ with cuda_on_cpu() as device:
                 name: [fast[name], general[name]] for name in fast if fast[name] != general[name]
             }
             seen[kind] = {"sliced": sliced, "differ": differ, "fields": len(fast)}
-print(json.dumps(seen))
+json.dump(seen, open(sys.argv[2], "w"))
 """
 
 
-def _compare(probe_python, tree) -> dict:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO_DIR)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_LOGGING_LEVEL": "ERROR",
-        "OMP_NUM_THREADS": "1",
-    }
-    done = subprocess.run(
-        [str(probe_python), "-c", SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def _compare(probe_python, tree, tmp_path) -> dict:
+    return run_on_tree(probe_python, Path(tree), tmp_path, SCRIPT, "", timeout=600)
 
 
 #: The mark 0.20.1's sliced build leaves for the other GDN groups' ``update_block_table``
@@ -108,9 +89,9 @@ def _holds(seen: dict) -> None:
         assert differ == {}, kind
 
 
-def test_on_0201_the_sliced_metadata_is_the_general_builds(probe_python, patched_0201):
+def test_on_0201_the_sliced_metadata_is_the_general_builds(probe_python, patched_0201, tmp_path):
     assert patched_0201.outcome("gdn-uniform-metadata").status == APPLIED
-    _holds(_compare(probe_python, patched_0201.work_dir))
+    _holds(_compare(probe_python, patched_0201.work_dir, tmp_path))
 
 
 def test_on_0340_the_ports_sliced_metadata_is_the_general_builds(
@@ -123,4 +104,4 @@ def test_on_0340_the_ports_sliced_metadata_is_the_general_builds(
     outcome = report.outcome("gdn-uniform-metadata")
     assert outcome.status == APPLIED
     assert outcome.patch_file == "0.34.0/0025-gdn-uniform-metadata.patch"
-    _holds(_compare(probe_python, report.work_dir))
+    _holds(_compare(probe_python, report.work_dir, tmp_path))

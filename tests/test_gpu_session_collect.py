@@ -4,11 +4,13 @@ smoke's variants as the session starts them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tooling.pidfile import record
@@ -77,6 +79,17 @@ def test_the_pair_variant_smokes_the_pair_as_a_user_passes_it(tmp_path: Path) ->
     assert {p: p.stat().st_mtime_ns for p in pair.rglob("*")} == before
 
 
+@contextlib.contextmanager
+def _process() -> Iterator[subprocess.Popen]:
+    """A process that stands in for a running session's, killed on leaving."""
+    process = subprocess.Popen(["sleep", "600"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
 def _session(work: Path, process: subprocess.Popen) -> None:
     """A session's files as ``start`` leaves them, its smoke two waves in; ``process`` (still
     running) stands in for the session's."""
@@ -116,13 +129,9 @@ def test_wait_returns_once_the_session_has_ended_and_brings_back_what_ran(
 def test_wait_on_a_session_still_running_says_so_and_still_collects(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     out.mkdir()
-    running = subprocess.Popen(["sleep", "600"])
-    try:
+    with _process() as running:
         _session(work, running)
         done = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
-    finally:
-        running.kill()
-        running.wait()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "session: running"
     assert (out / "reports.tgz").is_file() and (out / "logs.tgz").is_file()
@@ -205,7 +214,6 @@ def test_wait_returns_once_the_pair_is_written_and_says_to_export_it(tmp_path: P
     recipe write the pair returns then, whatever its limit, and says so."""
     work, out = tmp_path / "work", tmp_path / "out"
     out.mkdir()
-    running = subprocess.Popen(["sleep", "600"])
     pair = work / "hybrid-pair"
     # Written a moment after the wait begins, as the recipe writes it last.
     writer = subprocess.Popen(
@@ -217,13 +225,10 @@ def test_wait_returns_once_the_pair_is_written_and_says_to_export_it(tmp_path: P
             str(pair),
         ]
     )
-    try:
+    with _process() as running:
         _session(work, running)
         done = run_gpu_script("hybrid-session.sh", "wait", "100000", work=work, out=out)
-    finally:
-        running.kill()
-        running.wait()
-        writer.wait()
+    writer.wait()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-2:] == [
         "pair: written and not exported; `trained-hybrid.sh export-pair 0`, 1, ... now",
@@ -231,12 +236,8 @@ def test_wait_returns_once_the_pair_is_written_and_says_to_export_it(tmp_path: P
     ]
     # Once its parts are made, the wait runs to its limit and no longer asks.
     (work / "pair-parts").mkdir()
-    again = subprocess.Popen(["sleep", "600"])
-    try:
+    with _process() as again:
         record(work / "session" / "background.pid", again.pid)
         done = run_gpu_script("hybrid-session.sh", "wait", "0", work=work, out=out)
-    finally:
-        again.kill()
-        again.wait()
     assert done.stdout.splitlines()[-1] == "session: running"
     assert "pair: written" not in done.stdout

@@ -6,16 +6,16 @@ only on a GPU host."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+from pathlib import Path
 
 import pytest
 
-from tooling.paths import REPO_DIR
 from tooling.trained import speed
 
+from .helpers import run_on_tree
+
 SCRIPT = """
-import concurrent.futures, json, time, torch
+import concurrent.futures, json, sys, time, torch
 import vllm.v1.utils as vutils
 from vllm.v1.utils import record_function_or_nullcontext as scope
 from vllm.v1.worker.cpu_model_runner import _torch_cuda_wrapper
@@ -52,32 +52,21 @@ with _torch_cuda_wrapper():
         runner, measure, (("json.decoder", "JSONDecoder", "decode", "json: decode"),)
     )
 after = (vutils._PROFILER_FUNC, concurrent.futures.Future.result, torch.Tensor.item)
-print(json.dumps({
+json.dump({
     "figures": figures,
     "event": type(runner.prepare_inputs_event).__name__,
     "restored": [a is b for a, b in zip(before, after)],
-}))
+}, open(sys.argv[2], "w"))
 """
 
 
 @pytest.mark.slow
-def test_the_clock_times_regions_and_waits_in_the_marked_steps_alone(probe_python, upstream_0201):
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(upstream_0201.source_dir), str(REPO_DIR)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "VLLM_LOGGING_LEVEL": "ERROR",
-    }
-    done = subprocess.run(
-        [str(probe_python), "-c", SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+def test_the_clock_times_regions_and_waits_in_the_marked_steps_alone(
+    probe_python, upstream_0201, tmp_path
+):
+    seen = run_on_tree(
+        probe_python, Path(upstream_0201.source_dir), tmp_path, SCRIPT, "", timeout=600
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
     figures = seen["figures"]
     assert figures["regions_missing"] == []
     # Two event waits in the region, the engine's wait for the output; the host tensor's

@@ -310,9 +310,8 @@ def model_outputs(sampled: dict[str, list[int]]) -> Any:
     # 0.34.0 derives the index from req_ids and takes no such argument.
     if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
         index["req_id_to_index"] = {rid: i for i, rid in enumerate(rids)}
-    return ModelRunnerOutput(
-        req_ids=rids, sampled_token_ids=[sampled[rid] for rid in rids], **index
-    )
+    tokens = [sampled[rid] for rid in rids]
+    return ModelRunnerOutput(req_ids=rids, sampled_token_ids=tokens, **index)
 
 
 #: vLLM's default capture sizes up to 64 tokens: 1, 2, 4, then every multiple of 8.

@@ -27,3 +27,9 @@ def not_as_written(probe: str, error: Exception) -> ProbeResult:
         status=UNKNOWN,
         evidence="the steps did not run as written: " + " ".join(str(error).split())[:300],
     )
+
+
+def draw_fault(seed: int, error: Exception) -> str:
+    """A drawn schedule's fault, as a slow test reports it: its seed, its kind and its first
+    words."""
+    return f"seed {seed}: {type(error).__name__}: " + " ".join(str(error).split())[:300]
