@@ -179,7 +179,9 @@ class Clock:
     def region(self, name: str) -> _Region:
         return _Region(self, name)
 
-    def wait(self, fn: Callable[..., Any], *args: Any, where: str | None = None) -> Any:
+    def wait(
+        self, fn: Callable[..., Any], *args: Any, where: str | None = None, **kwargs: Any
+    ) -> Any:
         stack = self._stack()
         if where is None:
             if stack:
@@ -191,7 +193,7 @@ class Clock:
         counting = self._counting
         begin = time.perf_counter()
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             if counting:
                 with self._lock:
@@ -247,20 +249,26 @@ def _waits_timed(clock: Clock, runner: Any) -> Iterator[None]:
     for name in ("item", "tolist", "cpu"):
         original = getattr(torch.Tensor, name)
 
-        def on_device(self: Any, *args: Any, __fn: Any = original) -> Any:
-            return clock.wait(__fn, self, *args) if self.is_cuda else __fn(self, *args)
+        def on_device(self: Any, *args: Any, __fn: Any = original, **kwargs: Any) -> Any:
+            if self.is_cuda:
+                return clock.wait(__fn, self, *args, **kwargs)
+            return __fn(self, *args, **kwargs)
 
         swap(torch.Tensor, name, on_device)
     # A CPU runner's stand-ins for these have no synchronize of their own.
     for owner in (torch.cuda.Event, torch.cuda.Stream):
         if (sync := getattr(owner, "synchronize", None)) is not None:
             swap(owner, "synchronize", lambda self, __fn=sync: clock.wait(__fn, self))
-    swap(torch.cuda, "synchronize", lambda *a, __fn=torch.cuda.synchronize: clock.wait(__fn, *a))
+    swap(
+        torch.cuda,
+        "synchronize",
+        lambda *a, __fn=torch.cuda.synchronize, **kw: clock.wait(__fn, *a, **kw),
+    )
     result = concurrent.futures.Future.result
     swap(
         concurrent.futures.Future,
         "result",
-        lambda self, *a: clock.wait(result, self, *a, where=OUTPUT),
+        lambda self, *a, **kw: clock.wait(result, self, *a, where=OUTPUT, **kw),
     )
     runner_module = importlib.import_module(_RUNNER)
     output = getattr(runner_module, "AsyncGPUModelRunnerOutput", None)
