@@ -119,6 +119,12 @@ def _methods_as(regions: Any, scope: Callable[[str], AbstractContextManager[Any]
             setattr(cls, method, original)
 
 
+def _no_steps(window: dict[str, Any]) -> dict[str, Any]:
+    """A window that measured no step: why, as its figures."""
+    at_once = window.get("at_once")
+    return {"error": window.get("error") or f"no steady step: {at_once} decoded at once"}
+
+
 def profiled(measure: Measure) -> dict[str, Any]:
     """``measure`` under ``torch.profiler``, split per step by ``trace_split``."""
     import torch
@@ -136,8 +142,7 @@ def profiled(measure: Measure) -> dict[str, Any]:
         ):
             window = measure(lambda: record_function(STEP_REGION))
         if not window.get("steps"):
-            at_once = window.get("at_once")
-            return {"error": window.get("error") or f"no steady step: {at_once} decoded at once"}
+            return _no_steps(window)
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text()).get("traceEvents", [])
     steps, span = trace_split.step_window(events, STEP_REGION)
@@ -307,6 +312,5 @@ def timed(runner: Any, measure: Measure, regions: Any = REGIONS) -> dict[str, An
             logger.debug("regions the release lacks, not timed: %s", ", ".join(missing))
         window = measure(clock.step)
     if not window.get("steps"):
-        at_once = window.get("at_once")
-        return {"error": window.get("error") or f"no steady step: {at_once} decoded at once"}
+        return _no_steps(window)
     return {**clock.per_step(), "window": window, "regions_missing": missing}
