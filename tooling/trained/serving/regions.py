@@ -187,23 +187,26 @@ class Clock:
     def wait(
         self, fn: Callable[..., Any], *args: Any, where: str | None = None, **kwargs: Any
     ) -> Any:
-        stack = self._stack()
-        if where is None:
-            if stack:
-                where = stack[-1]
-            elif threading.current_thread() is threading.main_thread():
-                where = OTHER
-            else:
-                where = f"thread {threading.current_thread().name.rstrip('_0123456789')}"
         counting = self._counting
         begin = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             if counting:
+                spent = time.perf_counter() - begin
+                where = where or self._where()
                 with self._lock:
-                    self.waits[where] += time.perf_counter() - begin
+                    self.waits[where] += spent
                     self.wait_calls += 1
+
+    def _where(self) -> str:
+        """The region open around a wait on this thread, else the thread's own name."""
+        stack = self._stack()
+        if stack:
+            return stack[-1]
+        if threading.current_thread() is threading.main_thread():
+            return OTHER
+        return f"thread {threading.current_thread().name.rstrip('_0123456789')}"
 
     def per_step(self) -> dict[str, Any]:
         n = max(self.steps, 1)
