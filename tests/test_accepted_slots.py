@@ -17,7 +17,10 @@ read stale slots after a step that scheduled no request.
 The second draws (``JOINING``) have the traffic users send: requests arriving while others
 verify drafts, prompts of every length (1, K + 1, block multiples) chunked by a lowered token
 budget beside decodes, aborts and trimmed drafts, at K = 3 or 7. There each prompt chunk
-must also start from its first slot, and no row may read a state block outside its own.
+must also start from its first slot, no row may read a state block outside its own, and the
+GDN layer must load the state of every row with context and of none that starts its request:
+without patch 31 a one-token first step (a one-token prompt, a first chunk cut to one) took the
+decode kernels, which load its recycled slot.
 """
 
 from __future__ import annotations
@@ -125,7 +128,10 @@ JOINING = textwrap.dedent(
     PROMPTS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 20, 31, 32, 33)
 
     def slots(served, metadata):
-        # Each row's starting slot among its own state blocks, and its GDN path.
+        # Each row's starting slot among its own state blocks, its GDN path, and whether
+        # the layer loads that slot: the speculative and the decode kernels always do, the
+        # prefill path (taken by every non-speculative row once one is a prefill) where
+        # has_initial_state says so.
         runner = served.runner
         rows = runner.input_batch.req_ids
         spec = int(metadata.num_spec_decodes)
@@ -139,21 +145,25 @@ JOINING = textwrap.dedent(
                 j = marked.index(i)
                 count = int(metadata.num_accepted_tokens[j])
                 index = int(metadata.spec_state_indices_tensor[j, count - 1])
-                path = "speculative"
+                path, loads = "speculative", True
             else:
                 j = i - sum(1 for m in marked if m < i)
                 index = int(metadata.non_spec_state_indices_tensor[j])
-                path = "non-speculative"
+                if int(metadata.num_prefills) > 0:
+                    path, loads = "prefill", bool(metadata.has_initial_state[j])
+                else:
+                    path, loads = "decode", True
             blocks = list(runner.requests[rid].block_ids[0])
             if index in blocks:
-                found[rid] = (blocks.index(index), path, "")
+                found[rid] = (blocks.index(index), path, loads, "")
             else:
-                found[rid] = (None, path, f"state block {index}, not one of {blocks}")
+                found[rid] = (None, path, loads, f"state block {index}, not one of {blocks}")
         return found
 
     seeds = json.loads(sys.argv[1])
     out = {"steps": 0, "empty": 0, "joined": 0, "aborted": 0, "chunks": 0, "checked_rows": 0}
-    out.update(mismatches=[], computed=[], errors=[], ks=[])
+    out.update(mismatches=[], computed=[], errors=[], ks=[], loads=[], one_token_starts=0)
+    out["drained"] = 0
     for seed in seeds:
         rng = random.Random(seed)
         k = rng.choice([3, 7])
@@ -175,19 +185,26 @@ JOINING = textwrap.dedent(
         try:
             for n in range(16):
                 live = [r for r in sched.requests if not sched.requests[r].is_finished()]
-                if rng.random() < 0.3 and len(live) < 5:
+                # A request arriving at an idle engine is its step's only row.
+                if (rng.random() < 0.3 or not live) and len(live) < 5:
                     join()
                     out["joined"] += 1
                 running = [r.request_id for r in sched.running]
                 if running and rng.random() < 0.08:
                     sched.finish_requests(rng.choice(running), RequestStatus.FINISHED_ABORTED)
                     out["aborted"] += 1
+                elif running and rng.random() < 0.06:
+                    # Every client leaves at once: the engine drains.
+                    sched.finish_requests(running, RequestStatus.FINISHED_ABORTED)
+                    out["drained"] += 1
                 if asynchronous and rng.random() < 0.1:
                     _empty_step(served)
                     out["empty"] += 1
                     continue
                 if rng.random() < 0.3:
-                    sched.max_num_scheduled_tokens = rng.randint(1, 3 * (k + 1))
+                    # One token as often as any other budget: a step of one-token pieces.
+                    budget = rng.choice([1, rng.randint(1, 3 * (k + 1))])
+                    sched.max_num_scheduled_tokens = budget
                 step = sched.schedule()
                 sched.max_num_scheduled_tokens = full
                 if not step.total_num_scheduled_tokens:
@@ -210,9 +227,16 @@ JOINING = textwrap.dedent(
                     request = sched.requests[rid]
                     drafts = len(step.scheduled_spec_decode_tokens.get(rid, ()))
                     decoding = before[rid] + 1 >= request.num_tokens
-                    slot, path, fault = read[rid]
+                    slot, path, loads, fault = read[rid]
                     out["checked_rows"] += 1
                     want = kept[rid] - 1 if decoding else 0
+                    out["one_token_starts"] += before[rid] == 0 and count == 1
+                    if loads != (before[rid] > 0):
+                        out["loads"].append(
+                            f"seed {seed} step {n} (K {k}, async {asynchronous}): {rid} "
+                            f"({count} tokens, {before[rid]} computed, {path}) "
+                            + ("loads its recycled slot" if loads else "loads no state")
+                        )
                     if fault or slot != want:
                         kind = "decode" if decoding else "prompt chunk"
                         out["mismatches"].append(
@@ -244,6 +268,7 @@ JOINING = textwrap.dedent(
 def _no_stale_reads(out: dict) -> None:
     assert out["mismatches"] == []
     assert out["computed"] == []
+    assert out.get("loads", []) == []
 
 
 def test_every_decode_row_reads_its_last_accepted_slot(probe_python, patched_0201, tmp_path):
@@ -263,3 +288,5 @@ def test_every_row_reads_its_slot_with_prompts_joining(probe_python, patched_020
     assert out["joined"] > len(SEEDS_JOINING) and out["chunks"] > 2 * len(SEEDS_JOINING)
     assert out["aborted"] > 0 and out["empty"] > 0
     assert out["checked_rows"] > 20 * len(SEEDS_JOINING)
+    # One-token first steps: one-token prompts, and first chunks the lowered budget cut to one.
+    assert out["one_token_starts"] > 4 and out["drained"] > 0
