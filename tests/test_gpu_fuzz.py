@@ -28,6 +28,7 @@ from tooling.fuzzing.gpu_case import (
     prompt_ids,
     read_gpu_case_file,
     step_bound,
+    workload_number,
     write_gpu_case_file,
 )
 from tooling.fuzzing.gpu_oracles import (
@@ -101,6 +102,24 @@ def test_prompts_stay_inside_the_vocabulary_and_prefixes_are_shared():
     tiny = prompt_ids(0, 0, a, 400)  # the trainer's smallest pair
     assert all(50 <= t < 300 for t in tiny) and len(set(tiny)) > 20
     assert step_bound((a, b)) == 64 + 4 * (301 + 251)
+
+
+def test_a_workload_draws_its_prompts_from_its_requests_not_its_place_in_the_run(tmp_path):
+    """The number a workload's prompts come from is read off its requests: saved as a case,
+    read back and served first in a replay, it is the one the campaign drew them with."""
+    figures = EngineFigures(480, {"budget": 512})
+    settings = CASE.settings
+    drawn = [draw_workload(7, 0, w, figures, settings) for w in range(4)]
+    numbers = [workload_number(w) for w in drawn]
+    assert len(set(numbers)) == 4
+    path = tmp_path / "finding.json"
+    write_gpu_case_file(path, GpuCaseFile(GpuCase(settings, drawn[3]), "lossless", "", ""))
+    replayed = read_gpu_case_file(path).case.requests
+    assert workload_number(replayed) == numbers[3]
+    prompts = [prompt_ids(numbers[3], i, r, 8192) for i, r in enumerate(drawn[3])]
+    assert [prompt_ids(workload_number(replayed), i, r, 8192) for i, r in enumerate(replayed)] == (
+        prompts
+    )
 
 
 # -- case files ------------------------------------------------------------------------------

@@ -15,9 +15,11 @@ workloads in the DFlash and the plain engine's processes.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +176,15 @@ def step_bound(requests: tuple[Req, ...]) -> int:
     work = sum(r.prompt_len + r.max_tokens for r in requests)
     last = max((r.arrival for r in requests), default=0)
     return last + 64 + 4 * work
+
+
+def workload_number(requests: Sequence[Req]) -> int:
+    """The number a workload's prompts are drawn from, read off its requests alone: the same
+    workload drawn in a campaign, saved as a case and replayed (alone, or among others, or
+    while it is shrunk) gets the same prompt tokens, where its place in the run it is served
+    in would give it others."""
+    text = json.dumps([asdict(r) for r in requests], sort_keys=True)
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % 1_000_000
 
 
 def prompt_ids(workload: int, index: int, req: Req, vocab: int) -> list[int]:

@@ -54,6 +54,7 @@ from ..gpu_case import (
     prompt_ids,
     step_bound,
     stop_ids,
+    workload_number,
 )
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class Driver:
         keys = {name: f"r{i}" for i, name in enumerate(names)}
         results: dict[str, dict[str, Any]] = {}
         last: dict[str, Any] = {}
+        number = workload_number(reqs)
         pending = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival, i))
         bound = step_bound(tuple(reqs))
         steps: dict[str, list[int]] = {"scheduled": [], "produced": [], "unfinished": []}
@@ -220,7 +222,7 @@ class Driver:
             while True:
                 while pending and reqs[pending[0]].arrival <= step:
                     i = pending.pop(0)
-                    prompt = prompt_ids(index, i, reqs[i], vocab)
+                    prompt = prompt_ids(number, i, reqs[i], vocab)
                     results[f"r{i}"] = {"tokens": [], "added": step}
                     try:
                         engine.add_request(
