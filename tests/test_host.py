@@ -338,3 +338,24 @@ def test_the_verify_step_runs_tooling_verify_on_each_install_and_keeps_its_lines
     for engine in ("stock", "patched"):
         text = (layout.session / f"verify-{engine}.txt").read_text()
         assert text.strip() == f"error: no vllm-*.dist-info in {layout.engine(engine)}"
+
+
+def test_a_background_step_runs_from_a_copy_of_the_checkout_of_its_own(tmp_path):
+    """The driver's tool copies the checkout in again with each call: a step started in the
+    background imports the toolchain, and reads the series, from a copy no later start writes
+    over."""
+    from tooling.host.layout import CHECKOUT_PARTS, Layout, detached
+
+    layout = Layout(work=tmp_path / "work")
+    log = tmp_path / "child.log"
+    code = "import tooling.paths as p; print(p.REPO_DIR); print((p.REPO_DIR / 'patches').is_dir())"
+    child = detached(layout, [sys.executable, "-c", code], log=log, env=layout.env())
+    assert child.wait(timeout=HANG_GUARD_S) == 0
+    where, has_series = log.read_text().split()
+    copies = sorted((layout.work / "checkouts").iterdir())
+    assert [str(c) for c in copies] == [where] and has_series == "True"
+    assert all((copies[0] / part).is_dir() for part in CHECKOUT_PARTS)
+    assert not list(copies[0].rglob("__pycache__"))
+    again = detached(layout, [sys.executable, "-c", "pass"], log=log, env=layout.env())
+    assert again.wait(timeout=HANG_GUARD_S) == 0
+    assert len(list((layout.work / "checkouts").iterdir())) == 2

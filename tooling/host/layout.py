@@ -7,7 +7,9 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -116,6 +118,37 @@ class Layout:
         if pythonpath is not None:
             env["PYTHONPATH"] = pythonpath
         return env
+
+
+#: What a background step needs of this checkout (``tooling`` and what it reads: the series,
+#: the GPU scripts and their lists, the benchmarks, the kept GPU cases).
+CHECKOUT_PARTS = ("tooling", "patches", "ci", "bench", "tests/data")
+
+
+def checkout_copy(work: Path) -> Path:
+    """A copy of this checkout's ``CHECKOUT_PARTS`` in a new folder under ``work``, for a step
+    that runs in the background. The driver's tool copies the checkout in again with each of
+    its calls, and a step reading it meanwhile found files missing (2026-12-05: the session's
+    build lost ``patches/0001-...``); each copy is a folder of its own, so a later start never
+    writes over what a running step reads."""
+    root = work / "checkouts"
+    root.mkdir(parents=True, exist_ok=True)
+    target = Path(tempfile.mkdtemp(dir=root, prefix=time.strftime("%Y%m%d-%H%M%S-")))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in CHECKOUT_PARTS:
+        if (REPO_DIR / part).is_dir():
+            shutil.copytree(REPO_DIR / part, target / part, ignore=ignore, symlinks=True)
+    return target
+
+
+def detached(
+    layout: Layout, cmd: Sequence[str], *, log: Path, env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """``cmd`` started in a session of its own (through ``tooling.procs``) in a copy of this
+    checkout (``checkout_copy``): ``python3 -m`` imports the toolchain from there."""
+    return procs.start_group(
+        cmd, log=log, env=env, cwd=checkout_copy(layout.work), truncate_log=True
+    )
 
 
 def say(line: str) -> None:

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from .. import pidfile, procs
+from .. import pidfile
 from ..errors import HostRefusal, HostStepError, HostUsageError, VerifyFixMissingError
 from ..paths import REPO_DIR
 from ..trained.speed import ENGINES
 from .fuzz import ENGINES as FUZZ_ENGINES
 from .fuzz import FuzzSettings, fuzz
 from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
+from .layout import detached as in_background
 from .proof import seed_pair
 from .setup import SetupStep, setup
 from .speed import LOCATE_ENGINES, SPEED_ENGINES, speed_args
@@ -184,7 +185,7 @@ def start(
     env = {k: v for k, v in layout.env().items() if k != "OUT"}
     cmd = [PYTHON, "-m", Modules.TOOLING, "host", "session", "--", "background", str(parts)]
     log = layout.session / "session.log"
-    child = procs.start_group([*cmd, *steps], log=log, env=env, truncate_log=True)
+    child = in_background(layout, [*cmd, *steps], log=log, env=env)
     pidfile.record(record, child.pid)
     say(f"session started (pid {child.pid}): {' '.join(steps)}; log {log}")
 

@@ -17,9 +17,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from .. import procs
 from ..errors import HostStepError
-from .layout import PYTHON, Layout, Modules, run, running, say, since, tail
+from .layout import PYTHON, Layout, Modules, detached, run, running, say, since, tail
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +146,7 @@ def start(layout: Layout, pair: Path, args: list[str]) -> None:
     logger.debug("step: start the speed run on %s (%s)", pair, " ".join(args))
     cmd, log = _run_cmd(layout, pair, args)
     env = layout.env(str(layout.site), VLLM_LOGGING_LEVEL="WARNING")
-    child = procs.start_group(cmd, log=log, env=env, truncate_log=True)
+    child = detached(layout, cmd, log=log, env=env)
     say(f"speed run started (pid {child.pid}), log {log}")
 
 

@@ -17,7 +17,19 @@ from pathlib import Path
 from .. import procs
 from ..errors import HostRefusal, HostStepError, HostUsageError
 from ..release.split import split_bundle
-from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
+from .layout import (
+    PYTHON,
+    Layout,
+    Modules,
+    detached,
+    run,
+    running,
+    say,
+    shown,
+    since,
+    tail,
+    written,
+)
 
 #: The recipe, as ``pgrep -f`` finds it running.
 RECIPE = f"{Modules.TRAINER} train --arch hybrid"
@@ -81,7 +93,7 @@ def train(layout: Layout, settings: TrainSettings) -> None:
     env = layout.env(f"{extras}:{layout.site}", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     cmd = [PYTHON, "-m", Modules.TRAINER, "train", "--arch", "hybrid", "--out-dir"]
     cmd += [str(layout.pair), "--export", str(layout.work / "train-out"), *settings.args]
-    child = procs.start_group(cmd, log=log, env=env, truncate_log=True)
+    child = detached(layout, cmd, log=log, env=env)
     say(f"training started (pid {child.pid}), log {log}")
 
 
@@ -229,5 +241,5 @@ def train_drafter(layout: Layout) -> None:
         archive.extractall(only)
     log = layout.work / "train.log"
     cmd = [PYTHON, "-m", Modules.TRAINER, "train", "--export", str(layout.work / "train-out")]
-    child = procs.start_group(cmd, log=log, env=layout.env(str(only)), truncate_log=True)
+    child = detached(layout, cmd, log=log, env=layout.env(str(only)))
     say(f"training started (pid {child.pid}), log {log}")
