@@ -41,6 +41,7 @@ _SCHEDULER = "vllm.v1.core.sched.scheduler"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 _PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 _DFLASH = "vllm.v1.spec_decode.dflash"
+_DFLASH_MODEL = "vllm.model_executor.models.qwen3_dflash"
 #: Methods timed as regions: (module, class, method, region).
 REGIONS = (
     (_SCHEDULER, "Scheduler", "schedule", "scheduler: schedule"),
@@ -71,6 +72,16 @@ REGIONS = (
     (_DFLASH, "DFlashProposer", "set_inputs_first_pass", "drafter: inputs"),
     (_DFLASH, "DFlashProposer", "build_model_inputs_first_pass", "drafter: context kv"),
     (_DFLASH, "DFlashProposer", "build_per_group_and_layer_attn_metadata", "drafter: metadata"),
+    # A step with drafting off (patch 23) runs only this of the drafter: its share of the
+    # runner's "draft" scope, and within it the context K/V's projection and writes.
+    (_DFLASH, "DFlashProposer", "store_context", "drafter: store context"),
+    (_DFLASH_MODEL, "DFlashQwen3ForCausalLM", "combine_hidden_states", "drafter: combine"),
+    (
+        _DFLASH_MODEL,
+        "DFlashQwen3Model",
+        "precompute_and_store_context_kv",
+        "drafter: context kv write",
+    ),
 )
 #: The model runner's events the host synchronizes on (each used through its methods alone).
 RUNNER_EVENTS = (

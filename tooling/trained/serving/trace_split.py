@@ -45,6 +45,9 @@ REGION_CATEGORIES: dict[str, str] = {
     "drafter: inputs": "drafter inputs and metadata",
     "drafter: metadata": "drafter inputs and metadata",
     "drafter: context kv": "drafter context KV",
+    "drafter: store context": "drafter",
+    "drafter: combine": "drafter",
+    "drafter: context kv write": "drafter context KV",
     "gpu_model_runner: bookkeep": "bookkeeping",
     "gpu_model_runner: ModelRunnerOutput": "bookkeeping",
 }
