@@ -121,8 +121,9 @@ class Layout:
 
 
 #: What a background step needs of this checkout (``tooling`` and what it reads: the series,
-#: the GPU scripts and their lists, the benchmarks, the kept GPU cases).
-CHECKOUT_PARTS = ("tooling", "patches", "ci", "bench", "tests/data")
+#: the GPU scripts and their lists, the benchmarks, the probes' requirements, the kept GPU
+#: cases).
+CHECKOUT_PARTS = ("tooling", "patches", "ci", "bench", "requirements", "tests/data")
 
 
 def checkout_copy(work: Path) -> Path:
