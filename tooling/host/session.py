@@ -470,14 +470,15 @@ def wait(layout: Layout, seconds: int, out: Path) -> None:
     record = layout.session / "background.pid"
     if not record.is_file():
         raise HostUsageError(f"{record}: no session was started here")
-    paired = (layout.pair / "summary.json").is_file()
+    summary = layout.pair / "summary.json"
+    paired = summary.is_file()
     try:
         pidfile.running(record)
         end = time.monotonic() + seconds
         while pidfile.running(record) is not None and time.monotonic() < end:
             # The pair's export is calls of their own, best made while the session's steps
             # run: a wait that sees the pair written returns for them.
-            if not paired and (layout.pair / "summary.json").is_file():
+            if not paired and summary.is_file():
                 break
             time.sleep(2)
         state = "ended" if pidfile.running(record) is None else "running"
@@ -491,6 +492,6 @@ def wait(layout: Layout, seconds: int, out: Path) -> None:
     if errs:
         for line in [x for x in _lines(errs[-1]) if x.startswith("[smoke]")][-8:]:
             say(line)
-    if (layout.pair / "summary.json").is_file() and not (layout.work / "pair-parts").is_dir():
+    if summary.is_file() and not (layout.work / "pair-parts").is_dir():
         say("pair: written and not exported; `trained-hybrid.sh export-pair 0`, 1, ... now")
     say(f"session: {state}")
