@@ -78,10 +78,21 @@ SHAPE_OFF_16_ARGS = (
 )
 
 
+#: ``speed-16``: the trained pair at 16 requests with the batch kept full, where DFlash at
+#: K = 15 last lost to plain: DFlash as shipped and drafting 7 or 3 tokens, against plain, so
+#: that the run says whether a budget that lowers K there pays, and which K.
+SPEED_16_ENGINES = ("plain", "dflash", "dflash-k7", "dflash-k3")
+SPEED_16_ARGS = (
+    *("--engines", ",".join(SPEED_16_ENGINES), "--interleave", "--sustained"),
+    *("--levels", "16", "--passes", "3", "--profile-levels", "16"),
+    *("--time-limit", "480"),
+)
+
+
 def speed_args(variant: str) -> tuple[str, ...]:
     """The speed run's options for a session step's variant: ``locate``, ``shape`` (the drawn
     shapes), ``shape-off`` (drafting off, on the drawn shapes), ``shape-off-16`` (its 16 alone),
-    else the bar's on the
+    ``trained-16`` (the trained pair at 16, K lowered beside K = 15), else the bar's on the
     trained pair."""
     if variant == "locate":
         return LOCATE_ARGS
@@ -89,6 +100,8 @@ def speed_args(variant: str) -> tuple[str, ...]:
         return SHAPE_OFF_ARGS
     if variant == "shape-off-16":
         return SHAPE_OFF_16_ARGS
+    if variant == "trained-16":
+        return SPEED_16_ARGS
     return (*SPEED_ARGS, *(SHAPE_PROFILE if variant == "shape" else TRAINED_PROFILE))
 
 
