@@ -1,14 +1,24 @@
-"""The lossless oracle's evidence: each token difference carried from the oracle to the saved
-finding and read back."""
+"""The lossless oracle's evidence and its float32 referee (``tooling fuzz referee``): the
+evidence of each token difference carried from the oracle to the saved finding and read
+back, the pure ruling, the command's refusals, and (slow) the referee end to end on a tiny
+random-weight hybrid target in float32 on the CPU."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tooling.errors import FuzzCaseError
+from tooling.errors import (
+    FuzzCaseError,
+    FuzzFindingError,
+    FuzzNoEvidenceError,
+    RefereeError,
+    RefereeInterpreterError,
+)
 from tooling.fuzzing.gpu import Campaign, GpuPlan
 from tooling.fuzzing.gpu_case import (
     EngineFigures,
@@ -31,7 +41,10 @@ from tooling.fuzzing.gpu_oracles import (
     judge_workload,
 )
 from tooling.fuzzing.gpu_pair import PairRun, judge_pair
+from tooling.fuzzing.referee import NOISE, Ruling, rule
 from tooling.paths import REPO_DIR
+
+from .helpers import HANG_GUARD_S, bytecode_env, run_tooling
 
 #: A saved finding of the first GPU campaign on the trained pair, from before findings kept
 #: their evidence.
@@ -210,3 +223,163 @@ def test_an_evidence_entry_of_the_wrong_shape_is_refused_naming_it(tmp_path, cha
     with pytest.raises(FuzzCaseError) as caught:
         read_gpu_case_file(path)
     assert f"{path}: evidence[1]" in str(caught.value) and named in str(caught.value)
+
+
+# -- the ruling -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("margin", "noise", "ruling"),
+    [
+        (0.2917, NOISE, Ruling.DEFECT),  # float32 gives plain's token, well clear
+        (0.001, NOISE, Ruling.ROUNDING),  # a tie in float32 too
+        (-0.5, NOISE, Ruling.ROUNDING),  # float32 gives DFlash's token
+        (NOISE, NOISE, Ruling.ROUNDING),  # within the noise, at its edge
+        (NOISE * 1.01, NOISE, Ruling.DEFECT),
+        (0.05, 0.1, Ruling.ROUNDING),
+        (0.0, 0.0, Ruling.ROUNDING),
+        (1e-6, 0.0, Ruling.DEFECT),
+    ],
+)
+def test_a_defect_is_float32_preferring_plains_token_by_more_than_the_noise(margin, noise, ruling):
+    assert rule(margin, noise) is ruling
+
+
+def test_the_default_noise_is_plains_own_and_nan_is_no_margin():
+    assert NOISE == 2.0**-5
+    assert rule(0.0312) is Ruling.ROUNDING and rule(0.0313) is Ruling.DEFECT
+    with pytest.raises(ValueError, match="not a number"):
+        rule(float("nan"))
+
+
+# -- the command's refusals -------------------------------------------------------------------
+
+
+def referee_cli(*args: str, timeout: float = HANG_GUARD_S) -> tuple[int, str, str]:
+    done = run_tooling("fuzz", "referee", *args, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr.strip()
+
+
+@pytest.fixture
+def finding(tmp_path: Path) -> Path:
+    """A finding with one difference, and a target folder that is only a config."""
+    case = GpuCase(GpuSettings(k=3), (GpuReq(0, 4, 2),))
+    evidence = Evidence("r0", (300, 301, 302, 303), (), 9, 8, ((8, -0.25), (9, -0.5)))
+    path = tmp_path / "finding-lossless-0-0.json"
+    write_gpu_case_file(path, GpuCaseFile(case, "lossless", "r0 position 0", "", (), (evidence,)))
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    return path
+
+
+def test_a_file_that_is_not_a_case_is_one_line_and_its_code(tmp_path, finding):
+    target = str(tmp_path / "target")
+    bad = tmp_path / "case.json"
+    bad.write_text(json.dumps({"format": "dflash-gpufuzz-case/1", "kind": "lossless"}))
+    for path in (bad, tmp_path / "missing.json"):
+        code, out, err = referee_cli(str(finding), str(path), "--target", target)
+        assert code == FuzzCaseError.exit_code == 26 and out == ""
+        assert err.count("\n") == 0 and str(path) in err
+
+
+def test_a_case_with_no_evidence_is_one_line_and_its_code(tmp_path, finding):
+    code, _, err = referee_cli(str(OLD_FINDING), "--target", str(tmp_path / "target"))
+    assert code == FuzzNoEvidenceError.exit_code == 31
+    assert err.count("\n") == 0 and str(OLD_FINDING) in err and "no evidence" in err
+
+
+def test_an_interpreter_without_torch_is_one_line_and_its_code(tmp_path, finding):
+    """This interpreter (the default) has no torch at all."""
+    code, out, err = referee_cli(str(finding), "--target", str(tmp_path / "target"))
+    assert code == RefereeInterpreterError.exit_code == 32 and out == ""
+    assert err.count("\n") == 0 and "cannot import torch" in err and "Traceback" not in err
+
+
+def test_a_target_that_is_no_model_folder_is_one_line_and_its_code(tmp_path, finding):
+    code, _, err = referee_cli(str(finding), "--target", str(tmp_path))
+    assert code == RefereeError.exit_code == 33
+    assert err.count("\n") == 0 and "no config.json" in err
+
+
+# -- end to end, on a tiny target in float32 ---------------------------------------------------
+
+#: The tiny target's own float32 choice after a context, computed here apart from the
+#: referee: its greedy token and its least likely one.
+CHOICE = """
+import json, sys, torch, transformers
+model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+    sys.argv[1], dtype=torch.float32).eval()
+with torch.inference_mode():
+    logits = model(torch.tensor([json.loads(sys.argv[2])]), use_cache=False).logits[0, -1]
+print(json.dumps({"best": int(logits.argmax()), "worst": int(logits.argmin()),
+                  "vocab": int(logits.numel())}))
+"""
+
+
+def _probe(probe_python: Path, *args: str) -> str:
+    env = {**bytecode_env(), "PYTHONPATH": str(REPO_DIR), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [str(probe_python), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        cwd=REPO_DIR,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_the_referee_settles_differences_by_the_targets_float32_choice(tmp_path, probe_python):
+    """A tiny random-weight Qwen3.5-style hybrid target (Gated DeltaNet and gated attention,
+    saved in bf16 as the smoke's are): plain taking float32's greedy token where DFlash took
+    its least likely one is a defect; the two swapped is rounding."""
+    target = tmp_path / "target"
+    _probe(
+        probe_python,
+        "-c",
+        "import sys; from pathlib import Path; "
+        "from tooling.smoke.serving.tiny import TinySpec, write_hybrid_target; "
+        "write_hybrid_target(Path(sys.argv[1]), TinySpec.for_arch('hybrid', 0))",
+        str(target),
+    )
+    prompt, agreed = [300, 301, 302, 303], [304, 305]
+    choice = json.loads(
+        _probe(probe_python, "-c", CHOICE, str(target), json.dumps(prompt + agreed))
+    )
+    assert choice["vocab"] >= VOCAB
+    case = GpuCase(GpuSettings(k=3), (GpuReq(0, len(prompt), 4),))
+
+    def saved(name: str, plain: int, dflash: int) -> Path:
+        top = ((plain, -0.5), (dflash, -0.75))
+        evidence = Evidence("r0", tuple(prompt), tuple(agreed), dflash, plain, top)
+        path = tmp_path / name
+        write_gpu_case_file(path, GpuCaseFile(case, "lossless", "", "", (), (evidence,)))
+        return path
+
+    defect = saved("defect.json", choice["best"], choice["worst"])
+    rounding = saved("rounding.json", choice["worst"], choice["best"])
+    python = ("--target", str(target), "--python", str(probe_python))
+
+    code, out, err = referee_cli(str(rounding), *python)
+    assert code == 0, err
+    (line, summary) = out.strip().splitlines()
+    assert line.startswith("rounding.json r0 position 2:") and line.endswith(": rounding")
+    assert "plain's bf16 top-2 margin 0.250000" in line
+    assert summary.startswith("0 defect(s), 1 rounding, of 1 difference(s) in 1 finding(s)")
+
+    done = run_tooling("fuzz", "referee", "--json", str(rounding), str(defect), *python)
+    assert done.returncode == FuzzFindingError.exit_code == 25, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "1 of 2 difference(s) a defect" in done.stderr
+    report = json.loads(done.stdout)
+    assert not report["ok"] and report["defects"] == 1 and report["noise"] == NOISE
+    first, second = report["differences"]
+    assert (first["ruling"], second["ruling"]) == ("rounding", "defect")
+    assert first["float32_margin"] == pytest.approx(-second["float32_margin"])
+    assert second["float32_margin"] > NOISE and second["float32_best"] == choice["best"]
+
+    outside = saved("outside.json", choice["vocab"] + 5, choice["best"])
+    code, _, err = referee_cli(str(outside), *python)
+    assert code == RefereeError.exit_code and err.count("\n") == 0
+    assert "outside the target's vocabulary" in err
