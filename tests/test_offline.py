@@ -16,12 +16,14 @@ from click.testing import CliRunner
 from tooling.cli import main
 from tooling.errors import (
     CacheMissError,
+    FuzzNoEvidenceError,
     FuzzPairError,
     HostRefusal,
     HostStepError,
     NetworkError,
     ProbeError,
 )
+from tooling.paths import REPO_DIR
 
 from .index_server import refusing_index
 from .wheels import build_wheel
@@ -32,6 +34,10 @@ def _wheel(tmp_path: Path) -> str:
     return str(build_wheel(tmp_path / "dist", "vllm", "0.20.1+dflash.12.abc"))
 
 
+#: A GPU finding saved before findings kept their evidence.
+OLD_FINDING = (
+    REPO_DIR / "docs" / "notebook" / "2026-12-05-first-chunk-state" / "finding-lossless-1-1.json"
+)
 #: Every command and sub-command, with what it is asked (``{tmp}``: the test's folder,
 #: ``{wheel}``: a wheel made there), and the exit it must give: its answer from the cache,
 #: or its cache miss.
@@ -75,6 +81,11 @@ COMMANDS: dict[str, tuple[list[str], int | None]] = {
     "fuzz gpu": (
         ["fuzz", "gpu", "--pair", "{tmp}/no-pair", "--python", sys.executable, "--out", "{tmp}/gf"],
         FuzzPairError.exit_code,
+    ),
+    # A finding saved before findings kept their evidence: refused before any model loads.
+    "fuzz referee": (
+        ["fuzz", "referee", str(OLD_FINDING), "--target", "{tmp}", "--python", sys.executable],
+        FuzzNoEvidenceError.exit_code,
     ),
     # The fuzzer reads no index: with an interpreter that has no vLLM, it says so.
     "fuzz scheduler": (

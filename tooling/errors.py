@@ -178,10 +178,17 @@ class FuzzFindingError(ToolingError):
 
 
 class FuzzCaseError(ToolingError):
-    """A file given to replay is not a saved fuzz case (unreadable, or a key of the wrong
-    type)."""
+    """A file given to replay or to the referee is not a saved fuzz case (unreadable, or a
+    key of the wrong type)."""
 
     exit_code = 26
+
+
+class FuzzNoEvidenceError(FuzzCaseError):
+    """A case file given to ``tooling fuzz referee`` holds no token difference to settle: a
+    finding of another oracle, or one saved before findings kept their evidence."""
+
+    exit_code = 31
 
 
 class LogFileError(ToolingError):
@@ -202,6 +209,21 @@ class FuzzNoGpuError(EnvironmentProblem):
     ``torch.cuda.is_available()`` false there)."""
 
     exit_code = 30
+
+
+class RefereeInterpreterError(EnvironmentProblem):
+    """The interpreter ``tooling fuzz referee`` was given cannot run the target in float32:
+    it does not start, or cannot import torch or transformers."""
+
+    exit_code = 32
+
+
+class RefereeError(ToolingError):
+    """``tooling fuzz referee`` could not compute the target's float32 logprobs: the target
+    folder is not a model transformers loads, a token lies outside its vocabulary, or its
+    child gave no answer."""
+
+    exit_code = 33
 
 
 class HostRefusal(ToolingError):

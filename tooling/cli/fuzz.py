@@ -140,10 +140,13 @@ def _text(result: CampaignResult, out_dir: Path) -> str:
 
 
 def _register() -> None:
-    """The GPU fuzzer's command, from its own module, under this group."""
+    """The GPU fuzzer's command and its findings' referee, each from its own module, under
+    this group."""
     from .fuzz_gpu import gpu_command
+    from .fuzz_referee import referee_command
 
     fuzz_group.add_command(gpu_command)
+    fuzz_group.add_command(referee_command)
 
 
 _register()

@@ -97,18 +97,20 @@ def validate_case(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
-def load_case_json(path: Path, fmt: str, kinds: tuple[str, ...]) -> dict[str, Any]:
+def load_case_json(
+    path: Path, fmt: str, kinds: tuple[str, ...], max_bytes: int = MAX_BYTES
+) -> dict[str, Any]:
     """The JSON table saved in ``path`` whose "format" is ``fmt``, its "kind" one of
     ``kinds`` or "pass" and its "detail" and "found_on" strings; FuzzCaseError naming the
-    file (and the key) when it cannot be read, is too large, is not JSON or is none of
-    these."""
+    file (and the key) when it cannot be read, is larger than ``max_bytes``, is not JSON or
+    is none of these."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise FuzzCaseError(f"{path}: cannot read: {e.strerror}") from None
-    if len(raw) > MAX_BYTES:
-        raise FuzzCaseError(f"{path}: larger than {MAX_BYTES} bytes: not a fuzz case")
+    if len(raw) > max_bytes:
+        raise FuzzCaseError(f"{path}: larger than {max_bytes} bytes: not a fuzz case")
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

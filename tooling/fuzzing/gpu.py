@@ -35,7 +35,7 @@ from .gpu_case import (
     scheduler_case_file,
     write_gpu_case_file,
 )
-from .gpu_oracles import Mode, Verdict
+from .gpu_oracles import Evidence, Mode, Verdict
 from .gpu_pair import GpuTarget, Judgement, PairRun, judge_pair, run_pair, vet_settings
 from .gpu_report import CampaignReport, Finding
 from .gpu_shrink import shrink
@@ -227,6 +227,7 @@ class Campaign:
         path = self.out_dir / f"{prefix}-{verdict.kind}-{number}-{len(self.report.findings)}.json"
         finding = Finding(verdict.kind, verdict.detail, verdict.engine, number, workload, path)
         finding.excused = verdict.excused
+        finding.evidence = verdict.evidence
         self._save(finding, case)
         self.report.findings.append(finding)
         self.report.write(self.out_dir)
@@ -237,15 +238,20 @@ class Campaign:
         if verdict.kind in ("acceptance",) or workload is None:
             return  # a pair's figure, or an engine that never started: nothing to shrink
         self.shrunk[verdict.kind] = kept + 1
-        smaller = self._shrink(number, case, verdict.kind)
-        if smaller is not None:
+        shrunk = self._shrink(number, case, verdict.kind)
+        if shrunk is not None:
             finding.shrunk = True
+            smaller, finding.evidence = shrunk
             self._save(finding, smaller)
             self.report.write(self.out_dir)
 
-    def _shrink(self, number: int, case: GpuCase, kind: str) -> GpuCase | None:
-        """The smallest case found that fails with ``kind``, None when none smaller did."""
+    def _shrink(
+        self, number: int, case: GpuCase, kind: str
+    ) -> tuple[GpuCase, tuple[Evidence, ...]] | None:
+        """The smallest case found that fails with ``kind`` and the evidence of its token
+        differences, None when none smaller did."""
         rounds = iter(range(1 << 30))
+        evidence: dict[GpuCase, tuple[Evidence, ...]] = {}
 
         def answer(batch: list[GpuCase]) -> list[bool | None]:
             judged = self._serve(
@@ -254,7 +260,10 @@ class Campaign:
                 [c.requests for c in batch],
                 f"shrink-{number}-{kind}-{next(rounds)}",
             )
-            failing = {v.workload for v in judged.verdicts if v.kind == kind}
+            failing = {v.workload: v for v in judged.verdicts if v.kind == kind}
+            for i, v in failing.items():
+                if i is not None and i < len(batch):
+                    evidence[batch[i]] = v.evidence
             return [
                 True if i in failing else False if i < judged.served else None
                 for i in range(len(batch))
@@ -262,14 +271,21 @@ class Campaign:
 
         plan = shrink(case, answer, self.plan.shrink_seconds)
         logger.info("shrink of %s: %d steps, %d candidates asked", kind, plan.steps, plan.asked)
-        return plan.best if plan.steps else None
+        return (plan.best, evidence.get(plan.best, ())) if plan.steps else None
 
     def _save(self, finding: Finding, case: GpuCase) -> None:
         """The finding's case, and beside it its scheduler side for the CPU fuzzer."""
         assert finding.file is not None
         write_gpu_case_file(
             finding.file,
-            GpuCaseFile(case, finding.kind, finding.detail, self.report.found_on, finding.excused),
+            GpuCaseFile(
+                case,
+                finding.kind,
+                finding.detail,
+                self.report.found_on,
+                finding.excused,
+                finding.evidence,
+            ),
         )
         cpu = scheduler_case_file(case, f"the scheduler side of {finding.file.name}")
         write_case_file(finding.file.with_suffix(".scheduler.json"), cpu)

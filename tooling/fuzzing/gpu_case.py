@@ -30,6 +30,7 @@ from ..probes._schedfuzz import draw_settings as draw_scheduler_settings
 from ..probes._schedfuzz import draw_workload as draw_scheduler_workload
 from ..probes._schedsim import STOP_TOKEN, Case, Req, Settings, prompt_tokens
 from .cases import MAX_REQUESTS, CaseFile, check_fields, load_case_json
+from .gpu_oracles import Evidence, ranked
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ LOGPROBS = (2, 2, 2, 5, 20)
 #: The oracles a finding is named by (``gpu_oracles`` says what each means).
 KINDS = ("crash", "hang", "stall", "livelock", "lossless", "logprobs", "slot", "acceptance")
 OUTCOME_PASS = "pass"
+#: A GPU case file is larger than a scheduler case: its evidence holds the prompt and the
+#: agreed output of every token difference in the workload.
+MAX_BYTES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,10 @@ class GpuCaseFile:
     """The vLLM it was found on (an interpreter, and the version it reported)."""
     excused: tuple[str, ...] = ()
     """Differences the lossless oracle excused in it (a near tie in plain's top-2)."""
+    evidence: tuple[Evidence, ...] = ()
+    """Each token difference of the case as saved (its shrunk form's, once shrunk), flagged
+    or excused: what ``tooling fuzz referee`` settles. Empty in files saved before findings
+    carried it."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -225,22 +233,69 @@ class GpuCaseFile:
             "detail": self.detail,
             "found_on": self.found_on,
             "excused": list(self.excused),
+            "evidence": [e.to_json() for e in self.evidence],
         }
 
 
 def read_gpu_case_file(path: Path) -> GpuCaseFile:
     """The case saved in ``path``; FuzzCaseError, one line naming the file and the key,
     when it is none."""
-    data = load_case_json(path, FORMAT, KINDS)
+    data = load_case_json(path, FORMAT, KINDS, MAX_BYTES)
     excused = data.get("excused", [])
     if not isinstance(excused, list) or not all(isinstance(e, str) for e in excused):
         raise FuzzCaseError(f"{path}: 'excused' must be a list of strings")
+    evidence = data.get("evidence", [])
+    if not isinstance(evidence, list):
+        raise FuzzCaseError(f"{path}: 'evidence' must be a list")
     return GpuCaseFile(
         case=GpuCase.from_json(data.get("case"), f"{path}: case"),
         kind=data["kind"],
         detail=data.get("detail", ""),
         found_on=data.get("found_on", ""),
         excused=tuple(excused),
+        evidence=tuple(read_evidence(e, f"{path}: evidence[{i}]") for i, e in enumerate(evidence)),
+    )
+
+
+#: An evidence entry's keys, as ``Evidence.to_json`` writes them.
+EVIDENCE_KEYS = ("request", "prompt", "agreed", "dflash", "plain", "plain_top", "excused")
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int and t >= 0 for t in value)
+
+
+def read_evidence(data: Any, where: str) -> Evidence:
+    """One evidence entry of a case file, checked key by key (FuzzCaseError naming
+    ``where`` and the key)."""
+    if not isinstance(data, dict) or set(data) != set(EVIDENCE_KEYS):
+        raise FuzzCaseError(f"{where}: an entry holds {', '.join(map(repr, EVIDENCE_KEYS))}")
+    if not isinstance(data["request"], str):
+        raise FuzzCaseError(f"{where}: 'request' must be a string")
+    if not _token_ids(data["prompt"]) or not data["prompt"]:
+        raise FuzzCaseError(f"{where}: 'prompt' must be a list of token ids, not empty")
+    if not _token_ids(data["agreed"]):
+        raise FuzzCaseError(f"{where}: 'agreed' must be a list of token ids")
+    for key in ("dflash", "plain"):
+        if not _token_ids([data[key]]):
+            raise FuzzCaseError(f"{where}: {key!r} must be a token id")
+    if data["dflash"] == data["plain"]:
+        raise FuzzCaseError(f"{where}: 'dflash' and 'plain' are the same token: no difference")
+    top = data["plain_top"]
+    if not isinstance(top, dict) or not all(
+        k.isdigit() and type(v) in (int, float) for k, v in top.items()
+    ):
+        raise FuzzCaseError(f"{where}: 'plain_top' must map token ids to logprobs")
+    if type(data["excused"]) is not bool:
+        raise FuzzCaseError(f"{where}: 'excused' must be true or false")
+    return Evidence(
+        data["request"],
+        tuple(data["prompt"]),
+        tuple(data["agreed"]),
+        data["dflash"],
+        data["plain"],
+        ranked(top),
+        data["excused"],
     )
 
 

@@ -15,7 +15,8 @@ Each failure is a ``Verdict`` named by its kind (``gpu_case.KINDS``):
 - ``lossless`` (mode "lossless", a trained pair): a greedy DFlash output differs from the
   plain engine's, at a position where plain's top-2 margin is over ``MARGIN``, or ends
   otherwise (length, finish reason), or one engine refused a request the other took; a
-  difference at a near tie is excused, and listed;
+  difference at a near tie is excused, and listed. Each token difference, flagged or
+  excused, keeps its ``Evidence``: what ``tooling fuzz referee`` recomputes in float32;
 - ``logprobs`` (mode "noise", a random-weight pair, whose near ties are everywhere): a
   logprob of a token both engines list differs by more than the given noise, at a
   position where both outputs still agree; a token difference is excused where plain's
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class RequestRun:
     aborted: bool = False
     refused: str | None = None
     """Why ``add_request`` refused it (a prompt too long): it never ran."""
+    prompt: list[int] = field(default_factory=list)
+    """Its prompt's token ids; empty where unknown (the engines do not record them: the
+    campaign recomputes them from the workload's requests, ``gpu_pair.judge_pair``)."""
 
 
 @dataclass
@@ -106,6 +110,46 @@ class WorkloadRun:
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """A token difference the lossless oracle flagged or excused, with what a referee needs
+    to settle it apart from the engines: the context both engines agreed on, the two tokens,
+    and plain's top logprobs at the difference."""
+
+    request: str
+    """The request's name in its workload, ``r<i>``."""
+    prompt: tuple[int, ...]
+    agreed: tuple[int, ...]
+    """The output tokens both engines gave before the difference."""
+    dflash: int
+    plain: int
+    plain_top: tuple[tuple[int, float], ...]
+    """Plain's logprobs at the difference (its top-k and its chosen token), best first."""
+    excused: bool = False
+    """The oracle excused it: plain's top-2 margin there is within the tie bound."""
+
+    @property
+    def position(self) -> int:
+        """The difference's place in the output."""
+        return len(self.agreed)
+
+    @property
+    def plain_margin(self) -> float | None:
+        """Plain's top-2 logprob margin at the difference; None where it listed fewer."""
+        return top2_margin({str(token): lp for token, lp in self.plain_top})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request": self.request,
+            "prompt": list(self.prompt),
+            "agreed": list(self.agreed),
+            "dflash": self.dflash,
+            "plain": self.plain,
+            "plain_top": {str(token): lp for token, lp in self.plain_top},
+            "excused": self.excused,
+        }
+
+
+@dataclass(frozen=True)
 class Verdict:
     kind: str
     detail: str
@@ -113,6 +157,9 @@ class Verdict:
     """"dflash", "plain" or "pair" (a comparison of both)."""
     workload: int | None = None
     excused: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    """Each token difference of the workload, flagged or excused (mode "lossless", where the
+    prompts are known)."""
 
 
 def crash(run: WorkloadRun, engine: str) -> list[Verdict]:
@@ -186,8 +233,14 @@ def slot(run: WorkloadRun) -> list[Verdict]:
 
 def top2_margin(position: dict[str, float]) -> float | None:
     """The gap between the two highest logprobs at a position; None with fewer than two."""
-    ranked = sorted(position.values(), reverse=True)
-    return ranked[0] - ranked[1] if len(ranked) >= 2 else None
+    values = sorted(position.values(), reverse=True)
+    return values[0] - values[1] if len(values) >= 2 else None
+
+
+def ranked(position: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    """A position's logprobs as (token id, logprob) pairs, best first."""
+    pairs = ((int(token), float(lp)) for token, lp in position.items())
+    return tuple(sorted(pairs, key=lambda pair: (-pair[1], pair[0])))
 
 
 def _first_difference(d: RequestRun, p: RequestRun) -> int | None:
@@ -197,15 +250,38 @@ def _first_difference(d: RequestRun, p: RequestRun) -> int | None:
     return None
 
 
-def compare_request(
-    name: str, d: RequestRun, p: RequestRun, mode: Mode
-) -> tuple[str | None, str | None]:
-    """(the failure, the excused difference) of one request's two outputs, each a line or
-    None. Past a first difference nothing is compared: the two continue different texts."""
+class Compared(NamedTuple):
+    """One request's two outputs compared: the failure and the excused difference, each a
+    line or None, and the evidence of a token difference (either kind) or None."""
+
+    failure: str | None
+    excused: str | None
+    evidence: Evidence | None = None
+
+
+def _evidence(name: str, d: RequestRun, p: RequestRun, at: int, excused: bool) -> Evidence | None:
+    """The evidence of the difference at ``at``; None where plain's prompt is unknown."""
+    if not p.prompt:
+        return None
+    top = p.logprobs[at] if at < len(p.logprobs) else {}
+    return Evidence(
+        name,
+        tuple(p.prompt),
+        tuple(p.tokens[:at]),
+        d.tokens[at],
+        p.tokens[at],
+        ranked(top),
+        excused,
+    )
+
+
+def compare_request(name: str, d: RequestRun, p: RequestRun, mode: Mode) -> Compared:
+    """(the failure, the excused difference, the evidence) of one request's two outputs.
+    Past a first difference nothing is compared: the two continue different texts."""
     if d.refused is not None or p.refused is not None:
         if d.refused is not None and p.refused is not None:
-            return None, None
-        return f"{name}: refused by one engine only ({d.refused or p.refused})", None
+            return Compared(None, None)
+        return Compared(f"{name}: refused by one engine only ({d.refused or p.refused})", None)
     at = _first_difference(d, p)
     if mode.kind == "noise":
         common = len(d.tokens) if at is None else at
@@ -213,7 +289,7 @@ def compare_request(
             for token, lp in p.logprobs[i].items():
                 other = d.logprobs[i].get(token)
                 if other is not None and abs(other - lp) > mode.noise:
-                    return (
+                    return Compared(
                         f"{name} position {i}: token {token}'s logprob {other:.5f} (dflash) "
                         f"against {lp:.5f} (plain), more than the noise {mode.noise}",
                         None,
@@ -225,34 +301,42 @@ def compare_request(
             f"{name} position {at}: dflash {d.tokens[at]}, plain {p.tokens[at]}, plain's "
             f"top-2 margin {'unknown' if margin is None else f'{margin:.6f}'}"
         )
-        if margin is not None and margin <= tie:
-            return None, what
-        return what, None
+        excused = margin is not None and margin <= tie
+        evidence = _evidence(name, d, p, at, excused) if mode.kind == "lossless" else None
+        if excused:
+            return Compared(None, what, evidence)
+        return Compared(what, None, evidence)
     if d.aborted or p.aborted:
-        return None, None  # aborted at the same step, after different numbers of tokens
+        return Compared(None, None)  # aborted at the same step, after different numbers of tokens
     if len(d.tokens) != len(p.tokens) or d.finish_reason != p.finish_reason:
-        return (
+        return Compared(
             f"{name}: the same tokens, but dflash ends after {len(d.tokens)} "
             f"({d.finish_reason}) and plain after {len(p.tokens)} ({p.finish_reason})",
             None,
         )
-    return None, None
+    return Compared(None, None)
 
 
 def outputs(d: WorkloadRun, p: WorkloadRun, mode: Mode) -> list[Verdict]:
     """``lossless`` or ``logprobs`` over every request both engines served; one verdict
-    holding the first failure, or a passing one (kind "pass") listing what was excused."""
+    holding the first failure, or a passing one (kind "pass") listing what was excused,
+    either with the evidence of every token difference."""
     failures: list[str] = []
     excused: list[str] = []
+    evidence: list[Evidence] = []
     for name in sorted(set(d.results) & set(p.results), key=_request_order):
-        failure, excuse = compare_request(name, d.results[name], p.results[name], mode)
-        failures += [failure] if failure else []
-        excused += [excuse] if excuse else []
+        compared = compare_request(name, d.results[name], p.results[name], mode)
+        failures += [compared.failure] if compared.failure else []
+        excused += [compared.excused] if compared.excused else []
+        evidence += [compared.evidence] if compared.evidence else []
     kind = "lossless" if mode.kind == "lossless" else "logprobs"
     if failures:
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-        return [Verdict(kind, failures[0] + more, "pair", d.index, tuple(excused))]
-    return [Verdict("pass", "", "pair", d.index, tuple(excused))] if excused else []
+        detail = failures[0] + more
+        return [Verdict(kind, detail, "pair", d.index, tuple(excused), tuple(evidence))]
+    if excused:
+        return [Verdict("pass", "", "pair", d.index, tuple(excused), tuple(evidence))]
+    return []
 
 
 def _request_order(name: str) -> tuple[int, str]:

@@ -18,7 +18,7 @@ from ..paths import REPO_DIR
 from ..procs import run as run_command
 from ..procs import start_group, stop_group
 from ..smoke.pair import read_pair
-from .gpu_case import KS, GpuReq, GpuSettings
+from .gpu_case import KS, GpuReq, GpuSettings, prompt_ids, workload_number
 from .gpu_oracles import (
     Mode,
     Verdict,
@@ -143,6 +143,9 @@ class PairRun:
     seconds: float
     stopped: dict[str, bool] = field(default_factory=dict)
     """Per role: the process was stopped at the time limit (or by a signal)."""
+    vocab_size: int | None = None
+    """The target's vocabulary, which the prompts were drawn inside; None where unknown
+    (then no difference keeps its evidence)."""
 
 
 def _read(progress: Path, result: Path) -> dict[str, Any]:
@@ -213,7 +216,7 @@ def run_pair(
         for proc in procs.values():
             stop_group(proc, grace_s=10.0)
     runs = {role: _read(work / f"{role}.progress.json", files[role][1]) for role in procs}
-    return PairRun(runs, time.monotonic() - started, stopped)
+    return PairRun(runs, time.monotonic() - started, stopped, target.vocab_size)
 
 
 def vet_settings(
@@ -296,6 +299,20 @@ class Judgement:
     """Workloads an engine ended at its time (its steps still returning): no hang."""
 
 
+def with_prompts(runs: list[WorkloadRun], requests: list[dict[str, Any]], vocab: int) -> None:
+    """Each request of ``runs`` given its prompt's token ids, drawn from the workload's
+    ``requests`` as both engines drew them (``serving.gpu_run``): a difference's evidence
+    then holds the whole context, and a referee needs neither the case nor the engines."""
+    reqs = [GpuReq(**r) for r in requests]
+    number = workload_number(reqs)
+    for i, req in enumerate(reqs):
+        served = [run.results[f"r{i}"] for run in runs if f"r{i}" in run.results]
+        if served and not all(r.prompt for r in served):
+            prompt = prompt_ids(number, i, req, vocab)
+            for r in served:
+                r.prompt = r.prompt or prompt
+
+
 def judge_pair(pair: PairRun, mode: Mode) -> Judgement:
     """Every oracle over ``pair``: each workload both engines finished, a workload an
     engine was stopped in (``hang``), an engine that failed to start (``crash``), and the
@@ -325,6 +342,8 @@ def judge_pair(pair: PairRun, mode: Mode) -> Judgement:
         judged.requests_of[d.index] = recorded["requests"]
         judged.served += 1
         p = p_runs.get(d.index)
+        if pair.vocab_size is not None:
+            with_prompts([d] if p is None else [d, p], recorded["requests"], pair.vocab_size)
         judged.requests += len(d.results)
         judged.cut += int(d.cut is not None or (p is not None and p.cut is not None))
         if p is None:  # the plain engine never served it: DFlash's own oracles only

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..fsutil import atomic_write_text
 from ..report import markdown_table
+from .gpu_oracles import Evidence
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ class Finding:
     file: Path | None = None
     shrunk: bool = False
     excused: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    """Its token differences, for the case file (``gpu_case.GpuCaseFile.evidence``)."""
 
 
 @dataclass

@@ -20,23 +20,31 @@ def pick_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_pair(target: str, drafter: str, device: str, dtype: str) -> tuple[Any, Any]:
-    """The HF target and the reference drafter, in eval mode on ``device``."""
+def load_target(target: str, device: str, dtype: str) -> Any:
+    """The HF target in eval mode on ``device``, in ``dtype`` ("auto": its checkpoint's)."""
     import torch
     import transformers
-    from dflash.model import DFlashDraftModel
 
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    logger.debug("load the reference pair %s, %s on %s (%s)", target, drafter, device, dtype)
     # The class the checkpoint names (Qwen3_5ForConditionalGeneration loads its
     # own weight layout; the Auto mapping would pick the text-only class).
     config = transformers.AutoConfig.from_pretrained(target)
     names = getattr(config, "architectures", None) or []
     cls = getattr(transformers, names[0], None) if names else None
     cls = cls or transformers.AutoModelForCausalLM
-    target_model = cls.from_pretrained(target, dtype=torch_dtype).to(device)
+    return cls.from_pretrained(target, dtype=torch_dtype).to(device).eval()
+
+
+def load_pair(target: str, drafter: str, device: str, dtype: str) -> tuple[Any, Any]:
+    """The HF target and the reference drafter, in eval mode on ``device``."""
+    import torch
+    from dflash.model import DFlashDraftModel
+
+    torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+    logger.debug("load the reference pair %s, %s on %s (%s)", target, drafter, device, dtype)
+    target_model = load_target(target, device, dtype)
     draft_model = DFlashDraftModel.from_pretrained(drafter, dtype=torch_dtype).to(device)
-    return target_model.eval(), draft_model.eval()
+    return target_model, draft_model.eval()
 
 
 def _embedding_scale(draft_model: Any) -> float:
