@@ -88,12 +88,22 @@ SPEED_16_ARGS = (
     *("--time-limit", "420"),
 )
 
+#: ``speed-replay``: patch 32's option against the same engine without it (both with prefix
+#: caching off, which the option needs) and plain, at 16 and 64 with the batch kept full, the
+#: step at 64 profiled: whether the target's Gated DeltaNet time falls toward plain's.
+REPLAY_ENGINES = ("plain", "dflash-no-prefix-caching", "dflash-replay")
+REPLAY_ARGS = (
+    *("--engines", ",".join(REPLAY_ENGINES), "--interleave", "--sustained"),
+    *("--levels", "16,64", "--passes", "3", "--profile-levels", "64"),
+    *("--time-limit", "600"),
+)
+
 
 def speed_args(variant: str) -> tuple[str, ...]:
     """The speed run's options for a session step's variant: ``locate``, ``shape`` (the drawn
     shapes), ``shape-off`` (drafting off, on the drawn shapes), ``shape-off-16`` (its 16 alone),
-    ``trained-16`` (the trained pair at 16, K lowered beside K = 15), else the bar's on the
-    trained pair."""
+    ``trained-16`` (the trained pair at 16, K lowered beside K = 15), ``replay`` (patch 32's
+    option against its control), else the bar's on the trained pair."""
     if variant == "locate":
         return LOCATE_ARGS
     if variant == "shape-off":
@@ -102,6 +112,8 @@ def speed_args(variant: str) -> tuple[str, ...]:
         return SHAPE_OFF_16_ARGS
     if variant == "trained-16":
         return SPEED_16_ARGS
+    if variant == "replay":
+        return REPLAY_ARGS
     return (*SPEED_ARGS, *(SHAPE_PROFILE if variant == "shape" else TRAINED_PROFILE))
 
 

@@ -119,6 +119,16 @@ ENGINES = {
             KV_GIB_DRAFTED,
             {"enable_prefix_caching": False},
         ),
+        # Patch 32's option: a verify step writes one Gated DeltaNet state a request, not K + 1
+        # (prefix caching off, which the option needs; beside it, dflash-no-prefix-caching).
+        SpeedEngine(
+            "dflash-replay",
+            "patched",
+            True,
+            KV_GIB_DRAFTED,
+            {"enable_prefix_caching": False},
+            speculative_args={"gdn_spec_replay": True},
+        ),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
