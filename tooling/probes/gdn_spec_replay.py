@@ -32,7 +32,8 @@ from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "gdn_spec_replay"
 K = 3
-H, HV, DK, DV, WIDTH = 2, 4, 16, 16, 4
+# Value heads of two 32-wide blocks, as the kernels tile them: the blocks share each gate row.
+H, HV, DK, DV, WIDTH = 2, 4, 16, 64, 4
 #: Tokens each of the three requests verifies, step by step (1: a decode with no drafts).
 STEPS = [[K + 1, K + 1, 1], [K + 1, 2, K + 1], [1, K + 1, K + 1], [K + 1, K + 1, K + 1]]
 #: With a bf16 state the replay rounds the state after a step's first token, stock after its
