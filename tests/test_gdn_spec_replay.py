@@ -1,8 +1,9 @@
 """Patch 32's probe on trees that carry the option but get the replay wrong (slow).
 
 The patched 0.20.1 tree's ``vllm/`` is copied and one line changed: a verify step that replays
-one row too many (the count used as the number of rows), or a caller that keeps the stock
-kernel with the option on. The probe must read both absent, and say why.
+one row too many (the count used as the number of rows), a caller that keeps the stock
+kernel with the option on, or a config that no longer refuses prefix caching's "align" mode.
+The probe must read each absent, and say why.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.slow
 
 KERNEL = "vllm/model_executor/layers/fla/ops/replay_gating.py"
 CALLER = "vllm/model_executor/layers/mamba/gdn_linear_attn.py"
+CONFIG = "vllm/config/vllm.py"
 COUNT = "n_rows = tl.load(num_accepted_tokens + i_n).to(tl.int64) - 1"
 
 
@@ -72,3 +74,19 @@ def test_a_caller_that_keeps_the_stock_kernel_reads_absent(
     result = _probe(root, probe_python, cache)
     assert result.status == ABSENT, result.evidence
     assert result.details["float32"]["written"] == 3 * 2
+
+
+def test_a_config_that_takes_prefix_caching_reads_absent(
+    patched_0201, probe_python, cache, tmp_path
+):
+    root = _mutated(
+        Path(patched_0201.work_dir),
+        tmp_path,
+        CONFIG,
+        "self._refuse_gdn_spec_replay_cache_mode()",
+        "pass",
+        "def __post_init__",
+    )
+    result = _probe(root, probe_python, cache)
+    assert result.status == ABSENT, result.evidence
+    assert result.details["refusal"]["prefix caching"] is None

@@ -7,18 +7,21 @@ start from the slot of the last token it accepted. With ``"gdn_spec_replay": tru
 slot 0 and the other tokens' inputs as rows in the request's last slot, and the next step
 replays the accepted rows first: one state read and one state write a request a layer.
 
-The probe asks the tree's ``SpeculativeConfig`` for the option. Where it is, it runs the
-tree's own ``GatedDeltaNetAttention._forward_core`` (the speculative branch, on a stand-in
-layer of small dims and a hand-built metadata of verify rows) for a few steps of three
-requests at K = ``K``, each step accepting a drawn count, once with the option off (the
-stock kernel) and once with it on, in Triton's interpreter on the CPU, with a float32 and a
-bf16 state. Slots nothing has written hold NaN, so a read of one shows. After each step the
-replaying run's accepted state is read with the tree's ``fold``.
+The probe asks the tree's ``SpeculativeConfig`` for the option. Where it is, it builds a
+hybrid target's config with the option, without and with prefix caching (Mamba cache mode
+"align", whose copies read slots 1 .. K as states: refused, naming the flag that turns it
+off). Then it runs the tree's own ``GatedDeltaNetAttention._forward_core`` (the speculative
+branch, on a stand-in layer of small dims and a hand-built metadata of verify rows) for a few
+steps of three requests at K = ``K``, each step accepting a drawn count, once with the option
+off (the stock kernel) and once with it on, in Triton's interpreter on the CPU, with a float32
+and a bf16 state. Slots nothing has written hold NaN, so a read of one shows. After each step
+the replaying run's accepted state is read with the tree's ``fold``.
 
-Present: the option is there, and with it on every step's outputs and accepted states equal
-the stock kernel's (exactly with a float32 state, within bf16 rounding with a bf16 state),
-and slots 1 .. K - 1 are never written. Absent: no option, or a run that differs or writes
-those slots. Unknown: the layer could not be run.
+Present: the option is there, refused with prefix caching alone, and with it on every step's
+outputs and accepted states equal the stock kernel's (exactly with a float32 state, within
+bf16 rounding with a bf16 state), and slots 1 .. K - 1 are never written. Absent: no option,
+prefix caching not refused, or a run that differs or writes those slots. Unknown: the layer
+could not be run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
+from . import _harness
 from ._interpreted import NotInterpreted, run_interpreted
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
@@ -209,6 +213,24 @@ def _same(found: dict[str, Any], dtype: str) -> bool:
     return run["finite"] and run["written"] == 0 and max(run["out"], run["state"]) <= tolerance
 
 
+def _align_refusal() -> dict[str, Any]:
+    """Whether a hybrid target's config builds with the option, and what it says with prefix
+    caching on (Mamba cache mode "align", whose copies read slots 1 .. K as states)."""
+    _harness.install_cpu_platform()
+    pair = _harness.hybrid_pair()
+    spec = {"gdn_spec_replay": True}
+    found: dict[str, Any] = {}
+    for name, caching in (("no prefix caching", False), ("prefix caching", True)):
+        try:
+            _harness.vllm_config(pair, prefix_caching=caching, speculative_args=spec)
+            found[name] = None
+        except ValueError as e:
+            # pydantic wraps the message in lines of its own.
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            found[name] = next((line for line in lines if "gdn_spec_replay" in line), lines[0])
+    return found
+
+
 def run() -> ProbeResult:
     from vllm.config.speculative import SpeculativeConfig
 
@@ -219,6 +241,17 @@ def run() -> ProbeResult:
             evidence="no gdn_spec_replay in SpeculativeConfig: a GDN verify step writes a "
             "state after every token",
         )
+    refusal = _align_refusal()
+    if refusal["no prefix caching"] is not None or "--no-enable-prefix-caching" not in str(
+        refusal["prefix caching"]
+    ):
+        return ProbeResult(
+            probe=NAME,
+            status=ABSENT,
+            evidence=f"a hybrid target's config with gdn_spec_replay: {refusal} (prefix "
+            "caching's align mode must be refused, naming --no-enable-prefix-caching)",
+            details={"refusal": refusal},
+        )
     try:
         found = dict(run_interpreted(NAME, "compared"))
     except NotInterpreted as e:
@@ -226,6 +259,7 @@ def run() -> ProbeResult:
             probe=NAME, status=UNKNOWN, evidence=f"the GDN layer could not be run: {e}"
         )
     evidence = (
+        "prefix caching refused with the option; "
         f"_forward_core's verify rows, K={K}, {len(STEPS)} steps of 3 requests: "
         + "; ".join(
             f"{dtype} state: outputs differ from stock's by {found[dtype]['out']:.3g}, accepted "
@@ -240,5 +274,5 @@ def run() -> ProbeResult:
         probe=NAME,
         status=PRESENT if same else ABSENT,
         evidence=evidence,
-        details={dtype: found[dtype] for dtype in ("float32", "bfloat16")},
+        details={"refusal": refusal} | {d: found[d] for d in ("float32", "bfloat16")},
     )
