@@ -46,47 +46,28 @@ def test_the_patched_tree_replays_as_stock_computes(patched_0201, probe_python, 
     assert result.details["bfloat16"]["written"] == 0
 
 
-def test_a_replay_of_one_row_too_many_reads_absent(patched_0201, probe_python, cache, tmp_path):
-    root = _mutated(
-        Path(patched_0201.work_dir),
-        tmp_path,
-        KERNEL,
-        COUNT,
-        COUNT.removesuffix(" - 1"),
-        "def replay_verify_kernel",
-    )
+#: (what changes: file, the line's text, its replacement, where to look for it from; what the
+#: probe's details then say: a key path and a test of its value)
+MUTATIONS = {
+    "a replay of one row too many": (
+        (KERNEL, COUNT, COUNT.removesuffix(" - 1"), "def replay_verify_kernel"),
+        (("float32", "out"), lambda diff: diff > 0),
+    ),
+    "a caller that keeps the stock kernel": (
+        (CALLER, "and self.gdn_spec_replay:", "and False:", "# 2.1: Process the multi-query"),
+        (("float32", "written"), lambda written: written == 3 * 2),
+    ),
+    "a config that takes prefix caching": (
+        (CONFIG, "self._refuse_gdn_spec_replay_cache_mode()", "pass", "def __post_init__"),
+        (("refusal", "prefix caching"), lambda said: said is None),
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_a_mutated_tree_reads_absent(mutation, patched_0201, probe_python, cache, tmp_path):
+    (path, old, new, anchor), (keys, expected) = MUTATIONS[mutation]
+    root = _mutated(Path(patched_0201.work_dir), tmp_path, path, old, new, anchor)
     result = _probe(root, probe_python, cache)
     assert result.status == ABSENT, result.evidence
-    assert result.details["float32"]["out"] > 0
-
-
-def test_a_caller_that_keeps_the_stock_kernel_reads_absent(
-    patched_0201, probe_python, cache, tmp_path
-):
-    root = _mutated(
-        Path(patched_0201.work_dir),
-        tmp_path,
-        CALLER,
-        "and self.gdn_spec_replay:",
-        "and False:",
-        "# 2.1: Process the multi-query part",
-    )
-    result = _probe(root, probe_python, cache)
-    assert result.status == ABSENT, result.evidence
-    assert result.details["float32"]["written"] == 3 * 2
-
-
-def test_a_config_that_takes_prefix_caching_reads_absent(
-    patched_0201, probe_python, cache, tmp_path
-):
-    root = _mutated(
-        Path(patched_0201.work_dir),
-        tmp_path,
-        CONFIG,
-        "self._refuse_gdn_spec_replay_cache_mode()",
-        "pass",
-        "def __post_init__",
-    )
-    result = _probe(root, probe_python, cache)
-    assert result.status == ABSENT, result.evidence
-    assert result.details["refusal"]["prefix caching"] is None
+    assert expected(result.details[keys[0]][keys[1]]), result.details
