@@ -21,8 +21,12 @@ def test_skipping_a_patch_another_is_written_on_names_both():
         "skip dflash-fp8-kv-cache too",
     ):
         series.without(["dflash-swa-config"])
-    # Patch 22 is written on patch 5's lines in turn.
-    chain = series.without(["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs"])
+    # Patch 22 is written on patch 5's lines in turn, and patch 32 on patch 22's.
+    with pytest.raises(SeriesError, match="patch gdn-spec-replay is written on it"):
+        series.without(["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs"])
+    chain = series.without(
+        ["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs", "gdn-spec-replay"]
+    )
     assert "dflash-fp8-kv-cache" not in {p.id for p in chain.patches}
 
 
