@@ -113,6 +113,8 @@ def touched_upstream(
     out its 4,745 files (and deleting them again later).
     """
     for rel in sorted({f for patch in series.patches for f in patch.files} | set(extra)):
+        if not (upstream.source_dir / rel).is_file():
+            continue  # a module the series adds: its patch creates it
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(upstream.source_dir / rel, dst / rel)
     return dataclasses.replace(upstream, source_dir=dst)

@@ -90,7 +90,10 @@ def test_unchanged_members_are_the_official_bytes(built_wheel, upstream_0201, to
             if info.file_size > 10_000_000:  # the kernels: compare the stored bytes themselves
                 assert raw(out, mine) == raw(off, info), info.filename
             copied += 1
-        assert copied == len(off.infolist()) - len(touched) - 6
+        official = {i.filename for i in off.infolist()}
+        assert copied == len(official) - len(touched & official) - 6
+        # A module the series adds is shipped too (patch 32's kernels).
+        assert touched - official - {VERSION_FILE} <= set(ours)
         big = [i.filename for i in off.infolist() if i.file_size > 70_000_000]
         assert "vllm/_C.abi3.so" in big
 
@@ -274,16 +277,16 @@ def build_without_probes(work_dir: Path, dist: Path, env: dict[str, str]) -> dic
 
 @pytest.mark.slow
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
-    # Patch 5 is written on patch 2's lines, and patch 22 on patch 5's: leaving out patch 2
-    # means leaving out all three.
-    skip = ["dflash-fp8-kv-cache", "dflash-swa-config", "drafter-full-graphs"]
+    # Patch 5 is written on patch 2's lines, patch 22 on patch 5's and patch 32 on patch 22's:
+    # leaving out patch 2 means leaving out all four.
+    skip = ["dflash-fp8-kv-cache", "dflash-swa-config", "drafter-full-graphs", "gdn-spec-replay"]
     partial = series.without(skip)
     upstream = touched_upstream(upstream_0201, series, tmp_path / "base")
     report = apply_series(upstream, partial, tmp_path / "w", apply_options(None, cache))
     result = build_precompiled(upstream, partial, report, BuildOptions(dist_dir=tmp_path))
     assert result.version == (
         f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}"
-        ".skip.dflashfp8kvcache.dflashswaconfig.drafterfullgraphs"
+        ".skip.dflashfp8kvcache.dflashswaconfig.drafterfullgraphs.gdnspecreplay"
     )
     assert partial.digest != series.digest
     assert result.manifest.skipped == skip
