@@ -45,16 +45,6 @@ STEPS = [[K + 1, K + 1, 1], [K + 1, 2, K + 1], [1, K + 1, K + 1], [K + 1, K + 1,
 BF16_TOLERANCE = 2e-2
 
 
-def _install_triton() -> None:
-    """Real Triton under vLLM's name: vLLM imports a stand-in where no GPU driver is active,
-    and the interpreter needs none."""
-    import triton
-    import triton.language as tl
-    import vllm.triton_utils as triton_utils
-
-    triton_utils.triton, triton_utils.tl, triton_utils.HAS_TRITON = triton, tl, True
-
-
 class _Layer:
     """The attributes ``_forward_core`` reads of a ``GatedDeltaNetAttention`` layer."""
 
@@ -199,7 +189,6 @@ def _compare(state_dtype_name: str) -> dict[str, Any]:
 
 def compared() -> dict[str, Any]:
     """Both state dtypes' comparison (run where Triton interprets)."""
-    _install_triton()
     from vllm.config.speculative import SpeculativeConfig
 
     if "gdn_spec_replay" not in getattr(SpeculativeConfig, "__dataclass_fields__", {}):
