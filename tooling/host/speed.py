@@ -22,11 +22,18 @@ from .layout import PYTHON, Layout, Modules, detached, run, running, say, since,
 
 logger = logging.getLogger(__name__)
 
+
 #: The session's speed step (``host session``): issue 45's bar and plain against stock,
 #: measured in turns pass by pass, on batches and with the batch kept full (five engines fit
 #: one H200, the last sized for 16 requests). Beside DFlash as shipped: prefix caching off, to
 #: tell whether the aligned Gated DeltaNet states are what a step with a prompt joining costs
 #: DFlash, and the drafter's full graphs, where a step is CPU time.
+def kept_full(engines: tuple[str, ...]) -> tuple[str, ...]:
+    """The speed run's options for ``engines`` measured in turns, pass by pass, on batches
+    and with the batch kept full."""
+    return ("--engines", ",".join(engines), "--interleave", "--sustained")
+
+
 SPEED_ENGINES = (
     "plain-stock",
     "plain",
@@ -35,7 +42,7 @@ SPEED_ENGINES = (
     "dflash-drafter-graphs",
 )
 SPEED_ARGS = (
-    *("--engines", ",".join(SPEED_ENGINES), "--interleave", "--sustained"),
+    *kept_full(SPEED_ENGINES),
     *("--levels", "1,16,64"),
     # Steady windows in turns and a profiled sustained window make the bar's run longer than
     # the speed run's default limit, which would cut the profile at 64 first.
@@ -53,7 +60,7 @@ SHAPE_PROFILE = ("--profile-levels", "1,16,64")
 #: together (``gpu_fit``); the step at 64 profiled.
 LOCATE_ENGINES = ("plain", "dflash-off-above-8")
 #: Those two engines measured in turns, with the batch kept full.
-LOCATE_RUN = ("--engines", ",".join(LOCATE_ENGINES), "--interleave", "--sustained")
+LOCATE_RUN = kept_full(LOCATE_ENGINES)
 LOCATE_ARGS = (
     *LOCATE_RUN,
     *("--levels", "1,8,16,64", "--passes", "3", "--profile-levels", "64"),
@@ -83,7 +90,7 @@ SHAPE_OFF_16_ARGS = (
 #: the run says whether a budget that lowers K there pays.
 SPEED_16_ENGINES = ("plain", "dflash", "dflash-k7")
 SPEED_16_ARGS = (
-    *("--engines", ",".join(SPEED_16_ENGINES), "--interleave", "--sustained"),
+    *kept_full(SPEED_16_ENGINES),
     *("--levels", "16", "--passes", "3", "--profile-levels", "16"),
     *("--time-limit", "420"),
 )
@@ -93,27 +100,31 @@ SPEED_16_ARGS = (
 #: step at 64 profiled: whether the target's Gated DeltaNet time falls toward plain's.
 REPLAY_ENGINES = ("plain", "dflash-no-prefix-caching", "dflash-replay")
 REPLAY_ARGS = (
-    *("--engines", ",".join(REPLAY_ENGINES), "--interleave", "--sustained"),
+    *kept_full(REPLAY_ENGINES),
     *("--levels", "16,64", "--passes", "3", "--profile-levels", "64"),
     *("--time-limit", "600"),
 )
 
 
+#: A session step's variant and the speed run's options for it; any other variant runs the
+#: bar's engines, profiled as ``speed_args`` says.
+VARIANT_ARGS = {
+    "locate": LOCATE_ARGS,
+    "shape-off": SHAPE_OFF_ARGS,
+    "shape-off-16": SHAPE_OFF_16_ARGS,
+    "trained-16": SPEED_16_ARGS,
+    "replay": REPLAY_ARGS,
+}
+
+
 def speed_args(variant: str) -> tuple[str, ...]:
-    """The speed run's options for a session step's variant: ``locate``, ``shape`` (the drawn
-    shapes), ``shape-off`` (drafting off, on the drawn shapes), ``shape-off-16`` (its 16 alone),
-    ``trained-16`` (the trained pair at 16, K lowered beside K = 15), ``replay`` (patch 32's
-    option against its control), else the bar's on the trained pair."""
-    if variant == "locate":
-        return LOCATE_ARGS
-    if variant == "shape-off":
-        return SHAPE_OFF_ARGS
-    if variant == "shape-off-16":
-        return SHAPE_OFF_16_ARGS
-    if variant == "trained-16":
-        return SPEED_16_ARGS
-    if variant == "replay":
-        return REPLAY_ARGS
+    """The speed run's options for a session step's variant: ``VARIANT_ARGS``' (``locate``,
+    ``shape-off`` drafting off on the drawn shapes, ``shape-off-16`` its 16 alone,
+    ``trained-16`` the trained pair at 16 with K lowered beside K = 15, ``replay`` patch 32's
+    option against its control), else the bar's, on the drawn shapes (``shape``) or the
+    trained pair."""
+    if variant in VARIANT_ARGS:
+        return VARIANT_ARGS[variant]
     return (*SPEED_ARGS, *(SHAPE_PROFILE if variant == "shape" else TRAINED_PROFILE))
 
 
