@@ -82,7 +82,6 @@ class Float32:
     """Of DFlash's token."""
     best: int
     """Float32's own greedy token there."""
-    best_logprob: float
 
     @property
     def margin(self) -> float:
@@ -204,7 +203,6 @@ def referee(
             plain=float(logprobs[str(entry.evidence.plain)]),
             dflash=float(logprobs[str(entry.evidence.dflash)]),
             best=int(answer["best"]),
-            best_logprob=float(answer["best_logprob"]),
         )
         if not math.isfinite(float32.margin):
             raise RefereeError(f"{target}: float32 logprobs that are not numbers: {logprobs}")

@@ -48,7 +48,6 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
             {
                 "logprobs": {str(t): float(logprobs[t]) for t in context["tokens"]},
                 "best": best,
-                "best_logprob": float(logprobs[best]),
             }
         )
     logger.debug("float32 logprobs at %d difference(s)", len(answers))
