@@ -83,7 +83,7 @@ def test_the_gpu_is_asked_through_nvidia_smi(tmp_path, monkeypatch):
 
 
 def test_the_state_step_serves_call_1s_checks_of_patches_23_and_24_in_one_turn_on_an_h100():
-    from tooling.host.session import STATE_ENGINES, STEPS
+    from tooling.host.steps import STATE_ENGINES, STEPS
     from tooling.trained import hybrid_plan
 
     step = STEPS["trained-1-state"]
@@ -93,3 +93,20 @@ def test_the_state_step_serves_call_1s_checks_of_patches_23_and_24_in_one_turn_o
     assert {v.call for v in chosen} == {1}
     assert [v.site for v in chosen if v.budget] == ["patched", f"no-{hybrid_plan.STATE_FIX}"]
     assert turns(chosen, H100_GIB, "call 1") == [chosen]
+
+
+def test_the_replay_step_serves_patch_32s_option_beside_the_fixed_wheel_in_one_turn_on_an_h100():
+    from tooling.host.steps import REPLAY_ENGINES, STEPS, session_ablations
+    from tooling.trained import hybrid_plan
+
+    step = STEPS["trained-1-replay"]
+    assert step.calls == "1" and step.engines == REPLAY_ENGINES
+    by_name = {v.name: v for v in hybrid_plan.variants((15, 7))}
+    chosen = [by_name[n] for n in REPLAY_ENGINES.split(",")]
+    assert {v.call for v in chosen} == {1}
+    assert [v.name for v in chosen if v.replay] == ["patched-k15-replay"]
+    assert turns(chosen, H100_GIB, "call 1") == [chosen]
+    # Its engines are the fixed wheel's alone: the installs build no ablation for it, and
+    # the state step only the one its control serves.
+    assert session_ablations(["trained-1-replay"]) == []
+    assert session_ablations(["trained-1-state"]) == [hybrid_plan.STATE_FIX]

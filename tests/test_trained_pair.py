@@ -213,6 +213,12 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
         ranges = sent["speculative_args"]["num_speculative_tokens_per_batch_size"]
         assert ranges[0][2] == K and ranges[1][2] == hp.LOAD_BUDGET_K == 0
         assert ranges[1][0] <= hp.LOAD_CONCURRENCY
+    # Patch 32's option beside them, with prefix caching off, which it needs.
+    (replay,) = [v for v in chosen if v.replay]
+    assert replay.call == 1 and replay.site == "patched" and replay.k == K
+    sent = json.loads((tmp_path / "work" / f"{replay.name}.in.json").read_text())["engine"]
+    assert sent["speculative_args"] == hp.REPLAY
+    assert sent["engine_args"]["enable_prefix_caching"] is False
     assert {v.site for v in chosen} == set(hp.SITES)
     request = json.loads((tmp_path / "work" / f"patched-k{K}.in.json").read_text())
     assert request["engine"]["num_speculative_tokens"] == K

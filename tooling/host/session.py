@@ -13,110 +13,24 @@ import shutil
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from .. import pidfile
 from ..errors import HostRefusal, HostStepError, HostUsageError, VerifyFixMissingError
 from ..paths import REPO_DIR
-from ..trained.speed import ENGINES
 from .fuzz import ENGINES as FUZZ_ENGINES
 from .fuzz import FuzzSettings, fuzz
 from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
 from .layout import detached as in_background
 from .proof import seed_pair
 from .setup import SetupStep, setup
-from .speed import LOCATE_ENGINES, SPEED_ENGINES, speed_args
-from .trained import RECIPE, TrainSettings, import_pair, train, trained_ablations
+from .speed import speed_args
+from .steps import STEPS, Kind, Step, session_ablations
+from .trained import RECIPE, TrainSettings, import_pair, train
 
 logger = logging.getLogger(__name__)
 
 
-class Kind(StrEnum):
-    SMOKE = "smoke"
-    """A production smoke variant."""
-    DRAWN = "drawn"
-    """The 5120-wide pair drawn once on the GPU, then smoked as a user's own pair."""
-    PAIR = "pair"
-    """The recipe alone: wait for it to write the pair."""
-    TRAINED = "trained"
-    """The trained pair's calls, once the recipe has written the pair."""
-    SPEED = "speed"
-    """The speed run on the trained pair (``host speed run``), once the recipe has written it."""
-    SPEED_SHAPE = "speed-shape"
-    """The speed run on the recipe's shapes with random weights, drawn on the GPU: each
-    engine's step without the recipe's training (every draft rejected)."""
-    VERIFY = "verify"
-    """``tooling verify`` of the stock and the patched install on this host: each fix by
-    behaviour (the probes run on the host's CPU, with the installed release's torch)."""
-    FUZZ = "fuzz"
-    """The GPU fuzzer (``host fuzz``): the fixed wheel's campaign and stock's side by side,
-    on the pair the step's variant names (``fuzz_settings``)."""
-
-
-#: Call 1's engines that check patches 23 and 24 on the trained pair: plain, the fixed wheel, its
-#: budget that verifies no drafts above 8 requests, and that budget without patch 24.
-STATE_ENGINES = "plain,patched-k15,patched-k15-budget,no-hybrid-accepted-state-k15-budget"
-
-
-@dataclass(frozen=True)
-class Step:
-    """A session step: its name, what kind of work it is and, for a smoke, its variant."""
-
-    name: str
-    kind: Kind
-    variant: str = ""
-    smoke_args: str = ""
-    """SMOKE_ARGS the step's smoke gets."""
-    calls: str = ""
-    """CALLS a trained step runs (empty: every call of the pair's plan)."""
-    engines: str = ""
-    """ENGINES of its calls a trained step serves (empty: every one)."""
-
-
-STEPS = {
-    s.name: s
-    for s in (
-        Step("seed", Kind.SMOKE, "seed"),
-        # Its first tokens of K+1-token prompts must be wrong (--expect stock).
-        Step(
-            "seed-stock",
-            Kind.SMOKE,
-            "stock",
-            "--tiny-arch seed --num-speculative-tokens 15 --quick",
-        ),
-        Step("tiny", Kind.SMOKE, "default"),
-        Step("ray", Kind.SMOKE, "ray"),
-        Step("ray-tp2", Kind.SMOKE, "ray-tp2"),
-        Step("seed-full", Kind.SMOKE, "seed-full"),
-        Step("seed-full-quick", Kind.SMOKE, "seed-full", "--quick"),
-        Step("seed-full-pair", Kind.DRAWN, "pair"),
-        Step("seed-full-pair-quick", Kind.DRAWN, "pair", "--quick"),
-        Step("pair", Kind.PAIR),
-        Step("trained", Kind.TRAINED),
-        # The K = 15 call alone: lossless and acceptance with the ablations, after `speed`.
-        Step("trained-1", Kind.TRAINED, calls="1"),
-        # Call 1's checks of patches 23 and 24 alone, which fit one H100 in one turn.
-        Step("trained-1-state", Kind.TRAINED, calls="1", engines=STATE_ENGINES),
-        Step("speed", Kind.SPEED),
-        # Where a step with a prompt joining goes, first: fewer engines and levels than the bar.
-        Step("speed-locate", Kind.SPEED, "locate"),
-        Step("speed-16", Kind.SPEED, "trained-16"),
-        Step("speed-replay", Kind.SPEED, "replay"),
-        Step("speed-shape", Kind.SPEED_SHAPE),
-        # Drafting off above 8 against plain at 16 and 64 on the drawn shapes: no training.
-        Step("speed-shape-off", Kind.SPEED_SHAPE, "shape-off"),
-        Step("speed-shape-off-16", Kind.SPEED_SHAPE, "shape-off-16"),
-        Step("verify", Kind.VERIFY),
-        # Beside the training, on the seed-shaped pair.
-        Step("fuzz-seed", Kind.FUZZ, "seed"),
-        # Once the recipe has written the pair: lossless, against its reference acceptance.
-        Step("fuzz-trained", Kind.FUZZ, "trained"),
-        # The kept GPU cases (tests/data/gpu-fuzz) again: stock fails them, the fixed wheel not.
-        Step("fuzz-replay", Kind.FUZZ, "replay"),
-    )
-}
 #: The fuzz step's campaigns, beside the training: engine pairs one after another, none
 #: started after FUZZ_S, each drawing workloads until FUZZ_PAIR_S less 300 s from its start
 #: (its engines' start included) and stopped at FUZZ_PAIR_S, so that about two pairs fit
@@ -276,16 +190,6 @@ def _verify(layout: Layout, step: Step, env: dict[str, str]) -> int:
         mark(f"verify {engine}: exit {done}")
         code = code or (done if done not in (0, VerifyFixMissingError.exit_code) else 0)
     return code
-
-
-def session_ablations(steps: list[str]) -> list[str]:
-    """The patches left out of the installs the steps serve beside the fixed wheel and
-    stock: the trained pair's calls' ablations and the speed run's ``no-<patch>`` engines."""
-    ablated = trained_ablations() if any(STEPS[s].kind is Kind.TRAINED for s in steps) else []
-    if any(STEPS[s].kind in (Kind.SPEED, Kind.SPEED_SHAPE) for s in steps):
-        sites = [ENGINES[e].site for e in SPEED_ENGINES + LOCATE_ENGINES]
-        ablated += [site.removeprefix("no-") for site in sites if site.startswith("no-")]
-    return list(dict.fromkeys(ablated))
 
 
 def fuzz_args(day: time.struct_time) -> tuple[str, ...]:

@@ -57,6 +57,10 @@ FULL_DRAFTER = "drafter-full-attention"
 #: acceptance against the reference's first (a graph that reads stale metadata drafts worse,
 #: and the target's verification hides it from the lossless checks).
 DRAFTER_GRAPHS = {"dflash_full_cudagraphs": True}
+#: The option the first call also serves the fixed wheel with (patch 32): a Gated DeltaNet
+#: verify step that keeps one state a request and replays the accepted tokens' rows the next
+#: step. It needs prefix caching off, which the engine is served with.
+REPLAY = {"gdn_spec_replay": True}
 #: The drafts a step verifies under the first call's speculation budget (patch 17) once more
 #: than LOAD_BUDGET_FROM - 1 requests run: none, so that its 16 at once serve patch 23's step
 #: of no drafts, whose decodes on this hybrid target read the state the drafts before them
@@ -105,6 +109,8 @@ class Variant:
     """The fixed wheel under the speculation budget ``budget_schedule`` gives."""
     drafter_graphs: bool = False
     """The fixed wheel with ``DRAFTER_GRAPHS``."""
+    replay: bool = False
+    """The fixed wheel with ``REPLAY``, prefix caching off."""
 
     @property
     def drafted(self) -> bool:
@@ -113,9 +119,9 @@ class Variant:
 
 def variants(ks: tuple[int, ...]) -> list[Variant]:
     """The engines, one call per K (the seed's K first): the fixed wheel and stock in each;
-    the plain engine, the fixed wheel with ``DRAFTER_GRAPHS``, and under a speculation
-    budget with its control (the wheel without ``STATE_FIX``) in the first; the ablations of
-    ``ABLATED`` in the others (in the only one where there is one).
+    the plain engine, the fixed wheel with ``DRAFTER_GRAPHS``, with ``REPLAY``, and under a
+    speculation budget with its control (the wheel without ``STATE_FIX``) in the first; the
+    ablations of ``ABLATED`` in the others (in the only one where there is one).
 
     The engines at the seed's K hold the KV cache 16 concurrent requests need (a hybrid
     target keeps a Gated DeltaNet state per drafted position, so a request of the seed's K
@@ -140,7 +146,7 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
                     Variant(f"{site}-k{k}-budget", site, k, call, kv_cache_gib=kv, budget=True)
                     for site in ("patched", f"no-{STATE_FIX}")
                 ]
-            out.append(
+            out += [
                 Variant(
                     f"patched-k{k}-drafter-graphs",
                     "patched",
@@ -148,8 +154,9 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
                     call,
                     kv_cache_gib=kv,
                     drafter_graphs=True,
-                )
-            )
+                ),
+                Variant(f"patched-k{k}-replay", "patched", k, call, kv_cache_gib=kv, replay=True),
+            ]
         out.append(Variant(f"stock-k{k}", "stock", k, call, kv_cache_gib=kv))
         if call > 1 or len(ordered) == 1:
             out += [Variant(f"no-{p}-k{k}", f"no-{p}", k, call, kv_cache_gib=kv) for p in ABLATED]
@@ -234,8 +241,8 @@ def plan(pair: Path, work: Path, only: tuple[str, ...] = ()) -> list[Variant]:
     for v in chosen:
         same_call = [o for o in chosen if o.call == v.call]
         engine_args: dict[str, Any] = {"disable_log_stats": False}
-        if v.prefix_caching:
-            engine_args["enable_prefix_caching"] = True
+        if v.prefix_caching or v.replay:
+            engine_args["enable_prefix_caching"] = v.prefix_caching
         request: dict[str, Any] = {
             "name": v.name,
             "engine": {
@@ -253,6 +260,7 @@ def plan(pair: Path, work: Path, only: tuple[str, ...] = ()) -> list[Variant]:
                 "speculative_args": {
                     **(budget_schedule(v.k) if v.budget else {}),
                     **(DRAFTER_GRAPHS if v.drafter_graphs else {}),
+                    **(REPLAY if v.replay else {}),
                 },
             },
             "lossless": [
