@@ -110,3 +110,36 @@ def test_the_replay_step_serves_patch_32s_option_beside_the_fixed_wheel_in_one_t
     # the state step only the one its control serves.
     assert session_ablations(["trained-1-replay"]) == []
     assert session_ablations(["trained-1-state"]) == [hybrid_plan.STATE_FIX]
+
+
+def test_the_replay_speed_run_sizes_its_drafting_engines_for_its_levels_and_fits_one_h100(
+    tmp_path,
+):
+    """``speed-replay`` gives each drafting engine the KV cache its levels need, so its three
+    engines measure interleaved on one H100; the same engines at their own sizes would not."""
+    import json
+
+    from tooling.host.speed import REPLAY_ARGS, REPLAY_ENGINES
+    from tooling.trained.speed import plan, sized
+
+    gib = int(REPLAY_ARGS[REPLAY_ARGS.index("--drafted-kv-gib") + 1])
+    settings = Settings(interleave=True, drafted_kv_gib=gib, levels=(16, 32))
+    own = [ENGINES[n] for n in REPLAY_ENGINES]
+    assert fitted(settings, own, H100_GIB) is not settings
+    engines = [sized(e, settings) for e in own]
+    assert [e.kv_cache_gib for e in engines if e.drafted] == [gib, gib]
+    assert [e.kv_cache_gib for e in engines if not e.drafted] == [ENGINES["plain"].kv_cache_gib]
+    assert fitted(settings, engines, H100_GIB) is settings
+    # The planned requests carry the size, each drafting engine's own options kept.
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    prompts = {
+        "prompts": [{"token_ids": [5, 6, 7]}],
+        "engine": {"max_model_len": 512, "max_num_seqs": 64},
+        "speculative_tokens": [15],
+    }
+    (pair / "prompts.json").write_text(json.dumps(prompts))
+    plan(pair, tmp_path / "work", list(REPLAY_ENGINES), settings)
+    sent = json.loads((tmp_path / "work" / "dflash-replay.in.json").read_text())["engine"]
+    assert sent["kv_cache_memory_bytes"] == gib << 30
+    assert sent["speculative_args"] == {"gdn_spec_replay": True}

@@ -14,6 +14,7 @@ same run, pass by pass.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import random
@@ -156,6 +157,17 @@ class Settings:
     all at once: a drift of the machine then lands on every engine alike."""
     sustained: bool = False
     """Also tokens/s with the batch kept full (``serving.sustained``)."""
+    drafted_kv_gib: int | None = None
+    """Each drafting engine's KV cache, GiB, in place of its own: a run whose levels need
+    less than the engines' own sizes (64 requests at the seed's K), so that they fit one GPU
+    together and measure interleaved."""
+
+
+def sized(engine: SpeedEngine, settings: Settings) -> SpeedEngine:
+    """``engine`` with the KV cache ``settings`` gives a drafting engine."""
+    if engine.drafted and settings.drafted_kv_gib is not None:
+        return dataclasses.replace(engine, kv_cache_gib=settings.drafted_kv_gib)
+    return engine
 
 
 @dataclass(frozen=True)
@@ -208,7 +220,7 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
     lists every engine planned in ``work`` so far, these last."""
     pair = read_pair(pair_dir)
     k = settings.k if settings.k is not None else max(pair.ks, default=RANDOM_PAIR_K)
-    chosen = [ENGINES[n] for n in names]
+    chosen = [sized(ENGINES[n], settings) for n in names]
     work.mkdir(parents=True, exist_ok=True)
     barrier, turns = work / "barrier", work / "turns"
     for folder in (barrier, turns):
@@ -434,6 +446,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--one-at-a-time", action="store_true", help="serve the engines in turn")
     p.add_argument("--interleave", action="store_true", help="measure in turns, pass by pass")
     p.add_argument("--sustained", action="store_true", help="also with the batch kept full")
+    p.add_argument("--drafted-kv-gib", type=int, help="each drafting engine's KV cache, GiB")
     r = sub.add_parser("report")
     r.add_argument("work", type=Path)
     args = parser.parse_args(argv)
@@ -465,8 +478,10 @@ def main(argv: list[str]) -> int:
                 one_at_a_time=args.one_at_a_time,
                 interleave=args.interleave,
                 sustained=args.sustained,
+                drafted_kv_gib=args.drafted_kv_gib,
             )
-            settings = fitted(settings, [ENGINES[n] for n in names], gpu_memory_gib())
+            sizes = [sized(ENGINES[n], settings) for n in names]
+            settings = fitted(settings, sizes, gpu_memory_gib())
             chosen = plan(args.pair, args.work, names, settings)
             missing = sorted({e.site for e in chosen} - set(engines))
             if missing:
