@@ -364,3 +364,37 @@ def test_a_background_step_runs_from_a_copy_of_the_checkout_of_its_own(tmp_path)
     again = detached(layout, [sys.executable, "-c", "pass"], log=log, env=layout.env())
     assert again.wait(timeout=HANG_GUARD_S) == 0
     assert len(list((layout.work / "checkouts").iterdir())) == 2
+
+
+def test_the_fuzz_step_settles_its_lossless_findings_with_the_referee(tmp_path, monkeypatch):
+    """After a campaign on the trained pair, ``tooling fuzz referee`` (real) runs on its
+    lossless findings, into a text of its own: here with an interpreter without torch, its
+    one line and exit 32; a campaign with no lossless finding runs no referee."""
+    import os
+
+    from tooling.fuzzing.gpu_case import (
+        GpuCase,
+        GpuCaseFile,
+        GpuReq,
+        GpuSettings,
+        write_gpu_case_file,
+    )
+    from tooling.fuzzing.gpu_oracles import Evidence
+    from tooling.host.fuzz import settle
+    from tooling.host.layout import Layout
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    layout = Layout(tmp_path / "work")
+    folder, pair = tmp_path / "fuzz-patched-trained", tmp_path / "pair"
+    folder.mkdir()
+    (pair / "target").mkdir(parents=True)
+    (pair / "target" / "config.json").write_text("{}")
+    report = tmp_path / "referee.txt"
+    assert settle(layout, folder, pair, report, "") is None and not report.exists()
+    case = GpuCase(GpuSettings(k=3), (GpuReq(0, 4, 2),))
+    evidence = Evidence("r0", (300, 301, 302, 303), (), 9, 8, ((8, -0.25), (9, -0.5)))
+    finding = GpuCaseFile(case, "lossless", "r0 position 0", "", (), (evidence,))
+    write_gpu_case_file(folder / "finding-lossless-0-0.json", finding)
+    assert settle(layout, folder, pair, report, "") == 32
+    (line,) = report.read_text().strip().splitlines()
+    assert "cannot import torch" in line

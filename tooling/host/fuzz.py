@@ -69,4 +69,21 @@ def fuzz(engine: str, which: str, layout: Layout, out: Path, settings: FuzzSetti
     say(f"fuzz {engine} on the {which} pair: exit {code} after {since(start)}s")
     for line in tail(out / f"fuzz-{engine}-{which}.log", 20):
         say(line)
+    if which == "trained":
+        settle(layout, folder, pair, out / f"referee-{engine}-{which}.txt", f"{site}:{layout.site}")
+    return code
+
+
+def settle(layout: Layout, folder: Path, pair: Path, report: Path, site: str) -> int | None:
+    """``tooling fuzz referee`` on the lossless findings in ``folder``, the target in float32 on
+    this host's CPU, into ``report``: its exit status (25: a defect), None with no finding."""
+    found = sorted(folder.glob("finding-lossless-*.json"))
+    if not found:
+        return None
+    cmd = [PYTHON, "-m", Modules.TOOLING, "fuzz", "referee", *map(str, found)]
+    cmd += ["--target", str(pair / "target"), "--python", shutil.which(PYTHON) or PYTHON]
+    start = time.monotonic()
+    with written(report) as log:
+        code = run(cmd, env=layout.env(site), stdout=log, stderr=log)
+    say(f"referee of {len(found)} findings in {folder.name}: exit {code} after {since(start)}s")
     return code

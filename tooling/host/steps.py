@@ -3,12 +3,15 @@ work each is, what it serves, and which ablations the installs need for them."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 
 from ..trained.speed import ENGINES
 from .speed import LOCATE_ENGINES, SPEED_ENGINES
 from .trained import trained_ablations
+
+logger = logging.getLogger(__name__)
 
 
 class Kind(StrEnum):
@@ -117,4 +120,5 @@ def session_ablations(steps: list[str]) -> list[str]:
     if any(STEPS[s].kind in (Kind.SPEED, Kind.SPEED_SHAPE) for s in steps):
         sites = [ENGINES[e].site for e in SPEED_ENGINES + LOCATE_ENGINES]
         ablated += [site.removeprefix("no-") for site in sites if site.startswith("no-")]
+    logger.debug("the installs for %s leave out: %s", " ".join(steps), ablated or "nothing")
     return list(dict.fromkeys(ablated))
