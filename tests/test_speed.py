@@ -90,6 +90,22 @@ def test_a_kernel_counts_under_the_innermost_region_that_launched_it():
     assert figures["top_kernels"][0]["name"].startswith("fused_sigmoid_gating")
 
 
+def test_the_forwards_cpu_time_splits_by_its_outermost_operations():
+    """An op's own runtime calls count inside it; a launch outside any op counts alone; what
+    no op covers is the forward's Python; operations outside the forward are not its."""
+    events = _two_steps()
+    for begin in (0.0, 1000.0):
+        op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": begin + 140, "dur": 50.0}
+        events += [{**op, "tid": 1}, {**op, "name": "aten::copy_", "ts": begin + 600, "tid": 1}]
+    steps, window = trace_split.step_window(events, STEP)
+    ops = trace_split.split(events, steps, window).per_step()["forward_ops"]
+    assert ops == {
+        trace_split.BETWEEN_OPS: 0.245,
+        "aten::mm": 0.05,
+        "cudaLaunchKernel": 0.005,
+    }
+
+
 def test_a_trace_without_marked_steps_is_refused():
     with pytest.raises(ValueError, match="engine step"):
         trace_split.step_window([_cpu("gpu_model_runner: forward", 0, 1)], STEP)
@@ -118,6 +134,7 @@ prof.export_chrome_trace({str(tmp_path / "trace.json")!r})
     assert steps == 3
     assert figures["cpu_ms"]["gpu_model_runner: draft"] >= 3.0
     assert figures["step_ms"] >= figures["cpu_ms"]["gpu_model_runner: draft"]
+    assert "aten::matmul" in figures["forward_ops"]
     assert figures["gpu_ms"] == {}
 
 

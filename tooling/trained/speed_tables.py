@@ -53,7 +53,8 @@ def profile_table(
             for figure in ("step_ms", "gpu_busy_ms", "gpu_idle_ms", "kernels", "sync_calls"):
                 if figure in p:
                     rows.setdefault(figure, {})[name] = fmt(p[figure], ".2f")
-            for group, label in (("gpu_ms", "GPU"), ("cpu_ms", "CPU"), ("sync_ms", "wait")):
+            groups = (("gpu_ms", "GPU"), ("cpu_ms", "CPU"), ("sync_ms", "wait"))
+            for group, label in (*groups, ("forward_ops", "forward op")):
                 for category, ms in p.get(group, {}).items():
                     rows.setdefault(f"{label}: {category}", {})[name] = fmt(ms, ".3f")
         if not rows:

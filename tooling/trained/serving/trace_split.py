@@ -9,7 +9,10 @@ number of engine steps in the window, and returns per-step figures:
   category, and within the target's forward the kernel's name splits out the Gated DeltaNet
   and attention kernels;
 - the GPU's busy time (the union of kernel intervals) and so its idle time;
-- CPU time per region, and host waits (``Synchronize`` calls and blocking copies) per region.
+- CPU time per region, and host waits (``Synchronize`` calls and blocking copies) per region;
+- the target forward's CPU time by its outermost operations (torch ops and runtime calls not
+  inside another): whether a forward's host time goes to launches, to one op, or to Python
+  between ops.
 
 The GPU host runs it right after each profile, so only the figures come back.
 """
@@ -69,6 +72,11 @@ SYNC = re.compile(r"Synchronize|cudaMemcpy(?!Async)|cudaStreamWaitEvent", re.I)
 LOOKBACK = 256
 #: Outside every named region.
 UNNAMED = "other (engine loop, Python)"
+#: The region whose CPU time is split by its outermost operations, and how many are kept.
+FORWARD = "gpu_model_runner: forward"
+FORWARD_OPS = 12
+#: The forward's CPU time outside every operation.
+BETWEEN_OPS = "(between operations: Python)"
 
 
 @dataclass
@@ -82,6 +90,7 @@ class Split:
     sync_calls: int = 0
     kernels: int = 0
     top_kernels: list[tuple[str, float, int]] = field(default_factory=list)
+    forward_ops: dict[str, float] = field(default_factory=dict)
 
     def per_step(self) -> dict[str, Any]:
         n = max(self.steps, 1)
@@ -96,6 +105,7 @@ class Split:
             "gpu_idle_ms": round(max(self.window_ms - self.gpu_busy_ms, 0.0) / n, 4),
             "gpu_ms": each(self.gpu_ms),
             "cpu_ms": each(self.cpu_ms),
+            "forward_ops": each(self.forward_ops),
             "sync_ms": each(self.sync_ms),
             "sync_calls": round(self.sync_calls / n, 2),
             "kernels": round(self.kernels / n, 1),
@@ -208,7 +218,36 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
         sync_calls=sync_calls,
         kernels=len(intervals),
         top_kernels=[(name, ms, int(count)) for name, (ms, count) in top],
+        forward_ops=outermost_ops(inside, region_of, cpu_ms.get(FORWARD, 0.0)),
     )
+
+
+def outermost_ops(
+    inside: list[dict[str, Any]], region_of: Any, forward_ms: float
+) -> dict[str, float]:
+    """The forward's CPU ms by its outermost operations (``FORWARD_OPS`` of them, the rest
+    summed as "other operations"), and its time between them."""
+    ops = sorted(
+        (e for e in inside if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")),
+        key=lambda e: (e.get("tid"), float(e["ts"]), -float(e.get("dur", 0.0))),
+    )
+    by_name: defaultdict[str, float] = defaultdict(float)
+    open_until: dict[Any, float] = {}
+    for e in ops:
+        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        if ts < open_until.get(e.get("tid"), float("-inf")):
+            continue  # inside an operation already counted
+        open_until[e.get("tid")] = ts + dur
+        if region_of(e) == FORWARD:
+            by_name[str(e.get("name", ""))] += dur / 1000.0
+    ranked = sorted(by_name.items(), key=lambda i: -i[1])
+    kept = dict(ranked[:FORWARD_OPS])
+    rest = sum(ms for _, ms in ranked[FORWARD_OPS:])
+    if rest:
+        kept["other operations"] = rest
+    if by_name:
+        kept[BETWEEN_OPS] = max(forward_ms - sum(by_name.values()), 0.0)
+    return kept
 
 
 def step_window(events: list[dict[str, Any]], marker: str) -> tuple[int, tuple[float, float]]:
