@@ -552,9 +552,19 @@ def test_a_call_on_a_host_names_the_installs_its_engines_folder_lacks(
     work = tmp_path / "work"
     code = trained.main(["run-call", str(pair), str(work), "1", "--engines-root", str(root)])
     assert code == SmokeError.exit_code
-    lacking = ", ".join(sorted(set(hp.SITES) - {"patched", "stock", f"no-{hp.ABLATED[0]}"}))
+    # Only the installs call 1's engines serve are named (the pair has one K here, so
+    # call 1 also serves the ablations).
+    have = {"patched", "stock", f"no-{hp.ABLATED[0]}"}
+    served = {v.site for v in hp.chosen_variants(pair) if v.call == 1}
+    lacking = ", ".join(sorted(served - have))
+    assert f"no-{hp.STATE_FIX}" in lacking
     assert capsys.readouterr().err == f"error: {root} lacks {lacking}\n"
     assert not work.exists()
+    # A call of only the engines the folder has runs: its plan is written.
+    only = ["--only", f"plain,patched-k{K},patched-k{K}-replay", "--time-limit", "1"]
+    trained.main(["run-call", str(pair), str(work), "1", "--engines-root", str(root), *only])
+    assert "error" not in capsys.readouterr().err.split("\n")[0]
+    assert (work / f"patched-k{K}-replay.in.json").is_file()
 
 
 def test_the_host_chain_fails_when_a_call_fails(tmp_path: Path) -> None:
@@ -565,9 +575,13 @@ def test_the_host_chain_fails_when_a_call_fails(tmp_path: Path) -> None:
     _pair(tmp_path).rename(work / "hybrid-pair")
     done = run_gpu_script("trained-hybrid.sh", "chain", work=work)
     assert done.returncode != 0, done.stdout
-    # No engines folder at all is named as lacking every install, in one line per call.
-    lacking = f"error: {work / 'engines'} lacks {', '.join(sorted(hp.SITES))}\n"
-    assert done.stderr.count(lacking) == done.stdout.count(": done in ") >= 2
+    # No engines folder at all: each call names the installs its own engines serve, in one
+    # line, and the calls together name every install.
+    prefix = f"error: {work / 'engines'} lacks "
+    lines = [line for line in done.stderr.splitlines() if line.startswith(prefix)]
+    assert len(lines) == done.stdout.count(": done in ") >= 2
+    named = {site for line in lines for site in line.removeprefix(prefix).split(", ")}
+    assert named == set(hp.SITES)
     assert "Traceback" not in done.stderr
 
 

@@ -224,17 +224,23 @@ def budget_schedule(k: int) -> dict[str, Any]:
     return {"num_speculative_tokens_per_batch_size": ranges}
 
 
+def chosen_variants(pair: Path, only: tuple[str, ...] = ()) -> list[Variant]:
+    """The variants of ``pair``'s plan, or those ``only`` names; a name no variant has is
+    refused."""
+    prompts = json.loads((pair / "prompts.json").read_text())
+    chosen = variants(tuple(prompts["speculative_tokens"]))
+    unknown = sorted(set(only) - {v.name for v in chosen})
+    if unknown:
+        raise SmokeError(f"no engine {', '.join(unknown)} in the plan of {pair}")
+    return [v for v in chosen if v.name in only] if only else chosen
+
+
 def plan(pair: Path, work: Path, only: tuple[str, ...] = ()) -> list[Variant]:
     """Write ``work/<variant>.in.json`` for every engine, or those ``only`` names (and
     ``work/FULL_DRAFTER``); return the variants. A name no variant has is refused."""
     prompts = json.loads((pair / "prompts.json").read_text())
     engine = prompts["engine"]
-    chosen = variants(tuple(prompts["speculative_tokens"]))
-    unknown = sorted(set(only) - {v.name for v in chosen})
-    if unknown:
-        raise SmokeError(f"no engine {', '.join(unknown)} in the plan of {pair}")
-    if only:
-        chosen = [v for v in chosen if v.name in only]
+    chosen = chosen_variants(pair, only)
     logger.debug("plan %d engine variants of %s in %s", len(chosen), pair, work)
     work.mkdir(parents=True, exist_ok=True)
     full = full_attention_drafter(pair / "drafter", work / FULL_DRAFTER)

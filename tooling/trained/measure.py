@@ -61,9 +61,13 @@ class TrainedHybrid:
     ok: bool
 
 
-def _missing_sites(engines: dict[str, Path]) -> list[str]:
-    """The installs ``hybrid_plan.variants`` use that ``engines`` does not name."""
-    return sorted(set(hybrid_plan.SITES) - set(engines))
+def _missing_sites(
+    engines: dict[str, Path], chosen: list[hybrid_plan.Variant] | None = None
+) -> list[str]:
+    """The installs the ``chosen`` variants (all of ``hybrid_plan.variants``: None) use that
+    ``engines`` does not name."""
+    sites = {v.site for v in chosen} if chosen is not None else set(hybrid_plan.SITES)
+    return sorted(sites - set(engines))
 
 
 def serve_engines(
@@ -159,15 +163,18 @@ def main(argv: list[str]) -> int:
     root = args.engines_root
     engines = {d.name: d for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
     with entry_logging():
-        missing = _missing_sites(engines)
-        if missing:
-            logger.error("error: %s lacks %s", root, ", ".join(missing))
-            return SmokeError.exit_code
+        only = tuple(n for n in args.only.split(",") if n)
         try:
-            hybrid_plan.plan(args.pair, args.work, tuple(n for n in args.only.split(",") if n))
+            chosen = hybrid_plan.chosen_variants(args.pair, only)
         except SmokeError as e:
             logger.error("error: %s", e)
             return SmokeError.exit_code
+        # Only the installs the call's engines serve: a session builds no other.
+        missing = _missing_sites(engines, [v for v in chosen if v.call == args.call])
+        if missing:
+            logger.error("error: %s lacks %s", root, ", ".join(missing))
+            return SmokeError.exit_code
+        hybrid_plan.plan(args.pair, args.work, only)
         run_call(args.work, engines, args.call, args.time_limit)
     text, ok = hybrid.report(args.pair, args.work, args.call)
     answer(text.removesuffix("\n"))
