@@ -33,6 +33,8 @@ def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) ->
     cache.mkdir(parents=True)
     (cache / "compile.log").write_text("x")
     (work / "trained" / "plain.log").write_text("INFO plain\n")
+    (work / "speed" / "hybrid-pair").mkdir(parents=True)
+    (work / "speed" / "hybrid-pair" / "dflash.log").write_text("INFO KV cache\n")
     out.mkdir()
     done = run_gpu_script("hybrid-session.sh", "collect", work=work, out=out)
     assert done.returncode == 0, done.stderr
@@ -50,6 +52,7 @@ def test_collect_brings_reports_and_logs_in_separate_archives(tmp_path: Path) ->
         "session/session.log",
         "session/tiny/default/logs/serve-dflash.log",
         "trained/plain.log",
+        "speed/hybrid-pair/dflash.log",
     }
 
 

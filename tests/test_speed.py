@@ -106,6 +106,29 @@ def test_the_forwards_cpu_time_splits_by_its_outermost_operations():
     }
 
 
+def test_the_allocators_calls_count_apart_and_the_slowest_forward_is_kept_event_by_event():
+    events = _two_steps()
+    # The second step's forward runs longer and frees device memory inside it.
+    events += [
+        _launch(1200, 98, name="cudaFree", dur=40.0),
+        _cpu("gpu_model_runner: forward", 1000 + 100, 350),
+    ]
+    events = [e for e in events if not (e.get("ts") == 1100 and e.get("dur") == 300)]
+    steps, window = trace_split.step_window(events, STEP)
+    figures = trace_split.split(events, steps, window).per_step()
+    assert figures["alloc_calls"] == 0.5
+    assert figures["alloc_ms"] == {"gpu_model_runner: forward": 0.02}
+    slowest = trace_split.slowest_forward(events, window)
+    assert slowest["ms"] == 0.35 and slowest["events"] == 3
+    assert [row[3] for row in slowest["rows"]] == [
+        "cudaLaunchKernel",
+        "cudaLaunchKernel",
+        "cudaFree",
+    ]
+    assert slowest["rows"][2][:3] == [100.0, 40.0, "cuda_runtime"]
+    assert trace_split.slowest_forward(events, (5000.0, 6000.0)) == {}
+
+
 def test_a_trace_without_marked_steps_is_refused():
     with pytest.raises(ValueError, match="engine step"):
         trace_split.step_window([_cpu("gpu_model_runner: forward", 0, 1)], STEP)

@@ -358,7 +358,7 @@ def collect(layout: Layout, out: Path) -> None:
         (".json", ".txt", ".md"),
         3,
     )
-    _pack(layout, out / "logs.tgz", ("session", "trained"), (".log", ".err"), 7)
+    _pack(layout, out / "logs.tgz", ("session", "trained", "speed"), (".log", ".err"), 7)
     say(shown(["ls", "-la", str(out)], env=layout.env()))
 
 

@@ -33,6 +33,17 @@ def step_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str
     return lines
 
 
+#: A profile's figures, and its groups of ms by region or operation, as the table labels them.
+FIGURES = ("step_ms", "gpu_busy_ms", "gpu_idle_ms", "kernels", "sync_calls", "alloc_calls")
+GROUPS = (
+    ("gpu_ms", "GPU"),
+    ("cpu_ms", "CPU"),
+    ("sync_ms", "wait"),
+    ("alloc_ms", "alloc"),
+    ("forward_ops", "forward op"),
+)
+
+
 def profile_table(
     names: list[str], results: dict[str, dict[str, Any]], key: str = "profile"
 ) -> list[str]:
@@ -50,10 +61,23 @@ def profile_table(
             if "error" in p:
                 rows.setdefault("profile failed", {})[name] = p["error"][:60]
                 continue
-            for figure in ("step_ms", "gpu_busy_ms", "gpu_idle_ms", "kernels", "sync_calls"):
+            figures = (
+                "step_ms",
+                "gpu_busy_ms",
+                "gpu_idle_ms",
+                "kernels",
+                "sync_calls",
+                "alloc_calls",
+            )
+            for figure in figures:
                 if figure in p:
                     rows.setdefault(figure, {})[name] = fmt(p[figure], ".2f")
-            groups = (("gpu_ms", "GPU"), ("cpu_ms", "CPU"), ("sync_ms", "wait"))
+            groups = (
+                ("gpu_ms", "GPU"),
+                ("cpu_ms", "CPU"),
+                ("sync_ms", "wait"),
+                ("alloc_ms", "alloc"),
+            )
             for group, label in (*groups, ("forward_ops", "forward op")):
                 for category, ms in p.get(group, {}).items():
                     rows.setdefault(f"{label}: {category}", {})[name] = fmt(ms, ".3f")

@@ -158,6 +158,7 @@ def profiled(measure: Measure) -> dict[str, Any]:
         events = json.loads(trace.read_text()).get("traceEvents", [])
     steps, span = trace_split.step_window(events, STEP_REGION)
     figures = trace_split.split(events, steps, span).per_step()
+    figures["slowest_forward"] = trace_split.slowest_forward(events, span)
     return {**figures, "window": window, "regions_missing": missing}
 
 

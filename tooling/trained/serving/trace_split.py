@@ -68,6 +68,11 @@ KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 #: Runtime calls during which the host waits for the device.
 SYNC = re.compile(r"Synchronize|cudaMemcpy(?!Async)|cudaStreamWaitEvent", re.I)
+#: Runtime calls of the device memory allocator (a caching allocator that found no block calls
+#: them; ``cudaFree`` waits for the device).
+ALLOC = re.compile(r"cudaMalloc|cudaFree|cuMem(Create|Map|Unmap|Release|SetAccess|Address)", re.I)
+#: The most events ``slowest_forward`` keeps.
+FORWARD_EVENTS = 4000
 #: How many regions back ``_Regions.innermost`` looks for one still open.
 LOOKBACK = 256
 #: Outside every named region.
@@ -88,6 +93,8 @@ class Split:
     cpu_ms: dict[str, float] = field(default_factory=dict)
     sync_ms: dict[str, float] = field(default_factory=dict)
     sync_calls: int = 0
+    alloc_ms: dict[str, float] = field(default_factory=dict)
+    alloc_calls: int = 0
     kernels: int = 0
     top_kernels: list[tuple[str, float, int]] = field(default_factory=list)
     forward_ops: dict[str, float] = field(default_factory=dict)
@@ -108,6 +115,8 @@ class Split:
             "forward_ops": each(self.forward_ops),
             "sync_ms": each(self.sync_ms),
             "sync_calls": round(self.sync_calls / n, 2),
+            "alloc_ms": each(self.alloc_ms),
+            "alloc_calls": round(self.alloc_calls / n, 2),
             "kernels": round(self.kernels / n, 1),
             "top_kernels": [
                 {"name": name[:120], "ms_per_step": round(ms / n, 4), "per_step": round(c / n, 2)}
@@ -182,7 +191,8 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
 
     launches: dict[Any, str | None] = {}
     sync_ms: defaultdict[str, float] = defaultdict(float)
-    sync_calls = 0
+    alloc_ms: defaultdict[str, float] = defaultdict(float)
+    sync_calls = alloc_calls = 0
     for e in inside:
         if e.get("cat") not in ("cuda_runtime", "cuda_driver"):
             continue
@@ -193,6 +203,9 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
         if SYNC.search(str(e.get("name", ""))):
             sync_calls += 1
             sync_ms[where or UNNAMED] += float(e.get("dur", 0.0)) / 1000.0
+        if ALLOC.search(str(e.get("name", ""))):
+            alloc_calls += 1
+            alloc_ms[where or UNNAMED] += float(e.get("dur", 0.0)) / 1000.0
     gpu_ms: defaultdict[str, float] = defaultdict(float)
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     intervals = []
@@ -216,6 +229,8 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
         cpu_ms=dict(cpu_ms),
         sync_ms=dict(sync_ms),
         sync_calls=sync_calls,
+        alloc_ms=dict(alloc_ms),
+        alloc_calls=alloc_calls,
         kernels=len(intervals),
         top_kernels=[(name, ms, int(count)) for name, (ms, count) in top],
         forward_ops=outermost_ops(inside, region_of, cpu_ms.get(FORWARD, 0.0)),
@@ -248,6 +263,43 @@ def outermost_ops(
     if by_name:
         kept[BETWEEN_OPS] = max(forward_ms - sum(by_name.values()), 0.0)
     return kept
+
+
+def slowest_forward(events: list[dict[str, Any]], window: tuple[float, float]) -> dict[str, Any]:
+    """The longest target forward in ``window``, event by event (CPU ops, runtime calls and
+    regions inside it, at most ``FORWARD_EVENTS``): each as [microseconds from its start,
+    duration, category, name], so that where a forward's host time goes can be read off one
+    step, not only summed."""
+    begin, end = window
+    forwards = [
+        e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("name") == FORWARD
+        and begin <= float(e.get("ts", -1)) <= end
+    ]
+    if not forwards:
+        return {}
+    slowest = max(forwards, key=lambda e: float(e.get("dur", 0.0)))
+    start, dur, tid = float(slowest["ts"]), float(slowest.get("dur", 0.0)), slowest.get("tid")
+    kinds = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function")
+    inside = sorted(
+        (
+            e
+            for e in events
+            if e.get("ph") == "X"
+            and e.get("tid") == tid
+            and e.get("cat") in kinds
+            and start <= float(e.get("ts", -1)) <= start + dur
+            and e is not slowest
+        ),
+        key=lambda e: float(e["ts"]),
+    )
+    rows = [
+        [round(float(e["ts"]) - start, 1), round(float(e.get("dur", 0.0)), 1), e["cat"], e["name"]]
+        for e in inside[:FORWARD_EVENTS]
+    ]
+    return {"ms": round(dur / 1000.0, 3), "events": len(inside), "rows": rows}
 
 
 def step_window(events: list[dict[str, Any]], marker: str) -> tuple[int, tuple[float, float]]:
