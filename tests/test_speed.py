@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tooling.paths import REPO_DIR
-from tooling.trained import speed
+from tooling.trained import speed, speed_engines
 from tooling.trained.serving import trace_split
 
 STEP = "engine step"
@@ -169,7 +169,8 @@ def test_each_engine_is_planned_with_its_own_k_and_cache(tiny_pair, tmp_path):
     assert plain["engine"]["drafter"] is None and plain["engine"]["num_speculative_tokens"] == 0
     assert k7["engine"]["drafter"] == "/p/drafter" and k7["engine"]["num_speculative_tokens"] == 7
     assert (
-        k7["engine"]["engine_args"]["compilation_config"] == speed.GRAPHS_1024["compilation_config"]
+        k7["engine"]["engine_args"]["compilation_config"]
+        == speed_engines.GRAPHS_1024["compilation_config"]
     )
     assert k7["barrier_count"] == 2 and k7["profile_levels"] == [1, 16]
     # Prompts are drawn from the pair's vocabulary and seed: the same each time.

@@ -21,7 +21,7 @@ import random
 import shutil
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..errors import SmokeError
 from .gpu_fit import fitted, gpu_memory_gib
 from .hybrid_plan import GIB
 from .measure import serve_engines
+from .speed_engines import DRAFTED, ENGINES, PLAIN, STOCK, SpeedEngine
 from .speed_tables import compile_table, dispatch_table, fmt, profile_table, step_table
 
 logger = logging.getLogger(__name__)
@@ -40,16 +41,6 @@ PASSES = 5
 NEW_TOKENS = 128
 WINDOW_STEPS = 40
 PROFILE_STEPS = 10
-#: KV cache per engine, GiB: at K = 15 each request holds 1 + K Gated DeltaNet states (64
-#: requests of the trained pair's shapes; 32 of the seed's).
-KV_GIB_PLAIN = 6
-KV_GIB_DRAFTED = 40
-KV_GIB_DRAFTED_16 = 12
-KV_GIB_SEED_PLAIN = 8
-KV_GIB_SEED_DRAFTED = 56
-PLAIN = "plain"
-STOCK = "plain-stock"
-DRAFTED = "dflash"
 MODULE = "tooling.trained.serving.speed_run"
 #: A pair with random weights (``tooling.smoke.serving.tiny``) is served this long a context,
 #: with this many prompts of PROMPT_LEN tokens drawn from its vocabulary.
@@ -58,86 +49,6 @@ TINY_MAX_MODEL_LEN = 2048
 RANDOM_PAIR_K = 15
 TINY_PROMPTS = 16
 PROMPT_LEN = 128
-
-
-BUDGET = [[1, 16, 15], [17, 1024, 7]]
-GRAPHS_1024 = {"compilation_config": {"max_cudagraph_capture_size": 1024}}
-BUDGETED = {"num_speculative_tokens_per_batch_size": BUDGET}
-OFF_ABOVE_8 = {"num_speculative_tokens_per_batch_size": [[1, 8, 15], [9, 1024, 0]]}
-
-
-@dataclass(frozen=True)
-class SpeedEngine:
-    name: str
-    site: str
-    drafted: bool
-    kv_cache_gib: int
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    constant_logits: bool = False
-    k: int | None = None
-    """None: the run's K."""
-    speculative_args: dict[str, Any] = field(default_factory=dict)
-
-
-#: Every engine a run can ask for by name: plain on stock and on the fixed wheel, DFlash as
-#: shipped, DFlash with one setting changed (a candidate fix measured beside it), and the
-#: seed-scale engines (the DFlash one measured again with every draft accepted).
-ENGINES = {
-    e.name: e
-    for e in (
-        SpeedEngine(STOCK, "stock", False, KV_GIB_PLAIN),
-        SpeedEngine(PLAIN, "patched", False, KV_GIB_PLAIN),
-        SpeedEngine(DRAFTED, "patched", True, KV_GIB_DRAFTED),
-        # CUDA graphs for verify steps of 64 requests at K = 15 (vLLM captures up to 512).
-        SpeedEngine("dflash-graphs-1024", "patched", True, KV_GIB_DRAFTED, GRAPHS_1024),
-        # Fewer tokens drafted: what a speculation budget that lowers K would serve.
-        *(
-            SpeedEngine(f"dflash-k{k}", "patched", True, kv, GRAPHS_1024, k=k)
-            for k, kv in ((7, 24), (3, 12), (1, 8))
-        ),
-        # Patch 17's budget: K = 15 up to 16 running requests, 7 above.
-        SpeedEngine("dflash-budget", "patched", True, KV_GIB_DRAFTED, speculative_args=BUDGETED),
-        # Patch 22's option: the drafter's uniform pass on full CUDA graphs of its own, where a
-        # step is CPU time (up to 16 requests: a fifth engine of 64 would not fit one H200).
-        SpeedEngine(
-            "dflash-drafter-graphs",
-            "patched",
-            True,
-            KV_GIB_DRAFTED_16,
-            speculative_args={"dflash_full_cudagraphs": True},
-        ),
-        # Patch 23's budget: drafting off above 8 running requests (their steps verify none,
-        # and on this hybrid target read the state the drafts before them left, patch 24).
-        SpeedEngine(
-            "dflash-off-above-8", "patched", True, KV_GIB_DRAFTED, speculative_args=OFF_ABOVE_8
-        ),
-        # Prefix caching off, so the Gated DeltaNet states are kept per request, not aligned to
-        # blocks: whether the cost of a step with a prompt joining is the aligned states'.
-        SpeedEngine(
-            "dflash-no-prefix-caching",
-            "patched",
-            True,
-            KV_GIB_DRAFTED,
-            {"enable_prefix_caching": False},
-        ),
-        # Patch 32's option: a verify step writes one Gated DeltaNet state a request, not K + 1
-        # (prefix caching off, which the option needs; beside it, dflash-no-prefix-caching).
-        SpeedEngine(
-            "dflash-replay",
-            "patched",
-            True,
-            KV_GIB_DRAFTED,
-            {"enable_prefix_caching": False},
-            speculative_args={"gdn_spec_replay": True},
-        ),
-        # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
-        SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
-        # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
-        SpeedEngine("dflash-no-gdn-groups", "no-gdn-metadata-groups", True, KV_GIB_DRAFTED),
-        SpeedEngine("seed-plain", "patched", False, KV_GIB_SEED_PLAIN),
-        SpeedEngine("seed-dflash", "patched", True, KV_GIB_SEED_DRAFTED, constant_logits=True),
-    )
-}
 
 
 @dataclass(frozen=True)
