@@ -422,6 +422,30 @@ def test_the_report_gives_the_sustained_windows_their_own_table(tiny_pair, tmp_p
     assert "| 16 | - | - |" in table.split("by the mode of the target's CUDA graph")[1]
 
 
+def test_staggered_lengths_end_a_windows_requests_at_different_steps_alike_for_every_engine(
+    tiny_pair, tmp_path
+):
+    """Each length from half the mean to one and a half once in every mean + 1 requests, the
+    mean the run's; the option reaches every engine's request and the report's heading."""
+    from tooling.trained.serving.sustained import staggered_length
+
+    for mean in (128, 256):
+        lengths = [staggered_length(i, mean) for i in range(mean + 1)]
+        assert sorted(lengths) == list(range(mean // 2, mean // 2 + mean + 1))
+        assert sum(lengths) / len(lengths) == mean
+        # Neighbours differ: a window's first requests do not end together.
+        assert len(set(lengths[:16])) == 16
+    work = tmp_path / "work"
+    settings = speed.Settings(k=15, levels=(16,), sustained=True, staggered=True)
+    speed.plan(tiny_pair, work, ["plain", "dflash"], settings)
+    for name in ("plain", "dflash"):
+        assert json.loads((work / f"{name}.in.json").read_text())["staggered"] is True
+        windows = {"16": [{"tokens": 3000, "seconds": 1.0, "acceptance_length": None}]}
+        (work / f"{name}.out.json").write_text(json.dumps({"ok": True, "sustained": windows}))
+    text, _ = speed.report(work)
+    assert "## Decode tokens/s, batch kept full, requests of staggered lengths" in text
+
+
 def test_the_report_gives_the_steady_windows_their_own_table(tiny_pair, tmp_path):
     work = tmp_path / "work"
     speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(16,)))

@@ -30,8 +30,10 @@ logger = logging.getLogger(__name__)
 #: DFlash, and the drafter's full graphs, where a step is CPU time.
 def kept_full(engines: tuple[str, ...]) -> tuple[str, ...]:
     """The speed run's options for ``engines`` measured in turns, pass by pass, on batches
-    and with the batch kept full."""
-    return ("--engines", ",".join(engines), "--interleave", "--sustained")
+    and with the batch kept full, its requests of staggered lengths: with one length for all,
+    plain's requests end at the same step and its prompts join in one step of their own,
+    where a server's, and DFlash's, join one or two at a time."""
+    return ("--engines", ",".join(engines), "--interleave", "--sustained", "--staggered")
 
 
 SPEED_ENGINES = (

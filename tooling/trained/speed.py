@@ -68,6 +68,8 @@ class Settings:
     all at once: a drift of the machine then lands on every engine alike."""
     sustained: bool = False
     """Also tokens/s with the batch kept full (``serving.sustained``)."""
+    staggered: bool = False
+    """The windows' requests of staggered lengths (``serving.sustained``)."""
     drafted_kv_gib: int | None = None
     """Each drafting engine's KV cache, GiB, in place of its own: a run whose levels need
     less than the engines' own sizes (64 requests at the seed's K), so that they fit one GPU
@@ -164,6 +166,7 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
             "constant_logits": e.constant_logits,
             "partial": str(work / f"{e.name}.partial.json"),
             "sustained": settings.sustained,
+            "staggered": settings.staggered,
             "turns": (
                 {"folder": str(turns), "index": index, "count": len(chosen)}
                 if settings.interleave
@@ -294,7 +297,10 @@ def report(work: Path) -> tuple[str, bool]:
     names = [e.name for e in chosen]
     lines += ["", "## Decode tokens/s", "", *speed_table(chosen, results)]
     if any(r.get("sustained") for r in results.values()):
-        lines += ["", "## Decode tokens/s, batch kept full", ""]
+        asked = [work / f"{n}.in.json" for n in names]
+        staggered = any(json.loads(p.read_text()).get("staggered") for p in asked if p.is_file())
+        kind = ", requests of staggered lengths" if staggered else ""
+        lines += ["", f"## Decode tokens/s, batch kept full{kind}", ""]
         lines += speed_table(chosen, results, "sustained")
         lines += ["", "Their steps, by the mode of the target's CUDA graph:", ""]
         lines += dispatch_table(names, results)
@@ -357,6 +363,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--one-at-a-time", action="store_true", help="serve the engines in turn")
     p.add_argument("--interleave", action="store_true", help="measure in turns, pass by pass")
     p.add_argument("--sustained", action="store_true", help="also with the batch kept full")
+    p.add_argument("--staggered", action="store_true", help="windows' requests of many lengths")
     p.add_argument("--drafted-kv-gib", type=int, help="each drafting engine's KV cache, GiB")
     r = sub.add_parser("report")
     r.add_argument("work", type=Path)
@@ -389,6 +396,7 @@ def main(argv: list[str]) -> int:
                 one_at_a_time=args.one_at_a_time,
                 interleave=args.interleave,
                 sustained=args.sustained,
+                staggered=args.staggered,
                 drafted_kv_gib=args.drafted_kv_gib,
             )
             sizes = [sized(ENGINES[n], settings) for n in names]

@@ -85,6 +85,9 @@ class SpeedRunRequest:
     """Where the figures so far are written after each unit, for a run cut short."""
     sustained: bool = False
     """Also ``passes`` windows at each level with the batch kept full (``sustained``)."""
+    staggered: bool = False
+    """The windows' requests of staggered lengths (``sustained.staggered_length``), so that
+    they end at different steps whatever the engine."""
     turns: dict[str, Any] | None = None
     """``Turns``' fields: measure in turns with the run's other engines, unit by unit;
     None: hold the run's lock for every unit at once."""
@@ -221,6 +224,7 @@ def _window(llm: Any, request: SpeedRunRequest, watch: Watch, level: int, **kwar
         request.max_new_tokens,
         watch.dispatches.take,
         joined=watch.joins.take,
+        staggered=request.staggered,
         **kwargs,
     )
 

@@ -36,6 +36,16 @@ logger = logging.getLogger(__name__)
 STEP_CAP = 200_000
 
 
+def staggered_length(index: int, mean: int) -> int:
+    """The tokens the ``index``-th request of a window makes with staggered lengths: every
+    length from ``mean // 2`` to ``mean // 2 + mean`` once in each ``mean + 1`` requests, in
+    an order that is the same for every engine, so the requests end at different steps as a
+    server's do, plain's as well as DFlash's."""
+    # 61 and mean + 1 share no factor for the means used (128, 256), so the order is a
+    # permutation; any other mean still gets lengths within the range.
+    return mean // 2 + (index * 61) % (mean + 1)
+
+
 def measured_completions(level: int) -> int:
     """How many requests finish inside one window: twice the batch, at least 16."""
     return max(2 * level, 16)
@@ -134,20 +144,21 @@ def run_window(
     measured: int | None = None,
     joined: Callable[[], int] = int,
     stalls: Callable[[], dict[str, Any]] | None = None,
+    staggered: bool = False,
 ) -> dict:
     """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine).
     ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``),
     ``joined`` the prompts admitted (``Joins.take``), ``stalls`` what stalled a step
     (``Stalls.take``; None: not filed so); with ``marker``, each step inside the
     window runs inside ``marker()`` (a profiler's region, a clock's step); ``measured``:
-    requests to finish inside it, if not ``measured_completions``."""
+    requests to finish inside it, if not ``measured_completions``; ``staggered``: each request
+    makes ``staggered_length`` tokens, not ``max_new_tokens``."""
     from vllm.inputs import TokensPrompt
 
     from ...smoke.serving.distribution import greedy_params
     from .trained_run import _spec
 
     engine = llm.llm_engine
-    params = greedy_params(max_new_tokens, None)
     window = Window(level, warm=level, measured=measured or measured_completions(level))
     added = 0
 
@@ -155,6 +166,8 @@ def run_window(
         nonlocal added
         rid = f"sustained-{level}-{time.monotonic_ns()}-{added}"
         prompt = prompts[added % len(prompts)]
+        length = staggered_length(added, max_new_tokens) if staggered else max_new_tokens
+        params = greedy_params(length, None)
         engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
         window.made[rid] = 0
         added += 1
