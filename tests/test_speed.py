@@ -446,6 +446,36 @@ def test_staggered_lengths_end_a_windows_requests_at_different_steps_alike_for_e
     assert "## Decode tokens/s, batch kept full, requests of staggered lengths" in text
 
 
+def test_the_report_sums_what_each_caching_allocator_did_in_its_windows(tiny_pair, tmp_path):
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(16,)))
+    counts = {"num_alloc_retries": 2, "num_device_alloc": 5, "num_device_free": 3, "num_ooms": 0}
+    window = {"tokens": 3000, "seconds": 1.0, "allocator": counts}
+    (work / "dflash.out.json").write_text(
+        json.dumps({"ok": True, "sustained": {"16": [window, window]}})
+    )
+    # An engine whose windows predate the counts shows none.
+    (work / "plain.out.json").write_text(
+        json.dumps({"ok": True, "sustained": {"16": [{"tokens": 3000, "seconds": 1.0}]}})
+    )
+    text, _ = speed.report(work)
+    table = text.split("The caching allocator during those windows:")[1]
+    assert "| 16 | - | 10 mallocs, 6 frees, 4 retries |" in table
+
+
+@pytest.mark.slow
+def test_the_allocators_counts_are_none_without_a_gpu(probe_python):
+    code = (
+        "from tooling.trained.serving.speed_run import allocator_counts; "
+        "assert allocator_counts() == {}, allocator_counts(); print('ok')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_DIR)}
+    done = subprocess.run(
+        [str(probe_python), "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_the_report_gives_the_steady_windows_their_own_table(tiny_pair, tmp_path):
     work = tmp_path / "work"
     speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(16,)))

@@ -31,7 +31,14 @@ from .gpu_fit import fitted, gpu_memory_gib
 from .hybrid_plan import GIB
 from .measure import serve_engines
 from .speed_engines import DRAFTED, ENGINES, PLAIN, STOCK, SpeedEngine
-from .speed_tables import compile_table, dispatch_table, fmt, profile_table, step_table
+from .speed_tables import (
+    allocator_table,
+    compile_table,
+    dispatch_table,
+    fmt,
+    profile_table,
+    step_table,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -308,6 +315,8 @@ def report(work: Path) -> tuple[str, bool]:
         lines += dispatch_table(names, results, "joined_ms")
         lines += ["", "The same steps, by what stalled them (a Triton compile, a collection):", ""]
         lines += dispatch_table(names, results, "stalled_ms")
+        lines += ["", "The caching allocator during those windows:", ""]
+        lines += allocator_table(names, results)
     if any(r.get("warm") for r in results.values()):
         lines += ["", "## Triton kernels compiled, warm-up and measured", ""]
         lines += compile_table(names, results)

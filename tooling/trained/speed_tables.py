@@ -172,3 +172,26 @@ def compile_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[
             cells.append(", ".join(fmt(m, ".1f") for m in ms) or "-")
         lines.append(f"| windows at {level}, ms a step in order | " + " | ".join(cells) + " |")
     return lines
+
+
+def allocator_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Per level, what each engine's caching allocator did during its windows with the batch
+    kept full (summed over them): device allocations, frees, and retries after freeing its
+    cache."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
+    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for level in levels:
+        cells = []
+        for name in names:
+            windows = results.get(name, {}).get("sustained", {}).get(str(level), [])
+            counts = [w["allocator"] for w in windows if w.get("allocator")]
+            if not counts:
+                cells.append("-")
+                continue
+            total = {k: sum(c.get(k, 0) for c in counts) for k in counts[0]}
+            cells.append(
+                f"{total.get('num_device_alloc', 0)} mallocs, {total.get('num_device_free', 0)} "
+                f"frees, {total.get('num_alloc_retries', 0)} retries"
+            )
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines

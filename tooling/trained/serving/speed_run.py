@@ -213,10 +213,37 @@ def _zero_lm_heads(worker: Any) -> int:
     return zeroed
 
 
+#: The caching allocator's counters a window reports the change of: a block it found no room
+#: for makes it free its cached blocks (``cudaFree`` waits for the device) and try again.
+ALLOCATOR_STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms")
+
+
+def allocator_counts() -> dict[str, int]:
+    """This process's caching allocator's ``ALLOCATOR_STATS`` (the worker runs in it: vLLM's
+    in-process executor); none without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {name: int(stats.get(name, 0)) for name in ALLOCATOR_STATS}
+
+
 def _window(llm: Any, request: SpeedRunRequest, watch: Watch, level: int, **kwargs: Any) -> dict:
     """One window with the batch kept full at ``level`` (``sustained.run_window``), each step
-    filed by the forwards ``watch`` saw dispatched and the prompts it saw join; ``kwargs``: the
-    rest of ``run_window``'s options (``stalls``, ``marker``, ``measured``)."""
+    filed by the forwards ``watch`` saw dispatched and the prompts it saw join, and what the
+    caching allocator did while it ran; ``kwargs``: the rest of ``run_window``'s options
+    (``stalls``, ``marker``, ``measured``)."""
+    before = allocator_counts()
+    window = _run_window(llm, request, watch, level, **kwargs)
+    after = allocator_counts()
+    window["allocator"] = {name: after[name] - before[name] for name in after}
+    return window
+
+
+def _run_window(
+    llm: Any, request: SpeedRunRequest, watch: Watch, level: int, **kwargs: Any
+) -> dict:
     return sustained.run_window(
         llm,
         request.prompts,
