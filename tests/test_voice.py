@@ -75,6 +75,8 @@ PURE = {
     "trained/serving/trace_split.py",
     # The speed report's tables: a run's figures in, Markdown lines out.
     "trained/speed_tables.py",
+    # The engines a speed run can serve, as data.
+    "trained/speed_engines.py",
     # The recipe's settings, a config as data, its choice of prompts, torch helpers.
     "trainer/checked.py",
     "trainer/config.py",
