@@ -506,6 +506,29 @@ def test_a_profile_with_the_batch_kept_full_gets_its_own_table(tiny_pair, tmp_pa
     assert "| CPU: drafter: propose | - | 9.000 |" in kept_full
 
 
+def test_the_report_reads_the_slowest_forward_off_its_events(tiny_pair, tmp_path):
+    """Outermost events by length (an event inside another is not counted again) and the
+    widest gaps between them, in ms."""
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(16,)))
+    rows = [
+        [0.0, 2000.0, "cpu_op", "vllm::gdn_attention_core"],
+        [10.0, 5.0, "cuda_runtime", "cudaLaunchKernel"],
+        [9000.0, 500.0, "cuda_runtime", "cudaFree"],
+        [9600.0, 300.0, "cpu_op", "aten::copy_"],
+    ]
+    slowest = {"ms": 12.5, "events": 4, "rows": rows}
+    kept = {"16": {"step_ms": 30.0, "slowest_forward": slowest}}
+    (work / "dflash.out.json").write_text(json.dumps({"ok": True, "profile_sustained": kept}))
+    (work / "plain.out.json").write_text(json.dumps({"ok": True}))
+    text, _ = speed.report(work)
+    section = text.split("### The slowest forward with the batch kept full, event by event")[1]
+    line = section.strip().splitlines()[0]
+    assert line.startswith("- `dflash` at 16: 12.5 ms, 4 events, 3 outermost; longest: ")
+    assert "vllm::gdn_attention_core (cpu_op) 2.00 ms, cudaFree (cuda_runtime) 0.50 ms" in line
+    assert line.endswith("widest gaps before: cudaFree 7.00 ms, aten::copy_ 0.10 ms")
+
+
 def _methods(source_dir: Path, module: str) -> dict[str, tuple[set[str], list[str]]]:
     """Each class of ``module`` in a vLLM tree: its own methods and its bases' names."""
     import ast

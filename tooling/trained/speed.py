@@ -37,6 +37,7 @@ from .speed_tables import (
     dispatch_table,
     fmt,
     profile_table,
+    slowest_forward_lines,
     step_table,
 )
 
@@ -326,6 +327,10 @@ def report(work: Path) -> tuple[str, bool]:
     lines += ["", "## Engine steps", "", *step_table(names, results)]
     lines += ["", "## Where a step's time goes", *profile_table(names, results)]
     lines += profile_table(names, results, "profile_sustained")
+    slowest = slowest_forward_lines(names, results)
+    if slowest:
+        lines += ["", "### The slowest forward with the batch kept full, event by event", ""]
+        lines += slowest
     if any(r.get("timed") for r in results.values()):
         lines += ["", "## The same steps, no profiler: CPU by region and the host's waits", ""]
         lines += profile_table(names, results, "timed")

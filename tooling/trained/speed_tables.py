@@ -195,3 +195,35 @@ def allocator_table(names: list[str], results: dict[str, dict[str, Any]]) -> lis
             )
         lines.append(f"| {level} | " + " | ".join(cells) + " |")
     return lines
+
+
+def slowest_forward_lines(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """For each engine's profile with the batch kept full, its slowest forward read off event
+    by event: its outermost events by length, and the longest gaps between them (the host in
+    Python, or waiting in nothing the trace records)."""
+    lines: list[str] = []
+    for name in names:
+        for level, p in sorted(results.get(name, {}).get("profile_sustained", {}).items()):
+            slowest = p.get("slowest_forward") or {}
+            rows = slowest.get("rows") or []
+            if not rows:
+                continue
+            outer, end = [], float("-inf")
+            gaps = []
+            for start, dur, cat, op in rows:
+                if start < end:
+                    continue  # inside an event already taken
+                if outer:
+                    gaps.append((start - end, op))
+                outer.append((dur, cat, op))
+                end = start + dur
+            longest = sorted(outer, key=lambda o: -o[0])[:6]
+            widest = sorted(gaps, key=lambda g: -g[0])[:3]
+            lines += [
+                f"- `{name}` at {level}: {fmt(slowest.get('ms'), '.1f')} ms, "
+                f"{slowest.get('events')} events, {len(outer)} outermost; longest: "
+                + ", ".join(f"{op} ({cat}) {dur / 1000:.2f} ms" for dur, cat, op in longest)
+                + "; widest gaps before: "
+                + ", ".join(f"{op} {gap / 1000:.2f} ms" for gap, op in widest)
+            ]
+    return lines
