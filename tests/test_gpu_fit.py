@@ -143,3 +143,16 @@ def test_the_replay_speed_run_sizes_its_drafting_engines_for_its_levels_and_fits
     sent = json.loads((tmp_path / "work" / "dflash-replay.in.json").read_text())["engine"]
     assert sent["kv_cache_memory_bytes"] == gib << 30
     assert sent["speculative_args"] == {"gdn_spec_replay": True}
+
+
+def test_the_bar_step_measures_dflash_against_plain_at_the_bars_levels_together_on_one_h100():
+    from tooling.host.speed import BAR_ARGS, BAR_ENGINES, speed_args
+    from tooling.host.steps import STEPS
+
+    step = STEPS["speed-bar"]
+    assert speed_args(step.variant) == BAR_ARGS
+    value = {BAR_ARGS[i]: BAR_ARGS[i + 1] for i in range(len(BAR_ARGS) - 1)}
+    assert value["--levels"] == "1,16,64" and int(value["--passes"]) >= 5
+    assert "--staggered" in BAR_ARGS and "--interleave" in BAR_ARGS
+    settings = Settings(interleave=True)
+    assert fitted(settings, [ENGINES[n] for n in BAR_ENGINES], H100_GIB) is settings

@@ -110,6 +110,18 @@ REPLAY_ARGS = (
 )
 
 
+#: ``speed-bar``: issue 45's bar alone, DFlash as shipped against plain at 1, 16 and 64 with
+#: five passes, the requests of staggered lengths, the step at 64 profiled; two engines, so
+#: that they fit one H100 together and measure interleaved (plain against stock is the
+#: ``speed`` step's).
+BAR_ENGINES = ("plain", "dflash")
+BAR_ARGS = (
+    *kept_full(BAR_ENGINES),
+    *("--levels", "1,16,64", "--passes", "5", "--profile-levels", "64"),
+    *("--time-limit", "900"),
+)
+
+
 #: A session step's variant and the speed run's options for it; any other variant runs the
 #: bar's engines, profiled as ``speed_args`` says.
 VARIANT_ARGS = {
@@ -118,6 +130,7 @@ VARIANT_ARGS = {
     "shape-off-16": SHAPE_OFF_16_ARGS,
     "trained-16": SPEED_16_ARGS,
     "replay": REPLAY_ARGS,
+    "bar": BAR_ARGS,
 }
 
 
