@@ -208,8 +208,9 @@ def slowest_forward_lines(names: list[str], results: dict[str, dict[str, Any]]) 
             rows = slowest.get("rows") or []
             if not rows:
                 continue
-            outer, end = [], float("-inf")
-            gaps = []
+            outer: list[tuple[float, str, str]] = []
+            gaps: list[tuple[float, str]] = []
+            end = float("-inf")
             for start, dur, cat, op in rows:
                 if start < end:
                     continue  # inside an event already taken
