@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..trained.speed import ENGINES
+from ..trained.speed_engines import ENGINES
 from .speed import LOCATE_ENGINES, SPEED_ENGINES
 from .trained import trained_ablations
 

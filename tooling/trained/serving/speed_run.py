@@ -235,16 +235,7 @@ def _window(llm: Any, request: SpeedRunRequest, watch: Watch, level: int, **kwar
     caching allocator did while it ran; ``kwargs``: the rest of ``run_window``'s options
     (``stalls``, ``marker``, ``measured``)."""
     before = allocator_counts()
-    window = _run_window(llm, request, watch, level, **kwargs)
-    after = allocator_counts()
-    window["allocator"] = {name: after[name] - before[name] for name in after}
-    return window
-
-
-def _run_window(
-    llm: Any, request: SpeedRunRequest, watch: Watch, level: int, **kwargs: Any
-) -> dict:
-    return sustained.run_window(
+    window: dict[str, Any] = sustained.run_window(
         llm,
         request.prompts,
         level,
@@ -254,6 +245,9 @@ def _run_window(
         staggered=request.staggered,
         **kwargs,
     )
+    after = allocator_counts()
+    window["allocator"] = {name: after[name] - before[name] for name in after}
+    return window
 
 
 def _units(
