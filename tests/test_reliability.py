@@ -269,6 +269,63 @@ def test_signals_exit_128_plus_their_number(signum, code):
     assert err == f"error: interrupted ({signal.Signals(signum).name})\n"
 
 
+#: Atomic writes interrupted at every instant: a one-shot timer whose handler raises, as the
+#: CLI's does for SIGTERM and SIGHUP, set from 1 to 600 microseconds ahead of each write
+#: (every hundredth write is left alone, so some finish on any machine).
+RACE = """
+import signal, sys
+from pathlib import Path
+from tooling.fsutil import atomic_output, staging_dir
+
+class Tick(BaseException):
+    pass
+
+def tick(signum, frame):
+    raise Tick()
+
+folder, which, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+signal.signal(signal.SIGALRM, tick)
+interrupted = done = 0
+for i in range(n):
+    try:
+        if i % 100 != 99:
+            signal.setitimer(signal.ITIMER_REAL, 1e-6 * (1 + i % 600))
+        try:
+            if which == "file":
+                with atomic_output(folder / "out.bin", durable=False) as f:
+                    f.write(b"x")
+            else:
+                with staging_dir(folder / f"tree-{i}") as tmp:
+                    (tmp / "a").write_bytes(b"x")
+            done += 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Tick:
+        interrupted += 1
+signal.signal(signal.SIGALRM, signal.SIG_IGN)
+print(interrupted, done)
+"""
+
+
+@pytest.mark.parametrize("which", ["file", "dir"])
+def test_a_signal_at_any_instant_of_an_atomic_write_leaves_no_part(tmp_path, which):
+    """The temp sibling is named before it is made and made inside the block that removes
+    it: a signal raised the moment it exists still removes it (the build's wheel was left as
+    ``.part`` by a SIGHUP that came between the two)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_DIR)}
+    done = subprocess.run(
+        [sys.executable, "-c", RACE, str(tmp_path), which, "2000"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    interrupted, finished = map(int, done.stdout.split())
+    assert interrupted > 0 and finished >= 20
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+
+
 @pytest.mark.slow
 @needs_artifacts
 @pytest.mark.parametrize("kind", ["missing", "not-python"])

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -46,6 +47,16 @@ def read_bounded(path: Path, limit: int, what: str, error: type[ToolingError]) -
     return data
 
 
+#: The characters of a temp sibling's 8 random ones, as ``tempfile`` draws them.
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+def _temp_sibling(target: Path) -> Path:
+    """A name for ``target``'s temp sibling, ``.NAME.XXXXXXXX.part``; nothing is made."""
+    token = "".join(secrets.choice(_NAME_CHARS) for _ in range(8))
+    return target.parent / f".{target.name}.{token}.part"
+
+
 @contextlib.contextmanager
 def atomic_output(target: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     """Open a binary temp file beside ``target``; rename it over ``target`` only on success.
@@ -57,13 +68,18 @@ def atomic_output(target: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
     a second can skip it.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    tmp = Path(tmp_name)
-    # mkstemp makes the file private; a result gets the permissions umask gives.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(fd, 0o666 & ~umask)
+    # The name is chosen before the file is made, and the file made inside the block that
+    # removes it: a signal raised the moment it exists (the CLI raises SIGTERM and SIGHUP
+    # where the program stands) still finds its name to remove.
+    tmp = _temp_sibling(target)
     try:
+        while True:
+            try:
+                # 0o666 less the umask: a result's permissions, as any other file gets.
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                break
+            except FileExistsError:
+                tmp = _temp_sibling(target)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -269,8 +285,15 @@ def staging_dir(target: Path) -> Iterator[Path]:
     ``locked(target)`` and clear the way themselves).
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent))
+    # As ``atomic_output``'s file: named first, made inside the block that removes it.
+    tmp = _temp_sibling(target)
     try:
+        while True:
+            try:
+                os.mkdir(tmp, 0o700)
+                break
+            except FileExistsError:
+                tmp = _temp_sibling(target)
         yield tmp
         os.rename(tmp, target)
     except BaseException:

@@ -43,8 +43,13 @@ def record(path: Path, pid: int) -> None:
     if started is None:
         raise NoRecord(f"no process {pid} runs to record")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_text(f"{pid} {started}\n", encoding="ascii")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(f"{pid} {started}\n", encoding="ascii")
+        os.replace(tmp, path)
+    except BaseException:
+        # Named before it was made: a signal at any instant leaves no half-written record.
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def running(path: Path) -> int | None:
