@@ -4,8 +4,11 @@ column per engine."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import Any
+
+from .serving.trace_split import outermost
 
 
 def fmt(value: float | None, spec: str = ".0f") -> str:
@@ -61,24 +64,10 @@ def profile_table(
             if "error" in p:
                 rows.setdefault("profile failed", {})[name] = p["error"][:60]
                 continue
-            figures = (
-                "step_ms",
-                "gpu_busy_ms",
-                "gpu_idle_ms",
-                "kernels",
-                "sync_calls",
-                "alloc_calls",
-            )
-            for figure in figures:
+            for figure in FIGURES:
                 if figure in p:
                     rows.setdefault(figure, {})[name] = fmt(p[figure], ".2f")
-            groups = (
-                ("gpu_ms", "GPU"),
-                ("cpu_ms", "CPU"),
-                ("sync_ms", "wait"),
-                ("alloc_ms", "alloc"),
-            )
-            for group, label in (*groups, ("forward_ops", "forward op")):
+            for group, label in GROUPS:
                 for category, ms in p.get(group, {}).items():
                     rows.setdefault(f"{label}: {category}", {})[name] = fmt(ms, ".3f")
         if not rows:
@@ -208,17 +197,12 @@ def slowest_forward_lines(names: list[str], results: dict[str, dict[str, Any]]) 
             rows = slowest.get("rows") or []
             if not rows:
                 continue
-            outer: list[tuple[float, str, str]] = []
-            gaps: list[tuple[float, str]] = []
-            end = float("-inf")
-            for start, dur, cat, op in rows:
-                if start < end:
-                    continue  # inside an event already taken
-                if outer:
-                    gaps.append((start - end, op))
-                outer.append((dur, cat, op))
-                end = start + dur
-            longest = sorted(outer, key=lambda o: -o[0])[:6]
+            outer = outermost((start, dur, (cat, op)) for start, dur, cat, op in rows)
+            gaps = [
+                (start - (before + took), op)
+                for (before, took, _), (start, _, (_, op)) in itertools.pairwise(outer)
+            ]
+            longest = sorted(((dur, *kind) for _, dur, kind in outer), key=lambda o: -o[0])[:6]
             widest = sorted(gaps, key=lambda g: -g[0])[:3]
             lines += [
                 f"- `{name}` at {level}: {fmt(slowest.get('ms'), '.1f')} ms, "

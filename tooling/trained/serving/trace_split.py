@@ -24,7 +24,9 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: Regions, innermost first wins, and the category their kernels and CPU time count under.
 REGION_CATEGORIES: dict[str, str] = {
@@ -237,24 +239,33 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
     )
 
 
+def outermost(spans: Iterable[tuple[float, float, T]]) -> list[tuple[float, float, T]]:
+    """Of ``spans`` (start, duration, item) of one thread, those inside no other, in order:
+    where one starts before the last taken has ended, it is that one's."""
+    taken: list[tuple[float, float, T]] = []
+    end = float("-inf")
+    for start, dur, item in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if start < end:
+            continue
+        taken.append((start, dur, item))
+        end = start + dur
+    return taken
+
+
 def outermost_ops(
     inside: list[dict[str, Any]], region_of: Any, forward_ms: float
 ) -> dict[str, float]:
     """The forward's CPU ms by its outermost operations (``FORWARD_OPS`` of them, the rest
     summed as "other operations"), and its time between them."""
-    ops = sorted(
-        (e for e in inside if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")),
-        key=lambda e: (e.get("tid"), float(e["ts"]), -float(e.get("dur", 0.0))),
-    )
+    by_thread: defaultdict[Any, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
+    for e in inside:
+        if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver"):
+            by_thread[e.get("tid")].append((float(e["ts"]), float(e.get("dur", 0.0)), e))
     by_name: defaultdict[str, float] = defaultdict(float)
-    open_until: dict[Any, float] = {}
-    for e in ops:
-        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        if ts < open_until.get(e.get("tid"), float("-inf")):
-            continue  # inside an operation already counted
-        open_until[e.get("tid")] = ts + dur
-        if region_of(e) == FORWARD:
-            by_name[str(e.get("name", ""))] += dur / 1000.0
+    for spans in by_thread.values():
+        for _, dur, e in outermost(spans):
+            if region_of(e) == FORWARD:
+                by_name[str(e.get("name", ""))] += dur / 1000.0
     ranked = sorted(by_name.items(), key=lambda i: -i[1])
     kept = dict(ranked[:FORWARD_OPS])
     rest = sum(ms for _, ms in ranked[FORWARD_OPS:])
