@@ -391,6 +391,24 @@ def test_an_interleaved_run_gives_each_engine_its_place_in_the_turns(tiny_pair, 
     assert json.loads((work / "plain.in.json").read_text())["turns"] is None
 
 
+@pytest.mark.parametrize("size", ["0", "-4", "1.5"])
+def test_a_drafted_kv_size_that_is_no_whole_gib_is_refused_before_any_work(
+    tiny_pair, tmp_path, size
+):
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "tooling.trained.speed", "run", str(tiny_pair), str(work)]
+    done = subprocess.run(
+        [*cmd, "--engines-root", str(tmp_path), f"--drafted-kv-gib={size}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_DIR,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert f"{size!r} is not a whole number of GiB above 0" in done.stderr
+    assert not work.exists()
+
+
 def test_turns_need_the_engines_served_together(tiny_pair, tmp_path):
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "tooling.trained.speed", "run", str(tiny_pair), str(work)]

@@ -359,6 +359,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
 
+def _gib(text: str) -> int:
+    """A KV cache size, GiB: a whole number above 0."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of GiB above 0")
+    return int(text)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tooling.trained.speed")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -378,7 +385,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--interleave", action="store_true", help="measure in turns, pass by pass")
     p.add_argument("--sustained", action="store_true", help="also with the batch kept full")
     p.add_argument("--staggered", action="store_true", help="windows' requests of many lengths")
-    p.add_argument("--drafted-kv-gib", type=int, help="each drafting engine's KV cache, GiB")
+    p.add_argument("--drafted-kv-gib", type=_gib, help="each drafting engine's KV cache, GiB")
     r = sub.add_parser("report")
     r.add_argument("work", type=Path)
     args = parser.parse_args(argv)
