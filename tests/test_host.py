@@ -366,6 +366,46 @@ def test_a_background_step_runs_from_a_copy_of_the_checkout_of_its_own(tmp_path)
     assert len(list((layout.work / "checkouts").iterdir())) == 2
 
 
+def test_the_referee_rules_with_the_noise_this_hosts_trained_call_measured(tmp_path):
+    """The plain engine's own noise between one at a time and at once, from the trained
+    call's figures on this host, where it is more than the referee's default: bf16 rounds
+    differently on another card. Less, none measured, or figures that are not a run's: the
+    default."""
+    from tooling.fuzzing.referee import NOISE
+    from tooling.host.fuzz import session_noise
+    from tooling.host.layout import Layout
+
+    layout = Layout(tmp_path / "work")
+    assert session_noise(layout)[0] == NOISE
+    layout.runs.mkdir(parents=True)
+    figures = layout.runs / "plain.out.json"
+
+    def completion(token: int, second: float) -> dict:
+        # The two batch shapes part at position 1: each side's top-2 margin there counts.
+        return {
+            "tokens": [5, token],
+            "logprobs": [{"5": -0.1, "6": -3.0}, {str(token): -1.0, "9": -1.0 - second}],
+            "finish_reason": "length",
+        }
+
+    def write(ok: bool, second: float) -> None:
+        runs = {"1": {"completions": [completion(7, second)]}}
+        runs["16"] = {"completions": [completion(8, second)]}
+        figures.write_text(json.dumps({"ok": ok, "acceptance": runs}))
+
+    write(True, 0.03125)
+    noise, source = session_noise(layout)
+    assert noise == 0.0625 > NOISE and str(figures) in source
+    write(True, 0.0078125)
+    assert session_noise(layout)[0] == NOISE
+    write(False, 0.03125)
+    assert session_noise(layout)[0] == NOISE
+    figures.write_text("[1, 2]")
+    assert session_noise(layout)[0] == NOISE
+    figures.write_text("not json")
+    assert session_noise(layout)[0] == NOISE
+
+
 def test_the_fuzz_step_settles_its_lossless_findings_with_the_referee(tmp_path, monkeypatch):
     """After a campaign on the trained pair, ``tooling fuzz referee`` (real) runs on its
     lossless findings, into a text of its own: here with an interpreter without torch, its

@@ -33,8 +33,9 @@ MODULE = "tooling.fuzzing.serving.referee_model"
 
 NOISE = 2.0**-5
 """Plain's own noise: the most a top-2 logprob margin moved between the plain engine and
-itself, batched otherwise (plain against plain), measured on the trained pair on a GPU:
-0.0312, 2^-5. A float32 preference within it tells neither token from the other."""
+itself, batched otherwise (plain against plain), as first measured on the trained pair on
+an H200. A float32 preference within it tells neither token from the other. A GPU session
+rules with its own card's measurement where that is more (``host.fuzz.session_noise``)."""
 
 #: How long the float32 child may take: a guard against a hang only, far above what loading
 #: a target and its forward passes on the CPU need.

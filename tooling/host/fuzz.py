@@ -8,6 +8,7 @@ processes it starts: ``--python`` is the host's python3 itself."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HostStepError
+from ..fuzzing.referee import NOISE
+from ..trained.hybrid import plain_noise
 from .layout import PYTHON, Layout, Modules, run, say, since, tail, written
 from .proof import seed_pair
 
@@ -80,10 +83,32 @@ def settle(layout: Layout, folder: Path, pair: Path, report: Path, site: str) ->
     found = sorted(folder.glob("finding-lossless-*.json"))
     if not found:
         return None
+    noise, source = session_noise(layout)
     cmd = [PYTHON, "-m", Modules.TOOLING, "fuzz", "referee", *map(str, found)]
     cmd += ["--target", str(pair / "target"), "--python", shutil.which(PYTHON) or PYTHON]
+    cmd += ["--noise", repr(noise)]
     start = time.monotonic()
     with written(report) as log:
         code = run(cmd, env=layout.env(site), stdout=log, stderr=log)
-    say(f"referee of {len(found)} findings in {folder.name}: exit {code} after {since(start)}s")
+    say(
+        f"referee of {len(found)} findings in {folder.name} (noise {noise:g}, {source}): "
+        f"exit {code} after {since(start)}s"
+    )
     return code
+
+
+def session_noise(layout: Layout) -> tuple[float, str]:
+    """The noise the referee rules with, and where it comes from: the plain engine's own noise
+    between its two batch shapes as this host's trained call measured it, where that is more
+    than the referee's default. bf16 rounding differs from GPU to GPU, so a default measured
+    on another card can call this card's rounding a defect."""
+    figures = layout.runs / "plain.out.json"
+    try:
+        plain = json.loads(figures.read_text())
+        measured = plain_noise(plain) if plain.get("ok") else None
+    except (OSError, ValueError, AttributeError) as err:
+        logger.debug("no plain noise measured on this host (%s): the referee's default", err)
+        return NOISE, "the referee's default"
+    if measured is None or measured <= NOISE:
+        return NOISE, "the referee's default, at least what this host's trained call measured"
+    return measured, f"plain against itself in {figures}"
