@@ -278,3 +278,22 @@ def plain_manifest(version: str, **fields: Any) -> BuildManifest:
         toolchain={},
         **fields,
     )
+
+
+def mutated_tree(work: Path, tmp_path: Path, path: str, old: str, new: str, anchor: str) -> Path:
+    """A copy of ``work``'s ``vllm/`` with the first ``old`` after ``anchor`` in ``path``
+    replaced by ``new``: a tree that carries a fix's option but gets one line of it wrong."""
+    root = tmp_path / "tree"
+    shutil.copytree(work / "vllm", root / "vllm")
+    text = (root / path).read_text(encoding="utf-8")
+    at = text.index(old, text.index(anchor))
+    (root / path).write_text(text[:at] + new + text[at + len(old) :], encoding="utf-8")
+    return root
+
+
+def probe_tree(root: Path, probe_python: Path, cache: CacheLayout, name: str) -> Any:
+    """The probe ``name``'s result on the tree at ``root``."""
+    from tooling.probing import ProbeTarget, run_probes
+
+    target = ProbeTarget(python=probe_python, root=root, pycache=cache.root / "pycache")
+    return run_probes(target, (name,))[name]

@@ -8,12 +8,13 @@ The probe must read each absent, and say why.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tooling.probing import ABSENT, PRESENT, ProbeTarget, run_probes
+from tooling.probing import ABSENT, PRESENT
+
+from .helpers import mutated_tree, probe_tree
 
 pytestmark = pytest.mark.slow
 
@@ -23,24 +24,8 @@ CONFIG = "vllm/config/vllm.py"
 COUNT = "n_rows = tl.load(num_accepted_tokens + i_n).to(tl.int64) - 1"
 
 
-def _mutated(work: Path, tmp_path: Path, path: str, old: str, new: str, first_after: str) -> Path:
-    """A copy of ``work``'s ``vllm/`` with the first ``old`` after ``first_after`` in ``path``
-    replaced by ``new``."""
-    root = tmp_path / "tree"
-    shutil.copytree(work / "vllm", root / "vllm")
-    text = (root / path).read_text(encoding="utf-8")
-    at = text.index(old, text.index(first_after))
-    (root / path).write_text(text[:at] + new + text[at + len(old) :], encoding="utf-8")
-    return root
-
-
-def _probe(root: Path, probe_python: Path, cache) -> object:
-    target = ProbeTarget(python=probe_python, root=root, pycache=cache.root / "pycache")
-    return run_probes(target, ("gdn_spec_replay",))["gdn_spec_replay"]
-
-
 def test_the_patched_tree_replays_as_stock_computes(patched_0201, probe_python, cache):
-    result = _probe(Path(patched_0201.work_dir), probe_python, cache)
+    result = probe_tree(Path(patched_0201.work_dir), probe_python, cache, "gdn_spec_replay")
     assert result.status == PRESENT, result.evidence
     assert result.details["float32"]["out"] == result.details["float32"]["state"] == 0.0
     assert result.details["bfloat16"]["written"] == 0
@@ -67,7 +52,7 @@ MUTATIONS = {
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_a_mutated_tree_reads_absent(mutation, patched_0201, probe_python, cache, tmp_path):
     (path, old, new, anchor), (keys, expected) = MUTATIONS[mutation]
-    root = _mutated(Path(patched_0201.work_dir), tmp_path, path, old, new, anchor)
-    result = _probe(root, probe_python, cache)
+    root = mutated_tree(Path(patched_0201.work_dir), tmp_path, path, old, new, anchor)
+    result = probe_tree(root, probe_python, cache, "gdn_spec_replay")
     assert result.status == ABSENT, result.evidence
     assert expected(result.details[keys[0]][keys[1]]), result.details
