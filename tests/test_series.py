@@ -21,12 +21,13 @@ def test_skipping_a_patch_another_is_written_on_names_both():
         "skip dflash-fp8-kv-cache too",
     ):
         series.without(["dflash-swa-config"])
-    # Patch 22 is written on patch 5's lines in turn, and patch 32 on patch 22's.
+    # Patch 22 is written on patch 5's lines in turn, patch 32 on patch 22's and 33 on 32's.
     with pytest.raises(SeriesError, match="patch gdn-spec-replay is written on it"):
         series.without(["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs"])
-    chain = series.without(
-        ["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs", "gdn-spec-replay"]
-    )
+    four = ["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs", "gdn-spec-replay"]
+    with pytest.raises(SeriesError, match="patch join-hold is written on it"):
+        series.without(four)
+    chain = series.without([*four, "join-hold"])
     assert "dflash-fp8-kv-cache" not in {p.id for p in chain.patches}
 
 

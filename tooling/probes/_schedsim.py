@@ -105,6 +105,8 @@ class Settings:
     spec_tokens_by_batch: tuple[tuple[int, int, int], ...] = ()
     """``num_speculative_tokens_per_batch_size`` as (first, last running requests, K)
     ranges; empty: not set."""
+    join_hold_steps: int = 0
+    """``join_hold_steps`` of the speculative config (fix 33); 0: not set."""
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,12 @@ class Case:
     """Seeds the model's stand-in: which drafts it accepts, which tokens it emits."""
 
     def to_json(self) -> dict[str, Any]:
+        settings = asdict(self.settings)
+        # Unset, as in every case saved before fix 33: such a case reads the same anywhere.
+        if not settings["join_hold_steps"]:
+            del settings["join_hold_steps"]
         return {
-            "settings": asdict(self.settings),
+            "settings": settings,
             "requests": [asdict(r) for r in self.requests],
             "seed": self.seed,
         }
@@ -274,6 +280,8 @@ def engine_config(settings: Settings, root: Path) -> Any:
             spec["num_speculative_tokens_per_batch_size"] = [
                 list(r) for r in settings.spec_tokens_by_batch
             ]
+        if settings.join_hold_steps:
+            spec["join_hold_steps"] = settings.join_hold_steps
     args = EngineArgs(
         model=str(target),
         skip_tokenizer_init=True,

@@ -1,0 +1,135 @@
+"""Fix 33: prompts can wait a few verify steps to join one step together (join_hold_steps).
+
+A step in which a prompt joins requests that verify drafts runs the target's prefill path,
+whose host cost on a hybrid target hardly depends on how many prompts join. With
+``"join_hold_steps": N`` a prompt that arrives while every running request only decodes
+waits up to N steps, so that prompts arriving a few steps apart join together.
+
+The probe serves the seed's geometry at K = 15 with vLLM's real Scheduler (``_schedsim``,
+``_schedstep``: its starvation, stall and slot checks stay on) and reads, from each
+``schedule()``, the step at which each prompt arrived and the step that first scheduled it:
+
+- ``held``: N = 3, four requests decoding, prompts arriving at steps 8 and 9: the first
+  waits 3 steps, the second 2, and both join the same step;
+- ``at once``: the same traffic with N = 0 (not set): each joins the step it arrives;
+- ``nothing running``: N = 3 and one prompt alone: it is scheduled the step it arrives;
+- ``slots full``: N = 3 with 6 sequence slots, four decoding: the two prompts that would fill
+  them are scheduled without waiting;
+- N = -1 is refused when the config is built, naming the option.
+
+Present: every case serves and waits as above. Absent: no such option in
+``SpeculativeConfig``, the option refused, or any wait other than the above.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _harness
+from ._schedfuzz import has_join_hold
+from ._schedsim import OUTCOME_PASS, Case, Outcome, Req, Settings, build_engine, h200_platform
+from ._schedstep import run_case
+from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+
+NAME = "join_hold"
+K = 15
+HOLD = 3
+DECODES = tuple(Req(arrival=0, prompt_len=40 + i, max_tokens=300) for i in range(4))
+PROMPTS = (
+    Req(arrival=8, prompt_len=100, max_tokens=4),
+    Req(arrival=9, prompt_len=120, max_tokens=4),
+)
+#: (label, settings, requests, the steps each of the requests after DECODES (else all) waits,
+#: whether those share one step)
+CASES = (
+    ("held", Settings(k=K, join_hold_steps=HOLD), (*DECODES, *PROMPTS), (HOLD, HOLD - 1), True),
+    ("at once", Settings(k=K), (*DECODES, *PROMPTS), (0, 0), False),
+    ("nothing running", Settings(k=K, join_hold_steps=HOLD), (PROMPTS[0],), (0,), None),
+    (
+        "slots full",
+        Settings(k=K, join_hold_steps=HOLD, max_num_seqs=6),
+        (*DECODES, PROMPTS[0], Req(arrival=8, prompt_len=120, max_tokens=4)),
+        (0, 0),
+        True,
+    ),
+)
+
+
+class _Waits:
+    """Each request's first ``schedule()`` call as known and as scheduled."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.known: dict[str, int] = {}
+        self.first: dict[str, int] = {}
+
+    def __call__(self, scheduler: Any, out: Any) -> None:
+        for rid in scheduler.requests:
+            self.known.setdefault(rid, self.calls)
+        for new in out.scheduled_new_reqs:
+            self.first.setdefault(new.req_id, self.calls)
+        self.calls += 1
+
+    def waited(self, rid: str) -> int | None:
+        if rid not in self.first:
+            return None
+        return self.first[rid] - self.known[rid]
+
+
+def _case(root: Any, settings: Settings, requests: tuple[Req, ...]) -> tuple[str, _Waits]:
+    """The case's outcome line and what it waited."""
+    waits = _Waits()
+    engine = build_engine(settings, root)
+    if isinstance(engine, Outcome):
+        return f"refused: {engine.outcome}: {engine.detail}", waits
+    outcome = run_case(Case(settings, requests), root, engine, waits)
+    if outcome.outcome != OUTCOME_PASS:
+        return f"{outcome.outcome}: {outcome.detail}", waits
+    return OUTCOME_PASS, waits
+
+
+def run() -> ProbeResult:
+    with h200_platform():
+        if not has_join_hold():
+            return ProbeResult(
+                probe=NAME, status=ABSENT, evidence="SpeculativeConfig has no join_hold_steps"
+            )
+        root = _harness.scratch_dir()
+        rows: list[str] = []
+        wrong: list[str] = []
+        broken: list[str] = []
+        details: dict[str, dict[str, Any]] = {}
+        for label, settings, requests, expected, together in CASES:
+            said, waits = _case(root, settings, requests)
+            tail = list(range(len(requests) - len(expected), len(requests)))
+            got = tuple(waits.waited(f"r{i}") for i in tail)
+            steps = {waits.first.get(f"r{i}") for i in tail}
+            shared = len(steps) == 1
+            details[label] = {
+                "outcome": said,
+                "waited": got,
+                "first_steps": sorted(map(str, steps)),
+            }
+            rows.append(f"{label}: {said}, waited {got} steps, {'one step' if shared else 'apart'}")
+            if said.startswith("refused") or said == "crash":
+                broken.append(label)
+            elif (
+                said != OUTCOME_PASS
+                or got != expected
+                or (together is not None and shared != together)
+            ):
+                wrong.append(label)
+        negative = build_engine(Settings(k=K, join_hold_steps=-1), root)
+        refused = isinstance(negative, Outcome) and "join_hold_steps" in negative.detail
+        details["negative"] = {"refused": refused}
+        rows.append("a negative count: " + ("refused" if refused else "accepted"))
+        if not refused:
+            wrong.append("a negative count")
+        status = UNKNOWN if broken else ABSENT if wrong else PRESENT
+        why = f"; wrong: {', '.join(wrong)}" if wrong else ""
+        return ProbeResult(
+            probe=NAME,
+            status=status,
+            evidence=f"K = {K}, the seed's geometry: " + "; ".join(rows) + why,
+            details={"cases": details},
+        )
