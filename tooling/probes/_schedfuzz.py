@@ -36,7 +36,9 @@ WRITE_EVERY_S = 5.0
 SHRINK_SECONDS = 60.0
 
 
-def draw_settings(rng: random.Random) -> Settings:
+def draw_settings(rng: random.Random, hold: bool = False) -> Settings:
+    """A case's settings. ``hold``: the tree has fix 33's ``join_hold_steps``, drawn last so
+    that a tree without it draws every other setting and workload as before."""
     k = rng.choice((0, 1, 3, 7, 7, 15, 15, 15))
     seqs = rng.choice((None, None, 1, 2, 4, 8, 16, 16, 32, 64, 128, 256, 1024))
     drawn: int | str | None = rng.choice(
@@ -58,7 +60,15 @@ def draw_settings(rng: random.Random) -> Settings:
         kv_cache_dtype=rng.choice(("auto", "auto", "auto", "fp8")),
         gdn_state_dtype=rng.choice(("auto", "auto", "auto", "float32")),
         kv_memory_factor=rng.choice((1.0, 1.1, 1.5, 2.0, 4.0, 64.0, 64.0)),
+        join_hold_steps=rng.choice((0, 0, 1, 4, 16)) if hold and k else 0,
     )
+
+
+def has_join_hold() -> bool:
+    """Whether the vLLM under test takes ``join_hold_steps`` in its speculative config."""
+    from vllm.config import SpeculativeConfig
+
+    return "join_hold_steps" in getattr(SpeculativeConfig, "__dataclass_fields__", {})
 
 
 class Figures(Protocol):
@@ -146,7 +156,7 @@ def draw_workload(rng: random.Random, engine: Figures, settings: Shape) -> tuple
 def draw_case(seed: int, number: int, root: Path) -> tuple[Case, Engine | Outcome]:
     """Case ``number`` of the campaign ``seed``, and its engine (or the refusal)."""
     rng = random.Random(f"{seed}:{number}")
-    settings = draw_settings(rng)
+    settings = draw_settings(rng, hold=has_join_hold())
     built = build_engine(settings, root)
     if isinstance(built, Outcome):
         return Case(settings, (), seed=number), built
@@ -207,6 +217,7 @@ def _smaller(case: Case) -> list[Case]:
         replace(s, gdn_state_dtype="auto"),
         replace(s, kv_memory_factor=64.0),
         replace(s, prefix_caching=False),
+        replace(s, join_hold_steps=0),
     ]
     out += [replace(case, settings=x) for x in plain if x != s]
     if case.seed:
