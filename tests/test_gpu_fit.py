@@ -7,6 +7,8 @@ import logging
 import os
 import stat
 
+import pytest
+
 from tooling.host.speed import LOCATE_ENGINES, SPEED_ENGINES
 from tooling.trained.gpu_fit import (
     ENGINE_OVERHEAD_GIB,
@@ -145,14 +147,25 @@ def test_the_replay_speed_run_sizes_its_drafting_engines_for_its_levels_and_fits
     assert sent["speculative_args"] == {"gdn_spec_replay": True}
 
 
-def test_the_bar_step_measures_dflash_against_plain_at_the_bars_levels_together_on_one_h100():
-    from tooling.host.speed import BAR_ARGS, BAR_ENGINES, speed_args
+@pytest.mark.parametrize("name", ["bar", "hold"])
+def test_the_bar_steps_measure_against_plain_at_the_bars_levels_together_on_one_h100(name):
+    """``speed-bar`` (DFlash as shipped) and ``speed-hold`` (patch 33's option) each against
+    plain in the same run, at the bar's levels, staggered, on one H100."""
+    from tooling.host import speed
     from tooling.host.steps import STEPS
 
-    step = STEPS["speed-bar"]
-    assert speed_args(step.variant) == BAR_ARGS
-    value = {BAR_ARGS[i]: BAR_ARGS[i + 1] for i in range(len(BAR_ARGS) - 1)}
+    args = getattr(speed, f"{name.upper()}_ARGS")
+    engines = getattr(speed, f"{name.upper()}_ENGINES")
+    step = STEPS[f"speed-{name}"]
+    assert speed.speed_args(step.variant) == args
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
     assert value["--levels"] == "1,16,64" and int(value["--passes"]) >= 5
-    assert "--staggered" in BAR_ARGS and "--interleave" in BAR_ARGS
+    assert "--staggered" in args and "--interleave" in args
+    assert engines[0] == "plain" and len(engines) == 2
     settings = Settings(interleave=True)
-    assert fitted(settings, [ENGINES[n] for n in BAR_ENGINES], H100_GIB) is settings
+    assert fitted(settings, [ENGINES[n] for n in engines], H100_GIB) is settings
+
+
+def test_the_hold_engine_serves_patch_33s_option():
+    assert ENGINES["dflash-hold"].speculative_args == {"join_hold_steps": 4}
+    assert ENGINES["dflash-hold"].site == "patched" and ENGINES["dflash-hold"].drafted

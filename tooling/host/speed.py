@@ -122,6 +122,17 @@ BAR_ARGS = (
 )
 
 
+#: ``speed-hold``: patch 33's option (prompts wait up to four verify steps to join together)
+#: against plain, as ``speed-bar`` measures DFlash as shipped: the ratios of the two runs, each
+#: to its own plain, say what the option changes.
+HOLD_ENGINES = ("plain", "dflash-hold")
+HOLD_ARGS = (
+    *kept_full(HOLD_ENGINES),
+    *("--levels", "1,16,64", "--passes", "5", "--profile-levels", "64"),
+    *("--time-limit", "900"),
+)
+
+
 #: A session step's variant and the speed run's options for it; any other variant runs the
 #: bar's engines, profiled as ``speed_args`` says.
 VARIANT_ARGS = {
@@ -131,6 +142,7 @@ VARIANT_ARGS = {
     "trained-16": SPEED_16_ARGS,
     "replay": REPLAY_ARGS,
     "bar": BAR_ARGS,
+    "hold": HOLD_ARGS,
 }
 
 

@@ -87,6 +87,15 @@ ENGINES = {
             {"enable_prefix_caching": False},
             speculative_args={"gdn_spec_replay": True},
         ),
+        # Patch 33's option: a prompt arriving while every request verifies drafts waits up
+        # to four steps, so that prompts a few steps apart share one step with a prefill.
+        SpeedEngine(
+            "dflash-hold",
+            "patched",
+            True,
+            KV_GIB_DRAFTED,
+            speculative_args={"join_hold_steps": 4},
+        ),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
