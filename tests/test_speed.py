@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from tooling.paths import REPO_DIR
 from tooling.trained import speed, speed_engines
 from tooling.trained.serving import trace_split
+from tooling.trained.serving.sustained import Window
 
 STEP = "engine step"
 
@@ -479,6 +481,39 @@ def test_the_report_sums_what_each_caching_allocator_did_in_its_windows(tiny_pai
     text, _ = speed.report(work)
     table = text.split("The caching allocator during those windows:")[1]
     assert "| 16 | - | 10 mallocs, 6 frees, 4 retries |" in table
+
+
+def test_the_report_gives_each_engines_time_to_a_first_token_in_its_windows(tiny_pair, tmp_path):
+    """Median and 90th percentile over every window's requests, so a setting that holds
+    prompts back (patch 33) shows what its requests waited."""
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(16,)))
+    first = [{"tokens": 1, "seconds": 1.0, "first_token_ms": [float(m) for m in range(1, 11)]}]
+    second = [{"tokens": 1, "seconds": 1.0, "first_token_ms": [100.0]}]
+    (work / "dflash.out.json").write_text(
+        json.dumps({"ok": True, "sustained": {"16": first + second}})
+    )
+    (work / "plain.out.json").write_text(
+        json.dumps({"ok": True, "sustained": {"16": [{"tokens": 3000, "seconds": 1.0}]}})
+    )
+    text, _ = speed.report(work)
+    table = text.split("Time to a request's first token in those windows")[1]
+    assert "| 16 | - | 6.0 / 10.0 (11 requests) |" in table
+
+
+def test_a_window_times_the_first_token_of_the_requests_added_inside_it():
+    window = Window(level=1, warm=1, measured=2)
+    window.made = {"a": 0}  # added before the window opened: not timed
+    window.began = 1.0
+    window.made["b"] = 0
+    window.added_at["b"] = time.perf_counter()
+    window.take("a", 1, False)
+    window.take("b", 0, False)  # no token yet
+    assert window.first_token_ms == []
+    window.take("b", 2, False)
+    window.take("b", 3, False)
+    assert len(window.first_token_ms) == 1 and window.first_token_ms[0] >= 0
+    assert window.added_at == {}
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ from .speed_tables import (
     allocator_table,
     compile_table,
     dispatch_table,
+    first_token_table,
     fmt,
     profile_table,
     slowest_forward_lines,
@@ -318,6 +319,8 @@ def report(work: Path) -> tuple[str, bool]:
         lines += dispatch_table(names, results, "stalled_ms")
         lines += ["", "The caching allocator during those windows:", ""]
         lines += allocator_table(names, results)
+        lines += ["", "Time to a request's first token in those windows, ms (median / p90):", ""]
+        lines += first_token_table(names, results)
     if any(r.get("warm") for r in results.values()):
         lines += ["", "## Triton kernels compiled, warm-up and measured", ""]
         lines += compile_table(names, results)

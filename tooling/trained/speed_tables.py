@@ -186,6 +186,25 @@ def allocator_table(names: list[str], results: dict[str, dict[str, Any]]) -> lis
     return lines
 
 
+def first_token_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Per level, each engine's time from a request's add to its first token over its windows
+    with the batch kept full (requests added inside them): median and 90th percentile, ms."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
+    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for level in levels:
+        cells = []
+        for name in names:
+            windows = results.get(name, {}).get("sustained", {}).get(str(level), [])
+            ms = sorted(m for w in windows for m in w.get("first_token_ms") or [])
+            if not ms:
+                cells.append("-")
+                continue
+            p90 = ms[min(len(ms) - 1, (9 * len(ms)) // 10)]
+            cells.append(f"{statistics.median(ms):.1f} / {p90:.1f} ({len(ms)} requests)")
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def slowest_forward_lines(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
     """For each engine's profile with the batch kept full, its slowest forward read off event
     by event: its outermost events by length, and the longest gaps between them (the host in

@@ -75,11 +75,21 @@ class Window:
     #: Each Triton kernel compiled inside the window: [times, ms in all].
     compiles: dict[str, list[float]] = field(default_factory=dict)
     gc_ms: float = 0.0
+    #: When each request added inside the window was added, until its first token.
+    added_at: dict[str, float] = field(default_factory=dict)
+    #: ms from a request's add to its first token, of the requests added inside the window:
+    #: what waiting to join (a full batch, a held prompt) costs a request.
+    first_token_ms: list[float] = field(default_factory=list)
 
     def take(self, request_id: str, tokens_so_far: int, finished: bool) -> bool:
         """One request's output of a step; True when it finished (a slot to refill)."""
         if request_id not in self.made:
             return False
+        if tokens_so_far and request_id in self.added_at:
+            if self.inside:
+                ms = (time.perf_counter() - self.added_at[request_id]) * 1000.0
+                self.first_token_ms.append(round(ms, 3))
+            del self.added_at[request_id]
         if self.began is not None and self.ended is None:
             self.tokens += tokens_so_far - self.made[request_id]
         self.made[request_id] = tokens_so_far
@@ -170,6 +180,8 @@ def run_window(
         params = greedy_params(length, None)
         engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
         window.made[rid] = 0
+        if window.inside:
+            window.added_at[rid] = time.perf_counter()
         added += 1
 
     for _ in range(level):
@@ -232,6 +244,7 @@ def _figures(window: Window, before: dict | None, after: dict | None) -> dict[st
         ),
         "step_ms": window.step_ms,
         "joined_ms": window.joined_ms,
+        "first_token_ms": window.first_token_ms,
         **(
             {"stalled_ms": window.stalled_ms, "compiles": window.compiles, "gc_ms": window.gc_ms}
             if window.stalled_ms
