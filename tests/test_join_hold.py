@@ -1,8 +1,9 @@
 """Patch 33's probe on the patched tree and on trees that hold prompts wrong (slow).
 
 The patched 0.20.1 tree's ``vllm/`` is copied and one condition of the scheduler's hold
-changed: a hold with no limit, a hold while nothing runs, a hold while the waiting prompts
-would fill every free slot, or a config that takes a negative count. The probe must read each
+changed: a hold with no limit, a hold while nothing runs, a hold while a prompt still
+prefills, no hold once the waiting would fill the free slots, or a config that takes a negative
+count. The probe must read each
 absent, and its details must say which case went wrong.
 """
 
@@ -21,6 +22,12 @@ pytestmark = pytest.mark.slow
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 CONFIG = "vllm/config/speculative.py"
 HOLD = "def _hold_joins"
+#: The rule the first form of the patch had: a batch whose free slots the waiting prompts fill
+#: joins at once, so a full batch joined one prompt a step.
+SLOTS = (
+    "and len(scheduled_running_reqs) > 0 "
+    "and num_waiting < self.max_num_running_reqs - len(self.running)"
+)
 
 
 def test_the_patched_tree_holds_prompts_as_set(patched_0201, probe_python, cache):
@@ -41,9 +48,13 @@ MUTATIONS = {
         (SCHEDULER, "and len(scheduled_running_reqs) > 0", "", HOLD),
         "nothing running",
     ),
-    "a hold that fills no slot": (
-        (SCHEDULER, "and num_waiting < self.max_num_running_reqs - len(self.running)", "", HOLD),
-        "slots full",
+    "a hold while a prompt still prefills": (
+        (SCHEDULER, "req.num_computed_tokens >= req.num_prompt_tokens", "True", HOLD),
+        "prefilling",
+    ),
+    "no hold once the waiting would fill the free slots": (
+        (SCHEDULER, "and len(scheduled_running_reqs) > 0", SLOTS, HOLD),
+        "full batch",
     ),
     "a negative count taken": (
         (CONFIG, "if self.join_hold_steps < 0:", "if False:", "def _verify_args"),

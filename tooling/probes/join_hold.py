@@ -13,8 +13,11 @@ The probe serves the seed's geometry at K = 15 with vLLM's real Scheduler (``_sc
   waits 3 steps, the second 2, and both join the same step;
 - ``at once``: the same traffic with N = 0 (not set): each joins the step it arrives;
 - ``nothing running``: N = 3 and one prompt alone: it is scheduled the step it arrives;
-- ``slots full``: N = 3 with 6 sequence slots, four decoding: the two prompts that would fill
-  them are scheduled without waiting;
+- ``prefilling``: N = 3 with prompts cut into 256-token chunks: a 4000-token prompt arriving
+  beside the decodes waits 3 steps, and a prompt arriving while its chunks still run joins at
+  once;
+- ``full batch``: N = 3 with 4 sequence slots and three decoding: a prompt that would take
+  the last slot still waits 3 steps (slots freed meanwhile fill in the same step);
 - N = -1 is refused when the config is built, naming the option.
 
 Present: every case serves and waits as above. Absent: no such option in
@@ -46,11 +49,22 @@ CASES = (
     ("at once", Settings(k=K), (*DECODES, *PROMPTS), (0, 0), False),
     ("nothing running", Settings(k=K, join_hold_steps=HOLD), (PROMPTS[0],), (0,), None),
     (
-        "slots full",
-        Settings(k=K, join_hold_steps=HOLD, max_num_seqs=6),
-        (*DECODES, PROMPTS[0], Req(arrival=8, prompt_len=120, max_tokens=4)),
-        (0, 0),
-        True,
+        "prefilling",
+        Settings(k=K, join_hold_steps=HOLD, max_num_seqs=16, long_prefill_token_threshold=256),
+        (
+            *DECODES,
+            Req(arrival=5, prompt_len=4000, max_tokens=4),
+            Req(arrival=9, prompt_len=100, max_tokens=4),
+        ),
+        (HOLD, 0),
+        False,
+    ),
+    (
+        "full batch",
+        Settings(k=K, join_hold_steps=HOLD, max_num_seqs=4),
+        (*DECODES[:3], Req(arrival=0, prompt_len=40, max_tokens=8), PROMPTS[0]),
+        (HOLD,),
+        None,
     ),
 )
 
