@@ -38,3 +38,29 @@ def test_the_scheduler_bench_times_a_step_with_a_prompt_joining(patched_0201, pr
     for row in rows.values():
         assert row["steps"] == 8
         assert row["joining_ms_per_step"] > 0 and row["ms_per_step"] > 0
+
+
+@pytest.mark.slow
+def test_the_hold_bench_shows_fewer_steps_with_a_prefill_and_bounded_waits(
+    patched_0201, probe_python
+):
+    """bench/bench_join_hold.py on the fixed tree: with the batch kept full at 16, a hold of
+    4 steps leaves fewer steps with a prefill than none, and no request waits more than 4."""
+    env = {**os.environ, "PYTHONPATH": f"{patched_0201.work_dir}{os.pathsep}{REPO_DIR}"}
+    bench = REPO_DIR / "bench" / "bench_join_hold.py"
+    rates = "0.74,0.55,0.45,0.33,0.27,0.20,0.18,0.17,0.17,0.15,0.14,0.13,0.13,0.13,0.12"
+    args = ["--concurrent", "16", "--steps", "240", "--holds", "0,4", "--acceptance", rates]
+    done = subprocess.run(
+        [str(probe_python), str(bench), *args, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(patched_0201.work_dir).parent,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = done.stdout[done.stdout.rindex("[\n {") :]
+    none, held = json.loads(figures)
+    assert (none["hold"], held["hold"]) == (0, 4)
+    assert none["wait_most"] == 0 and 0 < held["wait_most"] <= 4
+    assert held["prefill_share"] < none["prefill_share"]
