@@ -136,6 +136,7 @@ def test_manifest_and_sbom(built_wheel, upstream_0201, series, touched):
         "0004-dflash-lookahead-slots.patch",
         "0013-mamba-chunk-liveness.patch",
         "0017-spec-tokens-by-batch.patch",
+        "0033-join-hold.patch",
     ]
     for f in manifest.files:
         assert f.sha256_before != f.sha256_after
