@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from .serving.trace_split import outermost
@@ -163,46 +164,52 @@ def compile_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[
     return lines
 
 
+def _windows_table(
+    names: list[str], results: dict[str, dict[str, Any]], cell: Callable[[list[dict]], str]
+) -> list[str]:
+    """A row per level of the windows with the batch kept full, a cell per engine: ``cell``
+    of that engine's windows at that level ("-" where it gives nothing)."""
+    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
+    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for level in levels:
+        cells = [
+            cell(results.get(name, {}).get("sustained", {}).get(str(level), [])) or "-"
+            for name in names
+        ]
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _allocator_cell(windows: list[dict]) -> str:
+    counts = [w["allocator"] for w in windows if w.get("allocator")]
+    if not counts:
+        return ""
+    total = {k: sum(c.get(k, 0) for c in counts) for k in counts[0]}
+    return (
+        f"{total.get('num_device_alloc', 0)} mallocs, {total.get('num_device_free', 0)} "
+        f"frees, {total.get('num_alloc_retries', 0)} retries"
+    )
+
+
 def allocator_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
     """Per level, what each engine's caching allocator did during its windows with the batch
     kept full (summed over them): device allocations, frees, and retries after freeing its
     cache."""
-    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
-    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for level in levels:
-        cells = []
-        for name in names:
-            windows = results.get(name, {}).get("sustained", {}).get(str(level), [])
-            counts = [w["allocator"] for w in windows if w.get("allocator")]
-            if not counts:
-                cells.append("-")
-                continue
-            total = {k: sum(c.get(k, 0) for c in counts) for k in counts[0]}
-            cells.append(
-                f"{total.get('num_device_alloc', 0)} mallocs, {total.get('num_device_free', 0)} "
-                f"frees, {total.get('num_alloc_retries', 0)} retries"
-            )
-        lines.append(f"| {level} | " + " | ".join(cells) + " |")
-    return lines
+    return _windows_table(names, results, _allocator_cell)
+
+
+def _first_token_cell(windows: list[dict]) -> str:
+    ms = sorted(m for w in windows for m in w.get("first_token_ms") or [])
+    if not ms:
+        return ""
+    p90 = ms[min(len(ms) - 1, (9 * len(ms)) // 10)]
+    return f"{statistics.median(ms):.1f} / {p90:.1f} ({len(ms)} requests)"
 
 
 def first_token_table(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
     """Per level, each engine's time from a request's add to its first token over its windows
     with the batch kept full (requests added inside them): median and 90th percentile, ms."""
-    levels = sorted({int(lv) for r in results.values() for lv in r.get("sustained", {})})
-    lines = ["| concurrent | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for level in levels:
-        cells = []
-        for name in names:
-            windows = results.get(name, {}).get("sustained", {}).get(str(level), [])
-            ms = sorted(m for w in windows for m in w.get("first_token_ms") or [])
-            if not ms:
-                cells.append("-")
-                continue
-            p90 = ms[min(len(ms) - 1, (9 * len(ms)) // 10)]
-            cells.append(f"{statistics.median(ms):.1f} / {p90:.1f} ({len(ms)} requests)")
-        lines.append(f"| {level} | " + " | ".join(cells) + " |")
-    return lines
+    return _windows_table(names, results, _first_token_cell)
 
 
 def slowest_forward_lines(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
