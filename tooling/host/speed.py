@@ -115,22 +115,26 @@ REPLAY_ARGS = (
 #: that they fit one H100 together and measure interleaved (plain against stock is the
 #: ``speed`` step's).
 BAR_ENGINES = ("plain", "dflash")
-BAR_ARGS = (
-    *kept_full(BAR_ENGINES),
-    *("--levels", "1,16,64", "--passes", "5", "--profile-levels", "64"),
-    *("--time-limit", "900"),
-)
+
+
+def bar_run(engines: tuple[str, ...]) -> tuple[str, ...]:
+    """The bar's speed run for ``engines``: levels 1, 16 and 64, five passes, staggered
+    lengths with the batch kept full, the step at 64 profiled."""
+    return (
+        *kept_full(engines),
+        *("--levels", "1,16,64", "--passes", "5", "--profile-levels", "64"),
+        *("--time-limit", "900"),
+    )
+
+
+BAR_ARGS = bar_run(BAR_ENGINES)
 
 
 #: ``speed-hold``: patch 33's option (prompts wait up to four verify steps to join together)
 #: against plain, as ``speed-bar`` measures DFlash as shipped: the ratios of the two runs, each
 #: to its own plain, say what the option changes.
 HOLD_ENGINES = ("plain", "dflash-hold")
-HOLD_ARGS = (
-    *kept_full(HOLD_ENGINES),
-    *("--levels", "1,16,64", "--passes", "5", "--profile-levels", "64"),
-    *("--time-limit", "900"),
-)
+HOLD_ARGS = bar_run(HOLD_ENGINES)
 
 
 #: A session step's variant and the speed run's options for it; any other variant runs the
