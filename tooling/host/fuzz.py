@@ -109,6 +109,8 @@ def session_noise(layout: Layout) -> tuple[float, str]:
     except (OSError, ValueError, AttributeError) as err:
         logger.debug("no plain noise measured on this host (%s): the referee's default", err)
         return NOISE, "the referee's default"
-    if measured is None or measured <= NOISE:
+    if measured is None:
+        return NOISE, "the referee's default (the trained call's figures tell no noise)"
+    if measured <= NOISE:
         return NOISE, "the referee's default, at least what this host's trained call measured"
     return measured, f"plain against itself in {figures}"
