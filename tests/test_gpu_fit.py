@@ -18,6 +18,7 @@ from tooling.trained.gpu_fit import (
     turns,
 )
 from tooling.trained.speed import ENGINES, Settings
+from tooling.trained.speed_engines import KV_GIB_DRAFTED
 
 #: What nvidia-smi reports as memory.total, MiB: one H200 and one H100 (80 GB).
 H200_GIB = 143771 / 1024
@@ -147,10 +148,11 @@ def test_the_replay_speed_run_sizes_its_drafting_engines_for_its_levels_and_fits
     assert sent["speculative_args"] == {"gdn_spec_replay": True}
 
 
-@pytest.mark.parametrize("name", ["bar", "hold"])
+@pytest.mark.parametrize("name", ["bar", "hold", "graphs"])
 def test_the_bar_steps_measure_against_plain_at_the_bars_levels_together_on_one_h100(name):
-    """``speed-bar`` (DFlash as shipped) and ``speed-hold`` (patch 33's option) each against
-    plain in the same run, at the bar's levels, staggered, on one H100."""
+    """``speed-bar`` (DFlash as shipped), ``speed-hold`` (patch 33's option) and
+    ``speed-graphs`` (patch 22's) each against plain in the same run, at the bar's levels
+    their KV caches hold, staggered, on one H100, the profiled level among them."""
     from tooling.host import speed
     from tooling.host.steps import STEPS
 
@@ -159,7 +161,10 @@ def test_the_bar_steps_measure_against_plain_at_the_bars_levels_together_on_one_
     step = STEPS[f"speed-{name}"]
     assert speed.speed_args(step.variant) == args
     value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
-    assert value["--levels"] == "1,16,64" and int(value["--passes"]) >= 5
+    held = min(ENGINES[n].kv_cache_gib for n in engines if ENGINES[n].drafted)
+    levels = "1,16,64" if held >= KV_GIB_DRAFTED else "1,16"
+    assert value["--levels"] == levels and int(value["--passes"]) >= 5
+    assert value["--profile-levels"] in levels.split(",")
     assert "--staggered" in args and "--interleave" in args
     assert engines[0] == "plain" and len(engines) == 2
     settings = Settings(interleave=True)

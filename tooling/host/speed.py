@@ -117,12 +117,15 @@ REPLAY_ARGS = (
 BAR_ENGINES = ("plain", "dflash")
 
 
-def bar_run(engines: tuple[str, ...]) -> tuple[str, ...]:
-    """The bar's speed run for ``engines``: levels 1, 16 and 64, five passes, staggered
-    lengths with the batch kept full, the step at 64 profiled."""
+def bar_run(
+    engines: tuple[str, ...], levels: str = "1,16,64", profiled: str = "64"
+) -> tuple[str, ...]:
+    """The bar's speed run for ``engines``: five passes at ``levels`` (the bar's unless
+    an engine's KV cache holds fewer requests), staggered lengths with the batch kept full,
+    the step at ``profiled`` requests profiled."""
     return (
         *kept_full(engines),
-        *("--levels", "1,16,64", "--passes", "5", "--profile-levels", "64"),
+        *("--levels", levels, "--passes", "5", "--profile-levels", profiled),
         *("--time-limit", "900"),
     )
 
@@ -135,6 +138,12 @@ BAR_ARGS = bar_run(BAR_ENGINES)
 #: to its own plain, say what the option changes.
 HOLD_ENGINES = ("plain", "dflash-hold")
 HOLD_ARGS = bar_run(HOLD_ENGINES)
+#: ``speed-graphs``: patch 22's option (the drafter's uniform pass on full CUDA graphs of
+#: its own) against plain at the bar's levels its engine's KV cache holds (16 requests):
+#: whether it keeps the acceptance, and how far it moves the bar at one request, where a
+#: step is host time, profiled there.
+GRAPHS_ENGINES = ("plain", "dflash-drafter-graphs")
+GRAPHS_ARGS = bar_run(GRAPHS_ENGINES, "1,16", "1")
 
 
 #: A session step's variant and the speed run's options for it; any other variant runs the
@@ -147,6 +156,7 @@ VARIANT_ARGS = {
     "replay": REPLAY_ARGS,
     "bar": BAR_ARGS,
     "hold": HOLD_ARGS,
+    "graphs": GRAPHS_ARGS,
 }
 
 

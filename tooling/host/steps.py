@@ -91,6 +91,7 @@ STEPS = {
         Step("speed-replay", Kind.SPEED, "replay"),
         Step("speed-bar", Kind.SPEED, "bar"),
         Step("speed-hold", Kind.SPEED, "hold"),
+        Step("speed-graphs", Kind.SPEED, "graphs"),
         Step("speed-shape", Kind.SPEED_SHAPE),
         # Drafting off above 8 against plain at 16 and 64 on the drawn shapes: no training.
         Step("speed-shape-off", Kind.SPEED_SHAPE, "shape-off"),
