@@ -72,6 +72,21 @@ def test_settings_cover_what_users_set():
     assert {s.long_prefill_token_threshold for s in drawn} > {0}
 
 
+def test_the_hold_is_drawn_last_and_only_for_a_vllm_that_takes_it():
+    """Fix 33's ``join_hold_steps`` is drawn where the vLLM under test takes it, never for
+    stock (which refuses the key), and last: every other setting of a seed is the one stock
+    is served, as before the hold was drawn."""
+    fixed = [draw_settings(s, n, hold=True) for s in range(3) for n in range(100)]
+    stock = [draw_settings(s, n) for s in range(3) for n in range(100)]
+    assert {x.join_hold_steps for x in fixed} == {0, 1, 4, 16}
+    assert {x.join_hold_steps for x in stock} == {0}
+    assert [replace(x, join_hold_steps=0) for x in fixed] == stock
+    capped = [draw_settings(1, n, max_k=7, hold=True) for n in range(100)]
+    assert [replace(x, join_hold_steps=0) for x in capped] == [
+        draw_settings(1, n, max_k=7) for n in range(100)
+    ]
+
+
 def test_workloads_concentrate_on_the_boundary_lengths():
     """K, K+1, K+2, the engine's own block +- 1, the step budget +- 1 and +- (K + 1), and
     max_model_len less a little, all drawn; with prefixes, aborts, stops and logprobs."""
@@ -138,6 +153,26 @@ def test_a_case_file_reads_back_as_written(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
+def test_a_case_without_the_hold_is_saved_as_before_it_was_drawn(tmp_path):
+    """A hold of 0 is left out of the case file, as in every case saved before fix 33 (so
+    they read back, and write back, the same); a hold that is set is kept, also on the
+    case's scheduler side for the CPU fuzzer."""
+    from tooling.fuzzing.gpu_case import scheduler_case_file
+
+    assert "join_hold_steps" not in CASE.to_json()["settings"]
+    assert GpuCase.from_json(json.loads(json.dumps(CASE.to_json()))) == CASE
+    assert "join_hold_steps" not in scheduler_case_file(CASE, "").case["settings"]
+    held = replace(CASE, settings=replace(CASE.settings, join_hold_steps=4))
+    assert held.to_json()["settings"]["join_hold_steps"] == 4
+    path = tmp_path / "held.json"
+    write_gpu_case_file(path, GpuCaseFile(held, "lossless"))
+    assert read_gpu_case_file(path).case == held
+    assert scheduler_case_file(held, "").case["settings"]["join_hold_steps"] == 4
+    for old in GPU_CASES:
+        data = json.loads(old.read_text())
+        assert read_gpu_case_file(old).case.to_json() == data["case"], old.name
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -146,6 +181,10 @@ def test_a_case_file_reads_back_as_written(tmp_path):
         (lambda d: {**d, "kind": "nope"}, "'kind'"),
         (lambda d: {**d, "case": {**d["case"], "settings": {"k": "3"}}}, "'k'"),
         (lambda d: {**d, "case": {**d["case"], "settings": {"k": 2}}}, "'k' must be one of"),
+        (
+            lambda d: {**d, "case": {**d["case"], "settings": {"k": 3, "join_hold_steps": -1}}},
+            "'join_hold_steps' must be 0 or more",
+        ),
         (lambda d: {**d, "case": {**d["case"], "requests": []}}, "'requests'"),
         (
             lambda d: {**d, "case": {**d["case"], "requests": [{"arrival": 0}]}},
@@ -395,6 +434,17 @@ def test_settings_go_back_toward_the_defaults_one_at_a_time():
     assert candidates[-1].settings.k == 7
 
 
+def test_the_shrink_tries_the_hold_unset_first():
+    """A finding served with fix 33's hold is first tried without it (off unless set: a
+    finding that stays is one every user can meet); one without a hold has no such step."""
+    held = replace(BIG, settings=replace(BIG.settings, join_hold_steps=16))
+    first, *rest = settings_candidates(held)
+    assert first.settings == BIG.settings
+    assert all(c.settings.join_hold_steps == 16 for c in rest)
+    assert all(c.settings.join_hold_steps == 0 for c in settings_candidates(BIG))
+    assert len(settings_candidates(held)) == len(settings_candidates(BIG)) + 1
+
+
 # -- the campaign over a pair runner given here -------------------------------------------
 
 
@@ -542,6 +592,29 @@ def test_a_replayed_case_reports_its_outcome(tmp_path):
     assert [r["expected"] for r in report.replayed] == ["lossless", "pass"]
 
 
+@pytest.mark.parametrize("join_hold", [True, False])
+def test_a_campaign_draws_the_hold_only_on_a_vllm_that_takes_it(tmp_path, join_hold):
+    """The fixed wheel's campaign serves and vets pairs with holds; stock's, of the same
+    seed, the same pairs with none: its DFlash engine is never given the key."""
+    vetted: list[GpuSettings] = []
+
+    def vetter(drawn):
+        vetted.extend(drawn)
+        return [None] * len(drawn)
+
+    runner = PairOnPaper()
+    plan = GpuPlan(seed=5, settings=30, workloads=1, shrink=False, join_hold=join_hold)
+    Campaign(plan, tmp_path, "paper", runner, vetter).run()
+    served = [settings for settings, _ in runner.calls]
+    if join_hold:
+        assert {s.join_hold_steps for s in served} > {0}
+    else:
+        assert {s.join_hold_steps for s in served + vetted} == {0}
+    assert [replace(s, join_hold_steps=0) for s in served] == [
+        draw_settings(5, n) for n in range(30)
+    ]
+
+
 # -- the command's refusals ------------------------------------------------------------------
 
 
@@ -625,6 +698,19 @@ def test_the_driver_reads_the_request_the_campaign_writes_and_asks_for_the_engin
     assert plain.drafter is None and plain.num_speculative_tokens == 0
     graphs = replace(request, settings=replace(CASE.settings, cudagraph_mode="FULL_DECODE_ONLY"))
     assert _engine_request(graphs).cudagraph_mode == "FULL_DECODE_ONLY"
+    assert engine.speculative_args == {}  # unset: stock vLLM refuses the key, even as 0
+
+
+def test_only_the_dflash_engine_is_given_the_hold():
+    """A pair's settings go to both engines; the hold is the DFlash engine's speculative
+    config's, so the plain engine serves as without it."""
+    from tooling.fuzzing.serving.gpu_run import GpuRunRequest, _engine_request
+
+    held = replace(CASE.settings, join_hold_steps=4)
+    request = GpuRunRequest("dflash", "/t", "/d", held, 1 << 30, "/f", "/p")
+    assert _engine_request(request).speculative_args == {"join_hold_steps": 4}
+    plain = _engine_request(replace(request, drafter=None, role="plain"))
+    assert plain.speculative_args == {} and plain.drafter is None
 
 
 # -- the GPU host's step ---------------------------------------------------------------------
@@ -823,10 +909,16 @@ print(json.dumps({"record": record, "aborted": engine.aborted, "steps": engine.s
 def on_stock(probe_python: Path, upstream: Any, script: str, *args: str) -> Any:
     """``script`` run by the probe interpreter with stock ``upstream`` on its path: the JSON
     its last line prints."""
+    return on_tree(probe_python, Path(upstream.source_dir), script, *args)
+
+
+def on_tree(probe_python: Path, tree: Path, script: str, *args: str) -> Any:
+    """``script`` run by the probe interpreter with the vLLM tree ``tree`` on its path: the
+    JSON its last line prints."""
     import os
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": f"{upstream.source_dir}:{Path.cwd()}"}
+    env = {**os.environ, "PYTHONPATH": f"{tree}:{Path.cwd()}"}
     done = subprocess.run(
         [str(probe_python), "-c", script, *args],
         capture_output=True,
@@ -837,6 +929,20 @@ def on_stock(probe_python: Path, upstream: Any, script: str, *args: str) -> Any:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_interpreter_check_tells_the_fixed_vllm_from_stock(
+    probe_python, upstream_0201, patched_0201
+):
+    """The question the campaign asks its interpreter before drawing, on the real trees:
+    patched 0.20.1 takes ``join_hold_steps`` (the hold is drawn), stock does not."""
+    from tooling.fuzzing.gpu_pair import CHECK
+
+    stock = on_tree(probe_python, Path(upstream_0201.source_dir), CHECK)
+    fixed = on_tree(probe_python, Path(patched_0201.work_dir), CHECK)
+    assert stock["vllm"] and fixed["vllm"]
+    assert (stock["join_hold"], fixed["join_hold"]) == (False, True)
 
 
 @pytest.mark.slow

@@ -129,7 +129,8 @@ def gpu_command(
     if interpreter is None:
         raise ProbeError("no interpreter of a vLLM to fuzz: give --python")
     env = dict(os.environ)
-    vllm_at = check_interpreter(interpreter, env)
+    found = check_interpreter(interpreter, env)
+    vllm_at = found.vllm
     plan = GpuPlan(
         seed=seed,
         settings=settings_count,
@@ -141,6 +142,7 @@ def gpu_command(
         mode=Mode(kind=mode, noise=noise or 0.0, reference_acceptance=reference_acceptance),
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         max_k=shape.max_k,
+        join_hold=found.join_hold,
     )
     install_key = sha256_bytes(vllm_at.encode())[:12]
     target = GpuTarget(

@@ -77,6 +77,9 @@ class GpuPlan:
     kv_cache_memory_bytes: int = 8 * GIB
     max_k: int | None = None
     """The most drafts a step the pair's drafter takes (``gpu_pair.PairShape``)."""
+    join_hold: bool = False
+    """The vLLM under test takes fix 33's ``join_hold_steps`` (``gpu_pair.Interpreter``):
+    only then is it drawn, as stock vLLM refuses the key. A replay serves its cases as saved."""
 
 
 def alone(settings: GpuSettings) -> tuple[GpuReq, ...]:
@@ -136,7 +139,7 @@ class Campaign:
         if self.vetter is None:
             return everything
         count = self.plan.settings * VET_DRAWS
-        drawn = [draw_settings(self.plan.seed, n, self.plan.max_k) for n in range(count)]
+        drawn = [self._draw(n) for n in range(count)]
         refused = self.vetter(drawn)
         if refused is None or None not in refused:
             # Every draw refused reads as the vetting's own failure (a model the config
@@ -156,6 +159,9 @@ class Campaign:
             self.report.vetted += 1
         self.report.write(self.out_dir)
         return kept
+
+    def _draw(self, number: int) -> GpuSettings:
+        return draw_settings(self.plan.seed, number, self.plan.max_k, self.plan.join_hold)
 
     def _serve(
         self, settings: GpuSettings, number: int, replay: list[tuple[GpuReq, ...]] | None, name: str
@@ -182,7 +188,7 @@ class Campaign:
             self.report.acceptance.append(judged.acceptance)
 
     def _pair(self, number: int) -> None:
-        settings = draw_settings(self.plan.seed, number, self.plan.max_k)
+        settings = self._draw(number)
         logger.info("engine pair %d: %s", number, settings)
         judged = self._serve(settings, number, None, f"pair-{number}")
         self._count(judged, settings)

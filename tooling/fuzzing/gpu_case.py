@@ -6,7 +6,9 @@ engine of those settings has reported its own figures (its attention block B and
 budget T), workload W from S, N, W and those figures. The drawing is the scheduler fuzzer's
 (``tooling/probes/_schedfuzz.py``: its settings, its boundary lengths and its workloads),
 narrowed to what the GPU pair serves (K in 1, 3, 7, 15) and widened by what only a GPU has:
-the CUDA-graph mode, and requests that ask for logprobs.
+the CUDA-graph mode, and requests that ask for logprobs. On a vLLM with fix 33 the settings
+also draw its ``join_hold_steps``, last, so that every other setting and workload of a
+campaign is drawn as on a vLLM without it.
 
 Pure: the driver on the GPU host (``serving.gpu_run``) imports it to draw the same
 workloads in the DFlash and the plain engine's processes.
@@ -26,6 +28,7 @@ from typing import Any
 
 from ..errors import FuzzCaseError
 from ..fsutil import atomic_write_text
+from ..probes._schedfuzz import JOIN_HOLDS
 from ..probes._schedfuzz import draw_settings as draw_scheduler_settings
 from ..probes._schedfuzz import draw_workload as draw_scheduler_workload
 from ..probes._schedsim import STOP_TOKEN, Case, Req, Settings, prompt_tokens
@@ -67,6 +70,9 @@ class GpuSettings:
     """``mamba_ssm_cache_dtype``: "auto" (the model's) or "float32"."""
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     """One of ``CUDAGRAPH_MODES``."""
+    join_hold_steps: int = 0
+    """``join_hold_steps`` of the DFlash engine's speculative config (fix 33); 0: not set,
+    as stock vLLM, which refuses the key, must be served."""
 
 
 #: The settings a shrink moves a finding back toward, one at a time.
@@ -98,7 +104,11 @@ class GpuCase:
     requests: tuple[GpuReq, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"settings": asdict(self.settings), "requests": [asdict(r) for r in self.requests]}
+        settings = asdict(self.settings)
+        # Unset, as in every case saved before fix 33: such a case reads the same anywhere.
+        if not settings["join_hold_steps"]:
+            del settings["join_hold_steps"]
+        return {"settings": settings, "requests": [asdict(r) for r in self.requests]}
 
     @classmethod
     def from_json(cls, data: Any, where: str = "case") -> GpuCase:
@@ -143,12 +153,17 @@ def _check_values(settings: GpuSettings, where: str) -> None:
         )
     if settings.max_model_len < 2:
         raise FuzzCaseError(f"{where}: settings: 'max_model_len' must be at least 2")
+    if settings.join_hold_steps < 0:
+        raise FuzzCaseError(f"{where}: settings: 'join_hold_steps' must be 0 or more")
 
 
-def draw_settings(seed: int, number: int, max_k: int | None = None) -> GpuSettings:
+def draw_settings(
+    seed: int, number: int, max_k: int | None = None, hold: bool = False
+) -> GpuSettings:
     """Engine pair ``number`` of campaign ``seed``: the scheduler fuzzer's settings (K 0
     drawn again among ``KS``: the pair always drafts; a K past ``max_k``, the drafter's
-    block, the largest of ``KS`` within it), and a CUDA-graph mode."""
+    block, the largest of ``KS`` within it), a CUDA-graph mode, and with ``hold`` (the vLLM
+    under test has fix 33) a ``join_hold_steps``."""
     rng = random.Random(f"gpu:{seed}:{number}")
     drawn = draw_scheduler_settings(rng)
     k = drawn.k or rng.choice(KS)
@@ -158,6 +173,10 @@ def draw_settings(seed: int, number: int, max_k: int | None = None) -> GpuSettin
         k = max([x for x in KS if x <= max_k], default=min(KS))
     values["k"] = k
     values["cudagraph_mode"] = rng.choice(CUDAGRAPH_MODES)
+    # Drawn last: the draws before it are those of a vLLM without the option, so a seed
+    # serves the same pairs on stock as on the fixed wheel, but for the hold.
+    if hold:
+        values["join_hold_steps"] = rng.choice(JOIN_HOLDS)
     return GpuSettings(**values)
 
 

@@ -45,7 +45,9 @@ POLL_S = 1.0
 #: record to be written, so that only a step that never returns reads as a hang.
 CUT_MARGIN_S = 60.0
 MIN_VOCAB = 64
-#: What the interpreter is asked before a campaign: a GPU, and where its vLLM is.
+#: What the interpreter is asked before a campaign: a GPU, where its vLLM is, and whether
+#: that vLLM takes fix 33's ``join_hold_steps`` (as ``_schedfuzz.has_join_hold`` asks a
+#: tree). A vLLM whose config cannot be imported is taken to lack it: stock refuses the key.
 CHECK = (
     "import importlib.util, json\n"
     "try:\n"
@@ -55,7 +57,15 @@ CHECK = (
     "except ImportError as e:\n"
     "    gpu, why = False, f'cannot import torch ({e})'\n"
     "spec = importlib.util.find_spec('vllm')\n"
-    "print(json.dumps({'gpu': gpu, 'why': why, 'vllm': spec.origin if spec else None}))\n"
+    "hold = False\n"
+    "if spec:\n"
+    "    try:\n"
+    "        from vllm.config import SpeculativeConfig\n"
+    "        hold = 'join_hold_steps' in getattr(SpeculativeConfig, '__dataclass_fields__', {})\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "where = spec.origin if spec else None\n"
+    "print(json.dumps({'gpu': gpu, 'why': why, 'vllm': where, 'join_hold': hold}))\n"
 )
 
 
@@ -115,9 +125,19 @@ def check_pair(pair: Path) -> PairShape:
     return PairShape(facts.target.vocab_size, max_k)
 
 
-def check_interpreter(python: Path, env: Mapping[str, str]) -> str:
-    """Where ``python``'s vLLM is; FuzzNoGpuError when it sees no GPU, VllmNotFoundError when
-    it has no vLLM."""
+@dataclass(frozen=True)
+class Interpreter:
+    """What the interpreter of the vLLM under test answered before a campaign."""
+
+    vllm: str
+    """Where its vLLM is."""
+    join_hold: bool = False
+    """Its vLLM takes ``join_hold_steps`` in the speculative config (fix 33)."""
+
+
+def check_interpreter(python: Path, env: Mapping[str, str]) -> Interpreter:
+    """Where ``python``'s vLLM is and whether it has fix 33's option; FuzzNoGpuError when it
+    sees no GPU, VllmNotFoundError when it has no vLLM."""
     try:
         done = run_command([str(python), "-c", CHECK], env=env, timeout_s=300)
     except OSError as e:
@@ -131,7 +151,7 @@ def check_interpreter(python: Path, env: Mapping[str, str]) -> str:
         raise FuzzNoGpuError(f"{python}: no GPU ({answer['why']}): the GPU fuzzer needs one")
     if not answer["vllm"]:
         raise VllmNotFoundError(f"{python}: no vLLM to fuzz (vllm is not importable there)")
-    return str(answer["vllm"])
+    return Interpreter(str(answer["vllm"]), answer.get("join_hold") is True)
 
 
 @dataclass

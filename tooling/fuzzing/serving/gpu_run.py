@@ -120,6 +120,10 @@ def _engine_request(request: GpuRunRequest) -> DistributionRequest:
             "max_logprobs": MAX_LOGPROBS,
             "disable_log_stats": False,
         },
+        # Only where set: a vLLM without fix 33 refuses the key, even as 0.
+        speculative_args=(
+            {"join_hold_steps": s.join_hold_steps} if request.drafter and s.join_hold_steps else {}
+        ),
     )
 
 
