@@ -436,6 +436,8 @@ def test_the_fuzz_step_settles_its_lossless_findings_with_the_referee(tmp_path, 
     evidence = Evidence("r0", (300, 301, 302, 303), (), 9, 8, ((8, -0.25), (9, -0.5)))
     finding = GpuCaseFile(case, "lossless", "r0 position 0", "", (), (evidence,))
     write_gpu_case_file(folder / "finding-lossless-0-0.json", finding)
+    # The scheduler side saved beside a finding is no finding: the referee would refuse it.
+    (folder / "finding-lossless-0-0.scheduler.json").write_text("{}")
     assert settle(layout, folder, pair, report, "") == 32
     (line,) = report.read_text().strip().splitlines()
     assert "cannot import torch" in line

@@ -41,6 +41,9 @@ from .gpu_report import CampaignReport, Finding
 from .gpu_shrink import shrink
 
 logger = logging.getLogger(__name__)
+#: The suffix of the scheduler-side case saved beside each finding, for the CPU fuzzer: not
+#: a finding of its own, so a reader of a campaign's findings passes it by.
+SCHEDULER_SIDE = ".scheduler.json"
 
 #: Findings of one kind shrunk per campaign; more are saved as found.
 SHRINK_PER_KIND = 2
@@ -294,7 +297,7 @@ class Campaign:
             ),
         )
         cpu = scheduler_case_file(case, f"the scheduler side of {finding.file.name}")
-        write_case_file(finding.file.with_suffix(".scheduler.json"), cpu)
+        write_case_file(finding.file.with_suffix(SCHEDULER_SIDE), cpu)
 
 
 def campaign_runner(target: GpuTarget, plan: GpuPlan) -> PairRunner:

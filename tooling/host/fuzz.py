@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HostStepError
+from ..fuzzing.gpu import SCHEDULER_SIDE
 from ..fuzzing.referee import NOISE
 from ..trained.hybrid import plain_noise
 from .layout import PYTHON, Layout, Modules, run, say, since, tail, written
@@ -80,7 +81,9 @@ def fuzz(engine: str, which: str, layout: Layout, out: Path, settings: FuzzSetti
 def settle(layout: Layout, folder: Path, pair: Path, report: Path, site: str) -> int | None:
     """``tooling fuzz referee`` on the lossless findings in ``folder``, the target in float32 on
     this host's CPU, into ``report``: its exit status (25: a defect), None with no finding."""
-    found = sorted(folder.glob("finding-lossless-*.json"))
+    found = sorted(
+        f for f in folder.glob("finding-lossless-*.json") if not f.name.endswith(SCHEDULER_SIDE)
+    )
     if not found:
         return None
     noise, source = session_noise(layout)
