@@ -183,6 +183,17 @@ def test_each_engine_is_planned_with_its_own_k_and_cache(tiny_pair, tmp_path):
     speed.plan(tiny_pair, work, ["dflash"], speed.Settings(k=15))
     listed = [e["name"] for e in json.loads((work / "engines.json").read_text())]
     assert listed == ["plain", "dflash-k7", "dflash"]
+    # A run that measures plain again sets the earlier run's figures aside whole, so that no
+    # report takes a ratio against another run's plain.
+    (work / "plain.out.json").write_text("{}")
+    (work / "dflash-k7.partial.json").write_text("{}")
+    speed.plan(tiny_pair, work, ["plain", "dflash-hold"], speed.Settings(k=15))
+    listed = [e["name"] for e in json.loads((work / "engines.json").read_text())]
+    assert listed == ["plain", "dflash-hold"] and not (work / "plain.out.json").exists()
+    aside = work / "earlier-1"
+    assert (aside / "plain.out.json").is_file() and (aside / "dflash-k7.partial.json").is_file()
+    earlier = [e["name"] for e in json.loads((aside / "engines.json").read_text())]
+    assert earlier == ["plain", "dflash-k7", "dflash"]
 
 
 def test_a_random_pair_drafts_the_seeds_k_and_a_seed_run_can_go_one_engine_at_a_time(

@@ -137,6 +137,30 @@ def read_pair(pair: Path) -> Pair:
     )
 
 
+#: What one run writes in its folder, an engine's files and the list of engines.
+RUN_FILES = ("*.in.json", "*.out.json", "*.partial.json", "engines.json")
+
+
+def _set_aside_remeasured(work: Path, names: list[str]) -> None:
+    """Move an earlier run's figures into ``work/earlier-N`` when this run measures one of
+    its engines again: a report takes every ratio against the plain engine of the same run,
+    and an engine re-measured here would pair the earlier run's figures with this one's.
+    A run of new engines only adds to the folder."""
+    if not any(
+        (work / f"{n}.out.json").is_file() or (work / f"{n}.partial.json").is_file() for n in names
+    ):
+        return
+    number = 1
+    while (work / f"earlier-{number}").exists():
+        number += 1
+    aside = work / f"earlier-{number}"
+    aside.mkdir()
+    for pattern in RUN_FILES:
+        for found in sorted(work.glob(pattern)):
+            found.rename(aside / found.name)
+    logger.info("the earlier run's figures, re-measured here, set aside in %s", aside)
+
+
 def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> list[SpeedEngine]:
     """``work/NAME.in.json`` for each engine of ``names`` (``ENGINES``); ``work/engines.json``
     lists every engine planned in ``work`` so far, these last."""
@@ -144,6 +168,7 @@ def plan(pair_dir: Path, work: Path, names: list[str], settings: Settings) -> li
     k = settings.k if settings.k is not None else max(pair.ks, default=RANDOM_PAIR_K)
     chosen = [sized(ENGINES[n], settings) for n in names]
     work.mkdir(parents=True, exist_ok=True)
+    _set_aside_remeasured(work, names)
     barrier, turns = work / "barrier", work / "turns"
     for folder in (barrier, turns):
         shutil.rmtree(folder, ignore_errors=True)
