@@ -146,6 +146,25 @@ def test_verbose_shows_each_child_it_runs(tmp_path: Path) -> None:
     assert (work / "hybrid-pair" / "summary.json").is_file()
 
 
+def test_a_session_uses_the_pair_already_in_place_before_carrying_or_training_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second session on one machine finds the first one's pair: it neither carries the
+    parts in again (which would refuse, the folder being there) nor starts the training."""
+    from tooling.host.layout import Layout
+    from tooling.host.trained import TrainSettings, provide_pair
+
+    parts, layout = _pair_parts(tmp_path), Layout(tmp_path / "work")
+    settings = TrainSettings()
+    provide_pair(layout, parts, settings)
+    assert "trained pair carried in: " in capsys.readouterr().out
+    provide_pair(layout, parts, settings)
+    provide_pair(layout, None, settings)
+    said = capsys.readouterr().out
+    assert said.count(f"trained pair: already in {layout.pair}") == 2
+    assert "training started" not in said and not (layout.work / "train-extras").exists()
+
+
 def test_a_call_past_the_pairs_last_is_refused(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     (work / "hybrid-pair").mkdir(parents=True)

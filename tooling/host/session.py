@@ -26,7 +26,7 @@ from .proof import seed_pair
 from .setup import SetupStep, setup
 from .speed import speed_args
 from .steps import STEPS, Kind, Step, session_ablations
-from .trained import RECIPE, TrainSettings, import_pair, train
+from .trained import RECIPE, TrainSettings, provide_pair
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +92,7 @@ def start(
         run([PYTHON, "-m", "pip", "freeze", "--all"], env=layout.env(), stdout=freeze, limit_s=60)
     setup(parts, SetupStep.INSTALL, layout, [], None)
     if any(STEPS[s].kind in (Kind.PAIR, Kind.TRAINED, Kind.SPEED) for s in steps):
-        if pair_parts is not None:
-            import_pair(pair_parts, layout)
-        else:
-            train(layout, trainer)
+        provide_pair(layout, pair_parts, trainer)
     # Without OUT: the folder a command brings back, which a step writing there from
     # the background would fill with files that command was not run for.
     env = {k: v for k, v in layout.env().items() if k != "OUT"}

@@ -193,6 +193,19 @@ def check_pair_parts(parts: Path) -> None:
         raise HostUsageError(f"{parts}/join.py: no such file (PARTS holds the pair's parts)")
 
 
+def provide_pair(layout: Layout, pair_parts: Path | None, settings: TrainSettings) -> None:
+    """The trained pair for a session's steps: the one already in place (an earlier
+    session's, carried in or trained), else carried in from ``pair_parts``, else trained.
+    A second session on one machine finds the pair in place; training again beside its
+    steps would take the GPU from them and rewrite the pair they read."""
+    if (layout.pair / "summary.json").is_file():
+        say(f"trained pair: already in {layout.pair}")
+    elif pair_parts is not None:
+        import_pair(pair_parts, layout)
+    else:
+        train(layout, settings)
+
+
 def import_pair(parts: Path, layout: Layout) -> None:
     """Join and check carried parts into the pair's folder."""
     logger.debug("step: import the pair from %s", parts)
