@@ -252,8 +252,33 @@ def test_the_locate_step_runs_a_shorter_speed_run_and_one_speed_step_a_session()
     assert speed_args("")[-2:] == ("--profile-levels", "1,64")
     assert speed_args("shape")[-2:] == ("--profile-levels", "1,16,64")
     check_steps(["speed-locate", "trained-1", "fuzz-trained"])
-    with pytest.raises(HostUsageError, match="one per session"):
-        check_steps(["speed-locate", "speed"])
+    # Two speed steps share the pair's run folder: the later run sets the earlier one's
+    # figures aside (``tooling.trained.speed``) and the wait brings back both.
+    check_steps(["speed-hold", "speed-graphs"])
+
+
+def test_the_speed_wait_brings_back_each_run_a_session_made_on_one_pair(tmp_path: Path) -> None:
+    """A run set aside by a later one in the same folder comes back too, each with its
+    report, in the archive's folder of its own."""
+    import tarfile
+
+    from tooling.host.layout import Layout
+    from tooling.host.speed import ARCHIVE, wait
+
+    layout = Layout(tmp_path / "work")
+    work = layout.work / "speed" / "hybrid-pair"
+    (work / "earlier-1").mkdir(parents=True)
+    for folder, engine in ((work / "earlier-1", "dflash-hold"), (work, "dflash-drafter-graphs")):
+        (folder / "engines.json").write_text("[]")
+        (folder / f"{engine}.out.json").write_text("{}")
+    out = tmp_path / "out"
+    assert wait(layout, 0, out) == 0
+    with tarfile.open(out / ARCHIVE) as archive:
+        names = set(archive.getnames())
+    assert "hybrid-pair/earlier-1/dflash-hold.out.json" in names
+    assert "hybrid-pair/dflash-drafter-graphs.out.json" in names
+    assert (out / "hybrid-pair-report.md").is_file()
+    assert (out / "hybrid-pair-earlier-1-report.md").is_file()
 
 
 def test_a_session_builds_the_installs_its_steps_serve_and_fuzzes_beside_the_training() -> None:

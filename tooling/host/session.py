@@ -67,8 +67,6 @@ def check_steps(steps: list[str]) -> None:
         raise HostUsageError(
             "seed-full's 57 GB leave no disk for trained's installs: one per session"
         )
-    if len([s for s in steps if STEPS[s].kind is Kind.SPEED]) > 1:
-        raise HostUsageError("speed and speed-locate write one run folder: one per session")
 
 
 def start(

@@ -256,13 +256,16 @@ def wait(layout: Layout, wait_s: int, out: Path) -> int:
     works = sorted(d for d in _work(layout).glob("*") if (d / "engines.json").is_file())
     with tarfile.open(out / ARCHIVE, "w:gz") as archive:
         for work in works:
-            report = out / f"{work.name}-report.md"
-            with open(report, "wb") as text:
-                cmd = [PYTHON, "-m", Modules.SPEED, "report", str(work)]
-                run(cmd, env=layout.env(), stdout=text)
-            for pattern in KEPT:
-                for found in sorted(work.glob(pattern)):
-                    archive.add(found, arcname=f"{work.name}/{found.name}")
+            # A session's earlier runs on this pair, set aside by a later one that measured
+            # an engine again: each its own report and folder.
+            for run_dir in [*sorted(work.glob("earlier-*")), work]:
+                name = work.name if run_dir == work else f"{work.name}/{run_dir.name}"
+                with open(out / f"{name.replace('/', '-')}-report.md", "wb") as text:
+                    cmd = [PYTHON, "-m", Modules.SPEED, "report", str(run_dir)]
+                    run(cmd, env=layout.env(), stdout=text)
+                for pattern in KEPT:
+                    for found in sorted(run_dir.glob(pattern)):
+                        archive.add(found, arcname=f"{name}/{found.name}")
             for line in tail(work / "run.log", 8):
                 say(f"{work.name}: {line}")
     still = _busy()
