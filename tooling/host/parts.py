@@ -27,7 +27,7 @@ HOST_FREEZE = REPO_DIR / "ci" / "gpu" / "h200-host-freeze.txt"
 
 #: A part's default size, with room left for the checkout: a call carries its tracked files
 #: with the part, within CALL_BYTES.
-PART_BYTES = 56 << 20
+PART_BYTES = 52 << 20
 #: What one call to the GPU host carries, the checkout and the carried part together.
 CALL_BYTES = 64 << 20
 #: The toolchain's GPU-host extras the bundle carries: the reference dflash, GitPython for
