@@ -107,6 +107,9 @@ class Settings:
     ranges; empty: not set."""
     join_hold_steps: int = 0
     """``join_hold_steps`` of the speculative config (fix 33); 0: not set."""
+    prefill_schedule_interval: int = 0
+    """``--prefill-schedule-interval`` (vLLM's own prefill cadence, from a release after
+    0.20.1); 0: not set."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ class Case:
         # Unset, as in every case saved before fix 33: such a case reads the same anywhere.
         if not settings["join_hold_steps"]:
             del settings["join_hold_steps"]
+        if not settings["prefill_schedule_interval"]:
+            del settings["prefill_schedule_interval"]
         return {
             "settings": settings,
             "requests": [asdict(r) for r in self.requests],
@@ -282,7 +287,14 @@ def engine_config(settings: Settings, root: Path) -> Any:
             ]
         if settings.join_hold_steps:
             spec["join_hold_steps"] = settings.join_hold_steps
+    # Only where set: a release without the cadence has no such argument.
+    cadence = (
+        {"prefill_schedule_interval": settings.prefill_schedule_interval}
+        if settings.prefill_schedule_interval
+        else {}
+    )
     args = EngineArgs(
+        **cadence,
         model=str(target),
         skip_tokenizer_init=True,
         seed=0,

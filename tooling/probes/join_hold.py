@@ -22,6 +22,22 @@ The probe serves the seed's geometry at K = 15 with vLLM's real Scheduler (``_sc
 
 Present: every case serves and waits as above. Absent: no such option in
 ``SpeculativeConfig``, the option refused, or any wait other than the above.
+
+A release without the option but with vLLM's own prefill cadence (``SchedulerConfig``'s
+``prefill_schedule_interval``, applied by the scheduler of a single engine in 0.34.0) is
+read by that cadence's behaviour instead, with an interval of N + 1 steps, on the same
+traffic:
+
+- ``held``: prompts arriving at steps 1 and 2, after the decodes' prefill at step 0: they
+  wait 3 and 2 steps and join one step, as with the option;
+- ``at once``: no cadence: each joins the step it arrives;
+- ``nothing running``: one prompt alone is scheduled the step it arrives;
+- ``spaced``: prompts arriving at steps 8 and 9, long after the last prefill: the first
+  joins at once, the second waits out the interval (the cadence spaces the steps that
+  prefill; it does not hold a prompt that arrives after a quiet stretch).
+
+Present (the base's own form) when each waits so; absent when a cadence is set and no
+prompt waits (a release that applies it only under data parallelism).
 """
 
 from __future__ import annotations
@@ -69,6 +85,37 @@ CASES = (
 )
 
 
+#: The same traffic for a release's own prefill cadence, an interval of HOLD + 1 steps: the
+#: prompts arrive right after the decodes' prefill, and (``spaced``) long after it.
+CADENCE = HOLD + 1
+SOON = (Req(arrival=1, prompt_len=100, max_tokens=4), Req(arrival=2, prompt_len=120, max_tokens=4))
+CADENCE_CASES = (
+    (
+        "held",
+        Settings(k=K, prefill_schedule_interval=CADENCE),
+        (*DECODES, *SOON),
+        (HOLD, HOLD - 1),
+        True,
+    ),
+    ("at once", Settings(k=K), (*DECODES, *SOON), (0, 0), False),
+    ("nothing running", Settings(k=K, prefill_schedule_interval=CADENCE), (SOON[0],), (0,), None),
+    (
+        "spaced",
+        Settings(k=K, prefill_schedule_interval=CADENCE),
+        (*DECODES, *PROMPTS),
+        (0, HOLD),
+        False,
+    ),
+)
+
+
+def has_prefill_cadence() -> bool:
+    """Whether the vLLM under test has its own prefill cadence (``prefill_schedule_interval``)."""
+    from vllm.config import SchedulerConfig
+
+    return "prefill_schedule_interval" in getattr(SchedulerConfig, "__dataclass_fields__", {})
+
+
 class _Waits:
     """Each request's first ``schedule()`` call as known and as scheduled."""
 
@@ -102,48 +149,63 @@ def _case(root: Any, settings: Settings, requests: tuple[Req, ...]) -> tuple[str
     return OUTCOME_PASS, waits
 
 
+def _serve(root: Any, cases: tuple[Any, ...]) -> tuple[list[str], list[str], list[str], dict]:
+    """Each case served: its line, the labels that waited otherwise, those that did not
+    serve, and the details."""
+    rows: list[str] = []
+    wrong: list[str] = []
+    broken: list[str] = []
+    details: dict[str, dict[str, Any]] = {}
+    for label, settings, requests, expected, together in cases:
+        said, waits = _case(root, settings, requests)
+        tail = list(range(len(requests) - len(expected), len(requests)))
+        got = tuple(waits.waited(f"r{i}") for i in tail)
+        steps = {waits.first.get(f"r{i}") for i in tail}
+        shared = len(steps) == 1
+        details[label] = {"outcome": said, "waited": got, "first_steps": sorted(map(str, steps))}
+        rows.append(f"{label}: {said}, waited {got} steps, {'one step' if shared else 'apart'}")
+        if said.startswith("refused") or said == "crash":
+            broken.append(label)
+        elif (
+            said != OUTCOME_PASS or got != expected or (together is not None and shared != together)
+        ):
+            wrong.append(label)
+    return rows, wrong, broken, details
+
+
+def _verdict(
+    rows: list[str], wrong: list[str], broken: list[str], details: dict, form: str
+) -> ProbeResult:
+    status = UNKNOWN if broken else ABSENT if wrong else PRESENT
+    why = f"; wrong: {', '.join(wrong)}" if wrong else ""
+    return ProbeResult(
+        probe=NAME,
+        status=status,
+        evidence=f"K = {K}, the seed's geometry, {form}: " + "; ".join(rows) + why,
+        details={"cases": details},
+    )
+
+
 def run() -> ProbeResult:
     with h200_platform():
         if not has_join_hold():
-            return ProbeResult(
-                probe=NAME, status=ABSENT, evidence="SpeculativeConfig has no join_hold_steps"
+            if not has_prefill_cadence():
+                return ProbeResult(
+                    probe=NAME,
+                    status=ABSENT,
+                    evidence="SpeculativeConfig has no join_hold_steps, SchedulerConfig no "
+                    "prefill_schedule_interval",
+                )
+            rows, wrong, broken, details = _serve(_harness.scratch_dir(), CADENCE_CASES)
+            return _verdict(
+                rows, wrong, broken, details, f"vLLM's prefill cadence ({CADENCE} steps)"
             )
         root = _harness.scratch_dir()
-        rows: list[str] = []
-        wrong: list[str] = []
-        broken: list[str] = []
-        details: dict[str, dict[str, Any]] = {}
-        for label, settings, requests, expected, together in CASES:
-            said, waits = _case(root, settings, requests)
-            tail = list(range(len(requests) - len(expected), len(requests)))
-            got = tuple(waits.waited(f"r{i}") for i in tail)
-            steps = {waits.first.get(f"r{i}") for i in tail}
-            shared = len(steps) == 1
-            details[label] = {
-                "outcome": said,
-                "waited": got,
-                "first_steps": sorted(map(str, steps)),
-            }
-            rows.append(f"{label}: {said}, waited {got} steps, {'one step' if shared else 'apart'}")
-            if said.startswith("refused") or said == "crash":
-                broken.append(label)
-            elif (
-                said != OUTCOME_PASS
-                or got != expected
-                or (together is not None and shared != together)
-            ):
-                wrong.append(label)
+        rows, wrong, broken, details = _serve(root, CASES)
         negative = build_engine(Settings(k=K, join_hold_steps=-1), root)
         refused = isinstance(negative, Outcome) and "join_hold_steps" in negative.detail
         details["negative"] = {"refused": refused}
         rows.append("a negative count: " + ("refused" if refused else "accepted"))
         if not refused:
             wrong.append("a negative count")
-        status = UNKNOWN if broken else ABSENT if wrong else PRESENT
-        why = f"; wrong: {', '.join(wrong)}" if wrong else ""
-        return ProbeResult(
-            probe=NAME,
-            status=status,
-            evidence=f"K = {K}, the seed's geometry: " + "; ".join(rows) + why,
-            details={"cases": details},
-        )
+        return _verdict(rows, wrong, broken, details, f"join_hold_steps = {HOLD}")
