@@ -41,3 +41,19 @@ def test_a_requirement_must_be_an_earlier_patch(tmp_path):
     )
     with pytest.raises(SeriesError, match="requires 'dflash-compile-key', which is not an earlier"):
         load_series(ledger)
+
+
+def test_on_a_base_that_has_a_fix_already_its_requirement_does_not_hold_a_skip():
+    """Patch 33 is written on patch 32's lines on 0.20.1. On 0.34.0, which has patch 33's aim in
+    its own form (superseded there), patch 32 can be left out alone: nothing is written on it
+    there. On 0.20.1 the same skip is still refused."""
+    from tooling.patching.series import load_ledger
+
+    series = load_ledger(PATCHES)
+    with pytest.raises(SeriesError, match="patch join-hold is written on it"):
+        series.without(["gdn-spec-replay"], "0.20.1")
+    left = series.without(["piecewise-spec-sizes", "gdn-spec-replay"], "0.34.0")
+    assert "join-hold" in {p.id for p in left.patches}
+    resolved = left.for_base("0.34.0", strict=True)
+    assert resolved.get("join-hold").requires == ()
+    assert not resolved.get("join-hold").carried

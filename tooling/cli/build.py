@@ -109,7 +109,7 @@ def build_command(
     built = build_requested(
         WheelRequest(
             source=request,
-            series=settings.series(skip),
+            series=settings.series(skip, request.base_version or settings.catalog().default),
             catalog=settings.catalog(),
             fetch=settings.fetch_options(),
             dist_dir=dist_dir,

@@ -51,9 +51,10 @@ class Settings:
     def catalog(self) -> BaseCatalog:
         return load_bases(self.patches_dir / "bases.toml")
 
-    def series(self, skip: tuple[str, ...] = ()) -> Series:
+    def series(self, skip: tuple[str, ...] = (), base: str | None = None) -> Series:
+        """The ledger less ``skip``, whose requirements are read on ``base`` where given."""
         series = load_ledger(self.patches_dir)
-        return series.without(list(skip)) if skip else series
+        return series.without(list(skip), base) if skip else series
 
     def fetch_options(self) -> FetchOptions:
         return FetchOptions(

@@ -126,7 +126,7 @@ def patch_group(
     report = patch_requested(
         PatchRequest(
             source=request,
-            series=settings.series(skip),
+            series=settings.series(skip, request.base_version or settings.catalog().default),
             catalog=settings.catalog(),
             fetch=settings.fetch_options(),
             work_dir=work_dir,

@@ -177,7 +177,8 @@ class Series:
         carried = {p.id for p in patches if p.carried}
         # A fix is written on the lines of those it requires only where both bring code.
         patches = [
-            replace(p, requires=tuple(r for r in p.requires if r in carried)) for p in patches
+            replace(p, requires=tuple(r for r in p.requires if p.carried and r in carried))
+            for p in patches
         ]
         return replace(self, patches=tuple(patches), base=version)
 
@@ -202,13 +203,17 @@ class Series:
             f"no patch {patch_id!r} in {self.path} (have {', '.join(p.id for p in self.patches)})"
         )
 
-    def without(self, skip: list[str]) -> Series:
-        """The series minus ``skip`` (ids checked), remembering what was skipped."""
+    def without(self, skip: list[str], base: str | None = None) -> Series:
+        """The series minus ``skip`` (ids checked), remembering what was skipped. A patch
+        written on a skipped one is refused unless skipped too, on ``base`` where given: on a
+        ported base a fix it has already (superseded there) brings no lines to be written on."""
         for s in skip:
             self.get(s)
         kept = tuple(p for p in self.patches if p.id not in skip)
+        resolved = self.for_base(base, strict=False) if base is not None else self
+        requires = {p.id: p.requires for p in resolved.patches}
         for patch in kept:
-            needed = [r for r in patch.requires if r in skip]
+            needed = [r for r in requires.get(patch.id, patch.requires) if r in skip]
             if needed:
                 raise SeriesError(
                     f"--skip {needed[0]}: patch {patch.id} is written on it; skip {patch.id} too"
