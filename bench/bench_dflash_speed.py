@@ -17,8 +17,10 @@ GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them,
   has no steady windows, on every measure it has.
 
 Exit 0 when every goal is met, 1 when one is not (each named), 2 when a figure is missing.
+With ``--plain-only`` (a run of plain and plain-stock alone, ``speed-stock``) only plain
+against stock is judged.
 
-  .venv/bin/python bench/bench_dflash_speed.py RUN_DIR [--drafted dflash]
+  .venv/bin/python bench/bench_dflash_speed.py RUN_DIR [--drafted dflash | --plain-only]
 """
 
 from __future__ import annotations
@@ -57,12 +59,25 @@ def median_ratio(
     return (statistics.median(a / b for a, b in pairs) if pairs else 0.0), len(pairs)
 
 
-def judge(run: Path, drafted: str) -> tuple[list[str], list[str]]:
-    """(lines of figures, goals missed): each goal on every measure the run has."""
-    results = {n: json.loads((run / f"{n}.out.json").read_text()) for n in ("plain", drafted)}
+def judge(run: Path, drafted: str | None) -> tuple[list[str], list[str]]:
+    """(lines of figures, goals missed): each goal on every measure the run has; with no
+    ``drafted`` engine, plain against stock alone."""
+    names = ("plain",) if drafted is None else ("plain", drafted)
+    results = {n: json.loads((run / f"{n}.out.json").read_text()) for n in names}
     stock_file = run / "plain-stock.out.json"
     stock = json.loads(stock_file.read_text()) if stock_file.is_file() else None
-    lines, missed = [], []
+    lines: list[str] = []
+    missed: list[str] = []
+    if drafted is not None:
+        _judge_drafted(results, drafted, lines, missed)
+    _judge_plain(results["plain"], stock, lines, missed)
+    return lines, missed
+
+
+def _judge_drafted(
+    results: dict[str, Any], drafted: str, lines: list[str], missed: list[str]
+) -> None:
+    """DFlash against plain, each goal on every measure the run has."""
     for key, measure in MEASURES.items():
         if key != "speed" and not results[drafted].get(key):
             continue
@@ -77,14 +92,20 @@ def judge(run: Path, drafted: str) -> tuple[list[str], list[str]]:
                 )
             elif ratio < goal:
                 missed.append(f"{drafted} at {level}, {measure}: {ratio:.2f}x < {goal}")
+
+
+def _judge_plain(
+    plain_result: dict[str, Any], stock: dict[str, Any] | None, lines: list[str], missed: list[str]
+) -> None:
+    """Plain on the fixed wheel against plain on stock, within ``PLAIN_TOLERANCE``."""
     if stock is None:
         missed.append("no plain-stock engine in the run: plain against stock not judged")
-        return lines, missed
-    measured = [(k, m) for k, m in MEASURES.items() if results["plain"].get(k)]
-    held = [STEADY] if results["plain"].get(STEADY[0]) else measured
+        return
+    measured = [(k, m) for k, m in MEASURES.items() if plain_result.get(k)]
+    held = [STEADY] if plain_result.get(STEADY[0]) else measured
     for key, measure in held:
         for level in GOALS:
-            plain, n = median_ratio(results["plain"], stock, level, key)
+            plain, n = median_ratio(plain_result, stock, level, key)
             lines.append(f"plain at {level}, {measure}: {plain:.3f}x stock over {n}")
             if n < MIN_PASSES:
                 missed.append(f"plain at {level}, {measure}: {n} windows, fewer than {MIN_PASSES}")
@@ -92,16 +113,17 @@ def judge(run: Path, drafted: str) -> tuple[list[str], list[str]]:
                 missed.append(
                     f"plain at {level}, {measure}: {plain:.3f}x stock, off by more than 2%"
                 )
-    return lines, missed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a speed run's folder (NAME.out.json each)")
-    parser.add_argument("--drafted", default="dflash", help="the DFlash engine's name")
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--drafted", default="dflash", help="the DFlash engine's name")
+    chosen.add_argument("--plain-only", action="store_true", help="judge plain against stock alone")
     args = parser.parse_args()
     try:
-        lines, missed = judge(args.run, args.drafted)
+        lines, missed = judge(args.run, None if args.plain_only else args.drafted)
     except (OSError, KeyError, ValueError) as e:
         print(f"error: {args.run}: no figures to judge ({e})", file=sys.stderr)
         return 2

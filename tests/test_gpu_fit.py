@@ -171,6 +171,22 @@ def test_the_bar_steps_measure_against_plain_at_the_bars_levels_together_on_one_
     assert fitted(settings, [ENGINES[n] for n in engines], H100_GIB) is settings
 
 
+def test_the_stock_step_holds_plain_to_stock_alone_at_the_bars_levels_on_one_h100():
+    """``speed-stock``: plain on stock and on the fixed wheel, in turns, five passes at the
+    bar's levels with steady windows, nothing profiled, on one H100."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS
+
+    args = speed.STOCK_ARGS
+    assert speed.speed_args(STEPS["speed-stock"].variant) == args
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
+    assert value["--engines"] == "plain-stock,plain" and value["--levels"] == "1,16,64"
+    assert int(value["--passes"]) >= 5 and value["--profile-levels"] == ""
+    assert "--interleave" in args
+    settings = Settings(interleave=True)
+    assert fitted(settings, [ENGINES[n] for n in speed.STOCK_ENGINES], H100_GIB) is settings
+
+
 def test_the_hold_engine_serves_patch_33s_option():
     assert ENGINES["dflash-hold"].speculative_args == {"join_hold_steps": 4}
     assert ENGINES["dflash-hold"].site == "patched" and ENGINES["dflash-hold"].drafted

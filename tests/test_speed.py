@@ -389,6 +389,17 @@ def test_the_bench_holds_plain_to_stock_on_steady_windows_where_the_run_has_them
     assert "missed: plain at 16, steady windows: 0.960x stock, off by more than 2%" in out
     out = run([100, 100], [100, 100])
     assert "missed: plain at 1, steady windows: 2 windows, fewer than 5" in out
+    # A run of plain and stock alone (``speed-stock``) is judged on that alone.
+    (tmp_path / "dflash.out.json").unlink()
+    run([100, 101, 99, 100, 100], [100, 100, 100, 101, 100])
+    done = subprocess.run(
+        [sys.executable, str(bench), str(tmp_path), "--plain-only"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout
+    assert "dflash" not in done.stdout and "plain at 64, steady windows: 1.000x" in done.stdout
 
 
 def test_an_interleaved_run_gives_each_engine_its_place_in_the_turns(tiny_pair, tmp_path):

@@ -122,7 +122,7 @@ def bar_run(
 ) -> tuple[str, ...]:
     """The bar's speed run for ``engines``: five passes at ``levels`` (the bar's unless
     an engine's KV cache holds fewer requests), staggered lengths with the batch kept full,
-    the step at ``profiled`` requests profiled."""
+    the step at ``profiled`` requests profiled ("": none)."""
     return (
         *kept_full(engines),
         *("--levels", levels, "--passes", "5", "--profile-levels", profiled),
@@ -144,6 +144,12 @@ HOLD_ARGS = bar_run(HOLD_ENGINES)
 #: step is host time, profiled there.
 GRAPHS_ENGINES = ("plain", "dflash-drafter-graphs")
 GRAPHS_ARGS = bar_run(GRAPHS_ENGINES, "1,16", "1")
+#: ``speed-stock``: issue 45's other bar, plain on the fixed wheel within 2% of plain on stock
+#: 0.20.1 at the bar's levels (the series touches code plain serving runs), judged on steady
+#: windows taken in turns (``bench_dflash_speed.py --plain-only``); two small engines that fit
+#: any GPU the host lends, no profile.
+STOCK_ENGINES = ("plain-stock", "plain")
+STOCK_ARGS = bar_run(STOCK_ENGINES, profiled="")
 
 
 #: A session step's variant and the speed run's options for it; any other variant runs the
@@ -157,6 +163,7 @@ VARIANT_ARGS = {
     "bar": BAR_ARGS,
     "hold": HOLD_ARGS,
     "graphs": GRAPHS_ARGS,
+    "stock": STOCK_ARGS,
 }
 
 

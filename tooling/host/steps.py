@@ -92,6 +92,7 @@ STEPS = {
         Step("speed-bar", Kind.SPEED, "bar"),
         Step("speed-hold", Kind.SPEED, "hold"),
         Step("speed-graphs", Kind.SPEED, "graphs"),
+        Step("speed-stock", Kind.SPEED, "stock"),
         Step("speed-shape", Kind.SPEED_SHAPE),
         # Drafting off above 8 against plain at 16 and 64 on the drawn shapes: no training.
         Step("speed-shape-off", Kind.SPEED_SHAPE, "shape-off"),
