@@ -213,7 +213,7 @@ class Series:
         resolved = self.for_base(base, strict=False) if base is not None else self
         requires = {p.id: p.requires for p in resolved.patches}
         for patch in kept:
-            needed = [r for r in requires.get(patch.id, patch.requires) if r in skip]
+            needed = [r for r in requires[patch.id] if r in skip]
             if needed:
                 raise SeriesError(
                     f"--skip {needed[0]}: patch {patch.id} is written on it; skip {patch.id} too"
