@@ -42,6 +42,7 @@ prompt waits (a release that applies it only under data parallelism).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _harness
@@ -149,41 +150,51 @@ def _case(root: Any, settings: Settings, requests: tuple[Req, ...]) -> tuple[str
     return OUTCOME_PASS, waits
 
 
-def _serve(root: Any, cases: tuple[Any, ...]) -> tuple[list[str], list[str], list[str], dict]:
-    """Each case served: its line, the labels that waited otherwise, those that did not
-    serve, and the details."""
-    rows: list[str] = []
-    wrong: list[str] = []
-    broken: list[str] = []
-    details: dict[str, dict[str, Any]] = {}
+@dataclass
+class _Served:
+    """The cases served: a line each, the labels that waited otherwise, those that did not
+    serve, and each case's details."""
+
+    rows: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def verdict(self, form: str) -> ProbeResult:
+        status = UNKNOWN if self.broken else ABSENT if self.wrong else PRESENT
+        why = f"; wrong: {', '.join(self.wrong)}" if self.wrong else ""
+        return ProbeResult(
+            probe=NAME,
+            status=status,
+            evidence=f"K = {K}, the seed's geometry, {form}: " + "; ".join(self.rows) + why,
+            details={"cases": self.details},
+        )
+
+
+def _serve(root: Any, cases: tuple[Any, ...]) -> _Served:
+    """Each case served, and how it waited against what it should."""
+    served = _Served()
     for label, settings, requests, expected, together in cases:
         said, waits = _case(root, settings, requests)
         tail = list(range(len(requests) - len(expected), len(requests)))
         got = tuple(waits.waited(f"r{i}") for i in tail)
         steps = {waits.first.get(f"r{i}") for i in tail}
         shared = len(steps) == 1
-        details[label] = {"outcome": said, "waited": got, "first_steps": sorted(map(str, steps))}
-        rows.append(f"{label}: {said}, waited {got} steps, {'one step' if shared else 'apart'}")
+        served.details[label] = {
+            "outcome": said,
+            "waited": got,
+            "first_steps": sorted(map(str, steps)),
+        }
+        served.rows.append(
+            f"{label}: {said}, waited {got} steps, {'one step' if shared else 'apart'}"
+        )
         if said.startswith("refused") or said == "crash":
-            broken.append(label)
+            served.broken.append(label)
         elif (
             said != OUTCOME_PASS or got != expected or (together is not None and shared != together)
         ):
-            wrong.append(label)
-    return rows, wrong, broken, details
-
-
-def _verdict(
-    rows: list[str], wrong: list[str], broken: list[str], details: dict, form: str
-) -> ProbeResult:
-    status = UNKNOWN if broken else ABSENT if wrong else PRESENT
-    why = f"; wrong: {', '.join(wrong)}" if wrong else ""
-    return ProbeResult(
-        probe=NAME,
-        status=status,
-        evidence=f"K = {K}, the seed's geometry, {form}: " + "; ".join(rows) + why,
-        details={"cases": details},
-    )
+            served.wrong.append(label)
+    return served
 
 
 def run() -> ProbeResult:
@@ -196,16 +207,14 @@ def run() -> ProbeResult:
                     evidence="SpeculativeConfig has no join_hold_steps, SchedulerConfig no "
                     "prefill_schedule_interval",
                 )
-            rows, wrong, broken, details = _serve(_harness.scratch_dir(), CADENCE_CASES)
-            return _verdict(
-                rows, wrong, broken, details, f"vLLM's prefill cadence ({CADENCE} steps)"
-            )
+            served = _serve(_harness.scratch_dir(), CADENCE_CASES)
+            return served.verdict(f"vLLM's prefill cadence ({CADENCE} steps)")
         root = _harness.scratch_dir()
-        rows, wrong, broken, details = _serve(root, CASES)
+        served = _serve(root, CASES)
         negative = build_engine(Settings(k=K, join_hold_steps=-1), root)
         refused = isinstance(negative, Outcome) and "join_hold_steps" in negative.detail
-        details["negative"] = {"refused": refused}
-        rows.append("a negative count: " + ("refused" if refused else "accepted"))
+        served.details["negative"] = {"refused": refused}
+        served.rows.append("a negative count: " + ("refused" if refused else "accepted"))
         if not refused:
-            wrong.append("a negative count")
-        return _verdict(rows, wrong, broken, details, f"join_hold_steps = {HOLD}")
+            served.wrong.append("a negative count")
+        return served.verdict(f"join_hold_steps = {HOLD}")
