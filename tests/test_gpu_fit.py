@@ -190,3 +190,37 @@ def test_the_stock_step_holds_plain_to_stock_alone_at_the_bars_levels_on_one_h10
 def test_the_hold_engine_serves_patch_33s_option():
     assert ENGINES["dflash-hold"].speculative_args == {"join_hold_steps": 4}
     assert ENGINES["dflash-hold"].site == "patched" and ENGINES["dflash-hold"].drafted
+
+
+def test_the_seed_step_draws_the_seeds_width_and_serves_each_engine_alone_up_to_32():
+    """``speed-seed``: the seed's full width drawn, plain and DFlash each alone on the GPU
+    (two 27B-sized engines never fit one together), at 1, 8 and 32 requests, the DFlash engine
+    measured again with every draft accepted, and its KV cache holding 32 requests of the
+    seed's at K = 15 (1.51 GiB each, measured on 2026-12-04); the drawn-shape steps beside it
+    keep the recipe's shapes."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS, Kind
+
+    step = STEPS["speed-seed"]
+    assert step.kind is Kind.SPEED_SHAPE and speed.drawn_arch(step.variant) == "seed"
+    assert speed.ARCHES["seed"][-2:] == ["--hidden-size", "5120"]
+    for name in ("speed-shape", "speed-shape-off", "speed-shape-stock"):
+        assert speed.drawn_arch(STEPS[name].variant) == "trained-shape"
+    args = speed.speed_args(step.variant)
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
+    assert value["--engines"] == "seed-plain,seed-dflash" and "--one-at-a-time" in args
+    assert value["--levels"] == "1,8,32" and value["--profile-levels"] == ""
+    drafted = ENGINES["seed-dflash"]
+    assert drafted.constant_logits and drafted.kv_cache_gib >= 32 * 1.51
+
+
+def test_the_drawn_stock_step_is_the_stock_steps_run_on_the_recipes_shapes():
+    """``speed-shape-stock`` runs ``speed-stock``'s engines and levels on the drawn shapes:
+    plain's step does the same work whatever its weights (every request makes exactly its
+    tokens), so the 2% bar needs no training."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS, Kind
+
+    step = STEPS["speed-shape-stock"]
+    assert step.kind is Kind.SPEED_SHAPE
+    assert speed.speed_args(step.variant) == speed.speed_args(STEPS["speed-stock"].variant)

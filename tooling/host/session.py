@@ -24,7 +24,7 @@ from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, ta
 from .layout import detached as in_background
 from .proof import seed_pair
 from .setup import SetupStep, setup
-from .speed import speed_args
+from .speed import drawn_arch, speed_args
 from .steps import STEPS, Kind, Step, session_ablations
 from .trained import RECIPE, TrainSettings, provide_pair
 
@@ -158,12 +158,14 @@ def _trained(layout: Layout, step: Step, env: dict[str, str]) -> int:
 
 
 def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
-    """The recipe's shapes drawn with random weights on the GPU (under the step's
-    ``models/``, deleted once it ends), then the speed run on them, into ``$SESSION/STEP.txt``."""
-    pair = layout.session / step.name / "models" / "trained-shape"
+    """The recipe's shapes, or the seed's (``speed-seed``), drawn with random weights on the
+    GPU (under the step's ``models/``, deleted once it ends), then the speed run on them, into
+    ``$SESSION/STEP.txt``."""
+    arch = drawn_arch(step.variant)
+    pair = layout.session / step.name / "models" / arch
     host = [PYTHON, "-m", Modules.TOOLING, "host", "speed"]
     with written(layout.session / f"{step.name}.txt") as log:
-        draw = [*host, "draw", "trained-shape", str(pair), "cuda"]
+        draw = [*host, "draw", arch, str(pair), "cuda"]
         code = run(draw, env=env, stdout=log, stderr=log)
         if code != 0:
             return code

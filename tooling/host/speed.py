@@ -152,6 +152,19 @@ STOCK_ENGINES = ("plain-stock", "plain")
 STOCK_ARGS = bar_run(STOCK_ENGINES, profiled="")
 
 
+#: ``speed-seed``: issue 45's table at the seed's scale (Qwen3.6-27B's full width, random
+#: weights): plain and DFlash at K = 15, each alone on the GPU (two 27B-sized engines do not
+#: fit one together), at 1, 8 and 32 running requests; DFlash measured again with its LM heads
+#: zeroed, so that every draft is accepted. The engine step is what the table projects from,
+#: so nothing is profiled. Its DFlash engine holds 32 requests only on a GPU of an H200's size.
+SEED_ENGINES = ("seed-plain", "seed-dflash")
+SEED_ARGS = (
+    *("--engines", ",".join(SEED_ENGINES), "--one-at-a-time"),
+    *("--levels", "1,8,32", "--passes", "3", "--profile-levels", ""),
+    *("--time-limit", "900"),
+)
+
+
 #: A session step's variant and the speed run's options for it; any other variant runs the
 #: bar's engines, profiled as ``speed_args`` says.
 VARIANT_ARGS = {
@@ -164,6 +177,7 @@ VARIANT_ARGS = {
     "hold": HOLD_ARGS,
     "graphs": GRAPHS_ARGS,
     "stock": STOCK_ARGS,
+    "seed": SEED_ARGS,
 }
 
 
@@ -184,6 +198,12 @@ ARCHES = {
     "seed": ["--arch", "seed", "--hidden-size", "5120"],
 }
 DEVICES = ("cuda", "cpu")
+
+
+def drawn_arch(variant: str) -> str:
+    """The pair a drawn-shapes step (``speed-shape*``, ``speed-seed``) draws for ``variant``:
+    the seed's for ``seed``, else the recipe's shapes."""
+    return "seed" if variant == "seed" else "trained-shape"
 
 
 #: What ``wait`` packs of a run's folder: its figures, reports and logs (not the compile caches

@@ -97,6 +97,11 @@ STEPS = {
         # Drafting off above 8 against plain at 16 and 64 on the drawn shapes: no training.
         Step("speed-shape-off", Kind.SPEED_SHAPE, "shape-off"),
         Step("speed-shape-off-16", Kind.SPEED_SHAPE, "shape-off-16"),
+        # Plain on stock and on the fixed wheel, on the drawn shapes: plain's step costs what
+        # it costs whatever the weights, so the 2% bar needs no training.
+        Step("speed-shape-stock", Kind.SPEED_SHAPE, "stock"),
+        # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.
+        Step("speed-seed", Kind.SPEED_SHAPE, "seed"),
         Step("verify", Kind.VERIFY),
         # Beside the training, on the seed-shaped pair.
         Step("fuzz-seed", Kind.FUZZ, "seed"),
