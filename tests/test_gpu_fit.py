@@ -224,3 +224,24 @@ def test_the_drawn_stock_step_is_the_stock_steps_run_on_the_recipes_shapes():
     step = STEPS["speed-shape-stock"]
     assert step.kind is Kind.SPEED_SHAPE
     assert speed.speed_args(step.variant) == speed.speed_args(STEPS["speed-stock"].variant)
+
+
+def test_the_inputs_step_measures_patch_34_against_its_ablation_on_one_h100():
+    """``speed-inputs``: plain, DFlash and DFlash without patch 34 (its ``no-`` install, built
+    by the session), at 1 and 16 requests in turns with the batch kept full, fit one H100."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS, Kind, session_ablations
+
+    step = STEPS["speed-inputs"]
+    assert step.kind is Kind.SPEED_SHAPE
+    assert speed.step_engines(step.variant) == speed.INPUTS_ENGINES
+    assert ENGINES["dflash-no-inputs-upload"].site == "no-spec-inputs-upload"
+    both = [ENGINES[n] for n in ("dflash-16", "dflash-no-inputs-upload")]
+    assert {(e.kv_cache_gib, e.drafted) for e in both} == {(both[0].kv_cache_gib, True)}
+    assert "spec-inputs-upload" in session_ablations(["speed-inputs"])
+    assert "spec-inputs-upload" not in session_ablations(["speed-stock"])
+    args = speed.speed_args(step.variant)
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
+    assert value["--levels"] == "1,16" and int(value["--passes"]) >= 5
+    settings = Settings(interleave=True)
+    assert fitted(settings, [ENGINES[n] for n in speed.INPUTS_ENGINES], H100_GIB) is settings

@@ -152,6 +152,13 @@ STOCK_ENGINES = ("plain-stock", "plain")
 STOCK_ARGS = bar_run(STOCK_ENGINES, profiled="")
 
 
+#: ``speed-inputs``: patch 34 (a verify step's inputs in one upload) against the same wheel
+#: without it and plain, at 1 and 16 requests with the batch kept full, on the drawn shapes: a
+#: uniform verify step costs the host what it costs whatever the weights. Three small engines
+#: that fit one H100 together, measured in turns; nothing profiled, so that the regions' host
+#: times are the unprofiled ones.
+INPUTS_ENGINES = ("plain", "dflash-16", "dflash-no-inputs-upload")
+INPUTS_ARGS = bar_run(INPUTS_ENGINES, "1,16", "")
 #: ``speed-seed``: issue 45's table at the seed's scale (Qwen3.6-27B's full width, random
 #: weights): plain and DFlash at K = 15, each alone on the GPU (two 27B-sized engines do not
 #: fit one together), at 1, 8 and 32 running requests; DFlash measured again with its LM heads
@@ -178,6 +185,7 @@ VARIANT_ARGS = {
     "graphs": GRAPHS_ARGS,
     "stock": STOCK_ARGS,
     "seed": SEED_ARGS,
+    "inputs": INPUTS_ARGS,
 }
 
 
@@ -198,6 +206,12 @@ ARCHES = {
     "seed": ["--arch", "seed", "--hidden-size", "5120"],
 }
 DEVICES = ("cuda", "cpu")
+
+
+def step_engines(variant: str) -> tuple[str, ...]:
+    """The engines the speed run of a session step's variant serves (its ``--engines``)."""
+    args = speed_args(variant)
+    return tuple(args[args.index("--engines") + 1].split(","))
 
 
 def drawn_arch(variant: str) -> str:

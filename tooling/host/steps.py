@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..trained.speed_engines import ENGINES
-from .speed import LOCATE_ENGINES, SPEED_ENGINES
+from .speed import LOCATE_ENGINES, SPEED_ENGINES, step_engines
 from .trained import trained_ablations
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ STEPS = {
         # Plain on stock and on the fixed wheel, on the drawn shapes: plain's step costs what
         # it costs whatever the weights, so the 2% bar needs no training.
         Step("speed-shape-stock", Kind.SPEED_SHAPE, "stock"),
+        # Patch 34 against the same wheel without it, on the drawn shapes.
+        Step("speed-inputs", Kind.SPEED_SHAPE, "inputs"),
         # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.
         Step("speed-seed", Kind.SPEED_SHAPE, "seed"),
         Step("verify", Kind.VERIFY),
@@ -126,8 +128,11 @@ def session_ablations(steps: list[str]) -> list[str]:
     """The patches left out of the installs the steps serve beside the fixed wheel and
     stock: the trained pair's calls' ablations and the speed run's ``no-<patch>`` engines."""
     ablated = [a for s in steps if STEPS[s].kind is Kind.TRAINED for a in _served(STEPS[s])]
-    if any(STEPS[s].kind in (Kind.SPEED, Kind.SPEED_SHAPE) for s in steps):
-        sites = [ENGINES[e].site for e in SPEED_ENGINES + LOCATE_ENGINES]
+    speed = [STEPS[s] for s in steps if STEPS[s].kind in (Kind.SPEED, Kind.SPEED_SHAPE)]
+    if speed:
+        engines = [*SPEED_ENGINES, *LOCATE_ENGINES]
+        engines += [e for step in speed for e in step_engines(step.variant)]
+        sites = [ENGINES[e].site for e in engines]
         ablated += [site.removeprefix("no-") for site in sites if site.startswith("no-")]
     logger.debug("the installs for %s leave out: %s", " ".join(steps), ablated or "nothing")
     return list(dict.fromkeys(ablated))

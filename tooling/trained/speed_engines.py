@@ -96,6 +96,10 @@ ENGINES = {
             KV_GIB_DRAFTED,
             speculative_args={"join_hold_steps": 4},
         ),
+        # Patch 34 left out: a verify step's inputs uploaded array by array, as vLLM 0.20.1
+        # does (up to 16 requests, beside DFlash sized the same).
+        SpeedEngine("dflash-16", "patched", True, KV_GIB_DRAFTED_16),
+        SpeedEngine("dflash-no-inputs-upload", "no-spec-inputs-upload", True, KV_GIB_DRAFTED_16),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
