@@ -10,11 +10,16 @@ GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them,
   ratio to plain's pass, at least ``GOALS`` at each concurrency; on batches timed to their
   last token and, where the run has them (``--sustained``), on windows with the batch kept
   full;
-- plain on the fixed wheel within ``PLAIN_TOLERANCE`` of plain on stock at each concurrency,
-  on the run's steady windows (every request decoding, taken in turns with the other
-  engines) where it has them: single passes and windows with prompts joining spread far
-  more than 2% on a shared host (docs/notebook/2026-12-05-trained-speed.md). Where the run
-  has no steady windows, on every measure it has.
+- plain on the fixed wheel no slower than plain on stock by more than ``PLAIN_TOLERANCE`` at
+  each concurrency. Faster passes: the series' shared code (patch 19's one Gated DeltaNet
+  metadata build for every group) also speeds plain serving of a hybrid target, and the bar
+  is there to catch what the series costs plain. Judged on the most precise measure the run
+  has: where it kept the batch full (``--sustained``), the decode steps no prompt joined,
+  each pass's median step (hundreds of steps a pass, in turns with the other engines; on
+  2026-12-06 their passes agreed within a few percent where steady windows of 40 steps
+  spread by a third); else the steady windows (every request decoding, taken in turns);
+  else every measure it has. Single passes and windows with prompts joining spread far more
+  than 2% on a shared host (docs/notebook/2026-12-05-trained-speed.md).
 
 Exit 0 when every goal is met, 1 when one is not (each named), 2 when a figure is missing.
 With ``--plain-only`` (a run of plain and plain-stock alone, ``speed-stock``) only plain
@@ -34,7 +39,7 @@ from typing import Any
 
 #: Concurrency -> the least ratio to plain DFlash must reach (issue 45).
 GOALS = {1: 2.5, 16: 1.0, 64: 1.0}
-#: Plain serving on the fixed wheel against stock 0.20.1, either way.
+#: How much slower than stock 0.20.1 plain serving on the fixed wheel may be.
 PLAIN_TOLERANCE = 0.02
 #: The bar is the median of at least this many steady passes.
 MIN_PASSES = 5
@@ -43,7 +48,9 @@ MIN_PASSES = 5
 #: What a run measures its tokens/s on: batches timed to their last token, and (a run with
 #: ``--sustained``) windows with the batch kept full, as a server under steady traffic.
 MEASURES = {"speed": "batch passes", "sustained": "batch kept full"}
-#: Where plain on the fixed wheel is held to stock's: steady decode windows, in turns.
+#: Where plain on the fixed wheel is held to stock's, the first the run has: the decode
+#: steps of the windows with the batch kept full, then steady decode windows, in turns.
+DECODE = ("decode", "decode steps, batch kept full")
 STEADY = ("steady", "steady windows")
 
 
@@ -52,10 +59,19 @@ def rates(result: dict[str, Any], level: int, key: str = "speed") -> list[float]
     return [p["tokens"] / p["seconds"] for p in passes if "seconds" in p]
 
 
+def decode_rates(result: dict[str, Any], level: int) -> list[float]:
+    """Each kept-full window's decode steps (those no prompt joined) as a rate: the inverse
+    of their median step, ms."""
+    windows = result.get("sustained", {}).get(str(level), [])
+    steps = [w.get("joined_ms", {}).get("0", []) for w in windows]
+    return [1.0 / statistics.median(s) for s in steps if s]
+
+
 def median_ratio(
     ours: dict[str, Any], floor: dict[str, Any], level: int, key: str = "speed"
 ) -> tuple[float, int]:
-    pairs = list(zip(rates(ours, level, key), rates(floor, level, key), strict=False))
+    measured = decode_rates if key == DECODE[0] else lambda r, lv: rates(r, lv, key)
+    pairs = list(zip(measured(ours, level), measured(floor, level), strict=False))
     return (statistics.median(a / b for a, b in pairs) if pairs else 0.0), len(pairs)
 
 
@@ -97,21 +113,32 @@ def _judge_drafted(
 def _judge_plain(
     plain_result: dict[str, Any], stock: dict[str, Any] | None, lines: list[str], missed: list[str]
 ) -> None:
-    """Plain on the fixed wheel against plain on stock, within ``PLAIN_TOLERANCE``."""
+    """Plain on the fixed wheel against plain on stock: no slower than ``PLAIN_TOLERANCE``,
+    on the first of ``DECODE`` and ``STEADY`` the run has (else on every measure); the
+    others shown."""
     if stock is None:
         missed.append("no plain-stock engine in the run: plain against stock not judged")
         return
     measured = [(k, m) for k, m in MEASURES.items() if plain_result.get(k)]
-    held = [STEADY] if plain_result.get(STEADY[0]) else measured
-    for key, measure in held:
+    precise = [
+        m
+        for m in (DECODE, STEADY)
+        if any(median_ratio(plain_result, stock, lv, m[0])[1] for lv in GOALS)
+    ]
+    held = precise[:1] or measured
+    for key, measure in [*held, *(m for m in precise + measured if m not in held)]:
         for level in GOALS:
             plain, n = median_ratio(plain_result, stock, level, key)
-            lines.append(f"plain at {level}, {measure}: {plain:.3f}x stock over {n}")
+            judged = (key, measure) in held
+            shown = f"plain at {level}, {measure}: {plain:.3f}x stock over {n}"
+            lines.append(shown if judged else f"{shown} (shown, not judged)")
+            if not judged:
+                continue
             if n < MIN_PASSES:
                 missed.append(f"plain at {level}, {measure}: {n} windows, fewer than {MIN_PASSES}")
-            elif abs(plain - 1.0) > PLAIN_TOLERANCE:
+            elif plain < 1.0 - PLAIN_TOLERANCE:
                 missed.append(
-                    f"plain at {level}, {measure}: {plain:.3f}x stock, off by more than 2%"
+                    f"plain at {level}, {measure}: {plain:.3f}x stock, slower by more than 2%"
                 )
 
 
