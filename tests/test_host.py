@@ -4,6 +4,7 @@ real series and the real scripts' usage lines, and its children shown under ``-v
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -485,3 +486,48 @@ def test_the_fuzz_step_settles_its_lossless_findings_with_the_referee(tmp_path, 
     assert settle(layout, folder, pair, report, "") == 32
     (line,) = report.read_text().strip().splitlines()
     assert "cannot import torch" in line
+
+
+def test_the_full_width_campaign_runs_each_side_alone_and_is_refused_on_an_h100(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fuzz-seed-full``: the seed's pair at full width in noise mode at this width's plain
+    noise, one engine pair a side with small KV caches, the day's seed; on a GPU too small for
+    two 27B-sized engines at once it is refused in one line before anything is drawn."""
+    import stat
+    import time
+
+    from tooling.errors import HostStepError
+    from tooling.host.fuzz import NOISY, PAIRS
+    from tooling.host.layout import Layout
+    from tooling.host.session import (
+        FULL_GPU_GIB,
+        FULL_KV_GIB,
+        FULL_NOISE,
+        full_width_ready,
+        fuzz_settings,
+    )
+
+    day = time.strptime("2026-12-06", "%Y-%m-%d")
+    which, full = fuzz_settings("seed-full", day)
+    assert which == "seed-full" and which in PAIRS and which in NOISY
+    assert full.noise == FULL_NOISE
+    value = {full.args[i]: full.args[i + 1] for i in range(len(full.args) - 1)}
+    assert value["--kv-cache-memory-bytes"] == str(FULL_KV_GIB << 30)
+    assert value["--settings"] == "1" and value["--seed"] == "20261206"
+    assert STEPS["fuzz-seed-full"].variant == "seed-full"
+    # nvidia-smi's answer on a host of one H100 (80 GB).
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho 81559\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    with pytest.raises(HostStepError, match=f"needs a GPU of {FULL_GPU_GIB} GiB or more"):
+        full_width_ready(Layout(tmp_path / "work"), out)
+    assert not out.exists()
+
+
+def test_the_host_fuzz_command_needs_the_noise_of_a_random_weight_pair(tmp_path: Path) -> None:
+    done = run_gpu_script("gpu-fuzz.sh", "patched", "seed-full", work=tmp_path, out=tmp_path)
+    assert done.returncode == 2 and "NOISE" in done.stderr and len(done.stderr.splitlines()) == 1

@@ -216,10 +216,10 @@ def fuzz_command(ctx: click.Context, engine: str, pair: str) -> None:
     """gpu-fuzz.sh: tooling fuzz gpu on the ENGINE install and the PAIR into $OUT.
 
     OUT; TIME_LIMIT (default 1800 s of drawing), NOISE (the seed pair's logprob noise between
-    batches: required for seed), FUZZ_ARGS (more options of tooling fuzz gpu)."""
+    batches: required for seed and seed-full), FUZZ_ARGS (more options of tooling fuzz gpu)."""
     out = absolute(required("OUT", env("OUT"), OUT_REPORTS))
     noise = env("NOISE")
-    if pair == "seed":
+    if pair in fuzz_.NOISY:
         required("NOISE", noise, "the seed pair's logprob noise (--noise of tooling fuzz gpu)")
     settings = fuzz_.FuzzSettings(
         time_limit=optional_number("TIME_LIMIT", env("TIME_LIMIT"), 1800) or 1800,

@@ -21,11 +21,17 @@ from ..fuzzing.referee import NOISE
 from ..trained.hybrid import plain_noise
 from .layout import PYTHON, Layout, Modules, run, say, since, tail, written
 from .proof import seed_pair
+from .speed import ARCHES
 
 logger = logging.getLogger(__name__)
 
 ENGINES = ("patched", "stock")
-PAIRS = ("trained", "seed")
+#: The trained hybrid pair, the seed-shaped pair (hidden size 512) and the seed's pair at full
+#: width (hidden size 5120, 54 GB on disk, drawn on the GPU into the campaign's own
+#: ``models/``, which the session deletes once the step ends).
+PAIRS = ("trained", "seed", "seed-full")
+#: The pairs of random weights, fuzzed in noise mode.
+NOISY = ("seed", "seed-full")
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,26 @@ class FuzzSettings:
     args: tuple[str, ...] = ()
 
 
+def full_width_pair(layout: Layout, out: Path) -> Path:
+    """The seed's pair at full width in ``out``'s ``models/``, drawn on the GPU once."""
+    pair = out / "models" / "seed-5120"
+    if (pair / "tiny.json").is_file():
+        return pair
+    start = time.monotonic()
+    cmd = [PYTHON, "-m", Modules.TINY, str(pair), *ARCHES["seed"], "--device", "cuda"]
+    with written(out / "pair.log") as log:
+        code = run(cmd, env=layout.env(str(layout.site)), stdout=log, stderr=log)
+    if code != 0:
+        for line in tail(out / "pair.log", 20):
+            say(line)
+        raise HostStepError(f"the seed's pair at full width was not drawn (exit {code})")
+    say(f"the seed's pair at full width drawn on the GPU in {since(start)}s into {pair}")
+    return pair
+
+
 def _pair(layout: Layout, which: str, out: Path) -> Path:
+    if which == "seed-full":
+        return full_width_pair(layout, out)
     if which == "trained":
         if not (layout.pair / "summary.json").is_file():
             raise HostStepError(f"no trained pair in {layout.pair}: train or import one first")
@@ -64,7 +89,7 @@ def fuzz(engine: str, which: str, layout: Layout, out: Path, settings: FuzzSetti
     folder = out / f"fuzz-{engine}-{which}"
     cmd = [PYTHON, "-m", Modules.TOOLING, "fuzz", "gpu", "--python", python, "--pair", str(pair)]
     cmd += ["--out", str(folder), "--seconds", str(settings.time_limit)]
-    if which == "seed":
+    if which in NOISY:
         cmd += ["--mode", "noise", "--noise", settings.noise or ""]
     cmd += list(settings.args)
     start = time.monotonic()

@@ -18,8 +18,9 @@ from pathlib import Path
 from .. import pidfile
 from ..errors import HostRefusal, HostStepError, HostUsageError, VerifyFixMissingError
 from ..paths import REPO_DIR
+from ..trained.gpu_fit import gpu_memory_gib
 from .fuzz import ENGINES as FUZZ_ENGINES
-from .fuzz import FuzzSettings, fuzz
+from .fuzz import FuzzSettings, full_width_pair, fuzz
 from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, tail, written
 from .layout import detached as in_background
 from .proof import seed_pair
@@ -42,6 +43,24 @@ FUZZ_S = 360
 FUZZ_PAIR_S = 600
 FUZZ_NOISE = "0.1251"
 FUZZ_ARGS = ("--settings", "8", "--pair-seconds", str(FUZZ_PAIR_S), "--no-shrink")
+#: ``fuzz-seed-full``: the seed's pair at full width (two 27B-sized engines a pair, which fit
+#: only a GPU of an H200's size, with small KV caches), the fixed wheel's campaign and then
+#: stock's, never both at once. Each side draws for FULL_S and stops its pair at FULL_PAIR_S:
+#: one engine pair a side, the two engines' start (compile and capture) about 250 s of it.
+#: A KV cache of FULL_KV_GIB holds two requests at K = 15 (1.51 GiB each at this width), so
+#: a workload's other requests wait for blocks, as a full server's do. Its logprobs differ
+#: by up to FULL_NOISE between two plain runs (2026-12-02, check 10 at this width).
+FULL_S = 60
+FULL_PAIR_S = 540
+FULL_KV_GIB = 4
+FULL_NOISE = "0.3120"
+FULL_ARGS = (
+    *("--settings", "1", "--pair-seconds", str(FULL_PAIR_S), "--no-shrink"),
+    *("--kv-cache-memory-bytes", str(FULL_KV_GIB << 30)),
+)
+#: The least GPU memory the full-width campaign starts on, GiB: two engines of 50 GiB of
+#: weights each, the drafter's, their KV caches, activations and graphs.
+FULL_GPU_GIB = 125
 #: What fits one session with the recipe's training beside the smokes.
 DEFAULT_STEPS = ("seed", "seed-stock", "trained")
 
@@ -212,6 +231,9 @@ def fuzz_settings(
     ``reference`` when known), or the kept ``cases`` replayed (``replay``)."""
     if variant == "seed":
         return "seed", FuzzSettings(FUZZ_S, FUZZ_NOISE, fuzz_args(day))
+    if variant == "seed-full":
+        seed = ("--seed", time.strftime("%Y%m%d", day))
+        return "seed-full", FuzzSettings(FULL_S, FULL_NOISE, (*FULL_ARGS, *seed))
     if variant == "trained":
         more = ("--reference-acceptance", f"{reference:.3f}") if reference else ()
         return "trained", FuzzSettings(FUZZ_S, None, (*fuzz_args(day), *more))
@@ -259,8 +281,29 @@ def _fuzz(layout: Layout, step: Step, out: Path, env: dict[str, str]) -> int:
             mark(f"fuzz {engine}: {e}")
             return 1
 
+    if which == "seed-full":
+        # Two 27B-sized engine pairs do not fit one GPU: one side after the other, on the
+        # pair drawn once.
+        try:
+            full_width_ready(layout, out)
+        except (HostStepError, OSError) as e:
+            mark(f"fuzz: {e}")
+            return 1
+        return max(one(engine) for engine in FUZZ_ENGINES)
     with ThreadPoolExecutor(max_workers=len(FUZZ_ENGINES)) as pool:
         return max(pool.map(one, FUZZ_ENGINES))
+
+
+def full_width_ready(layout: Layout, out: Path) -> None:
+    """The full-width campaign's GPU checked (refused on one smaller than FULL_GPU_GIB, in
+    one line) and its pair drawn, before either side starts."""
+    gib = gpu_memory_gib()
+    if gib is not None and gib < FULL_GPU_GIB:
+        raise HostStepError(
+            f"the seed's pair at full width needs a GPU of {FULL_GPU_GIB} GiB or more for a "
+            f"DFlash engine and a plain one at once; this one has {gib:.0f} GiB (an H200 has 140)"
+        )
+    full_width_pair(layout, out)
 
 
 def background(parts: Path, steps: list[str], layout: Layout) -> int:
