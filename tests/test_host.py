@@ -492,8 +492,9 @@ def test_the_full_width_campaign_runs_each_side_alone_and_is_refused_on_an_h100(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``fuzz-seed-full``: the seed's pair at full width in noise mode at this width's plain
-    noise, one engine pair a side with small KV caches, the day's seed; on a GPU too small for
-    two 27B-sized engines at once it is refused in one line before anything is drawn."""
+    noise, the fixed wheel's campaign alone, one engine pair with small KV caches that draws
+    workloads once its 27B-sized engines have started, the day's seed; on a GPU too small for
+    two such engines at once it is refused in one line before anything is drawn."""
     import stat
     import time
 
@@ -501,9 +502,11 @@ def test_the_full_width_campaign_runs_each_side_alone_and_is_refused_on_an_h100(
     from tooling.host.fuzz import NOISY, PAIRS
     from tooling.host.layout import Layout
     from tooling.host.session import (
+        FULL_ENGINES,
         FULL_GPU_GIB,
         FULL_KV_GIB,
         FULL_NOISE,
+        FULL_PAIR_S,
         full_width_ready,
         fuzz_settings,
     )
@@ -515,6 +518,9 @@ def test_the_full_width_campaign_runs_each_side_alone_and_is_refused_on_an_h100(
     value = {full.args[i]: full.args[i + 1] for i in range(len(full.args) - 1)}
     assert value["--kv-cache-memory-bytes"] == str(FULL_KV_GIB << 30)
     assert value["--settings"] == "1" and value["--seed"] == "20261206"
+    assert FULL_ENGINES == ("patched",)
+    # Workloads are drawn until the pair's limit less 300 s; the engines' start takes 250.
+    assert int(value["--pair-seconds"]) == FULL_PAIR_S and FULL_PAIR_S - 300 >= 250 + 300
     assert STEPS["fuzz-seed-full"].variant == "seed-full"
     # nvidia-smi's answer on a host of one H100 (80 GB).
     tool = tmp_path / "bin" / "nvidia-smi"
