@@ -19,7 +19,9 @@ operations the build dispatches (``TorchDispatchMode``), and checks every field 
 the GDN layer is to read: the block table's last 1 + K blocks of each request, the
 requests' query starts, their accepted counts, the speculative tokens in order, the padding's
 null state and count of 1. A step of drafts beside a prefill is checked the same way, so a
-fast path cannot take it.
+fast path cannot take it. The verify step runs twice in a row (a build may leave the padding
+as its last step of that layout wrote it), then two requests verify drafts in as many rows,
+whose padding must cover the rows the four left.
 
 Present: each uniform step's metadata is right and costs at most ``MAX_OPS`` operations,
 which is what slicing the block table, the starts and the counts into the graph buffers
@@ -45,10 +47,17 @@ of each request's last blocks and the graph buffers' copies and fills, with a li
 the mixed-batch code dispatches several times as many."""
 STEPS: dict[str, tuple[list[int], list[int], list[int]]] = {
     "verifying drafts": ([K + 1] * 4, [40, 57, 33, 80], [K] * 4),
+    # The same layout again, where a build may leave the padding as its last step wrote it.
+    "verifying drafts again": ([K + 1] * 4, [41, 58, 34, 81], [K] * 4),
+    # Fewer requests in as many rows: their padding must cover the rows the four left.
+    "two verifying drafts": ([K + 1] * 2, [42, 59], [K] * 2),
     "decodes without drafts": ([1] * 4, [18, 49, 100, 7], [0] * 4),
     "drafts beside a prefill": ([K + 1, K + 1, 20], [61, 35, 20], [K, K, -1]),
 }
 UNIFORM = ("verifying drafts", "decodes without drafts")
+#: Every step of speculative decodes alone, each padded to ``ROWS`` rows.
+PADDED = (*UNIFORM, "verifying drafts again", "two verifying drafts")
+ROWS = 4 + PADDING
 
 
 def _counted(build: Any) -> tuple[Any, int]:
@@ -69,9 +78,9 @@ def _counted(build: Any) -> tuple[Any, int]:
 
 
 def _padded(query_lens: list[int], seq_lens: list[int], drafts: list[int], uniform: bool) -> Any:
-    """The runner's view of a step: ``PADDING`` empty rows after a uniform step's requests,
+    """The runner's view of a step: a uniform step's requests and empty rows to ``ROWS``,
     and its tokens padded to as many as those rows would have."""
-    pad = PADDING if uniform else 0
+    pad = ROWS - len(query_lens) if uniform else 0
     batch = _batch(query_lens + [0] * pad, seq_lens + [0] * pad, 1)
     if uniform:
         batch.num_actual_tokens = query_lens[0] * (len(query_lens) + pad)
@@ -118,7 +127,7 @@ def _step(builder: Any, kind: str) -> tuple[int, list[str]] | None:
     release without fix 24: that step is not this fix's)."""
     import torch
 
-    uniform = kind in UNIFORM
+    uniform = kind in PADDED
     batch, drafts = _padded(*STEPS[kind], uniform=uniform)
     accepted = torch.tensor([1 + i % (K + 1) for i in range(len(drafts))], dtype=torch.int32)
     extra = {
@@ -129,7 +138,7 @@ def _step(builder: Any, kind: str) -> tuple[int, list[str]] | None:
     built, ops = _counted(lambda: builder.build(0, batch, **extra))
     if built.num_spec_decodes == 0 and kind == "decodes without drafts":
         return None
-    return ops, _wrong(built, batch, drafts, accepted, PADDING if uniform else 0)
+    return ops, _wrong(built, batch, drafts, accepted, ROWS - len(STEPS[kind][0]) if uniform else 0)
 
 
 def run() -> ProbeResult:
