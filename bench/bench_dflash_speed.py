@@ -15,10 +15,9 @@ GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them,
   metadata build for every group) also speeds plain serving of a hybrid target, and the bar
   is there to catch what the series costs plain. Judged on the most precise measure the run
   has: where it kept the batch full (``--sustained``), the decode steps no prompt joined,
-  each pass's median step (hundreds of steps a pass, in turns with the other engines; on
-  2026-12-06 their passes agreed within a few percent where steady windows of 40 steps
-  spread by a third); else the steady windows (every request decoding, taken in turns);
-  else every measure it has. Single passes and windows with prompts joining spread far more
+  each pass's median step (hundreds of steps a pass where a steady window has 40, in turns
+  with the other engines); else the steady windows (every request decoding, taken in
+  turns); else every measure it has. Single passes and windows with prompts joining spread far more
   than 2% on a shared host (docs/notebook/2026-12-05-trained-speed.md).
 
 Exit 0 when every goal is met, 1 when one is not (each named), 2 when a figure is missing.
@@ -113,7 +112,7 @@ def _judge_drafted(
 def _judge_plain(
     plain_result: dict[str, Any], stock: dict[str, Any] | None, lines: list[str], missed: list[str]
 ) -> None:
-    """Plain on the fixed wheel against plain on stock: no slower than ``PLAIN_TOLERANCE``,
+    """Plain on the fixed wheel against plain on stock: at most ``PLAIN_TOLERANCE`` slower,
     on the first of ``DECODE`` and ``STEADY`` the run has (else on every measure); the
     others shown."""
     if stock is None:

@@ -211,11 +211,11 @@ def _verify(layout: Layout, step: Step, env: dict[str, str]) -> int:
     return code
 
 
-def fuzz_args(day: time.struct_time) -> tuple[str, ...]:
-    """The fuzz step's options: FUZZ_ARGS and the campaign's seed, the day's date, so that
+def fuzz_args(day: time.struct_time, args: tuple[str, ...] = FUZZ_ARGS) -> tuple[str, ...]:
+    """A fuzz step's options: ``args`` and the campaign's seed, the day's date, so that
     each day's sessions draw other settings than the last day's, and a campaign's report
     names the seed that draws it again."""
-    return (*FUZZ_ARGS, "--seed", time.strftime("%Y%m%d", day))
+    return (*args, "--seed", time.strftime("%Y%m%d", day))
 
 
 #: The GPU cases the fuzzer found and kept, each served again by ``fuzz-replay`` (on the
@@ -235,8 +235,7 @@ def fuzz_settings(
     if variant == "seed":
         return "seed", FuzzSettings(FUZZ_S, FUZZ_NOISE, fuzz_args(day))
     if variant == "seed-full":
-        seed = ("--seed", time.strftime("%Y%m%d", day))
-        return "seed-full", FuzzSettings(FULL_S, FULL_NOISE, (*FULL_ARGS, *seed))
+        return "seed-full", FuzzSettings(FULL_S, FULL_NOISE, fuzz_args(day, FULL_ARGS))
     if variant == "trained":
         more = ("--reference-acceptance", f"{reference:.3f}") if reference else ()
         return "trained", FuzzSettings(FUZZ_S, None, (*fuzz_args(day), *more))
@@ -297,7 +296,7 @@ def _fuzz(layout: Layout, step: Step, out: Path, env: dict[str, str]) -> int:
 
 def full_width_ready(layout: Layout, out: Path) -> None:
     """The full-width campaign's GPU checked (refused on one smaller than FULL_GPU_GIB, in
-    one line) and its pair drawn, before either side starts."""
+    one line) and its pair drawn, before the campaign starts."""
     gib = gpu_memory_gib()
     if gib is not None and gib < FULL_GPU_GIB:
         raise HostStepError(

@@ -107,7 +107,7 @@ STEPS = {
         Step("verify", Kind.VERIFY),
         # Beside the training, on the seed-shaped pair.
         Step("fuzz-seed", Kind.FUZZ, "seed"),
-        # The seed's pair at full width, one side after the other, on a GPU of an H200's size.
+        # The seed's pair at full width, the fixed wheel alone, on a GPU of an H200's size.
         Step("fuzz-seed-full", Kind.FUZZ, "seed-full"),
         # Once the recipe has written the pair: lossless, against its reference acceptance.
         Step("fuzz-trained", Kind.FUZZ, "trained"),
