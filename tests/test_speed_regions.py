@@ -25,7 +25,9 @@ class Runner:
     pass
 
 runner = Runner()
-before = (vutils._PROFILER_FUNC, concurrent.futures.Future.result, torch.Tensor.item)
+before = (
+    vutils._PROFILER_FUNC, concurrent.futures.Future.result, torch.Tensor.item, json.dumps
+)
 pool = concurrent.futures.ThreadPoolExecutor(1)
 
 def step():
@@ -35,6 +37,7 @@ def step():
         type(runner.prepare_inputs_event)().synchronize()
         torch.ones(1).item()  # a host tensor's: no wait
         json.loads("[1]")
+        json.dumps([1])
         time.sleep(0.004)
     pool.submit(time.sleep, 0.002).result(timeout=60)
 
@@ -48,10 +51,19 @@ def measure(mark):
 
 with _torch_cuda_wrapper():
     runner.prepare_inputs_event = torch.Event()
+    # A method of a class, and a function of a module (no class).
     figures = regions.timed(
-        runner, measure, (("json.decoder", "JSONDecoder", "decode", "json: decode"),)
+        runner,
+        measure,
+        (
+            ("json.decoder", "JSONDecoder", "decode", "json: decode"),
+            ("json", None, "dumps", "json: dumps"),
+            ("json", None, "no_such_function", "json: none"),
+        ),
     )
-after = (vutils._PROFILER_FUNC, concurrent.futures.Future.result, torch.Tensor.item)
+after = (
+    vutils._PROFILER_FUNC, concurrent.futures.Future.result, torch.Tensor.item, json.dumps
+)
 json.dump({
     "figures": figures,
     "event": type(runner.prepare_inputs_event).__name__,
@@ -68,16 +80,17 @@ def test_the_clock_times_regions_and_waits_in_the_marked_steps_alone(
         probe_python, Path(upstream_0201.source_dir), tmp_path, SCRIPT, "", timeout=600
     )
     figures = seen["figures"]
-    assert figures["regions_missing"] == []
+    assert figures["regions_missing"] == ["json.no_such_function"]
     # Two event waits in the region, the engine's wait for the output; the host tensor's
     # .item() is none, and nor is anything of the steps outside the window.
     assert figures["sync_calls"] == 3.0
     assert set(figures["sync_ms"]) == {"gpu_model_runner: preprocess", "engine: a step's output"}
     assert figures["cpu_ms"]["gpu_model_runner: preprocess"] >= 4.0
-    assert "json: decode" in figures["cpu_ms"]
+    assert "json: decode" in figures["cpu_ms"] and "json: dumps" in figures["cpu_ms"]
     assert figures["step_ms"] >= figures["cpu_ms"]["gpu_model_runner: preprocess"]
-    # Everything is put back: vLLM's scopes, the future, the tensor method, the runner's event.
-    assert seen["restored"] == [True, True, True]
+    # Everything is put back: vLLM's scopes, the future, the tensor method, the module's
+    # function.
+    assert seen["restored"] == [True, True, True, True]
     assert seen["event"] == "_EventPlaceholder"
 
 

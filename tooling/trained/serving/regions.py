@@ -50,6 +50,26 @@ REGIONS = (
     # The rest of "preprocess", on which a DFlash step spends more than plain's.
     (_RUNNER, "GPUModelRunner", "_update_states", "runner: states"),
     (_RUNNER, "GPUModelRunner", "_prepare_inputs", "runner: inputs"),
+    # Within it, where a drafting engine's inputs cost more than plain's: the asynchronous
+    # path's input ids, the speculative metadata, the previous rows, each row's draft
+    # counts, the slot mappings and the correction of the optimistic computed tokens (a
+    # function of the runner's module: no class).
+    (_RUNNER, "GPUModelRunner", "_prepare_input_ids", "runner: inputs: ids"),
+    (_RUNNER, "GPUModelRunner", "_calc_spec_decode_metadata", "runner: inputs: spec metadata"),
+    (_RUNNER, "GPUModelRunner", "_compute_prev_positions", "runner: inputs: previous rows"),
+    (_RUNNER, "GPUModelRunner", "_fill_decode_draft_tokens", "runner: inputs: draft counts"),
+    (
+        "vllm.v1.worker.block_table",
+        "MultiGroupBlockTable",
+        "compute_slot_mapping",
+        "runner: inputs: slot mappings",
+    ),
+    (
+        _RUNNER,
+        None,
+        "update_num_computed_tokens_for_batch_change",
+        "runner: inputs: computed-token correction",
+    ),
     (_RUNNER, "GPUModelRunner", "_determine_batch_execution_and_padding", "runner: dispatch"),
     (_RUNNER, "GPUModelRunner", "_update_states_after_model_execute", "hybrid: accepted tokens"),
     (
@@ -101,17 +121,19 @@ Measure = Callable[[Callable[[], AbstractContextManager[Any]]], dict[str, Any]]
 
 @contextlib.contextmanager
 def _methods_as(regions: Any, scope: Callable[[str], AbstractContextManager[Any]]) -> Iterator:
-    """Every method of ``REGIONS`` run inside ``scope(region)``, and vLLM's own profiling
-    scopes too; yields the methods the release lacks."""
+    """Every method of ``REGIONS`` run inside ``scope(region)`` (a function of a module where
+    the class is None), and vLLM's own profiling scopes too; yields the methods the release
+    lacks."""
     import vllm.v1.utils as vutils
 
     missing: list[str] = []
     restore: list[tuple[Any, str, Any]] = []
     for module, cls_name, method, region in regions:
-        cls = getattr(importlib.import_module(module), cls_name, None)
+        found = importlib.import_module(module)
+        cls = found if cls_name is None else getattr(found, cls_name, None)
         original = getattr(cls, method, None) if cls is not None else None
         if original is None:
-            missing.append(f"{cls_name}.{method}")
+            missing.append(f"{cls_name or module}.{method}")
             continue
 
         def scoped(*args: Any, __fn: Any = original, __region: str = region, **kwargs: Any) -> Any:
