@@ -649,16 +649,21 @@ def test_the_report_reads_the_slowest_forward_off_its_events(tiny_pair, tmp_path
     assert line.endswith("widest gaps before: cudaFree 7.00 ms, aten::copy_ 0.10 ms")
 
 
-def _methods(source_dir: Path, module: str) -> dict[str, tuple[set[str], list[str]]]:
-    """Each class of ``module`` in a vLLM tree: its own methods and its bases' names."""
+def _methods(source_dir: Path, module: str) -> dict[str | None, tuple[set[str], list[str]]]:
+    """Each class of ``module`` in a vLLM tree: its own methods and its bases' names; under
+    None, the functions the module defines or imports, which its code calls by name."""
     import ast
 
     tree = ast.parse((source_dir / (module.replace(".", "/") + ".py")).read_text())
-    found = {}
+    found: dict[str | None, tuple[set[str], list[str]]] = {None: (set(), [])}
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             names = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
             found[node.name] = (names, [ast.unparse(b) for b in node.bases])
+        elif isinstance(node, ast.FunctionDef):
+            found[None][0].add(node.name)
+        elif isinstance(node, ast.ImportFrom):
+            found[None][0].update(a.asname or a.name for a in node.names)
     return found
 
 
@@ -667,7 +672,8 @@ def test_every_profiled_region_names_a_method_the_release_has(patched_0201) -> N
     """A region whose method is gone is only listed as missing in a profile, which a GPU
     session finds out too late: each is read here in the fixed 0.20.1 tree's source (some are
     the series' own, as drafting off's), the class's own or one of its bases' in the same
-    module, and has a category in the split."""
+    module (a module's function: one it defines or imports), and has a category in the
+    split."""
     from tooling.trained.serving.regions import REGIONS
 
     assert patched_0201.ok
