@@ -38,10 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
-from .accepted_state import PROMPT, CannotStep, K, NotServedByV1, _Served
+from .accepted_state import CannotStep, K, NotServedByV1, _Served
 from .async_drift_skip import _asynchronous
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
-from .spec_prefill_dispatch import _request
 
 NAME = "spec_inputs_upload"
 RIDS = ["r0", "r1", "r2", "r3"]
@@ -190,13 +189,7 @@ def _steps() -> dict[str, Seen]:
 
     served = _Served()
     sched = served.scheduler
-    for i, rid in enumerate(RIDS):
-        sched.add_request(_request(rid, PROMPT, 1 + 100 * i))
-    out = sched.schedule()
-    served.execute(out)
-    served.sampled(out, dict.fromkeys(RIDS, 1))
-    sched.update_draft_token_ids(DraftTokenIds(RIDS, [[8] * K for _ in RIDS]))
-    out = sched.schedule()
+    out = served.drafted(RIDS)
     if dict(out.num_scheduled_tokens) != dict.fromkeys(RIDS, K + 1):
         raise CannotStep(f"the verify step scheduled {dict(out.num_scheduled_tokens)}")
     # Each value its own, so that a token in the wrong place shows.
