@@ -48,17 +48,8 @@ class FuzzSettings:
 def full_width_pair(layout: Layout, out: Path) -> Path:
     """The seed's pair at full width in ``out``'s ``models/``, drawn on the GPU once."""
     pair = out / "models" / "seed-5120"
-    if (pair / "tiny.json").is_file():
-        return pair
-    start = time.monotonic()
-    cmd = [PYTHON, "-m", Modules.TINY, str(pair), *ARCHES["seed"], "--device", "cuda"]
-    with written(out / "pair.log") as log:
-        code = run(cmd, env=layout.env(str(layout.site)), stdout=log, stderr=log)
-    if code != 0:
-        for line in tail(out / "pair.log", 20):
-            say(line)
-        raise HostStepError(f"the seed's pair at full width was not drawn (exit {code})")
-    say(f"the seed's pair at full width drawn on the GPU in {since(start)}s into {pair}")
+    if not (pair / "tiny.json").is_file():
+        seed_pair(layout, out, pair, ARCHES["seed"], "cuda")
     return pair
 
 

@@ -45,11 +45,23 @@ def engine_line(result: Path) -> str:
     return f"{result.name}: {r.get('error')}"
 
 
-def seed_pair(layout: Layout, proof: Path, pair: Path) -> None:
-    """The seed-shaped pair (random weights, hidden size 512) written into ``pair``; its log
-    in ``proof``."""
+#: The seed-shaped pair's shape: Qwen3.6-27B's layers and heads at hidden size 512.
+SEED_SHAPE = ("--arch", "seed", "--hidden-size", "512")
+
+
+def seed_pair(
+    layout: Layout,
+    proof: Path,
+    pair: Path,
+    shape: tuple[str, ...] | list[str] = SEED_SHAPE,
+    device: str | None = None,
+) -> None:
+    """The seed-shaped pair (random weights, ``shape``, drawn on ``device``, the tiny
+    module's default where None) written into ``pair``; its log in ``proof``."""
     start = time.monotonic()
-    cmd = [PYTHON, "-m", Modules.TINY, str(pair), "--arch", "seed", "--hidden-size", "512"]
+    cmd = [PYTHON, "-m", Modules.TINY, str(pair), *shape]
+    if device is not None:
+        cmd += ["--device", device]
     with written(proof / "pair.log") as log:
         code = run(cmd, env=layout.env(str(layout.site)), stdout=log, stderr=log)
     if code != 0:
