@@ -159,6 +159,10 @@ STOCK_ARGS = bar_run(STOCK_ENGINES, profiled="")
 #: times are the unprofiled ones.
 INPUTS_ENGINES = ("plain", "dflash-16", "dflash-no-inputs-upload")
 INPUTS_ARGS = bar_run(INPUTS_ENGINES, "1,16", "")
+#: ``speed-one``: DFlash as shipped against plain at one request alone, where the bar asks
+#: most (2.5x) and the step is host time: five passes in turns, nothing profiled, so that the
+#: runner's timed regions (its inputs in parts) read what an unprofiled step spends.
+ONE_ARGS = bar_run(BAR_ENGINES, "1", "")
 #: ``speed-seed``: issue 45's table at the seed's scale (Qwen3.6-27B's full width, random
 #: weights): plain and DFlash at K = 15, each alone on the GPU (two 27B-sized engines do not
 #: fit one together), at 1, 8 and 32 running requests; DFlash measured again with its LM heads
@@ -186,6 +190,7 @@ VARIANT_ARGS = {
     "stock": STOCK_ARGS,
     "seed": SEED_ARGS,
     "inputs": INPUTS_ARGS,
+    "one": ONE_ARGS,
 }
 
 

@@ -102,6 +102,8 @@ STEPS = {
         Step("speed-shape-stock", Kind.SPEED_SHAPE, "stock"),
         # Patch 34 against the same wheel without it, on the drawn shapes.
         Step("speed-inputs", Kind.SPEED_SHAPE, "inputs"),
+        # DFlash against plain at one request alone, unprofiled: where its host time goes.
+        Step("speed-one", Kind.SPEED_SHAPE, "one"),
         # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.
         Step("speed-seed", Kind.SPEED_SHAPE, "seed"),
         Step("verify", Kind.VERIFY),
