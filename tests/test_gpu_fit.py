@@ -247,10 +247,10 @@ def test_the_inputs_step_measures_patch_34_against_its_ablation_on_one_h100():
     assert fitted(settings, [ENGINES[n] for n in speed.INPUTS_ENGINES], H100_GIB) is settings
 
 
-def test_the_one_request_step_measures_the_bar_engines_alone_at_one_unprofiled():
+def test_the_one_request_step_measures_the_bar_engines_alone_at_one_with_its_regions():
     """``speed-one``: DFlash as shipped against plain at one request, five passes in turns,
-    nothing profiled (the regions' host times are the unprofiled ones), on the drawn shapes
-    and on one H100."""
+    that level profiled (the speed run times its regions with no profiler only at a
+    profiled level), on the drawn shapes and on one H100."""
     from tooling.host import speed
     from tooling.host.steps import STEPS, Kind, session_ablations
 
@@ -261,6 +261,6 @@ def test_the_one_request_step_measures_the_bar_engines_alone_at_one_unprofiled()
     args = speed.speed_args(step.variant)
     value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
     assert value["--levels"] == "1" and int(value["--passes"]) >= 5
-    assert value["--profile-levels"] == ""
+    assert value["--profile-levels"] == "1"
     settings = Settings(interleave=True)
     assert fitted(settings, [ENGINES[n] for n in speed.BAR_ENGINES], H100_GIB) is settings

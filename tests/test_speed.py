@@ -606,6 +606,8 @@ def test_the_report_gives_the_steady_windows_their_own_table(tiny_pair, tmp_path
     assert ok
     table = text.split("## Decode tokens/s, steady windows (every request decoding)")[1]
     assert "| 16 | 4000 (1.00) | 16000 (4.00) |" in table
+    # No level profiled: the run timed no region, and the report says so.
+    assert "No level was profiled, so no region was timed." in text
 
 
 def test_a_profile_with_the_batch_kept_full_gets_its_own_table(tiny_pair, tmp_path):
@@ -624,6 +626,7 @@ def test_a_profile_with_the_batch_kept_full_gets_its_own_table(tiny_pair, tmp_pa
     assert "| step_ms | 8.50 | 8.50 |" in first
     assert "| step_ms | - | 30.00 |" in kept_full
     assert "| CPU: drafter: propose | - | 9.000 |" in kept_full
+    assert "No level was profiled" not in text
 
 
 def test_the_report_reads_the_slowest_forward_off_its_events(tiny_pair, tmp_path):

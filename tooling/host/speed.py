@@ -155,14 +155,15 @@ STOCK_ARGS = bar_run(STOCK_ENGINES, profiled="")
 #: ``speed-inputs``: patch 34 (a verify step's inputs in one upload) against the same wheel
 #: without it and plain, at 1 and 16 requests with the batch kept full, on the drawn shapes: a
 #: uniform verify step costs the host what it costs whatever the weights. Three small engines
-#: that fit one H100 together, measured in turns; nothing profiled, so that the regions' host
-#: times are the unprofiled ones.
+#: that fit one H100 together, measured in turns; nothing profiled, so its regions are not
+#: timed either (the speed run times them only at a profiled level).
 INPUTS_ENGINES = ("plain", "dflash-16", "dflash-no-inputs-upload")
 INPUTS_ARGS = bar_run(INPUTS_ENGINES, "1,16", "")
 #: ``speed-one``: DFlash as shipped against plain at one request alone, where the bar asks
-#: most (2.5x) and the step is host time: five passes in turns, nothing profiled, so that the
-#: runner's timed regions (its inputs in parts) read what an unprofiled step spends.
-ONE_ARGS = bar_run(BAR_ENGINES, "1", "")
+#: most (2.5x) and the step is host time: five passes in turns, the step profiled, since the
+#: speed run times its regions (the runner's inputs in parts) only at a profiled level, in a
+#: window of its own with no profiler.
+ONE_ARGS = bar_run(BAR_ENGINES, "1", "1")
 #: ``speed-seed``: issue 45's table at the seed's scale (Qwen3.6-27B's full width, random
 #: weights): plain and DFlash at K = 15, each alone on the GPU (two 27B-sized engines do not
 #: fit one together), at 1, 8 and 32 running requests; DFlash measured again with its LM heads

@@ -355,6 +355,9 @@ def report(work: Path) -> tuple[str, bool]:
     lines += ["", "## Engine steps", "", *step_table(names, results)]
     lines += ["", "## Where a step's time goes", *profile_table(names, results)]
     lines += profile_table(names, results, "profile_sustained")
+    if not any(r.get("profile") or r.get("timed") for r in results.values()):
+        # The run times its regions only at a level it profiles (--profile-levels).
+        lines += ["", "No level was profiled, so no region was timed."]
     slowest = slowest_forward_lines(names, results)
     if slowest:
         lines += ["", "### The slowest forward with the batch kept full, event by event", ""]
