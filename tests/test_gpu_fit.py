@@ -264,3 +264,20 @@ def test_the_one_request_step_measures_the_bar_engines_alone_at_one_with_its_reg
     assert value["--profile-levels"] == "1"
     settings = Settings(interleave=True)
     assert fitted(settings, [ENGINES[n] for n in speed.BAR_ENGINES], H100_GIB) is settings
+
+
+def test_the_stock_step_at_64_profiles_both_plain_engines_there():
+    """``speed-shape-stock-64``: plain on stock and on the fixed wheel at 64 alone, five
+    passes in turns, that level profiled, on the drawn shapes and on one H100."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS, Kind
+
+    step = STEPS["speed-shape-stock-64"]
+    assert step.kind is Kind.SPEED_SHAPE
+    assert speed.step_engines(step.variant) == speed.STOCK_ENGINES
+    args = speed.speed_args(step.variant)
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
+    assert value["--levels"] == "64" == value["--profile-levels"]
+    assert int(value["--passes"]) >= 5
+    settings = Settings(interleave=True)
+    assert fitted(settings, [ENGINES[n] for n in speed.STOCK_ENGINES], H100_GIB) is settings

@@ -150,6 +150,10 @@ GRAPHS_ARGS = bar_run(GRAPHS_ENGINES, "1,16", "1")
 #: any GPU the host lends, no profile.
 STOCK_ENGINES = ("plain-stock", "plain")
 STOCK_ARGS = bar_run(STOCK_ENGINES, profiled="")
+#: ``speed-shape-stock-64``: the same two engines at 64 alone, where the fixed wheel's plain
+#: read slower than stock's in two runs, that level profiled: each wheel's kernels and each
+#: region's host time, side by side.
+STOCK_64_ARGS = bar_run(STOCK_ENGINES, "64", "64")
 
 
 #: ``speed-inputs``: patch 34 (a verify step's inputs in one upload) against the same wheel
@@ -192,6 +196,7 @@ VARIANT_ARGS = {
     "seed": SEED_ARGS,
     "inputs": INPUTS_ARGS,
     "one": ONE_ARGS,
+    "stock-64": STOCK_64_ARGS,
 }
 
 

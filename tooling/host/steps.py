@@ -100,6 +100,8 @@ STEPS = {
         # Plain on stock and on the fixed wheel, on the drawn shapes: plain's step costs what
         # it costs whatever the weights, so the 2% bar needs no training.
         Step("speed-shape-stock", Kind.SPEED_SHAPE, "stock"),
+        # The two at 64 alone, profiled: where plain on the fixed wheel read slower.
+        Step("speed-shape-stock-64", Kind.SPEED_SHAPE, "stock-64"),
         # Patch 34 against the same wheel without it, on the drawn shapes.
         Step("speed-inputs", Kind.SPEED_SHAPE, "inputs"),
         # DFlash against plain at one request alone, unprofiled: where its host time goes.
