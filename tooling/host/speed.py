@@ -163,6 +163,11 @@ STOCK_64_ARGS = bar_run(STOCK_ENGINES, "64", "64")
 #: timed either (the speed run times them only at a profiled level).
 INPUTS_ENGINES = ("plain", "dflash-16", "dflash-no-inputs-upload")
 INPUTS_ARGS = bar_run(INPUTS_ENGINES, "1,16", "")
+#: ``speed-greedy``: patch 35 (an all-greedy verify step's one argmax) against the same wheel
+#: without it and plain, at 1 and 16 requests with the batch kept full, on the drawn shapes;
+#: the step at one request profiled, so that the rejection sampler's region is timed too.
+GREEDY_ENGINES = ("plain", "dflash-16", "dflash-no-greedy-verify")
+GREEDY_ARGS = bar_run(GREEDY_ENGINES, "1,16", "1")
 #: ``speed-one``: DFlash as shipped against plain at one request alone, where the bar asks
 #: most (2.5x) and the step is host time: five passes in turns, the step profiled, since the
 #: speed run times its regions (the runner's inputs in parts) only at a profiled level, in a
@@ -196,6 +201,7 @@ VARIANT_ARGS = {
     "seed": SEED_ARGS,
     "inputs": INPUTS_ARGS,
     "one": ONE_ARGS,
+    "greedy": GREEDY_ARGS,
     "stock-64": STOCK_64_ARGS,
 }
 

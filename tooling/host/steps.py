@@ -104,6 +104,8 @@ STEPS = {
         Step("speed-shape-stock-64", Kind.SPEED_SHAPE, "stock-64"),
         # Patch 34 against the same wheel without it, on the drawn shapes.
         Step("speed-inputs", Kind.SPEED_SHAPE, "inputs"),
+        # Patch 35 against the same wheel without it, on the drawn shapes.
+        Step("speed-greedy", Kind.SPEED_SHAPE, "greedy"),
         # DFlash against plain at one request alone, unprofiled: where its host time goes.
         Step("speed-one", Kind.SPEED_SHAPE, "one"),
         # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.

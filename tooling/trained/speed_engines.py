@@ -100,6 +100,9 @@ ENGINES = {
         # does (up to 16 requests, beside DFlash sized the same).
         SpeedEngine("dflash-16", "patched", True, KV_GIB_DRAFTED_16),
         SpeedEngine("dflash-no-inputs-upload", "no-spec-inputs-upload", True, KV_GIB_DRAFTED_16),
+        # Patch 35 left out: an all-greedy verify step through the full sampler, two float32
+        # copies and a second argmax, as vLLM 0.20.1 does.
+        SpeedEngine("dflash-no-greedy-verify", "no-greedy-verify-direct", True, KV_GIB_DRAFTED_16),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
