@@ -106,7 +106,7 @@ STEPS = {
         Step("speed-inputs", Kind.SPEED_SHAPE, "inputs"),
         # Patch 35 against the same wheel without it, on the drawn shapes.
         Step("speed-greedy", Kind.SPEED_SHAPE, "greedy"),
-        # DFlash against plain at one request alone, unprofiled: where its host time goes.
+        # DFlash against plain at one request alone, profiled there: where its host time goes.
         Step("speed-one", Kind.SPEED_SHAPE, "one"),
         # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.
         Step("speed-seed", Kind.SPEED_SHAPE, "seed"),

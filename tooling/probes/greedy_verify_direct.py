@@ -33,7 +33,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from . import _harness
 from ._interpreted import NotInterpreted, run_interpreted
+from .gdn_uniform_metadata import _counted as counted_ops
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "greedy_verify_direct"
@@ -159,43 +161,23 @@ def _min_tokens(stop: int | None) -> Any:
 
 
 def _counted(module: Any, step: Any) -> tuple[Any, int]:
-    """``step()``'s result and the operations it dispatched outside the verify kernel."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Counting(TorchDispatchMode):
-        ops = 0
-        paused = False
-
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            if not self.paused and not func.is_view:
-                Counting.ops += 1
-            return func(*args, **(kwargs or {}))
+    """``step()``'s result and the operations it dispatched outside the verify kernel: the
+    kernel runs with the counting mode off, since the interpreter's own operations are not
+    the sampler's."""
+    from torch.utils._python_dispatch import _disable_current_modes
 
     kernel = module.rejection_greedy_sample_kernel
 
     class Launch:
-        """The kernel launched with counting paused: the interpreter's own operations are
-        not the sampler's."""
-
         def __getitem__(self, grid: Any) -> Any:
             def launch(*args: Any, **kwargs: Any) -> Any:
-                Counting.paused = True
-                try:
+                with _disable_current_modes():
                     return kernel[grid](*args, **kwargs)
-                finally:
-                    Counting.paused = False
 
             return launch
 
-    module.rejection_greedy_sample_kernel = Launch()
-    try:
-        with Counting():
-            result = step()
-    finally:
-        module.rejection_greedy_sample_kernel = kernel
-    return result, Counting.ops
+    with _harness.replaced(module, rejection_greedy_sample_kernel=Launch()):
+        return counted_ops(step)
 
 
 def verified() -> dict[str, Any]:
