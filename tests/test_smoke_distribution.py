@@ -108,6 +108,50 @@ def test_noise_is_the_largest_difference_between_two_plain_runs():
     assert measured.tolerance == tol(d.FLOOR, pytest.approx(0.1))
 
 
+def test_one_pass_of_many_tokens_sets_the_later_noise_where_it_is_larger():
+    """Plain's two runs can agree to the bit; its decode against the same tokens scored in
+    one pass is the reference for a DFlash engine's verify passes, at the later positions
+    only (a first token is a prefill on both engines)."""
+    alone = {"a": d.Run.from_json(run([1, 2, 3]))}
+    together = {"a": d.Run.from_json(run([1, 2, 3]))}
+    scored_run = run([1, 2, 3], 0.005)
+    scored_run["logprobs"][2] = {k: v + 0.02 for k, v in scored_run["logprobs"][2].items()}
+    measured = d.noise(alone, together, {"a": d.Run.from_json(scored_run)})
+    assert (measured.first, measured.positions) == (0.0, 0.0)
+    assert measured.scored == pytest.approx(0.025) and measured.later == pytest.approx(0.025)
+    assert measured.tolerance == tol(d.FLOOR, pytest.approx(0.05))
+    assert d.noise(alone, together).scored is None
+    assert d.noise(alone, together).tolerance == tol(d.FLOOR)
+
+
+def test_the_report_holds_later_positions_to_the_one_pass_noise():
+    """A DFlash engine three bf16 steps off at a later position, where plain's two runs
+    agree to the bit: past the floor, within twice the one-pass noise when that is measured,
+    and the K+1 defect's signature still fails either way."""
+    results = _results(stock_garbage=True)
+    plain = results["plain"]
+    plain["together"] = {n: run(r["tokens"]) for n, r in plain["alone"].items()}
+    drifted = results["patched-k15"]["alone"]["A15-K-0"]
+    drifted["logprobs"][1] = {k: v + 3 * d.FLOOR for k, v in drifted["logprobs"][1].items()}
+    report = d.build_report(results, PLAN)
+    assert report.scored_noise is None and report.later_tolerance == d.FLOOR
+    assert [f.split(":")[0] for f in report.failures] == ["patched-k15 A15-K-0"]
+    plain["scored"] = {n: run(r["tokens"], 2 * d.FLOOR) for n, r in plain["alone"].items()}
+    report = d.build_report(results, PLAN)
+    assert report.scored_noise == pytest.approx(2 * d.FLOOR)
+    assert report.later_tolerance == pytest.approx(4 * d.FLOOR) and not report.failures
+    stock = [r for r in report.rows if r.variant == "stock-k15" and r.verdict == "fail"]
+    assert {r.prompt for r in stock} == {f"A15-K+1-{i}" for i in range(3)}
+    assert report.to_json()["scored_noise"] == pytest.approx(2 * d.FLOOR)
+
+
+def test_the_smokes_plain_engine_scores_its_tokens_in_one_pass():
+    plain, dflash = d.smoke_variants(3, 1.0, 1.0)
+    assert d.request_for(plain, "t", "dr")["scored"] is True
+    assert d.request_for(dflash, "t", "dr")["scored"] is False
+    assert DistributionRequest.from_json(d.request_for(plain, "t", "dr")).scored is True
+
+
 def _results(stock_garbage: bool, patched_garbage: bool = False) -> dict:
     """Results of the plain engine and the K=15 pair, every prompt of the plan's K=15 set."""
     names = [p["name"] for p in d.first_token_prompts(15)]

@@ -23,8 +23,9 @@ proof runs it on its own: ``tooling.trained.hybrid_proof``):
   and including the first greedy difference: after it the contexts differ.
   Past the first token a DFlash engine computes with its verification kernels
   (K+1 queries a step) where the plain engine decodes one token a step, so the
-  later positions are held to the noise the plain runs show there, not to the
-  first token's;
+  later positions are held to the noise plain shows there: between its two runs,
+  and between its decode and the same tokens scored in one pass of many tokens
+  (a prefill), whichever is larger;
 - where the DFlash engine's greedy token is not in the plain run's top-k, the
   plain margin is only known to be at least the spread of that list: past the
   tolerance that is a fail, within it no verdict (``UNDETERMINED``), never a
@@ -161,10 +162,20 @@ class Noise:
 
     first: float
     positions: float
+    scored: float | None = None
+    """At every position, plain's decode against the same tokens scored in one pass of
+    many tokens (None where that run is absent). Plain's two runs decode with the same
+    kernels and can agree to the bit, where a DFlash engine verifies K + 1 tokens a pass,
+    which rounds otherwise."""
+
+    @property
+    def later(self) -> float:
+        """The noise the positions after the first are held to: the larger of the two."""
+        return max(self.positions, self.scored or 0.0)
 
     @property
     def tolerance(self) -> Tolerance:
-        return Tolerance(tolerance_for(self.first), tolerance_for(self.positions))
+        return Tolerance(tolerance_for(self.first), tolerance_for(self.later))
 
 
 @dataclass(frozen=True)
@@ -191,12 +202,17 @@ def judge(c: Comparison, tolerance: Tolerance) -> Outcome:
     return Outcome.UNDETERMINED
 
 
-def noise(alone: dict[str, Run], together: dict[str, Run]) -> Noise:
-    """The largest differences two plain runs of the same prompts show."""
+def noise(
+    alone: dict[str, Run], together: dict[str, Run], scored: dict[str, Run] | None = None
+) -> Noise:
+    """The largest differences two plain runs of the same prompts show, and where ``scored``
+    is given, those between plain's decode and the same tokens scored in one pass."""
     found = [compare(alone[n], together[n], FIRST_POSITIONS) for n in alone if n in together]
+    passes = [compare(alone[n], scored[n], FIRST_POSITIONS) for n in alone if n in (scored or {})]
     return Noise(
         first=max((c.first_delta for c in found), default=0.0),
         positions=max((c.held_delta for c in found), default=0.0),
+        scored=max((c.held_delta for c in passes), default=0.0) if passes else None,
     )
 
 
@@ -289,7 +305,7 @@ def smoke_variants(k: int, plain_kv_gib: float, dflash_kv_gib: float) -> list[Va
     """The smoke's first-token check: the plain engine (its prompts alone, then together:
     the noise) and the DFlash engine at the smoke's K."""
     return [
-        Variant("plain", "patched", 0, plain_kv_gib, [f"A{k}", "together"]),
+        Variant("plain", "patched", 0, plain_kv_gib, [f"A{k}", "together", "scored"]),
         Variant(f"dflash-k{k}", "patched", k, dflash_kv_gib, [f"A{k}"]),
     ]
 
@@ -317,6 +333,7 @@ def request_for(
         "logprobs": LOGPROBS,
         "alone": alone,
         "together": "together" in v.workloads,
+        "scored": "scored" in v.workloads,
         "staggered": staggered_waves() if "B" in v.workloads else [],
         "concurrent": concurrent_prompts() if "C" in v.workloads else [],
         **engine,
@@ -344,7 +361,9 @@ class Report:
     later_tolerance: float = FLOOR
     """For every compared position: ``NOISE_HEADROOM`` x ``later_noise``."""
     later_noise: float = 0.0
-    """The noise at every compared position."""
+    """The noise at every compared position (the larger of the two references')."""
+    scored_noise: float | None = None
+    """Of that, plain's decode against the same tokens scored in one pass (``Noise.scored``)."""
     rows: list[Row] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     undetermined: list[str] = field(default_factory=list)
@@ -361,6 +380,7 @@ class Report:
             "noise": self.noise,
             "later_tolerance": self.later_tolerance,
             "later_noise": self.later_noise,
+            "scored_noise": self.scored_noise,
             "failures": self.failures,
             "undetermined": self.undetermined,
             "rows": [asdict(r) for r in self.rows],
@@ -396,15 +416,16 @@ def build_report(results: dict[str, dict[str, Any]], plan: list[Variant]) -> Rep
         report = Report(tolerance=FLOOR, noise=float("nan"))
         report.failures.append(f"plain: {plain.get('error')}")
         return report
-    measured = noise(_runs(plain, "alone"), _runs(plain, "together"))
+    measured = noise(_runs(plain, "alone"), _runs(plain, "together"), _runs(plain, "scored"))
     tolerance = measured.tolerance
     report = Report(
         tolerance=tolerance.first,
         noise=measured.first,
         later_tolerance=tolerance.later,
-        later_noise=measured.positions,
+        later_noise=measured.later,
+        scored_noise=measured.scored,
     )
-    if not math.isfinite(measured.positions):
+    if not math.isfinite(measured.later):
         # Two plain runs that share no top-k token where their contexts are the same leave
         # no noise to hold anything to.
         report.failures.append("plain: its two runs share no top-k token at a position")
@@ -454,33 +475,25 @@ def _compare_variant(
     if reach is not None:
         last = result["max_model_len"] - 1
         verdict = "pass" if reach <= last else "fail"
-        report.rows.append(
-            Row(
-                v.name,
-                "max_model_len",
-                TO_MAX_LEN,
-                verdict,
-                f"drafter's last query position {reach}, last valid position {last}",
-            )
-        )
-        if v.expect == "fixed" and reach > last:
-            report.failures.append(f"{v.name}: the drafter queried position {reach} > {last}")
+        evidence = f"drafter's last query position {reach}, last valid position {last}"
+        row = Row(v.name, "max_model_len", TO_MAX_LEN, verdict, evidence)
+        _add(report, v, row, f"the drafter queried position {reach} > {last}")
     concurrent = result.get("concurrent")
     if concurrent:
-        ok = concurrent["finished"] == concurrent["requests"]
-        report.rows.append(
-            Row(
-                v.name,
-                "concurrent",
-                f"{concurrent['requests']} requests",
-                "pass" if ok else "fail",
-                f"{concurrent['finished']} finished, {concurrent['tokens']} tokens, at most "
-                f"{concurrent['most_running']} running at once, {concurrent['seconds']:.1f} s",
-            )
+        finished, requests = concurrent["finished"], concurrent["requests"]
+        evidence = (
+            f"{finished} finished, {concurrent['tokens']} tokens, at most "
+            f"{concurrent['most_running']} running at once, {concurrent['seconds']:.1f} s"
         )
-        if v.expect == "fixed" and not ok:
-            report.failures.append(
-                f"{v.name}: {concurrent['finished']} of {concurrent['requests']} finished"
-            )
+        verdict = "pass" if finished == requests else "fail"
+        row = Row(v.name, "concurrent", f"{requests} requests", verdict, evidence)
+        _add(report, v, row, f"{finished} of {requests} finished")
     if v.expect == "stock" and ran_k_plus_one and not stock_failed_k_plus_one:
         report.failures.append(f"{v.name}: stock passed every K+1 prompt (the check is blind)")
+
+
+def _add(report: Report, v: Variant, row: Row, failure: str) -> None:
+    """``row`` in the report, and ``failure`` among its failures where a fixed engine failed."""
+    report.rows.append(row)
+    if v.expect == "fixed" and row.verdict == "fail":
+        report.failures.append(f"{v.name}: {failure}")

@@ -10,6 +10,9 @@ request says otherwise. Workloads, each optional:
   exactly K+1 tokens is then the whole first step);
 - ``together``: the ``alone`` prompts again, all in one batch (for the plain
   engine: the noise two plain runs differ by);
+- ``scored``: each ``alone`` prompt extended by the tokens it was served, scored in one
+  pass (a prefill, its prompt logprobs): the same tokens through a pass of many tokens, as
+  a DFlash engine verifies them, where the plain runs decode one token a pass;
 - ``staggered``: requests added to a running engine in waves, each wave once
   the requests of the previous waves named in ``after`` have finished (steps
   that mix new prompts with requests verifying drafts);
@@ -82,6 +85,7 @@ class DistributionRequest:
     """More of the drafter's ``speculative_config`` (e.g. num_speculative_tokens_per_batch_size)."""
     alone: list[Prompt] = field(default_factory=list)
     together: bool = False
+    scored: bool = False
     staggered: list[Wave] = field(default_factory=list)
     concurrent: list[Prompt] = field(default_factory=list)
 
@@ -229,11 +233,18 @@ def run(request: DistributionRequest) -> dict[str, Any]:
         )
         return {p.name: _result(o) for p, o in zip(prompts, outputs, strict=True)}
 
-    results: dict[str, dict[str, Any]] = {"alone": {}, "together": {}, "staggered": {}}
+    results: dict[str, dict[str, Any]] = {
+        "alone": {},
+        "together": {},
+        "scored": {},
+        "staggered": {},
+    }
     for prompt in request.alone:
         results["alone"].update(generate([prompt], request.logprobs))
     if request.together:
         results["together"] = generate(request.alone, request.logprobs)
+    if request.scored:
+        results["scored"] = _scored(llm, request, ids, results["alone"])
     if request.staggered:
         results["staggered"] = _staggered(engine, request, ids, params)
     concurrent: dict[str, Any] | None = None
@@ -268,6 +279,45 @@ def run(request: DistributionRequest) -> dict[str, Any]:
         "concurrent": concurrent,
         "drafter_reach": reach,
     }
+
+
+def _scored(
+    llm: Any, request: DistributionRequest, ids: dict[str, list[int]], alone: dict[str, Any]
+) -> dict[str, Any]:
+    """Each prompt and the tokens it was served alone, in one pass: per served token, the
+    top-k logprobs of the position that chose it (as many as ``max_model_len`` leaves room
+    for, with the one token a request must generate)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    names = [name for name in alone if alone[name]["tokens"]]
+    served = {}
+    for name in names:
+        room = request.max_model_len - len(ids[name]) - 1
+        served[name] = alone[name]["tokens"][: max(room, 0)]
+    names = [name for name in names if served[name]]
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=1,
+        detokenize=False,
+        prompt_logprobs=request.logprobs,
+    )
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids[n] + served[n]) for n in names],
+        [params] * len(names),
+        use_tqdm=False,
+    )
+    scored = {}
+    for name, output in zip(names, outputs, strict=True):
+        positions = (output.prompt_logprobs or [])[len(ids[name]) :]
+        scored[name] = {
+            "tokens": served[name],
+            "logprobs": [
+                {str(t): float(lp.logprob) for t, lp in (position or {}).items()}
+                for position in positions
+            ],
+        }
+    return scored
 
 
 def _staggered(
