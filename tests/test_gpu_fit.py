@@ -299,3 +299,22 @@ def test_the_greedy_step_measures_patch_35_against_its_ablation_on_one_h100():
     assert value["--levels"] == "1,16" and value["--profile-levels"] == "1"
     settings = Settings(interleave=True)
     assert fitted(settings, [ENGINES[n] for n in speed.GREEDY_ENGINES], H100_GIB) is settings
+
+
+def test_the_one_request_graphs_step_puts_patch_22_beside_the_bar_engines_on_one_h100():
+    """``speed-one-graphs``: plain, DFlash and DFlash with the drafter's full graphs (patch
+    22's option), one request alone, profiled, so that the query pass's host time is timed
+    with the option and without it; fit one H100 in turns."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS, Kind, session_ablations
+
+    step = STEPS["speed-one-graphs"]
+    assert step.kind is Kind.SPEED_SHAPE
+    assert speed.step_engines(step.variant) == ("plain", "dflash", "dflash-drafter-graphs")
+    assert ENGINES["dflash-drafter-graphs"].speculative_args == {"dflash_full_cudagraphs": True}
+    assert session_ablations(["speed-one-graphs"]) == []
+    args = speed.speed_args(step.variant)
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
+    assert value["--levels"] == "1" == value["--profile-levels"]
+    settings = Settings(interleave=True)
+    assert fitted(settings, [ENGINES[n] for n in speed.ONE_GRAPHS_ENGINES], H100_GIB) is settings

@@ -173,6 +173,11 @@ GREEDY_ARGS = bar_run(GREEDY_ENGINES, "1,16", "1")
 #: speed run times its regions (the runner's inputs in parts) only at a profiled level, in a
 #: window of its own with no profiler.
 ONE_ARGS = bar_run(BAR_ENGINES, "1", "1")
+#: ``speed-one-graphs``: the same with patch 22's option beside them (the drafter's forward on
+#: full CUDA graphs): whether it takes the query pass's launches, the largest part of the
+#: drafter's host time at one request that no region names.
+ONE_GRAPHS_ENGINES = (*BAR_ENGINES, "dflash-drafter-graphs")
+ONE_GRAPHS_ARGS = bar_run(ONE_GRAPHS_ENGINES, "1", "1")
 #: ``speed-seed``: issue 45's table at the seed's scale (Qwen3.6-27B's full width, random
 #: weights): plain and DFlash at K = 15, each alone on the GPU (two 27B-sized engines do not
 #: fit one together), at 1, 8 and 32 running requests; DFlash measured again with its LM heads
@@ -201,6 +206,7 @@ VARIANT_ARGS = {
     "seed": SEED_ARGS,
     "inputs": INPUTS_ARGS,
     "one": ONE_ARGS,
+    "one-graphs": ONE_GRAPHS_ARGS,
     "greedy": GREEDY_ARGS,
     "stock-64": STOCK_64_ARGS,
 }

@@ -108,6 +108,8 @@ STEPS = {
         Step("speed-greedy", Kind.SPEED_SHAPE, "greedy"),
         # DFlash against plain at one request alone, profiled there: where its host time goes.
         Step("speed-one", Kind.SPEED_SHAPE, "one"),
+        # The same with patch 22's drafter graphs beside them.
+        Step("speed-one-graphs", Kind.SPEED_SHAPE, "one-graphs"),
         # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.
         Step("speed-seed", Kind.SPEED_SHAPE, "seed"),
         Step("verify", Kind.VERIFY),
