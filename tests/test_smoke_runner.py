@@ -186,8 +186,9 @@ STANDIN_LLM = textwrap.dedent(
     from types import SimpleNamespace as NS
 
     class SamplingParams:
-        def __init__(self, max_tokens=16, logprobs=None, **kw):
+        def __init__(self, max_tokens=16, logprobs=None, prompt_logprobs=None, **kw):
             self.max_tokens, self.logprobs = max_tokens, logprobs
+            self.prompt_logprobs = prompt_logprobs
 
     class LLM:
         def __init__(self, model, speculative_config=None, **kw):
@@ -201,21 +202,29 @@ STANDIN_LLM = textwrap.dedent(
                 vllm_config=NS(compilation_config=compilation, cache_config=NS(num_gpu_blocks=9)),
             )
 
-        def _run(self, ids, max_tokens, defect):
+        def _top(self, context, shift=0):
+            h = sum((j + 1) * t for j, t in enumerate(context)) % 9973
+            top = [(h + 7 * r + shift) % self.vocab for r in range(3)]
+            return top, {t: NS(logprob=-1.0 - 0.5 * r) for r, t in enumerate(top)}
+
+        def _run(self, ids, sp, defect):
             context, tokens, logprobs = list(ids), [], []
-            for i in range(max_tokens):
-                h = sum((j + 1) * t for j, t in enumerate(context)) % 9973
-                top = [(h + 7 * r + (500 if defect and i == 0 else 0)) % self.vocab
-                       for r in range(3)]
-                logprobs.append({t: NS(logprob=-1.0 - 0.5 * r) for r, t in enumerate(top)})
+            for i in range(sp.max_tokens):
+                top, listed = self._top(context, 500 if defect and i == 0 else 0)
+                logprobs.append(listed)
                 tokens.append(top[0])
                 context.append(top[0])
-            return NS(outputs=[NS(token_ids=tokens, logprobs=logprobs, finish_reason="length")])
+            # Prompt logprobs: each position's distribution given the tokens before it.
+            prompt = None
+            if sp.prompt_logprobs is not None:
+                prompt = [None] + [self._top(ids[:j])[1] for j in range(1, len(ids))]
+            completion = NS(token_ids=tokens, logprobs=logprobs, finish_reason="length")
+            return NS(outputs=[completion], prompt_logprobs=prompt)
 
         def generate(self, prompts, params, use_tqdm=False):
             stock = os.environ.get("STANDIN_MODE") == "stock" and self.hybrid and self.k
             return [
-                self._run(p["prompt_token_ids"], sp.max_tokens,
+                self._run(p["prompt_token_ids"], sp,
                           stock and len(prompts) == 1 and len(p["prompt_token_ids"]) == self.k + 1)
                 for p, sp in zip(prompts, params)
             ]
@@ -362,6 +371,10 @@ def test_fixed_build_passes_server_checks(tmp_path, standin_vllm, monkeypatch) -
     assert prefix.details["plain"]["hits"] == 192
     acceptance = next(c for c in report.checks if c.id == "acceptance")
     assert acceptance.details["acceptance_length"] == pytest.approx(1.25)
+    # The plain engine's one-pass scoring lines up with its decode position by position (the
+    # stand-in's logprobs are a function of the context alone, so they agree exactly).
+    first = next(c for c in report.checks if c.id == "first_tokens")
+    assert first.details["scored_noise"] == 0.0, first.evidence
     servers = [s for s in report.steps if s.name.startswith("serve")]
     assert [s.extra["stop"] for s in servers] == ["terminated", "terminated"]
     saved = json.loads((tmp_path / "smoke" / "report.json").read_text())

@@ -208,7 +208,8 @@ def noise(
     """The largest differences two plain runs of the same prompts show, and where ``scored``
     is given, those between plain's decode and the same tokens scored in one pass."""
     found = [compare(alone[n], together[n], FIRST_POSITIONS) for n in alone if n in together]
-    passes = [compare(alone[n], scored[n], FIRST_POSITIONS) for n in alone if n in (scored or {})]
+    scored = scored or {}
+    passes = [compare(alone[n], scored[n], FIRST_POSITIONS) for n in alone if n in scored]
     return Noise(
         first=max((c.first_delta for c in found), default=0.0),
         positions=max((c.held_delta for c in found), default=0.0),
