@@ -22,7 +22,8 @@ from tooling.smoke import checks
 from tooling.smoke.checks import PrefixObservation
 from tooling.smoke.client import Completion, parse_completion
 from tooling.smoke.config import LOSSLESS_PROMPTS, SmokeConfig, drafter_info_from_config
-from tooling.smoke.distribution import FLOOR, Report, build_report, smoke_variants
+from tooling.smoke.distribution import FLOOR, Report, build_report
+from tooling.smoke.distribution_plan import smoke_variants
 from tooling.smoke.metrics import SpecDecodeStats
 from tooling.smoke.observe import ServerObservations
 from tooling.smoke.report import SmokeReport, StepRecord, format_table

@@ -17,6 +17,7 @@ import pytest
 
 from tooling.smoke import checks
 from tooling.smoke import distribution as d
+from tooling.smoke import distribution_plan as dp
 from tooling.smoke.serving.distribution import DistributionRequest
 from tooling.smoke.serving.tiny import TinySpec, hybrid_config
 from tooling.trained import hybrid_proof as hp
@@ -146,15 +147,15 @@ def test_the_report_holds_later_positions_to_the_one_pass_noise():
 
 
 def test_the_smokes_plain_engine_scores_its_tokens_in_one_pass():
-    plain, dflash = d.smoke_variants(3, 1.0, 1.0)
-    assert d.request_for(plain, "t", "dr")["scored"] is True
-    assert d.request_for(dflash, "t", "dr")["scored"] is False
-    assert DistributionRequest.from_json(d.request_for(plain, "t", "dr")).scored is True
+    plain, dflash = dp.smoke_variants(3, 1.0, 1.0)
+    assert dp.request_for(plain, "t", "dr")["scored"] is True
+    assert dp.request_for(dflash, "t", "dr")["scored"] is False
+    assert DistributionRequest.from_json(dp.request_for(plain, "t", "dr")).scored is True
 
 
 def _results(stock_garbage: bool, patched_garbage: bool = False) -> dict:
     """Results of the plain engine and the K=15 pair, every prompt of the plan's K=15 set."""
-    names = [p["name"] for p in d.first_token_prompts(15)]
+    names = [p["name"] for p in dp.first_token_prompts(15)]
     tokens = {n: [100 + i, 200 + i] for i, n in enumerate(names)}
     plain = {
         "ok": True,
@@ -167,7 +168,7 @@ def _results(stock_garbage: bool, patched_garbage: bool = False) -> dict:
         for n, t in tokens.items():
             bad = garbage and "-K+1-" in n
             alone[n] = run([t[0] + 1000, t[1]], garbage=True) if bad else run(t, shift=0.002)
-        return {"ok": True, "alone": alone, "max_model_len": d.MAX_MODEL_LEN}
+        return {"ok": True, "alone": alone, "max_model_len": dp.MAX_MODEL_LEN}
 
     return {"plain": plain, "patched-k15": spec(patched_garbage), "stock-k15": spec(stock_garbage)}
 
@@ -201,7 +202,7 @@ def _seed_full(folder: Path = SEED_FULL) -> dict:
 
 def _judged(folder: Path) -> tuple[dict, list, d.Report]:
     """A recorded run's results, the smoke's K = 15 plan, and the report on them."""
-    plan = d.smoke_variants(15, 4.0, 4.0)
+    plan = dp.smoke_variants(15, 4.0, 4.0)
     results = _seed_full(folder)
     return results, plan, d.build_report(results, plan)
 
@@ -211,7 +212,7 @@ def _against_plain(results: dict, name: str) -> d.Comparison:
     return d.compare(
         d.Run.from_json(results["plain"]["alone"][name]),
         d.Run.from_json(results["dflash-k15"]["alone"][name]),
-        d.FIRST_POSITIONS,
+        dp.FIRST_POSITIONS,
     )
 
 
@@ -331,7 +332,7 @@ def test_the_plan_is_what_the_engines_read(tmp_path: Path):
         data = json.loads((tmp_path / f"{v.name}.in.json").read_text())
         request = DistributionRequest.from_json(data)
         assert (request.drafter is None) == (v.num_speculative_tokens == 0)
-        assert request.logprobs == d.LOGPROBS
+        assert request.logprobs == dp.LOGPROBS
         prompts = [*request.alone, *(p for w in request.staggered for p in w.prompts)]
         prompts += request.concurrent
         ids = [tuple(p.token_ids(request.vocab_size)) for p in prompts]
@@ -346,11 +347,11 @@ def test_the_plan_is_what_the_engines_read(tmp_path: Path):
             seen |= {p.name for p in wave.prompts}
         assert seen <= names
     for k in (3, 15):
-        lengths = sorted({p["length"] for p in d.first_token_prompts(k)})
+        lengths = sorted({p["length"] for p in dp.first_token_prompts(k)})
         assert lengths == [k, k + 1, k + 2, 3 * (k + 1)]
-    to_end = d.to_max_len_prompt()
-    assert to_end["length"] + to_end["max_tokens"] == d.MAX_MODEL_LEN
-    assert len(d.concurrent_prompts()) == 64
+    to_end = dp.to_max_len_prompt()
+    assert to_end["length"] + to_end["max_tokens"] == dp.MAX_MODEL_LEN
+    assert len(dp.concurrent_prompts()) == 64
 
 
 #: The production smoke on the tiny pair (K = 3) on an H100, wheel 0.20.1+dflash.35: plain's two
@@ -363,7 +364,7 @@ def test_on_the_tiny_pair_the_fixed_engine_is_within_what_one_pass_moves_and_gar
     positions, the same prompts by the same amounts run after run; plain's own decode
     against one pass of the same tokens drifts further. The K+1 defect's signature still
     fails under the wider tolerance."""
-    plan = d.smoke_variants(3, 1.0, 1.0)
+    plan = dp.smoke_variants(3, 1.0, 1.0)
     results = _seed_full(TINY_SCORED)
     report = d.build_report(results, plan)
     assert not report.failures and not report.undetermined, report.failures
@@ -377,7 +378,7 @@ def test_on_the_tiny_pair_the_fixed_engine_is_within_what_one_pass_moves_and_gar
             d.compare(
                 d.Run.from_json(results["plain"]["alone"][name]),
                 d.Run.from_json(results["dflash-k3"]["alone"][name]),
-                d.FIRST_POSITIONS,
+                dp.FIRST_POSITIONS,
             ).held_delta,
             d.FLOOR,
         )

@@ -56,6 +56,7 @@ PURE = {
     "smoke/checks/lossless.py",
     "smoke/config.py",
     "smoke/distribution.py",
+    "smoke/distribution_plan.py",
     "smoke/logscan.py",
     "smoke/metrics.py",
     "smoke/pair.py",

@@ -10,7 +10,7 @@ import logging
 import random
 from typing import Any
 
-from . import checks, distribution, load
+from . import checks, distribution, distribution_plan, load
 from .config import (
     FIDELITY_LENGTHS,
     FIDELITY_TEXTS,
@@ -39,13 +39,13 @@ def variant_name(plan: SmokePlan, step: Step) -> str:
     return "plain" if step.role == Role.FIRST_TOKENS_PLAIN else f"dflash-k{k}"
 
 
-def _first_tokens_variants(plan: SmokePlan) -> list[distribution.Variant]:
+def _first_tokens_variants(plan: SmokePlan) -> list[distribution_plan.Variant]:
     kv = {
         s.role: (s.kv_cache_memory_bytes or 0) / GIB
         for s in plan.steps
         if s.role in (Role.FIRST_TOKENS_DFLASH, Role.FIRST_TOKENS_PLAIN)
     }
-    return distribution.smoke_variants(
+    return distribution_plan.smoke_variants(
         plan.engine.num_speculative_tokens,
         kv.get(Role.FIRST_TOKENS_PLAIN, 0.0),
         kv.get(Role.FIRST_TOKENS_DFLASH, 0.0),
@@ -60,7 +60,7 @@ def first_tokens_child(run: SmokeRun, plan: SmokePlan, step: Step) -> JsonChild:
     engine_args: dict[str, Any] = {"kv_cache_dtype": engine.kv_cache_dtype}
     if engine.block_size is not None:
         engine_args["block_size"] = engine.block_size
-    request = distribution.request_for(
+    request = distribution_plan.request_for(
         variants[variant_name(plan, step)],
         plan.target,
         plan.drafter,

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..entry import answer, entry_logging
-from ..smoke.distribution import FLOOR, NOISE_HEADROOM, Report, Variant, build_report, request_for
+from ..smoke.distribution import FLOOR, NOISE_HEADROOM, Report, build_report
+from ..smoke.distribution_plan import Variant, request_for
 
 logger = logging.getLogger(__name__)
 

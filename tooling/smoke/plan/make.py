@@ -240,7 +240,7 @@ def _engines(asked: _Asked) -> tuple[list[PlannedEngine], EngineSettings]:
 
 def _prompts(config: SmokeConfig, k: int) -> dict[str, Any]:
     """How many prompts of each kind the run serves (the plan's ``prompts``)."""
-    from ..distribution import first_token_prompts
+    from ..distribution_plan import first_token_prompts
 
     quick = config.quick
     per_length = FIRST_TOKENS_PER_LENGTH_QUICK if quick else FIRST_TOKENS_PER_LENGTH
