@@ -12,6 +12,8 @@ import subprocess
 import sys
 from typing import Any
 
+from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+
 
 class NotInterpreted(Exception):
     """The function did not run; the message is the tail of what its interpreter printed."""
@@ -38,3 +40,32 @@ def run_interpreted(module: str, function: str) -> Any:
     if done.returncode != 0:
         raise NotInterpreted(" ".join(done.stderr.split()[-40:]))
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class Uncounted:
+    """A Triton kernel launched with the dispatch modes off: under a counting mode, the
+    interpreter's own tensor operations are not the probed code's."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            with _disable_current_modes():
+                return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def counted_verdict(
+    probe: str, wrong: list[str], what: str, ops: int, max_ops: int, evidence: str, details: Any
+) -> ProbeResult:
+    """The verdict of a probe that counts operations: unknown where anything is ``wrong``
+    (``what`` names it), else present at most ``max_ops`` operations, absent above."""
+    if wrong:
+        evidence = f"{what} wrong: " + "; ".join(wrong)
+        return ProbeResult(probe=probe, status=UNKNOWN, evidence=evidence, details=details)
+    status = PRESENT if ops <= max_ops else ABSENT
+    return ProbeResult(probe=probe, status=status, evidence=evidence, details=details)

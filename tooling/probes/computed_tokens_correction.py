@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import _harness
-from ._interpreted import NotInterpreted, run_interpreted
+from ._interpreted import NotInterpreted, Uncounted, counted_verdict, run_interpreted
 from .gdn_uniform_metadata import _counted as counted_ops
-from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+from .result import UNKNOWN, ProbeResult
 
 NAME = "computed_tokens_correction"
 #: Operations outside Triton kernels the correction may dispatch: none, with one to spare.
@@ -59,23 +59,6 @@ def expected() -> dict[str, list[int]]:
     return {"computed": computed, "accepted": accepted}
 
 
-class _Launches:
-    """A module's Triton kernel, launched with the counting mode off: the interpreter's own
-    operations are not the function's."""
-
-    def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
-
-    def __getitem__(self, grid: Any) -> Any:
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        def launch(*args: Any, **kwargs: Any) -> Any:
-            with _disable_current_modes():
-                return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
 def corrected() -> dict[str, Any]:
     """The tree's correction on the probe's step: the counts it leaves and the operations it
     dispatched outside Triton kernels (run where Triton interprets)."""
@@ -96,7 +79,7 @@ def corrected() -> dict[str, Any]:
         torch.tensor(CPU_COMPUTED, dtype=torch.int32),
     )
     kernels = {
-        name: _Launches(value)
+        name: Uncounted(value)
         for name, value in vars(module).items()
         if type(value).__name__ in ("JITFunction", "InterpretedFunction")
     }
@@ -118,28 +101,16 @@ def run() -> ProbeResult:
             probe=NAME, status=UNKNOWN, evidence=f"the correction could not be run: {e}"
         )
     want = found["expected"]
-    details = {"found": found}
     wrong = [
         f"{key} {found[key]}, expected {want[key]}"
         for key in ("computed", "accepted")
         if found[key] != want[key]
     ]
-    if wrong:
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="the corrected counts are wrong: " + "; ".join(wrong),
-            details=details,
-        )
     ops = found["ops"]
     evidence = (
         f"{len(PREV_POSITIONS)} rows moved in the persistent batch (one new, one whose last "
         f"step had no drafts): counts right; the correction dispatches {ops} tensor operations "
         f"outside Triton kernels (at most {MAX_OPS}: one kernel launch)"
     )
-    return ProbeResult(
-        probe=NAME,
-        status=PRESENT if ops <= MAX_OPS else ABSENT,
-        evidence=evidence,
-        details=details,
-    )
+    what = "the corrected counts are"
+    return counted_verdict(NAME, wrong, what, ops, MAX_OPS, evidence, {"found": found})

@@ -34,9 +34,9 @@ import random
 from typing import Any
 
 from . import _harness
-from ._interpreted import NotInterpreted, run_interpreted
+from ._interpreted import NotInterpreted, Uncounted, counted_verdict, run_interpreted
 from .gdn_uniform_metadata import _counted as counted_ops
-from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
+from .result import UNKNOWN, ProbeResult
 
 NAME = "greedy_verify_direct"
 K = 3
@@ -161,22 +161,9 @@ def _min_tokens(stop: int | None) -> Any:
 
 
 def _counted(module: Any, step: Any) -> tuple[Any, int]:
-    """``step()``'s result and the operations it dispatched outside the verify kernel: the
-    kernel runs with the counting mode off, since the interpreter's own operations are not
-    the sampler's."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    kernel = module.rejection_greedy_sample_kernel
-
-    class Launch:
-        def __getitem__(self, grid: Any) -> Any:
-            def launch(*args: Any, **kwargs: Any) -> Any:
-                with _disable_current_modes():
-                    return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    with _harness.replaced(module, rejection_greedy_sample_kernel=Launch()):
+    """``step()``'s result and the operations it dispatched outside the verify kernel."""
+    kernel = Uncounted(module.rejection_greedy_sample_kernel)
+    with _harness.replaced(module, rejection_greedy_sample_kernel=kernel):
         return counted_ops(step)
 
 
@@ -235,22 +222,10 @@ def run() -> ProbeResult:
         )
     wrong = _wrong(found)
     ops = found["greedy"]["ops"]
-    details = {"found": found}
-    if wrong:
-        return ProbeResult(
-            probe=NAME,
-            status=UNKNOWN,
-            evidence="the verify step's tokens are wrong: " + "; ".join(wrong),
-            details=details,
-        )
     evidence = (
         f"{REQUESTS} requests at K={K}, tied bf16 rows: tokens right all greedy, with "
         f"min-tokens held and with logprobs; the all-greedy step dispatches {ops} operations "
         f"outside the verify kernel (at most {MAX_OPS} take one argmax of the raw logits)"
     )
-    return ProbeResult(
-        probe=NAME,
-        status=PRESENT if ops <= MAX_OPS else ABSENT,
-        evidence=evidence,
-        details=details,
-    )
+    what = "the verify step's tokens are"
+    return counted_verdict(NAME, wrong, what, ops, MAX_OPS, evidence, {"found": found})

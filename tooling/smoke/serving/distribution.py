@@ -103,12 +103,18 @@ class DistributionRequest:
         return request
 
 
-def _logprobs(output: Any) -> list[dict[str, float]]:
-    """Per position, token id (as a string, for JSON) -> logprob."""
+def _listed(positions: list[Any] | None) -> list[dict[str, float]]:
+    """Per position, token id (as a string, for JSON) -> logprob; a position vLLM lists
+    nothing for (a prompt's first) is empty."""
     return [
-        {str(token): float(lp.logprob) for token, lp in position.items()}
-        for position in (output.logprobs or [])
+        {str(token): float(lp.logprob) for token, lp in (position or {}).items()}
+        for position in (positions or [])
     ]
+
+
+def _logprobs(output: Any) -> list[dict[str, float]]:
+    """Per position of a completion, token id (as a string, for JSON) -> logprob."""
+    return _listed(output.logprobs)
 
 
 def _result(output: Any) -> dict[str, Any]:
@@ -290,12 +296,9 @@ def _scored(
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    names = [name for name in alone if alone[name]["tokens"]]
-    served = {}
-    for name in names:
-        room = request.max_model_len - len(ids[name]) - 1
-        served[name] = alone[name]["tokens"][: max(room, 0)]
-    names = [name for name in names if served[name]]
+    room = {name: max(request.max_model_len - len(ids[name]) - 1, 0) for name in alone}
+    served = {name: run["tokens"][: room[name]] for name, run in alone.items()}
+    names = [name for name, tokens in served.items() if tokens]
     params = SamplingParams(
         temperature=0.0,
         max_tokens=1,
@@ -307,17 +310,13 @@ def _scored(
         [params] * len(names),
         use_tqdm=False,
     )
-    scored = {}
-    for name, output in zip(names, outputs, strict=True):
-        positions = (output.prompt_logprobs or [])[len(ids[name]) :]
-        scored[name] = {
+    return {
+        name: {
             "tokens": served[name],
-            "logprobs": [
-                {str(t): float(lp.logprob) for t, lp in (position or {}).items()}
-                for position in positions
-            ],
+            "logprobs": _listed((output.prompt_logprobs or [])[len(ids[name]) :]),
         }
-    return scored
+        for name, output in zip(names, outputs, strict=True)
+    }
 
 
 def _staggered(
