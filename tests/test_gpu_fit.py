@@ -283,22 +283,33 @@ def test_the_stock_step_at_64_profiles_both_plain_engines_there():
     assert fitted(settings, [ENGINES[n] for n in speed.STOCK_ENGINES], H100_GIB) is settings
 
 
-def test_the_greedy_step_measures_patch_35_against_its_ablation_on_one_h100():
-    """``speed-greedy``: plain, DFlash and DFlash without patch 35 (its ``no-`` install, built
-    by the session), at 1 and 16 requests in turns, one request profiled, fit one H100."""
+@pytest.mark.parametrize(
+    ("name", "engines", "ablated", "patch"),
+    [
+        ("speed-greedy", "GREEDY_ENGINES", "dflash-no-greedy-verify", "greedy-verify-direct"),
+        ("speed-context", "CONTEXT_ENGINES", "dflash-no-context-kv", "context-kv-one-launch"),
+    ],
+)
+def test_a_patch_step_measures_it_against_its_ablation_on_one_h100(
+    name: str, engines: str, ablated: str, patch: str
+):
+    """``speed-greedy`` (patch 35) and ``speed-context`` (patch 37): plain, DFlash and DFlash
+    without the patch (its ``no-`` install, built by the session), at 1 and 16 requests in
+    turns, one request profiled, fit one H100."""
     from tooling.host import speed
     from tooling.host.steps import STEPS, Kind, session_ablations
 
-    step = STEPS["speed-greedy"]
+    step = STEPS[name]
     assert step.kind is Kind.SPEED_SHAPE
-    assert speed.step_engines(step.variant) == speed.GREEDY_ENGINES
-    assert ENGINES["dflash-no-greedy-verify"].site == "no-greedy-verify-direct"
-    assert session_ablations(["speed-greedy"]) == ["greedy-verify-direct"]
+    assert speed.step_engines(step.variant) == getattr(speed, engines)
+    assert ablated in getattr(speed, engines)
+    assert ENGINES[ablated].site == f"no-{patch}"
+    assert session_ablations([name]) == [patch]
     args = speed.speed_args(step.variant)
     value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
     assert value["--levels"] == "1,16" and value["--profile-levels"] == "1"
     settings = Settings(interleave=True)
-    assert fitted(settings, [ENGINES[n] for n in speed.GREEDY_ENGINES], H100_GIB) is settings
+    assert fitted(settings, [ENGINES[n] for n in getattr(speed, engines)], H100_GIB) is settings
 
 
 def test_the_one_request_graphs_step_puts_patch_22_beside_the_bar_engines_on_one_h100():

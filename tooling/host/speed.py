@@ -168,6 +168,10 @@ INPUTS_ARGS = bar_run(INPUTS_ENGINES, "1,16", "")
 #: the step at one request profiled, so that the rejection sampler's region is timed too.
 GREEDY_ENGINES = ("plain", "dflash-16", "dflash-no-greedy-verify")
 GREEDY_ARGS = bar_run(GREEDY_ENGINES, "1,16", "1")
+#: ``speed-context``: patch 37 the same way (the drafter's context K/V in one launch), the
+#: step at one request profiled so that the drafter's context region is timed.
+CONTEXT_ENGINES = ("plain", "dflash-16", "dflash-no-context-kv")
+CONTEXT_ARGS = bar_run(CONTEXT_ENGINES, "1,16", "1")
 #: ``speed-one``: DFlash as shipped against plain at one request alone, where the bar asks
 #: most (2.5x) and the step is host time: five passes in turns, the step profiled, since the
 #: speed run times its regions (the runner's inputs in parts) only at a profiled level, in a
@@ -208,6 +212,7 @@ VARIANT_ARGS = {
     "one": ONE_ARGS,
     "one-graphs": ONE_GRAPHS_ARGS,
     "greedy": GREEDY_ARGS,
+    "context": CONTEXT_ARGS,
     "stock-64": STOCK_64_ARGS,
 }
 

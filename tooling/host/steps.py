@@ -106,6 +106,8 @@ STEPS = {
         Step("speed-inputs", Kind.SPEED_SHAPE, "inputs"),
         # Patch 35 against the same wheel without it, on the drawn shapes.
         Step("speed-greedy", Kind.SPEED_SHAPE, "greedy"),
+        # Patch 37 against the same wheel without it, on the drawn shapes.
+        Step("speed-context", Kind.SPEED_SHAPE, "context"),
         # DFlash against plain at one request alone, profiled there: where its host time goes.
         Step("speed-one", Kind.SPEED_SHAPE, "one"),
         # The same with patch 22's drafter graphs beside them.

@@ -103,6 +103,9 @@ ENGINES = {
         # Patch 35 left out: an all-greedy verify step through the full sampler, two float32
         # copies and a second argmax, as vLLM 0.20.1 does.
         SpeedEngine("dflash-no-greedy-verify", "no-greedy-verify-direct", True, KV_GIB_DRAFTED_16),
+        # Patch 37 left out: the drafter's context K/V written with two of vLLM's kernels a
+        # layer, as vLLM 0.20.1 does.
+        SpeedEngine("dflash-no-context-kv", "no-context-kv-one-launch", True, KV_GIB_DRAFTED_16),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
