@@ -194,9 +194,7 @@ def _wrong(inner: Any, states: Any, positions: Any, slots: Any) -> list[str]:
         k = torch.empty_like(kv[:, i, 0])
         _reference_rms(k, kv[:, i, 0], inner._k_norm_weights[i], inner._rms_norm_eps)
         flat = k.reshape(k.shape[0], -1)
-        _reference_rope(
-            positions, flat, None, hd, inner._rope_cos_sin_cache, inner._rope_is_neox
-        )
+        _reference_rope(positions, flat, None, hd, inner._rope_cos_sin_cache, inner._rope_is_neox)
         cache = attn.kv_cache
         written = cache.reshape(2, -1, nkv, hd).abs().sum((0, 2, 3)) > 0
         expected_rows = {int(s) for s in slots.tolist() if s >= 0}
