@@ -29,7 +29,6 @@ from typing import Any
 
 from . import _harness
 from ._interpreted import NotInterpreted, Uncounted, run_interpreted
-from ._v1 import without_v1_runner
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "context_kv_one_launch"
@@ -42,12 +41,16 @@ PADDED = 4
 
 def _reference_rms(out: Any, x: Any, weight: Any, eps: float) -> None:
     """vLLM's rms_norm kernel: float32 variance, the normed value rounded to the input's
-    dtype, then multiplied by the weight in that dtype."""
+    dtype, then multiplied by the weight in that dtype. A weight of two dimensions is one
+    row for each index of ``x``'s outermost dimension (0.34.0's grouped RMSNorm)."""
     import torch
 
     xf = x.float()
     inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out.copy_(((xf * inv).to(x.dtype).float() * weight.float()).to(x.dtype))
+    w = weight.float()
+    if w.dim() == 2:
+        w = w.view(w.shape[0], *[1] * (x.dim() - 2), w.shape[1])
+    out.copy_(((xf * inv).to(x.dtype).float() * w).to(x.dtype))
 
 
 def _reference_rope(
@@ -80,12 +83,11 @@ def _drafter_model(config: Any) -> Any:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import initialize_model
 
-    runner = _harness.v1_runner(config)
-    draft_config = runner.drafter._create_draft_vllm_config()
-    with set_current_vllm_config(draft_config):
-        model = initialize_model(
-            draft_config, model_config=config.speculative_config.draft_model_config
-        )
+    # A DFlash drafter is built on the engine's own config (no kernel overrides without an
+    # MoE backend), by either runner.
+    _harness.ensure_single_process_group(config)
+    with set_current_vllm_config(config):
+        model = initialize_model(config, model_config=config.speculative_config.draft_model_config)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for p in model.parameters():
@@ -212,9 +214,6 @@ def _wrong(inner: Any, states: Any, positions: Any, slots: Any) -> list[str]:
 
 
 def run() -> ProbeResult:
-    why = "the V2 runner's DFlash speculator is not this fix's (the ledger's reading)"
-    if (unknown := without_v1_runner(NAME, why)) is not None:
-        return unknown
     try:
         found = dict(run_interpreted(NAME, "stored"))
     except NotInterpreted as e:
