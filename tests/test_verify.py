@@ -258,7 +258,8 @@ def test_tampered_file_is_named_with_its_patch(patched_env):
     assert result.returncode == VerifyIntegrityError.exit_code
     assert (
         "modified: vllm/model_executor/models/qwen3_dflash.py (sha256 differs from RECORD) "
-        "[patch 0002-dflash-swa-config.patch, 0005-dflash-fp8-kv-cache.patch]"
+        "[patch 0002-dflash-swa-config.patch, 0005-dflash-fp8-kv-cache.patch, "
+        "0037-context-kv-one-launch.patch]"
     ) in result.stdout
     assert result.stderr.strip().startswith("error: 1 file(s) differ from RECORD")
 
