@@ -101,16 +101,13 @@ KERNEL = textwrap.dedent(
         dtype = getattr(torch, c.pop("dtype"))
         out[name] = case(dtype=dtype, **c)
 
-    class Layer(types.SimpleNamespace):
-        pass
-
     from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
     impl = FlashAttentionImpl.__new__(FlashAttentionImpl)
     def layer(**kw):
         base = dict(impl=impl, kv_cache=torch.zeros(2, 4, 4, 2, 8, dtype=torch.bfloat16),
                     kv_cache_dtype="auto")
         base.update(kw)
-        return Layer(**base)
+        return types.SimpleNamespace(**base)
     out["why_not"] = {
         "served": why_not_fused([layer(), layer()], torch.bfloat16),
         "e5m2": why_not_fused([layer(kv_cache_dtype="fp8_e5m2")], torch.bfloat16),
@@ -176,19 +173,14 @@ def test_caches_the_kernel_cannot_write_keep_vllms_kernels_with_a_reason(written
 
 def _shadow(tree: Path, into: Path, broken: Path) -> Path:
     """``tree`` seen through links, but for ``broken``'s file, which is copied and edited."""
-    parts = broken.relative_to(tree).parts
     here, there = tree, into
-    for part in parts[:-1]:
+    for part in broken.relative_to(tree).parts:
         there.mkdir(parents=True, exist_ok=True)
         for entry in here.iterdir():
             if entry.name != part:
                 (there / entry.name).symlink_to(entry)
         here, there = here / part, there / part
-    there.mkdir(parents=True, exist_ok=True)
-    for entry in here.iterdir():
-        if entry.name != parts[-1]:
-            (there / entry.name).symlink_to(entry)
-    shutil.copy(broken, there / parts[-1])
+    shutil.copy(broken, there)
     return into
 
 

@@ -42,6 +42,15 @@ def run_interpreted(module: str, function: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def interpreted_or_unknown(probe: str, function: str, what: str) -> dict[str, Any] | ProbeResult:
+    """``function()`` of the probe's own module (named ``probe``) run under Triton's
+    interpreter, or the probe's unknown verdict: ``what`` could not be done, and why."""
+    try:
+        return dict(run_interpreted(probe, function))
+    except NotInterpreted as e:
+        return ProbeResult(probe=probe, status=UNKNOWN, evidence=f"{what}: {e}")
+
+
 class Uncounted:
     """A Triton kernel launched with the dispatch modes off: under a counting mode, the
     interpreter's own tensor operations are not the probed code's."""

@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import _harness
-from ._interpreted import NotInterpreted, Uncounted, counted_verdict, run_interpreted
+from ._interpreted import Uncounted, counted_verdict, interpreted_or_unknown
 from .gdn_uniform_metadata import _counted as counted_ops
-from .result import UNKNOWN, ProbeResult
+from .result import ProbeResult
 
 NAME = "computed_tokens_correction"
 #: Operations outside Triton kernels the correction may dispatch: none, with one to spare.
@@ -94,12 +94,9 @@ def corrected() -> dict[str, Any]:
 
 
 def run() -> ProbeResult:
-    try:
-        found = dict(run_interpreted(NAME, "corrected"))
-    except NotInterpreted as e:
-        return ProbeResult(
-            probe=NAME, status=UNKNOWN, evidence=f"the correction could not be run: {e}"
-        )
+    found = interpreted_or_unknown(NAME, "corrected", "the correction could not be run")
+    if isinstance(found, ProbeResult):
+        return found
     want = found["expected"]
     wrong = [
         f"{key} {found[key]}, expected {want[key]}"

@@ -28,7 +28,7 @@ import contextlib
 from typing import Any
 
 from . import _harness
-from ._interpreted import NotInterpreted, Uncounted, run_interpreted
+from ._interpreted import interpreted_or_unknown
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "context_kv_one_launch"
@@ -132,30 +132,29 @@ def stored() -> dict[str, Any]:
 
     import vllm.model_executor.models as models_package
 
-    kernels: dict[Any, dict[str, Any]] = {}
-    for name in ("dflash_context_kv",):
-        module = getattr(models_package, name, None)
-        if module is None:
-            continue
-        kernels[module] = {}
-        for attr, value in vars(module).items():
-            # The kernels launched; their helpers are called inside them.
-            launched = attr.endswith("_kernel")
-            if launched and type(value).__name__ in ("JITFunction", "InterpretedFunction"):
-                kernels[module][attr] = _CountedKernel(value, launches)
+    # The fixed tree's kernel module (stock has none): the kernels it launches counted; their
+    # helpers are called inside them.
+    module = getattr(models_package, "dflash_context_kv", None)
+    launched = {
+        attr: _CountedKernel(value, launches)
+        for attr, value in (vars(module) if module else {}).items()
+        if attr.endswith("_kernel")
+        and type(value).__name__ in ("JITFunction", "InterpretedFunction")
+    }
+    counted = _harness.replaced(module, **launched) if module else contextlib.nullcontext()
     generator = torch.Generator().manual_seed(7)
     states = torch.randn(TOKENS, inner._hidden_norm_weight.shape[0], generator=generator)
     states = states.half()
     positions = torch.randint(0, 200, (TOKENS,), generator=generator)
     slots = torch.randperm(BLOCKS * BLOCK, generator=generator)[:TOKENS]
     slots[PADDED] = -1
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_harness.replaced(ops, rms_norm=rms, rotary_embedding=rope))
-        stack.enter_context(_harness.replaced(FlashAttentionImpl, do_kv_cache_update=insert))
-        for module, launched in kernels.items():
-            stack.enter_context(_harness.replaced(module, **launched))
-        with torch.no_grad():
-            inner.precompute_and_store_context_kv(states, positions, slots)
+    with (
+        _harness.replaced(ops, rms_norm=rms, rotary_embedding=rope),
+        _harness.replaced(FlashAttentionImpl, do_kv_cache_update=insert),
+        counted,
+        torch.no_grad(),
+    ):
+        inner.precompute_and_store_context_kv(states, positions, slots)
     return {
         "layers": len(layers),
         "launches": launches,
@@ -167,7 +166,7 @@ class _CountedKernel:
     """A Triton kernel launched as it is, each launch counted."""
 
     def __init__(self, kernel: Any, launches: dict[str, int]) -> None:
-        self.kernel = Uncounted(kernel)
+        self.kernel = kernel
         self.launches = launches
 
     def __getitem__(self, grid: Any) -> Any:
@@ -214,12 +213,9 @@ def _wrong(inner: Any, states: Any, positions: Any, slots: Any) -> list[str]:
 
 
 def run() -> ProbeResult:
-    try:
-        found = dict(run_interpreted(NAME, "stored"))
-    except NotInterpreted as e:
-        return ProbeResult(
-            probe=NAME, status=UNKNOWN, evidence=f"the drafter could not store a context: {e}"
-        )
+    found = interpreted_or_unknown(NAME, "stored", "the drafter could not store a context")
+    if isinstance(found, ProbeResult):
+        return found
     launches, layers = found["launches"], found["layers"]
     evidence = (
         f"a context of {TOKENS} tokens (one at the padding slot) for a drafter of {layers} "

@@ -34,9 +34,9 @@ import random
 from typing import Any
 
 from . import _harness
-from ._interpreted import NotInterpreted, Uncounted, counted_verdict, run_interpreted
+from ._interpreted import Uncounted, counted_verdict, interpreted_or_unknown
 from .gdn_uniform_metadata import _counted as counted_ops
-from .result import UNKNOWN, ProbeResult
+from .result import ProbeResult
 
 NAME = "greedy_verify_direct"
 K = 3
@@ -214,12 +214,9 @@ def _wrong(found: dict[str, Any]) -> list[str]:
 
 
 def run() -> ProbeResult:
-    try:
-        found = dict(run_interpreted(NAME, "verified"))
-    except NotInterpreted as e:
-        return ProbeResult(
-            probe=NAME, status=UNKNOWN, evidence=f"the rejection sampler could not be run: {e}"
-        )
+    found = interpreted_or_unknown(NAME, "verified", "the rejection sampler could not be run")
+    if isinstance(found, ProbeResult):
+        return found
     wrong = _wrong(found)
     ops = found["greedy"]["ops"]
     evidence = (
