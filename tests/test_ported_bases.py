@@ -210,7 +210,6 @@ def test_what_a_candidate_build_leaves_out_is_every_fix_with_no_code_on_the_base
     assert real.without_code_on("0.34.0") == (
         "piecewise-spec-sizes",
         "gdn-spec-replay",
-        "context-kv-one-launch",
     )
 
 

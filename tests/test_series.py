@@ -52,7 +52,7 @@ def test_on_a_base_that_has_a_fix_already_its_requirement_does_not_hold_a_skip()
     series = load_ledger(PATCHES)
     with pytest.raises(SeriesError, match="patch join-hold is written on it"):
         series.without(["gdn-spec-replay"], "0.20.1")
-    undecided = ["piecewise-spec-sizes", "gdn-spec-replay", "context-kv-one-launch"]
+    undecided = ["piecewise-spec-sizes", "gdn-spec-replay"]
     left = series.without(undecided, "0.34.0")
     assert "join-hold" in {p.id for p in left.patches}
     resolved = left.for_base("0.34.0", strict=True)

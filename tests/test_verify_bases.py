@@ -94,12 +94,12 @@ def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
     tmp_path, catalog, fetch_release, probe_python, cache
 ):
     """The 0.34.0 build that leaves out by name the fixes with no code there yet (as the GPU
-    session builds it: fixes 9, 32 and 37, undecided) carries every port, each read present by
+    session builds it: fixes 9 and 32, undecided) carries every port, each read present by
     its probe, and verify names those fixes alone."""
     fetch_release(catalog.get("0.34.0"))
     dist = tmp_path / "dist"
     left_out = load_ledger(PATCHES).without_code_on("0.34.0")
-    assert left_out == ("piecewise-spec-sizes", "gdn-spec-replay", "context-kv-one-launch")
+    assert left_out == ("piecewise-spec-sizes", "gdn-spec-replay")
     skips = [arg for fix in left_out for arg in ("--skip", fix)]
     built = run_cli(
         "build",
@@ -120,7 +120,7 @@ def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
     (wheel,) = dist.glob("*.whl")
     # The series less the fixes it leaves out.
     assert wheel.name.startswith(f"vllm-0.34.0+dflash.{len(registry().fixes) - len(left_out)}.")
-    assert ".skip.contextkvonelaunch.gdnspecreplay.piecewisespecsizes-" in wheel.name
+    assert ".skip.gdnspecreplay.piecewisespecsizes-" in wheel.name
     site = tmp_path / "site"
     assert pip_install(wheel, target=site, compile_bytecode=False) is None
     result = run_cli(
@@ -133,4 +133,4 @@ def test_the_candidate_0340_wheel_lacks_only_the_fix_it_leaves_out(
     ports = [f.number for f in registry().fixes if (c := f.on.get("0.34.0")) and c.state == "port"]
     assert ports and all(states[n] == "present" for n in ports), states
     met = ("present", "present (upstream form)", "not needed on this base")
-    assert [n for n, s in states.items() if s not in met] == [9, 32, 37]
+    assert [n for n, s in states.items() if s not in met] == [9, 32]
