@@ -391,6 +391,53 @@ def test_the_verify_step_runs_tooling_verify_on_each_install_and_keeps_its_lines
         assert text.strip() == f"error: no vllm-*.dist-info in {layout.engine(engine)}"
 
 
+@pytest.mark.slow
+def test_the_kernel_step_refuses_without_a_gpu_and_its_distance_counts_adjacent_values(
+    tmp_path: Path, probe_python: Path
+) -> None:
+    """``kernel-context`` runs its check in the fixed engine's interpreter (here the probes'
+    CPU one): with no CUDA device it says so in one line, exits 2 and writes no report. Its
+    distance is in adjacent values of the cache's format, across zero and the sign."""
+    import os
+
+    from tooling.host.kernel_context import NO_CUDA_EXIT
+    from tooling.host.layout import Layout
+    from tooling.host.session import _kernel
+
+    layout = Layout(tmp_path / "work")
+    layout.session.mkdir(parents=True)
+    path = f"{probe_python.parent}{os.pathsep}{os.environ['PATH']}"
+    env = layout.env(None, PATH=path, PATCHED_SITE=str(tmp_path / "site"))
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    assert _kernel(layout, STEPS["kernel-context"], env) == NO_CUDA_EXIT
+    text = (layout.session / "kernel-context.txt").read_text().strip()
+    assert text == "kernel_context: no CUDA device; the check compares compiled kernels"
+    assert not list(layout.session.glob("kernel-context.json*"))
+    distances = subprocess.run(
+        [
+            str(probe_python),
+            "-c",
+            "import torch\n"
+            "from tooling.host.kernel_context import _steps_apart as d\n"
+            "one = torch.tensor([1.0, 0.0, -1.0], dtype=torch.bfloat16)\n"
+            "up = one.view(torch.int16) + torch.tensor([1, 0, 2], dtype=torch.int16)\n"
+            "zero = torch.tensor([0.0, -0.0], dtype=torch.bfloat16)\n"
+            "tiny = torch.tensor([1, -32767], dtype=torch.int16).view(torch.bfloat16)\n"
+            "codes = torch.tensor([0x01, 0x81, 0x7E], dtype=torch.uint8)\n"
+            "print(d(one, up.view(torch.bfloat16)), d(zero, zero.flip(0)), d(tiny, zero),"
+            " d(codes, torch.tensor([0x81, 0x01, 0x7E], dtype=torch.uint8)))",
+        ],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert distances.returncode == 0, distances.stderr
+    # bf16 1.0 one step up, -1.0 two steps further out; +0 and -0 equal; the smallest
+    # subnormals each a step from zero; fp8 +/- the smallest code two steps apart.
+    assert distances.stdout.split("\n")[0] == "(2, 2) (0, 0) (1, 2) (2, 2)"
+
+
 def test_a_background_step_runs_from_a_copy_of_the_checkout_of_its_own(tmp_path):
     """The driver's tool copies the checkout in again with each call: a step started in the
     background imports the toolchain, and reads the series, from a copy no later start writes

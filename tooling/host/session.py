@@ -211,6 +211,15 @@ def _verify(layout: Layout, step: Step, env: dict[str, str]) -> int:
     return code
 
 
+def _kernel(layout: Layout, step: Step, env: dict[str, str]) -> int:
+    """The step's kernel check in the fixed engine's interpreter: its report in
+    ``$SESSION/STEP.json``, its lines in ``STEP.txt``; 0 when every case agrees."""
+    check = REPO_DIR / "tooling" / "host" / "kernel_context.py"
+    cmd = [PYTHON, str(check), "--out", str(layout.session / f"{step.name}.json")]
+    with written(layout.session / f"{step.name}.txt") as log:
+        return run(cmd, env={**env, "PYTHONPATH": env["PATCHED_SITE"]}, stdout=log, stderr=log)
+
+
 def fuzz_args(day: time.struct_time, args: tuple[str, ...] = FUZZ_ARGS) -> tuple[str, ...]:
     """A fuzz step's options: ``args`` and the campaign's seed, the day's date, so that
     each day's sessions draw other settings than the last day's, and a campaign's report
@@ -344,6 +353,8 @@ def background(parts: Path, steps: list[str], layout: Layout) -> int:
             code = _speed_shape(layout, step, env)
         elif step.kind is Kind.VERIFY:
             code = _verify(layout, step, env)
+        elif step.kind is Kind.KERNEL:
+            code = _kernel(layout, step, env)
         else:
             code = _trained(layout, step, env)
         mark(f"{name}: exit {code}")

@@ -1,0 +1,245 @@
+"""Patch 37's kernel against vLLM's own, on the GPU: the drafter's context K/V written into
+each layer's cache by ``ContextKVWriter`` and by the kernels it replaces (vLLM's RMSNorm a
+layer, its RoPE, its cache insert a layer), compiled, on the same inputs.
+
+On the CPU the kernel only runs in Triton's interpreter, which truncates to bfloat16 and
+misrounds some float8 values, and vLLM's CUDA kernels do not run at all. Here both run as
+users run them. Each case gives the largest distance between the two caches in steps of the
+cache's own format (adjacent values: ulps for float16 and bfloat16, codes for fp8), how many
+elements differ, and whether any row outside the context's slots was written. It also gives
+each path's host time a call (launches and Python, no sync), which the check does not judge.
+
+Run in the fixed engine's interpreter (``PYTHONPATH`` its site): it imports vLLM and torch,
+not this toolchain. ``--out`` gets the JSON report. Exit 0 when every case is within one step
+and nothing outside its slots was written, 1 when one is not, 2 without a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import types
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+#: At most this many steps of the cache's format apart: the two paths reduce K's squares in
+#: different orders, so the normed K may land one float32 rounding apart before its cast.
+TOLERANCE_STEPS = 1
+NO_CUDA_EXIT = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    neox: bool
+    dtype: str
+    cache: str
+    """vLLM's kv_cache_dtype: "auto" (the K/V dtype) or "fp8" (e4m3)."""
+    tokens: int
+    block_size: int
+
+
+#: The seed's drafter (z-lab's Qwen3.6-27B DFlash: 5 layers, 8 KV heads of 128, NeoX RoPE over
+#: the whole head, bfloat16, 480-token blocks in the hybrid engine) at one request and K = 15
+#: (16 context tokens) and at 64 requests, then the formats and layouts users change.
+CASES = (
+    Case("seed-1", 5, 8, 128, 128, True, "bfloat16", "auto", 16, 480),
+    Case("seed-64", 5, 8, 128, 128, True, "bfloat16", "auto", 1024, 480),
+    Case("seed-64-fp8", 5, 8, 128, 128, True, "bfloat16", "fp8", 1024, 480),
+    Case("float16", 5, 8, 128, 128, True, "float16", "auto", 1024, 16),
+    Case("float16-fp8", 5, 8, 128, 128, True, "float16", "fp8", 1024, 16),
+    Case("partial-gptj", 3, 4, 256, 64, False, "bfloat16", "auto", 300, 16),
+)
+
+
+@dataclass
+class Outcome:
+    case: str
+    worst_steps: int
+    differing: int
+    elements: int
+    stray_rows: int
+    stock_host_us: float
+    fused_host_us: float
+
+    @property
+    def ok(self) -> bool:
+        return self.worst_steps <= TOLERANCE_STEPS and self.stray_rows == 0
+
+
+def _cos_sin(rotary_dim: int, positions: int, dtype: Any, device: Any) -> Any:
+    import torch
+
+    inv = 1.0 / (1e7 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype=dtype, device=device)
+
+
+def _layers(case: Case, blocks: int, device: Any) -> list[Any]:
+    import torch
+
+    shape = (2, blocks, case.block_size, case.kv_heads, case.head_dim)
+    dtype = torch.uint8 if case.cache == "fp8" else getattr(torch, case.dtype)
+    return [
+        types.SimpleNamespace(
+            kv_cache=torch.zeros(shape, dtype=dtype, device=device),
+            _k_scale=torch.tensor([0.25 + 0.5 * i], device=device),
+            _v_scale=torch.tensor([0.75], device=device),
+            kv_cache_dtype=case.cache,
+        )
+        for i in range(case.layers)
+    ]
+
+
+def _stock(
+    case: Case,
+    layers: list[Any],
+    weights: list[Any],
+    all_kv: Any,
+    positions: Any,
+    slots: Any,
+    cos_sin: Any,
+) -> None:
+    """What vLLM 0.20.1's DFlash model does: its copy, RMSNorm a layer, RoPE, an insert a layer."""
+    from vllm import _custom_ops as ops
+
+    n, L, nkv, hd = all_kv.shape[0], case.layers, case.kv_heads, case.head_dim
+    kv = all_kv.view(n, L, 2, nkv, hd).permute(2, 1, 0, 3, 4).contiguous()
+    k, v = kv[0], kv[1]
+    normed = k.new_empty(k.shape)
+    for i in range(L):
+        ops.rms_norm(normed[i], k[i], weights[i], 1e-6)
+    flat = normed.view(L * n, nkv * hd)
+    ops.rotary_embedding(positions.repeat(L), flat, None, hd, cos_sin, case.neox)
+    for i, layer in enumerate(layers):
+        key_cache, value_cache = layer.kv_cache.unbind(0)
+        ops.reshape_and_cache_flash(
+            normed[i],
+            v[i],
+            key_cache,
+            value_cache,
+            slots,
+            case.cache,
+            layer._k_scale,
+            layer._v_scale,
+        )
+
+
+def _steps_apart(a: Any, b: Any) -> tuple[int, int]:
+    """Largest distance in adjacent values of the format, and how many elements differ."""
+    import torch
+
+    if a.dtype == torch.uint8:
+        # e4m3's codes are sign and magnitude; the magnitude's order is its value's.
+        def ordered(x: Any) -> Any:
+            x = x.to(torch.int32)
+            return torch.where(x >= 128, -(x - 128), x)
+    else:
+
+        def ordered(x: Any) -> Any:
+            x = x.view(torch.int16).to(torch.int32)
+            return torch.where(x < 0, -(x & 0x7FFF), x)
+
+    gap = (ordered(a) - ordered(b)).abs()
+    return int(gap.max()), int((gap > 0).sum())
+
+
+def _host_us(call: Callable[[], None], repeats: int = 50) -> float:
+    import torch
+
+    call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    spent = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return spent / repeats * 1e6
+
+
+def run_case(case: Case, device: Any) -> Outcome:
+    import torch
+    from vllm.model_executor.models.dflash_context_kv import ContextKVWriter
+
+    dtype = getattr(torch, case.dtype)
+    g = torch.Generator(device="cpu").manual_seed(case.tokens * 7 + case.layers)
+    width = case.layers * 2 * case.kv_heads * case.head_dim
+    all_kv = (torch.randn(case.tokens, width, generator=g) * 4).to(dtype).to(device)
+    weights = [
+        (1 + torch.randn(case.head_dim, generator=g) / 4).to(dtype).to(device)
+        for _ in range(case.layers)
+    ]
+    blocks = case.tokens // case.block_size + 3
+    slots = torch.randperm(blocks * case.block_size, generator=g)[: case.tokens]
+    slots[1] = -1  # the padding slot: written nowhere
+    slots = slots.to(device)
+    positions = torch.randint(0, 8192, (case.tokens,), generator=g).to(device)
+    cos_sin = _cos_sin(case.rotary_dim, 8192, dtype, device)
+
+    stock, fused = _layers(case, blocks, device), _layers(case, blocks, device)
+    _stock(case, stock, weights, all_kv, positions, slots, cos_sin)
+    writer = ContextKVWriter(fused, weights, 1e-6, case.kv_heads, case.head_dim, case.neox)
+    writer.write(all_kv, positions, slots, cos_sin)
+    torch.cuda.synchronize()
+
+    worst, differing, elements = 0, 0, 0
+    for a, b in zip(stock, fused, strict=True):
+        apart, count = _steps_apart(a.kv_cache, b.kv_cache)
+        worst, differing = max(worst, apart), differing + count
+        elements += a.kv_cache.numel()
+    live = torch.zeros(blocks * case.block_size, dtype=torch.bool, device=device)
+    live[slots[slots >= 0]] = True
+    stray = 0
+    for layer in fused:
+        rows = layer.kv_cache.reshape(2, blocks * case.block_size, -1)
+        stray += int(((rows != 0).any(-1).any(0) & ~live).sum())
+    return Outcome(
+        case.name,
+        worst,
+        differing,
+        elements,
+        stray,
+        _host_us(lambda: _stock(case, stock, weights, all_kv, positions, slots, cos_sin)),
+        _host_us(lambda: writer.write(all_kv, positions, slots, cos_sin)),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the JSON report")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        message = "kernel_context: no CUDA device; the check compares compiled kernels"
+        print(message, file=sys.stderr)
+        return NO_CUDA_EXIT
+    outcomes = [run_case(case, torch.device("cuda")) for case in CASES]
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "tolerance_steps": TOLERANCE_STEPS,
+        "cases": [asdict(c) for c in CASES],
+        "outcomes": [{**asdict(o), "ok": o.ok} for o in outcomes],
+    }
+    partial = args.out.with_suffix(".partial")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(args.out)
+    for o in outcomes:
+        print(
+            f"{o.case}: {'ok' if o.ok else 'DIFFERS'}, worst {o.worst_steps} steps, "
+            f"{o.differing} of {o.elements} differ, {o.stray_rows} stray rows; host "
+            f"{o.stock_host_us:.0f} us stock, {o.fused_host_us:.0f} us fused"
+        )
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
