@@ -392,15 +392,15 @@ def test_the_verify_step_runs_tooling_verify_on_each_install_and_keeps_its_lines
 
 
 @pytest.mark.slow
-def test_the_kernel_step_refuses_without_a_gpu_and_its_distance_counts_adjacent_values(
+def test_the_kernels_step_refuses_without_a_gpu_and_its_distance_counts_adjacent_values(
     tmp_path: Path, probe_python: Path
 ) -> None:
-    """``kernel-context`` runs its check in the fixed engine's interpreter (here the probes'
-    CPU one): with no CUDA device it says so in one line, exits 2 and writes no report. Its
-    distance is in adjacent values of the cache's format, across zero and the sign."""
+    """``kernels`` runs its checks in the fixed engine's interpreter (here the probes' CPU
+    one): with no CUDA device it says so in one line, exits 2 and writes no report. Patch
+    37's distance is in adjacent values of the cache's format, across zero and the sign."""
     import os
 
-    from tooling.host.kernel_context import NO_CUDA_EXIT
+    from tooling.host.kernels import NO_CUDA_EXIT
     from tooling.host.layout import Layout
     from tooling.host.session import _kernel
 
@@ -409,10 +409,10 @@ def test_the_kernel_step_refuses_without_a_gpu_and_its_distance_counts_adjacent_
     path = f"{probe_python.parent}{os.pathsep}{os.environ['PATH']}"
     env = layout.env(None, PATH=path, PATCHED_SITE=str(tmp_path / "site"))
     env["CUDA_VISIBLE_DEVICES"] = ""
-    assert _kernel(layout, STEPS["kernel-context"], env) == NO_CUDA_EXIT
-    text = (layout.session / "kernel-context.txt").read_text().strip()
-    assert text == "kernel_context: no CUDA device; the check compares compiled kernels"
-    assert not list(layout.session.glob("kernel-context.json*"))
+    assert _kernel(layout, STEPS["kernels"], env) == NO_CUDA_EXIT
+    text = (layout.session / "kernels.txt").read_text().strip()
+    assert text == "kernels: no CUDA device; the check compares compiled kernels"
+    assert not list(layout.session.glob("kernels.json*"))
     distances = subprocess.run(
         [
             str(probe_python),

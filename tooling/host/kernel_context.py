@@ -9,27 +9,20 @@ cache's own format (adjacent values: ulps for float16 and bfloat16, codes for fp
 elements differ, and whether any row outside the context's slots was written. It also gives
 each path's host time a call (launches and Python, no sync), which the check does not judge.
 
-Run in the fixed engine's interpreter (``PYTHONPATH`` its site): it imports vLLM and torch,
-not this toolchain. ``--out`` gets the JSON report. Exit 0 when every case is within one step
-and nothing outside its slots was written, 1 when one is not, 2 without a CUDA device.
+A case passes when it is within one step and nothing outside its slots was written.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import time
 import types
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
+
+from .kernel_timing import host_us
 
 #: At most this many steps of the cache's format apart: the two paths reduce K's squares in
 #: different orders, so the normed K may land one float32 rounding apart before its cast.
 TOLERANCE_STEPS = 1
-NO_CUDA_EXIT = 2
 
 
 @dataclass(frozen=True)
@@ -152,19 +145,6 @@ def _steps_apart(a: Any, b: Any) -> tuple[int, int]:
     return int(gap.max()), int((gap > 0).sum())
 
 
-def _host_us(call: Callable[[], None], repeats: int = 50) -> float:
-    import torch
-
-    call()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    spent = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return spent / repeats * 1e6
-
-
 def run_case(case: Case, device: Any) -> Outcome:
     import torch
     from vllm.model_executor.models.dflash_context_kv import ContextKVWriter
@@ -207,39 +187,6 @@ def run_case(case: Case, device: Any) -> Outcome:
         differing,
         elements,
         stray,
-        _host_us(lambda: _stock(case, stock, weights, all_kv, positions, slots, cos_sin)),
-        _host_us(lambda: writer.write(all_kv, positions, slots, cos_sin)),
+        host_us(lambda: _stock(case, stock, weights, all_kv, positions, slots, cos_sin)),
+        host_us(lambda: writer.write(all_kv, positions, slots, cos_sin)),
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="the JSON report")
-    args = parser.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        message = "kernel_context: no CUDA device; the check compares compiled kernels"
-        print(message, file=sys.stderr)
-        return NO_CUDA_EXIT
-    outcomes = [run_case(case, torch.device("cuda")) for case in CASES]
-    report = {
-        "device": torch.cuda.get_device_name(),
-        "tolerance_steps": TOLERANCE_STEPS,
-        "cases": [asdict(c) for c in CASES],
-        "outcomes": [{**asdict(o), "ok": o.ok} for o in outcomes],
-    }
-    partial = args.out.with_suffix(".partial")
-    partial.write_text(json.dumps(report, indent=2) + "\n")
-    partial.replace(args.out)
-    for o in outcomes:
-        print(
-            f"{o.case}: {'ok' if o.ok else 'DIFFERS'}, worst {o.worst_steps} steps, "
-            f"{o.differing} of {o.elements} differ, {o.stray_rows} stray rows; host "
-            f"{o.stock_host_us:.0f} us stock, {o.fused_host_us:.0f} us fused"
-        )
-    return 0 if all(o.ok for o in outcomes) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

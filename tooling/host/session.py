@@ -212,12 +212,12 @@ def _verify(layout: Layout, step: Step, env: dict[str, str]) -> int:
 
 
 def _kernel(layout: Layout, step: Step, env: dict[str, str]) -> int:
-    """The step's kernel check in the fixed engine's interpreter: its report in
+    """The kernel checks in the fixed engine's interpreter: the report in
     ``$SESSION/STEP.json``, its lines in ``STEP.txt``; 0 when every case agrees."""
-    check = REPO_DIR / "tooling" / "host" / "kernel_context.py"
-    cmd = [PYTHON, str(check), "--out", str(layout.session / f"{step.name}.json")]
+    cmd = [PYTHON, "-m", "tooling.host.kernels", "--out", str(layout.session / f"{step.name}.json")]
+    site = f"{env['PATCHED_SITE']}:{REPO_DIR}"
     with written(layout.session / f"{step.name}.txt") as log:
-        return run(cmd, env={**env, "PYTHONPATH": env["PATCHED_SITE"]}, stdout=log, stderr=log)
+        return run(cmd, env={**env, "PYTHONPATH": site}, stdout=log, stderr=log)
 
 
 def fuzz_args(day: time.struct_time, args: tuple[str, ...] = FUZZ_ARGS) -> tuple[str, ...]:

@@ -32,8 +32,8 @@ class Kind(StrEnum):
     """``tooling verify`` of the stock and the patched install on this host: each fix by
     behaviour (the probes run on the host's CPU, with the installed release's torch)."""
     KERNEL = "kernel"
-    """A kernel of the series against the vLLM kernels it replaces, compiled, on this GPU, in
-    the fixed engine's interpreter (``tooling/host/kernel_context.py``)."""
+    """The series' kernels against what they replace, compiled on this GPU, in the fixed
+    engine's interpreter (``python -m tooling.host.kernels``)."""
     FUZZ = "fuzz"
     """The GPU fuzzer (``host fuzz``): the fixed wheel's campaign and stock's side by side,
     on the pair the step's variant names (``fuzz_settings``)."""
@@ -118,8 +118,8 @@ STEPS = {
         # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.
         Step("speed-seed", Kind.SPEED_SHAPE, "seed"),
         Step("verify", Kind.VERIFY),
-        # Patch 37's kernel against vLLM's RMSNorm, RoPE and cache insert: no engine started.
-        Step("kernel-context", Kind.KERNEL),
+        # Patches 36 and 37's kernels against what they replace: no engine started.
+        Step("kernels", Kind.KERNEL),
         # Beside the training, on the seed-shaped pair.
         Step("fuzz-seed", Kind.FUZZ, "seed"),
         # The seed's pair at full width, the fixed wheel alone, on a GPU of an H200's size.

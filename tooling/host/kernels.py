@@ -1,0 +1,69 @@
+"""``python -m tooling.host.kernels --out REPORT``: the series' kernels against what they
+replace, compiled on this GPU, before any engine serves them. Patch 37's context K/V write
+against vLLM's RMSNorm, RoPE and cache insert (``kernel_context``); patch 36's correction of
+computed tokens against the tensor operations it replaces (``kernel_correction``).
+
+Run in the fixed engine's interpreter, its site and this checkout on ``PYTHONPATH``: it
+imports vLLM and torch, and of this toolchain only these modules. The JSON report is written
+whole or not at all. Exit 0 when every case passes, 1 when one does not, 2 without a CUDA
+device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .kernel_context import CASES, TOLERANCE_STEPS, run_case
+from .kernel_correction import CHANGES, run_change
+
+NO_CUDA_EXIT = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tooling.host.kernels")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON report")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kernels: no CUDA device; the check compares compiled kernels", file=sys.stderr)
+        return NO_CUDA_EXIT
+    device = torch.device("cuda")
+    context = [run_case(case, device) for case in CASES]
+    correction = [run_change(change, device) for change in CHANGES]
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "context_kv": {
+            "tolerance_steps": TOLERANCE_STEPS,
+            "cases": [asdict(c) for c in CASES],
+            "outcomes": [{**asdict(o), "ok": o.ok} for o in context],
+        },
+        "correction": {
+            "changes": [asdict(c) for c in CHANGES],
+            "outcomes": [{**asdict(o), "ok": o.ok} for o in correction],
+        },
+    }
+    partial = args.out.with_suffix(".partial")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(args.out)
+    for o in context:
+        print(
+            f"context kv {o.case}: {'ok' if o.ok else 'DIFFERS'}, worst {o.worst_steps} steps, "
+            f"{o.differing} of {o.elements} differ, {o.stray_rows} stray rows; host "
+            f"{o.stock_host_us:.0f} us stock, {o.fused_host_us:.0f} us fused"
+        )
+    for c in correction:
+        print(
+            f"correction {c.change}: {'ok' if c.ok else 'DIFFERS'}, {c.computed_differ} "
+            f"computed and {c.accepted_differ} accepted differ; host "
+            f"{c.stock_host_us:.0f} us stock, {c.kernel_host_us:.0f} us kernel"
+        )
+    return 0 if all(o.ok for o in context) and all(c.ok for c in correction) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
