@@ -14,11 +14,14 @@ A case passes when it is within one step and nothing outside its slots was writt
 
 from __future__ import annotations
 
+import logging
 import types
 from dataclasses import dataclass
 from typing import Any
 
 from .kernel_timing import host_us
+
+logger = logging.getLogger(__name__)
 
 #: At most this many steps of the cache's format apart: the two paths reduce K's squares in
 #: different orders, so the normed K may land one float32 rounding apart before its cast.
@@ -148,6 +151,8 @@ def _steps_apart(a: Any, b: Any) -> tuple[int, int]:
 def run_case(case: Case, device: Any) -> Outcome:
     import torch
     from vllm.model_executor.models.dflash_context_kv import ContextKVWriter
+
+    logger.debug("context K/V case %s", case.name)
 
     dtype = getattr(torch, case.dtype)
     g = torch.Generator(device="cpu").manual_seed(case.tokens * 7 + case.layers)

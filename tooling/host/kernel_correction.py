@@ -11,10 +11,13 @@ tensor operations give: these are token counts, so nothing is close enough but e
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from .kernel_timing import host_us
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ def run_change(change: BatchChange, device: Any) -> CorrectionOutcome:
     import torch
     from vllm.v1.spec_decode import utils
 
+    logger.debug("correction case %s", change.name)
     inputs = _inputs(change, device)
     stock = [t.clone() for t in inputs]
     fused = [t.clone() for t in inputs]

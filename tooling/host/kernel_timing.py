@@ -3,8 +3,11 @@ and Python), not what the device spends."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
 
 
 def host_us(call: Callable[[], None], repeats: int = 50) -> float:
@@ -18,4 +21,5 @@ def host_us(call: Callable[[], None], repeats: int = 50) -> float:
         call()
     spent = time.perf_counter() - start
     torch.cuda.synchronize()
+    logger.debug("%d calls of %s: %.6f s of host time", repeats, call, spent)
     return spent / repeats * 1e6

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +23,13 @@ from .kernel_correction import CHANGES, run_change
 
 NO_CUDA_EXIT = 2
 
+logger = logging.getLogger(__name__)
+
+
+def _answer(line: str, *, err: bool = False) -> None:
+    """The check's lines: what the session keeps in its text."""
+    print(line, file=sys.stderr if err else sys.stdout)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tooling.host.kernels")
@@ -30,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("kernels: no CUDA device; the check compares compiled kernels", file=sys.stderr)
+        _answer("kernels: no CUDA device; the check compares compiled kernels", err=True)
         return NO_CUDA_EXIT
     device = torch.device("cuda")
     context = [run_case(case, device) for case in CASES]
@@ -50,14 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.out.with_suffix(".partial")
     partial.write_text(json.dumps(report, indent=2) + "\n")
     partial.replace(args.out)
+    logger.debug("report written to %s", args.out)
     for o in context:
-        print(
+        _answer(
             f"context kv {o.case}: {'ok' if o.ok else 'DIFFERS'}, worst {o.worst_steps} steps, "
             f"{o.differing} of {o.elements} differ, {o.stray_rows} stray rows; host "
             f"{o.stock_host_us:.0f} us stock, {o.fused_host_us:.0f} us fused"
         )
     for c in correction:
-        print(
+        _answer(
             f"correction {c.change}: {'ok' if c.ok else 'DIFFERS'}, {c.computed_differ} "
             f"computed and {c.accepted_differ} accepted differ; host "
             f"{c.stock_host_us:.0f} us stock, {c.kernel_host_us:.0f} us kernel"
