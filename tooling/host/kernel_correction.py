@@ -1,5 +1,6 @@
-"""Patch 36's kernel against the tensor operations it replaces, on the GPU: each request's
-computed tokens corrected after a batch change, with asynchronous scheduling.
+"""Patch 36's kernel against the tensor operations it replaces, compiled as vLLM 0.20.1
+compiles them, on the GPU: each request's computed tokens corrected after a batch change,
+with asynchronous scheduling.
 
 A request's row may read the previous values at an index another row writes (requests move
 in the persistent batch), so the one program must land every read before any write. The
@@ -85,13 +86,20 @@ def _inputs(change: BatchChange, device: Any) -> tuple[Any, ...]:
 
 def run_change(change: BatchChange, device: Any) -> CorrectionOutcome:
     import torch
+    from vllm.platforms import current_platform
     from vllm.v1.spec_decode import utils
 
     logger.debug("correction case %s", change.name)
+    # 0.20.1's own function: these operations under its torch.compile decorator.
+    compiled = torch.compile(
+        utils._update_num_computed_tokens_by_tensor_ops,
+        dynamic=True,
+        backend=current_platform.simple_compile_backend,
+    )
     inputs = _inputs(change, device)
     stock = [t.clone() for t in inputs]
     fused = [t.clone() for t in inputs]
-    utils._update_num_computed_tokens_by_tensor_ops(*stock)
+    compiled(*stock)
     utils.update_num_computed_tokens_for_batch_change(*fused)
     torch.cuda.synchronize()
     computed = int((stock[0] != fused[0]).sum())
@@ -101,6 +109,6 @@ def run_change(change: BatchChange, device: Any) -> CorrectionOutcome:
         change.name,
         computed,
         accepted,
-        host_us(lambda: utils._update_num_computed_tokens_by_tensor_ops(*stock)),
+        host_us(lambda: compiled(*stock)),
         host_us(lambda: utils.update_num_computed_tokens_for_batch_change(*fused)),
     )

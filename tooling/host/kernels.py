@@ -1,7 +1,7 @@
 """``python -m tooling.host.kernels --out REPORT``: the series' kernels against what they
 replace, compiled on this GPU, before any engine serves them. Patch 37's context K/V write
 against vLLM's RMSNorm, RoPE and cache insert (``kernel_context``); patch 36's correction of
-computed tokens against the tensor operations it replaces (``kernel_correction``).
+computed tokens against 0.20.1's compiled function it replaces (``kernel_correction``).
 
 Run in the fixed engine's interpreter, its site and this checkout on ``PYTHONPATH``: it
 imports vLLM and torch, and of this toolchain only these modules. The JSON report is written
