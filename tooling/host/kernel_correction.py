@@ -12,6 +12,7 @@ tensor operations give: these are token counts, so nothing is close enough but e
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -84,18 +85,27 @@ def _inputs(change: BatchChange, device: Any) -> tuple[Any, ...]:
     )
 
 
-def run_change(change: BatchChange, device: Any) -> CorrectionOutcome:
+@functools.cache
+def _stock_function() -> Any:
+    """0.20.1's own function: these operations under its torch.compile decorator, made once
+    as the module-level decorator makes it, so every batch runs one compiled function."""
     import torch
     from vllm.platforms import current_platform
     from vllm.v1.spec_decode import utils
 
-    logger.debug("correction case %s", change.name)
-    # 0.20.1's own function: these operations under its torch.compile decorator.
-    compiled = torch.compile(
+    return torch.compile(
         utils._update_num_computed_tokens_by_tensor_ops,
         dynamic=True,
         backend=current_platform.simple_compile_backend,
     )
+
+
+def run_change(change: BatchChange, device: Any) -> CorrectionOutcome:
+    import torch
+    from vllm.v1.spec_decode import utils
+
+    logger.debug("correction case %s", change.name)
+    compiled = _stock_function()
     inputs = _inputs(change, device)
     stock = [t.clone() for t in inputs]
     fused = [t.clone() for t in inputs]
