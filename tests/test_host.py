@@ -392,12 +392,12 @@ def test_the_verify_step_runs_tooling_verify_on_each_install_and_keeps_its_lines
 
 
 @pytest.mark.slow
-def test_the_kernels_step_refuses_without_a_gpu_and_its_distance_counts_adjacent_values(
+def test_the_kernels_step_refuses_without_a_gpu_and_its_distance_is_at_a_rows_scale(
     tmp_path: Path, probe_python: Path
 ) -> None:
     """``kernels`` runs its checks in the fixed engine's interpreter (here the probes' CPU
     one): with no CUDA device it says so in one line, exits 2 and writes no report. Patch
-    37's distance is in adjacent values of the cache's format, across zero and the sign."""
+    37's distance is in steps of the cache's format at each head row's scale."""
     import os
 
     from tooling.host.kernels import NO_CUDA_EXIT
@@ -418,14 +418,18 @@ def test_the_kernels_step_refuses_without_a_gpu_and_its_distance_counts_adjacent
             str(probe_python),
             "-c",
             "import torch\n"
-            "from tooling.host.kernel_context import _steps_apart as d\n"
-            "one = torch.tensor([1.0, 0.0, -1.0], dtype=torch.bfloat16)\n"
-            "up = one.view(torch.int16) + torch.tensor([1, 0, 2], dtype=torch.int16)\n"
-            "zero = torch.tensor([0.0, -0.0], dtype=torch.bfloat16)\n"
-            "tiny = torch.tensor([1, -32767], dtype=torch.int16).view(torch.bfloat16)\n"
-            "codes = torch.tensor([0x01, 0x81, 0x7E], dtype=torch.uint8)\n"
-            "print(d(one, up.view(torch.bfloat16)), d(zero, zero.flip(0)), d(tiny, zero),"
-            " d(codes, torch.tensor([0x81, 0x01, 0x7E], dtype=torch.uint8)))",
+            "from tooling.host.kernel_context import Case, _steps_apart as d\n"
+            "bf16 = Case('bf16', 1, 1, 4, 4, True, 'bfloat16', 'auto', 1, 16)\n"
+            "fp8 = Case('fp8', 1, 1, 4, 4, True, 'bfloat16', 'fp8', 1, 16)\n"
+            "def t(*v): return torch.tensor([v], dtype=torch.bfloat16)\n"
+            "def c(*v): return torch.tensor([v], dtype=torch.uint8)\n"
+            "row = t(1.0, 0.5, 0.25, 0.002)\n"
+            "print(d(bf16, row, t(1.0, 0.5, 0.25, -0.002)))\n"
+            "print(d(bf16, row, t(1.0, 0.5, 0.25 + 5 / 128, 0.002)))\n"
+            "print(d(bf16, row, t(1.0, 0.5, 0.25 + 6 / 128, 0.002)))\n"
+            "print(d(bf16, t(0, 0, 0, 0), t(0, 0, 0, 0)))\n"
+            "print(d(fp8, c(0x38, 0x30, 0, 0), c(0x39, 0x30, 0, 0)))\n"
+            "print(d(fp8, c(0x38, 0x30, 0, 0), c(0x3A, 0x30, 0, 0)))",
         ],
         cwd=REPO_DIR,
         capture_output=True,
@@ -433,9 +437,17 @@ def test_the_kernels_step_refuses_without_a_gpu_and_its_distance_counts_adjacent
         timeout=HANG_GUARD_S,
     )
     assert distances.returncode == 0, distances.stderr
-    # bf16 1.0 one step up, -1.0 two steps further out; +0 and -0 equal; the smallest
-    # subnormals each a step from zero; fp8 +/- the smallest code two steps apart.
-    assert distances.stdout.split("\n")[0] == "(2, 2) (0, 0) (1, 2) (2, 2)"
+    # Steps are counted at the row's largest magnitude (1.0: a bfloat16 step is 1/128, an
+    # e4m3 step 1/8). A near-zero RoPE output whose sign differs is about half a step there;
+    # five steps of bfloat16 are within, six are not; an fp8 cache allows one code more.
+    assert distances.stdout.split("\n")[:6] == [
+        "(0.51171875, 1, True)",
+        "(5.0, 1, True)",
+        "(6.0, 1, False)",
+        "(0.0, 0, True)",
+        "(1.0, 1, True)",
+        "(2.0, 1, False)",
+    ]
 
 
 def test_a_background_step_runs_from_a_copy_of_the_checkout_of_its_own(tmp_path):

@@ -5,11 +5,12 @@ layer, its RoPE, its cache insert a layer), compiled, on the same inputs.
 On the CPU the kernel only runs in Triton's interpreter, which truncates to bfloat16 and
 misrounds some float8 values, and vLLM's CUDA kernels do not run at all. Here both run as
 users run them. Each case gives the largest distance between the two caches in steps of the
-cache's own format (adjacent values: ulps for float16 and bfloat16, codes for fp8), how many
-elements differ, and whether any row outside the context's slots was written. It also gives
-each path's host time a call (launches and Python, no sync), which the check does not judge.
+cache's own format at each head row's scale (its largest magnitude), how many elements differ,
+and whether any row outside the context's slots was written. It also gives each path's host
+time a call (launches and Python, no sync), which the check does not judge.
 
-A case passes when it is within one step and nothing outside its slots was written.
+A case passes when every element is within the rounding the two paths may differ by
+(``_steps_apart``) and nothing outside its slots was written.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from .kernel_timing import host_us
 
 logger = logging.getLogger(__name__)
 
-#: At most this many steps of the cache's format apart: the two paths reduce K's squares in
-#: different orders, so the normed K may land one float32 rounding apart before its cast.
-TOLERANCE_STEPS = 1
+#: At most this many steps of K/V's dtype apart, at a head row's scale: the two paths reduce
+#: K's squares in different orders, so a normed value may sit a step apart (one for x, one
+#: for y), and each path rounds RoPE's two products and their sum on its own (three more).
+TOLERANCE_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ CASES = (
 @dataclass
 class Outcome:
     case: str
-    worst_steps: int
+    worst_steps: float
+    """In steps of the cache's format at the head row's scale."""
+    within: bool
     differing: int
     elements: int
     stray_rows: int
@@ -68,7 +72,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.worst_steps <= TOLERANCE_STEPS and self.stray_rows == 0
+        return self.within and self.stray_rows == 0
 
 
 def _cos_sin(rotary_dim: int, positions: int, dtype: Any, device: Any) -> Any:
@@ -129,23 +133,47 @@ def _stock(
         )
 
 
-def _steps_apart(a: Any, b: Any) -> tuple[int, int]:
-    """Largest distance in adjacent values of the format, and how many elements differ."""
+#: Mantissa bits of each format: one step at a value's scale is 2^(exponent - bits).
+_MANTISSA = {"bfloat16": 7, "float16": 10, "fp8": 3}
+
+
+def _values(cache: Any) -> Any:
+    """The cache's elements as float32, fp8 codes decoded (unscaled: steps count alike)."""
     import torch
 
-    if a.dtype == torch.uint8:
-        # e4m3's codes are sign and magnitude; the magnitude's order is its value's.
-        def ordered(x: Any) -> Any:
-            x = x.to(torch.int32)
-            return torch.where(x >= 128, -(x - 128), x)
-    else:
+    if cache.dtype == torch.uint8:
+        return cache.view(torch.float8_e4m3fn).float()
+    return cache.float()
 
-        def ordered(x: Any) -> Any:
-            x = x.view(torch.int16).to(torch.int32)
-            return torch.where(x < 0, -(x & 0x7FFF), x)
 
-    gap = (ordered(a) - ordered(b)).abs()
-    return int(gap.max()), int((gap > 0).sum())
+def _step(x: Any, bits: int) -> Any:
+    """One step of a format with ``bits`` mantissa bits at the scale of ``x`` (> 0)."""
+    import torch
+
+    return torch.exp2(torch.floor(torch.log2(x)) - bits)
+
+
+def _steps_apart(case: Case, a: Any, b: Any) -> tuple[float, int, bool]:
+    """Largest distance in steps of the cache's format at each head row's scale, how many
+    elements differ, and whether every element is within the bound.
+
+    A RoPE output can be a near-cancellation of two products, so counting adjacent values
+    at the output's own magnitude makes a rounding of the products look like thousands
+    of steps. The bound is at the row's largest magnitude instead (the rotation keeps a
+    pair's norm): both paths round the normed K, each of RoPE's two products and their
+    sum once, from normed values that may sit a step apart, so at most TOLERANCE_STEPS
+    steps of K/V's dtype; an fp8 cache adds its own conversion, one step of fp8."""
+    import torch
+
+    x, y = _values(a), _values(b)
+    scale = torch.maximum(x.abs().amax(-1, keepdim=True), y.abs().amax(-1, keepdim=True))
+    scale = scale.clamp(min=torch.finfo(torch.float32).tiny)
+    cache_step = _step(scale, _MANTISSA["fp8" if case.cache == "fp8" else case.dtype])
+    bound = TOLERANCE_STEPS * _step(scale, _MANTISSA[case.dtype])
+    if case.cache == "fp8":
+        bound = bound + cache_step
+    gap = (x - y).abs()
+    return float((gap / cache_step).max()), int((a != b).sum()), bool((gap <= bound).all())
 
 
 def run_case(case: Case, device: Any) -> Outcome:
@@ -175,11 +203,11 @@ def run_case(case: Case, device: Any) -> Outcome:
     writer.write(all_kv, positions, slots, cos_sin)
     torch.cuda.synchronize()
 
-    worst, differing, elements = 0, 0, 0
+    worst, differing, elements, within = 0.0, 0, 0, True
     for a, b in zip(stock, fused, strict=True):
-        apart, count = _steps_apart(a.kv_cache, b.kv_cache)
+        apart, count, inside = _steps_apart(case, a.kv_cache, b.kv_cache)
         worst, differing = max(worst, apart), differing + count
-        elements += a.kv_cache.numel()
+        within, elements = within and inside, elements + a.kv_cache.numel()
     live = torch.zeros(blocks * case.block_size, dtype=torch.bool, device=device)
     live[slots[slots >= 0]] = True
     stray = 0
@@ -189,6 +217,7 @@ def run_case(case: Case, device: Any) -> Outcome:
     return Outcome(
         case.name,
         worst,
+        within,
         differing,
         elements,
         stray,
