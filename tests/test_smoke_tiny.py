@@ -1,174 +1,28 @@
-"""The tiny models and the reference comparison, in the CPU interpreter with torch.
-
-The torch part runs in the probe interpreter with the reference
-``dflash==0.1.0`` on its path (conftest's ``probe_python`` and ``dflash_path``). The models
-are generated through the same ``python -m tooling.smoke.serving.tiny`` the smoke
-runs, loaded back with transformers and with the reference package, and the
-reference comparison (``tooling.smoke.serving.reference``) is checked against the
-reference's own speculative loop (``DFlashDraftModel.spec_generate``): drafts
-recorded from that loop must be reproduced exactly, and drafts from the same
-loop with the drafter miswired as stock vLLM 0.20.1 wires it (every layer full
-attention; context read at ``hidden_states[id]``) must fall below the gate.
-That loop needs the attention-only ``qwen3`` target (its cache is cropped
-after each verification). The ``hybrid`` target (the smoke's default) is
-checked the way the GPU smoke gates it: context features handed in as the
-engine's, and the HF layer they are nearest to.
-"""
+"""The attention-only tiny pair loads back as vLLM and the reference read it, and the
+reference comparison reproduces the reference's own speculative loop (stock vLLM's
+miswired drafts fall below the gate), one process or sharded alike."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from tooling.errors import SmokeError
 from tooling.fsutil import sha256_file
-from tooling.paths import REPO_DIR
 from tooling.procs import group_members
 from tooling.smoke import checks
-from tooling.smoke.config import drafter_info_from_config, target_info_from_config
-from tooling.smoke.pair import read_pair, tiny_pair
+from tooling.smoke.config import drafter_info_from_config
 from tooling.smoke.reference_pool import reference_pool
-from tooling.smoke.serving.tiny import (
-    MANIFEST,
-    TinySpec,
-    _qwen3_common,
-    hybrid_config,
-    load_manifest,
-)
+from tooling.smoke.serving.tiny import TinySpec, load_manifest
 
-from .helpers import bytecode_env
+from .smoke_tiny_helpers import probe_env
 
-CHECK_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    from pathlib import Path
-    import torch
-    import dflash.model as dm
-    from transformers import AutoTokenizer, Qwen3ForCausalLM
-    from tooling.smoke.serving.reference import FidelityInput, ModelSetup, compare, load_pair
-    from tooling.smoke.serving.tiny import TinySpec, write_tiny_models
-
-    root, out_path = sys.argv[1], sys.argv[2]
-    out = {}
-    # The pair, written here rather than by a process of its own (the hybrid one is).
-    write_tiny_models(Path(root), TinySpec.for_arch("qwen3", 0))
-
-    # Load back with transformers and with the reference package.
-    target = Qwen3ForCausalLM.from_pretrained(f"{root}/target")
-    out["target"] = {
-        "layers": target.config.num_hidden_layers,
-        "vocab": target.config.vocab_size,
-        "dtype": str(target.dtype),
-        "eos": target.config.eos_token_id,
-    }
-    draft = dm.DFlashDraftModel.from_pretrained(f"{root}/drafter")
-    out["drafter"] = {
-        "target_layer_ids": list(draft.target_layer_ids),
-        "mask_token_id": draft.mask_token_id,
-        "block_size": draft.block_size,
-        "windows": [layer.self_attn.sliding_window for layer in draft.layers],
-        "causal": [layer.self_attn.is_causal for layer in draft.layers],
-        "keys": sorted({k.split(".")[0] for k in draft.state_dict()}),
-    }
-    tok = AutoTokenizer.from_pretrained(f"{root}/target")
-    texts = ["Hello world", "Grüße — ünïcödé ✓", "def f(x):\\n    return x ** 2\\n", "  a  b  "]
-    out["tokenizer"] = {
-        "size": len(tok),
-        "eos_token_id": tok.eos_token_id,
-        "mask": tok.convert_ids_to_tokens(2047),
-        "round_trips": [tok.decode(tok.encode(t, add_special_tokens=False)) == t for t in texts],
-        "mask_skipped": tok.decode([2047, 0], skip_special_tokens=True) == "",
-    }
-
-    # Proposals of the reference's own loop, recorded, in float32 (exact on CPU).
-    def record(mode):
-        target, draft = load_pair(f"{root}/target", f"{root}/drafter", "cpu", "float32")
-        if mode == "all_full":  # stock 0.20.1 runs every drafter layer as full attention
-            for layer in draft.layers:
-                layer.self_attn.sliding_window = None
-                layer.self_attn.is_causal = False
-        original = dm.extract_context_feature
-        if mode == "no_offset":  # stock 0.20.1 captures hidden_states[id], not [id + 1]
-            dm.extract_context_feature = lambda hs, ids: torch.cat([hs[i] for i in ids], -1)
-        records, forward, logits_of = [], draft.forward, draft.compute_logits
-
-        def recording_forward(*args, **kwargs):
-            n = kwargs["noise_embedding"].shape[1]
-            records.append({"position": int(kwargs["position_ids"][0, -n])})
-            return forward(*args, **kwargs)
-
-        def recording_logits(hidden, head):
-            logits = logits_of(hidden, head)
-            records[-1]["drafts"] = torch.argmax(logits, -1)[0].tolist()
-            return logits
-
-        draft.forward, draft.compute_logits = recording_forward, recording_logits
-        gen = torch.Generator().manual_seed(0)
-        prompts, outputs, proposals = [], [], []
-        for index, length in enumerate([48, 64]):
-            ids = torch.randint(10, 2000, (1, length), generator=gen)
-            records.clear()
-            seq = draft.spec_generate(target, ids, max_new_tokens=32, stop_token_ids=None)
-            seq = seq[0].tolist()
-            prompts.append(seq[:length])
-            outputs.append(seq[length:])
-            for r in records:
-                proposals.append({"prompt": index, "position": r["position"],
-                                  "bonus": seq[r["position"]], "drafts": r["drafts"]})
-        dm.extract_context_feature = original
-        return {"prompts": prompts, "outputs": outputs, "proposals": proposals}
-
-    setup = ModelSetup(f"{root}/target", f"{root}/drafter", "cpu", "float32")
-    out["setup"] = vars(setup)
-
-    out["comparisons"] = {}
-    for mode in ("same", "all_full", "no_offset"):
-        request = record(mode)
-        if mode == "same":
-            # A first difference placed in the reference's own greedy output: the
-            # token it chose there, and another one.
-            chosen = request["outputs"][0][5]
-            request["divergences"] = [{
-                "context": request["prompts"][0] + request["outputs"][0][:5],
-                "tokens": [chosen, 10 + (chosen + 1) % 1990],
-            }]
-            out["same_request"] = request
-        out["comparisons"][mode] = compare(setup, FidelityInput(**request))
-        if mode == "all_full":
-            tolerant = {**request, "tie_tolerance": 1e9}
-            out["comparisons"]["all_full_any_tie"] = compare(setup, FidelityInput(**tolerant))
-    json.dump(out, open(out_path, "w"))
-    """
-)
-
-
-def _run(probe_python: Path, dflash_path: Path, *args: str, timeout: int = 240) -> None:
-    env = {
-        **bytecode_env(),
-        "PYTHONPATH": os.pathsep.join([str(dflash_path), str(REPO_DIR)]),
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    result = subprocess.run(
-        [str(probe_python), *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, probe_python: Path, dflash_path: Path) -> dict:
-    """An attention-only pair ``a``, written by the check script, which loads it back."""
-    root = tmp_path_factory.mktemp("tiny")
-    script = root / "check.py"
-    script.write_text(CHECK_SCRIPT)
-    _run(probe_python, dflash_path, str(script), str(root / "a"), str(root / "check.json"))
-    return {"root": root, "check": json.loads((root / "check.json").read_text())}
+# The ``tiny`` fixture for this module's tests; the redundant alias marks it as used.
+from .smoke_tiny_helpers import tiny as tiny
 
 
 @pytest.mark.slow
@@ -281,13 +135,7 @@ def test_tie_tolerance_counts_close_logits_as_agreement(tiny) -> None:
 
 
 def _pool(tmp_path: Path, setup: dict, probe_python: Path, dflash_path: Path, shards: int):
-    env = {
-        **os.environ,
-        **bytecode_env(),
-        "PYTHONPATH": os.pathsep.join([str(dflash_path), str(REPO_DIR)]),
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
+    env = {**os.environ, **probe_env(dflash_path)}
     return reference_pool(
         str(probe_python),
         tmp_path,
@@ -350,165 +198,3 @@ def test_a_shard_that_cannot_load_is_one_line_naming_its_log(
     assert "\n" not in message and "t-reference-0.log" in message
     assert "no-such-drafter" in message
     assert all(group_members(p.pid) == [] for p in procs)
-
-
-HYBRID_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import torch
-    import transformers
-    from dflash.model import extract_context_feature
-    from pathlib import Path
-    from tooling.smoke.serving.reference import (
-        FidelityInput, LoadedPair, ModelSetup, compare, load_pair, reference_logits,
-        target_hidden_states, warm_up)
-    from tooling.smoke.serving.tiny import TinySpec, write_tiny_models
-
-    root, out_path = sys.argv[1], sys.argv[2]
-    # The command line's pair (seed 0) again, in this process.
-    write_tiny_models(Path(root).parent / "again", TinySpec.for_arch("hybrid", 0))
-    config = transformers.AutoConfig.from_pretrained(f"{root}/target")
-    out = {"target_config": type(config).__name__}
-    target, draft = load_pair(f"{root}/target", f"{root}/drafter", "cpu", "float32")
-    out["target_class"] = type(target).__name__
-    out["windows"] = [layer.self_attn.sliding_window for layer in draft.layers]
-    sequence = torch.randint(10, 2000, (56,), generator=torch.Generator().manual_seed(0)).tolist()
-    hidden = target_hidden_states(target, sequence)
-    out["hidden_states"] = len(hidden)
-    ids = list(draft.target_layer_ids)
-    right = extract_context_feature(hidden, ids)
-    # What stock 0.20.1 hands the drafter: hidden_states[id], not [id + 1].
-    stock = torch.cat([hidden[i] for i in ids], dim=-1)
-    # The reference's own drafts from the right features, at three bonus positions.
-    proposals = []
-    for position in (24, 40, 55):
-        logits = reference_logits(target, draft, right, position, sequence[position], 3)
-        proposals.append({"prompt": 0, "position": position, "bonus": sequence[position],
-                          "drafts": logits.argmax(-1).tolist()})
-    # A shard's warm-up, on the loaded pair: made-up tokens, and nothing it leaves behind.
-    before = reference_logits(target, draft, right, 40, sequence[40], 3)
-    out["warm_up_s"] = warm_up(LoadedPair(target, draft, "cpu", 0.0))
-    after = reference_logits(target, draft, right, 40, sequence[40], 3)
-    out["warm_up_changes_nothing"] = bool(torch.equal(before, after))
-    # The large pairs' draw (bf16 from the start, saved in shards), here on the CPU: the
-    # same tensors by name and shape as the fp32 draw, seeded, and a pair the reference runs.
-    for name in ("bf16-a", "bf16-b"):
-        write_tiny_models(Path(root).parent / name, TinySpec.for_arch("hybrid", 0), "cpu")
-    shapes = {}
-    for name in ("pair", "bf16-a"):
-        t, d = load_pair(f"{Path(root).parent / name}/target",
-                         f"{Path(root).parent / name}/drafter", "cpu", "auto")
-        shapes[name] = {k: list(v.shape) for k, v in {**t.state_dict(), **{
-            "drafter." + k: v for k, v in d.state_dict().items()}}.items()}
-        if name == "bf16-a":
-            out["bf16_dtypes"] = sorted({str(v.dtype) for v in t.state_dict().values()})
-            logits = reference_logits(t, d, extract_context_feature(
-                target_hidden_states(t, sequence), ids), 40, sequence[40], 3)
-            out["bf16_logits_finite"] = bool(torch.isfinite(logits).all())
-    out["bf16_same_shapes"] = shapes["pair"] == shapes["bf16-a"]
-    out["comparisons"] = {}
-    for name, features in (("right", right), ("stock", stock)):
-        path = f"{root}/{name}-features.pt"
-        torch.save({0: (list(range(len(sequence))), features[0])}, path)
-        setup = ModelSetup(f"{root}/target", f"{root}/drafter", "cpu", "float32")
-        out["comparisons"][name] = compare(setup, FidelityInput(
-            prompts=[sequence[:24]], outputs=[sequence[24:]], proposals=proposals,
-            context="engine", features_path=path, expected_layers=[i + 1 for i in ids]))
-    json.dump(out, open(out_path, "w"))
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def hybrid(tmp_path_factory, probe_python: Path, dflash_path: Path) -> dict:
-    """The default tiny pair (no --arch), written by the command line and compared as the
-    GPU smoke compares it by a script in another process, which writes it ``again``."""
-    root = tmp_path_factory.mktemp("hybrid")
-    _run(probe_python, dflash_path, "-m", "tooling.smoke.serving.tiny", str(root / "pair"))
-    script = root / "check.py"
-    script.write_text(HYBRID_SCRIPT)
-    _run(probe_python, dflash_path, str(script), str(root / "pair"), str(root / "check.json"))
-    return {"root": root, "check": json.loads((root / "check.json").read_text())}
-
-
-@pytest.mark.slow
-def test_generation_is_seeded(hybrid) -> None:
-    """The same seed gives the same bytes, in another process (torch's and the tokenizer
-    trainer's randomness included)."""
-    pair = json.loads((hybrid["root"] / "pair" / MANIFEST).read_text())["files"]
-    again = json.loads((hybrid["root"] / "again" / MANIFEST).read_text())["files"]
-    assert pair == again and len(pair) >= 6
-
-
-@pytest.mark.slow
-def test_a_large_pair_is_drawn_in_bf16_seeded_and_whole(hybrid) -> None:
-    """The draw a pair past the plan's LARGE_PAIR_BYTES gets (``--device cuda``), run on the
-    CPU with the tiny hybrid: the fp32 draw's tensors, in bf16, seeded, named in the
-    manifest."""
-    check = hybrid["check"]
-    assert check["bf16_same_shapes"] is True and check["bf16_logits_finite"] is True
-    assert check["bf16_dtypes"] == ["torch.bfloat16"]
-    a, b = (load_manifest(hybrid["root"] / name) for name in ("bf16-a", "bf16-b"))
-    assert a.files == b.files and a.device == "cpu"
-    assert load_manifest(hybrid["root"] / "pair").device is None
-
-
-@pytest.mark.slow
-def test_default_pair_is_the_hybrid_family(hybrid) -> None:
-    models = load_manifest(hybrid["root"] / "pair")
-    assert models.spec == TinySpec.for_arch("hybrid")
-    config = json.loads(models.target.joinpath("config.json").read_text())
-    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
-    info = target_info_from_config(config)
-    assert (info.hybrid, info.multimodal) == (True, True)
-    check = hybrid["check"]
-    assert check["target_config"] == "Qwen3_5Config"
-    assert check["target_class"] == "Qwen3_5ForConditionalGeneration"
-    assert check["hidden_states"] == 9  # embeddings + 8 layers
-    assert check["windows"] == [16, 16, 16, 16, None]
-    drafter = json.loads(models.drafter.joinpath("config.json").read_text())
-    assert drafter_info_from_config(drafter).expected_windows() == [(15, 0)] * 4 + [(-1, -1)]
-
-
-@pytest.mark.slow
-def test_a_shards_warm_up_runs_the_hybrid_pair_and_leaves_its_results_alone(hybrid) -> None:
-    assert hybrid["check"]["warm_up_s"] > 0
-    assert hybrid["check"]["warm_up_changes_nothing"] is True
-
-
-@pytest.mark.slow
-def test_hybrid_engine_context_finds_the_captured_layers(hybrid) -> None:
-    right = hybrid["check"]["comparisons"]["right"]
-    assert right["context"] == "engine"
-    assert right["compared_tokens"] == 9
-    assert right["agreement"] == 1.0
-    assert right["feature_layers"]["nearest"] == [2, 4, 6]
-    stock = hybrid["check"]["comparisons"]["stock"]
-    # Features taken at hidden_states[id] are nearest to those layers: check 2 fails.
-    assert stock["feature_layers"]["nearest"] == [1, 3, 5]
-    captured = tuple(stock["feature_layers"]["nearest"])
-    verdict = checks.check_aux_layers((2, 4, 6), (2, 4, 6), "x", captured)
-    assert verdict.status == checks.FAIL
-
-
-def test_hybrid_drafter_shares_the_target_attention_shape() -> None:
-    # One KV spec for the target's attention layers and the drafter's: vLLM 0.20.1
-    # then keeps every drafter layer in one KV-cache group (see TinySpec.for_arch).
-    spec = TinySpec.for_arch("hybrid")
-    text = hybrid_config(spec)["text_config"]
-    drafter = _qwen3_common(spec)
-    keys = ("num_attention_heads", "num_key_value_heads", "head_dim")
-    assert [text[k] for k in keys] == [drafter[k] for k in keys] == [2, 2, 256]
-
-
-@pytest.mark.slow
-def test_the_plan_counts_the_weights_the_generator_writes(tiny, hybrid) -> None:
-    """The plan sizes a ``--tiny`` pair from its configs before it exists; the generated
-    safetensors hold what it counted (the hybrid's small vision tower is left out)."""
-    for root, arch in ((tiny["root"] / "a", "qwen3"), (hybrid["root"] / "pair", "hybrid")):
-        planned = tiny_pair(arch, None, root)
-        written = read_pair(str(root / "target"), str(root / "drafter"))
-        assert planned.drafter.weight_bytes == written.drafter.weight_bytes, arch
-        ratio = planned.target.weight_bytes / written.target.weight_bytes
-        assert ratio == 1.0 if arch == "qwen3" else 0.8 < ratio <= 1.0, (arch, ratio)
-        assert planned.target.kv_bytes_per_token == written.target.kv_bytes_per_token
