@@ -20,6 +20,9 @@ GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them,
   turns); else every measure it has. Single passes and windows with prompts joining spread far more
   than 2% on a shared host (docs/notebook/2026-12-05-trained-speed.md).
 
+A run in which any engine's unit had other work beside it on the host (more than
+``serving.beside.LIMIT`` CPU-s a second) is not judged: each such unit is named as missed.
+
 Exit 0 when every goal is met, 1 when one is not (each named), 2 when a figure is missing.
 With ``--plain-only`` (a run of plain and plain-stock alone, ``speed-stock``) only plain
 against stock is judged.
@@ -35,6 +38,8 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from tooling.trained.serving.beside import crowded
 
 #: Concurrency -> the least ratio to plain DFlash must reach (issue 45).
 GOALS = {1: 2.5, 16: 1.0, 64: 1.0}
@@ -82,7 +87,13 @@ def judge(run: Path, drafted: str | None) -> tuple[list[str], list[str]]:
     stock_file = run / "plain-stock.out.json"
     stock = json.loads(stock_file.read_text()) if stock_file.is_file() else None
     lines: list[str] = []
-    missed: list[str] = []
+    # A unit measured beside other work on the host measured that work too: no bar is
+    # judged on such a run (serving.beside).
+    missed = [
+        f"not measured alone: {line}"
+        for result in (*results.values(), *([stock] if stock else []))
+        for line in crowded(result)
+    ]
     if drafted is not None:
         _judge_drafted(results, drafted, lines, missed)
     _judge_plain(results["plain"], stock, lines, missed)

@@ -33,6 +33,7 @@ from .measure import serve_engines
 from .speed_engines import DRAFTED, ENGINES, PLAIN, STOCK, SpeedEngine
 from .speed_tables import (
     allocator_table,
+    beside_lines,
     compile_table,
     dispatch_table,
     first_token_table,
@@ -329,6 +330,8 @@ def report(work: Path) -> tuple[str, bool]:
             + (f"; **{r.get('error', 'no result')}**" if e.name in failed else "")
         )
     names = [e.name for e in chosen]
+    lines += ["", "## Other work on the host while each unit measured", ""]
+    lines += beside_lines(names, results)
     lines += ["", "## Decode tokens/s", "", *speed_table(chosen, results)]
     if any(r.get("sustained") for r in results.values()):
         asked = [work / f"{n}.in.json" for n in names]

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from .serving import beside
 from .serving.trace_split import outermost
 
 
@@ -237,4 +238,25 @@ def slowest_forward_lines(names: list[str], results: dict[str, dict[str, Any]]) 
                 + "; widest gaps before: "
                 + ", ".join(f"{op} {gap / 1000:.2f} ms" for gap, op in widest)
             ]
+    return lines
+
+
+def beside_lines(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Each engine's units and the most other work the host did beside one, then every unit
+    that was not measured alone (``serving.beside``)."""
+    lines = []
+    for name in names:
+        units = results[name].get("beside") or []
+        if not units:
+            lines.append(f"- `{name}`: not read (no unit, or no /proc/stat on the host)")
+            continue
+        most = max(units, key=beside.share)
+        lines.append(
+            f"- `{name}`: {len(units)} units; at most {beside.share(most):.2f} CPU-s a second "
+            f"of other work beside one ({most['unit']})"
+        )
+    crowded = [line for name in names for line in beside.crowded({**results[name], "name": name})]
+    if crowded:
+        lines += ["", f"**Not measured alone** (above {beside.LIMIT} CPU-s a second):", ""]
+        lines += [f"- {line}" for line in crowded]
     return lines

@@ -27,6 +27,9 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
   wait of the host for the GPU timed by a clock (``regions.timed``: ``timed``,
   ``timed_sustained``), since a profile slows the host until the GPU never keeps it waiting.
 
+Around each unit it reads what else the host did meanwhile (``beside``): a unit measured
+beside other work measures that work too.
+
 Across the measured units it also reports anything compiled, captured or autotuned again
 (vLLM's compilation counter, Dynamo's counters, the entries of every Triton autotuner, and
 every Triton kernel compiled: ``watch.Stalls``, in each level's warm-up too).
@@ -50,7 +53,7 @@ from typing import Any
 
 from ...smoke.serving.child import exit_now, serve
 from ...smoke.serving.distribution import DistributionRequest, RunningCounter, start_engine
-from . import sustained
+from . import beside, sustained
 from .recompiles import compiles, grown
 from .regions import Measure, profiled, timed
 from .sustained import acceptance_length
@@ -334,6 +337,18 @@ def _constant_logits(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
     }
 
 
+def run_unit(
+    name: str, unit: Callable[[], None], figures: dict[str, Any], turns: Turns | None
+) -> None:
+    """One unit in its turn, and what else the host did meanwhile (``beside``)."""
+    with turns.turn() if turns is not None else contextlib.nullcontext():
+        host = beside.sample()
+        unit()
+        other = beside.beside(host, beside.sample())
+    if other is not None:
+        figures.setdefault("beside", []).append({"unit": name, **other})
+
+
 def _measure(
     llm: Any,
     request: SpeedRunRequest,
@@ -345,15 +360,20 @@ def _measure(
     the other engines' units (``turns``)."""
     before = compiles()
     compiled = watch.compiled_so_far()
-    figures: dict[str, Any] = {"speed": {}, "steps": {}, "steady": {}, "profile": {}}
+    figures: dict[str, Any] = {
+        "speed": {},
+        "steps": {},
+        "steady": {},
+        "profile": {},
+        "beside": [],
+    }
     if request.sustained:
         figures["sustained"] = {}
     held = whole_run(Path(request.lock)) if turns is None else contextlib.nullcontext()
     with held:
         for name, unit in _units(llm, request, running, figures, watch):
             logger.info("%s: %s", request.name, name)
-            with turns.turn() if turns is not None else contextlib.nullcontext():
-                unit()
+            run_unit(name, unit, figures, turns)
             _save_partial(request, figures)
         figures["steady_changes"] = grown(before, compiles())
         figures["triton_compiled"] = totals_grown(compiled, watch.compiled_so_far())
