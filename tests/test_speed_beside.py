@@ -5,6 +5,7 @@ an engine spoiled a comparison on the GPU host (2026-12-07)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -72,11 +73,22 @@ def test_a_unit_is_crowded_above_half_a_core_of_other_work_a_second(tmp_path):
     assert beside.crowded(result) == [
         "dflash: pass at 16 had 1.25 CPU-s a second of other work beside it (2.5 s over 2.0 s)"
     ]
-    # A host with no /proc/stat to read (or one of another form) gives no figure, not zero.
-    assert beside.sample(tmp_path / "missing") is None
+    # A host with nothing to read (or files of another form) gives no figure, not zero.
+    (_, read_group), (_, read_stat) = beside.SOURCES
+    nowhere = ((tmp_path / "cpu.stat", read_group), (tmp_path / "stat", read_stat))
+    assert beside.sample(nowhere) is None
+    (tmp_path / "cpu.stat").write_text("user_usec 1\n")
     (tmp_path / "stat").write_text("intr 1 2 3\n")
-    assert beside.sample(tmp_path / "stat") is None
+    assert beside.sample(nowhere) is None
     assert beside.beside(None, beside.sample()) is None
+    # A control group's own time comes first: in a container, the machine's other tenants
+    # are not the host's work beside a unit.
+    (tmp_path / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
+    (tmp_path / "stat").write_text("cpu  100 0 100 900 0 0 0 0 0 0\n")
+    taken = beside.sample(nowhere)
+    assert taken is not None and taken.host_cpu_s == 2.5
+    taken = beside.sample(nowhere[1:])
+    assert taken is not None and taken.host_cpu_s == 200 / os.sysconf("SC_CLK_TCK")
 
 
 def _figures(rates: tuple[float, ...], units: list[dict]) -> dict:

@@ -3,9 +3,11 @@
 A speed run's engines take the GPU in turns, and a step of theirs is mostly host time (the
 runner's Python and its launches). So anything else on the host during a unit, a kernel
 check, a compile, another tenant, is measured with it. Around each unit the engine reads
-the host's busy CPU time (``/proc/stat``, every CPU, every process) and its own
-(``time.process_time``, every thread of this process); what the host did beyond the engine is
-the work beside the unit. The other engines of the run wait for their turn in a poll and do
+the host's busy CPU time and its own (``time.process_time``, every thread of this process);
+what the host did beyond the engine is the work beside the unit. The host's time is its
+control group's (cgroup v2 ``cpu.stat``: in a container, the container's, not every
+tenant's of the machine beneath), else ``/proc/stat``'s (every CPU, every process, and the
+time a hypervisor took from them). The other engines of the run wait for their turn in a poll and do
 almost nothing meanwhile.
 
 What this does not see: work that keeps the GPU busy with its host idle. Any process that
@@ -48,14 +50,31 @@ def _host_cpu_s(stat: Path) -> float:
     return sum(ticks[i] for i in _BUSY if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
 
 
-def sample(stat: Path = Path("/proc/stat")) -> Sample | None:
-    """Now, or None where the host has no /proc/stat to read."""
-    try:
-        host = _host_cpu_s(stat)
-    except (OSError, ValueError, IndexError) as exc:
-        logger.debug("no host CPU time: %s", exc)
-        return None
-    return Sample(time.monotonic(), host, time.process_time())
+def _group_cpu_s(cpu_stat: Path) -> float:
+    for line in cpu_stat.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value) / 1e6
+    raise ValueError(f"{cpu_stat}: no usage_usec")
+
+
+#: Where the host's busy CPU time is read, the first that answers.
+SOURCES = (
+    (Path("/sys/fs/cgroup/cpu.stat"), _group_cpu_s),
+    (Path("/proc/stat"), _host_cpu_s),
+)
+
+
+def sample(sources: tuple[tuple[Path, Any], ...] = SOURCES) -> Sample | None:
+    """Now, or None where the host has none of ``sources`` to read."""
+    for path, read in sources:
+        try:
+            host = read(path)
+        except (OSError, ValueError, IndexError) as exc:
+            logger.debug("no host CPU time from %s: %s", path, exc)
+            continue
+        return Sample(time.monotonic(), host, time.process_time())
+    return None
 
 
 def beside(before: Sample | None, after: Sample | None) -> dict[str, float] | None:
