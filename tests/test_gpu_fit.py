@@ -312,6 +312,28 @@ def test_a_patch_step_measures_it_against_its_ablation_on_one_h100(
     assert fitted(settings, [ENGINES[n] for n in getattr(speed, engines)], H100_GIB) is settings
 
 
+def test_the_host_step_measures_patches_36_and_37_and_patch_22s_option_in_one_start():
+    """``speed-host``: plain, the fixed wheel, the wheel without patch 36 and without patch
+    37 (each its ``no-`` install, built by the session), and patch 22's option, at 1 and 16
+    in turns, one request profiled, all five fitting one H100 at once."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS, Kind, session_ablations
+
+    step = STEPS["speed-host"]
+    assert step.kind is Kind.SPEED_SHAPE
+    assert speed.step_engines(step.variant) == speed.HOST_ENGINES
+    assert ENGINES["dflash-no-correction"].site == "no-correction-one-launch"
+    assert sorted(session_ablations(["speed-host"])) == [
+        "context-kv-one-launch",
+        "correction-one-launch",
+    ]
+    args = speed.speed_args(step.variant)
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
+    assert value["--levels"] == "1,16" and value["--profile-levels"] == "1"
+    settings = Settings(interleave=True)
+    assert fitted(settings, [ENGINES[n] for n in speed.HOST_ENGINES], H100_GIB) is settings
+
+
 def test_the_one_request_graphs_step_puts_patch_22_beside_the_bar_engines_on_one_h100():
     """``speed-one-graphs``: plain, DFlash and DFlash with the drafter's full graphs (patch
     22's option), one request alone, profiled, so that the query pass's host time is timed
