@@ -7,8 +7,8 @@ the host's busy CPU time and its own (``time.process_time``, every thread of thi
 what the host did beyond the engine is the work beside the unit. The host's time is its
 control group's (cgroup v2 ``cpu.stat``: in a container, the container's, not every
 tenant's of the machine beneath), else ``/proc/stat``'s (every CPU, every process, and the
-time a hypervisor took from them). The other engines of the run wait for their turn in a poll and do
-almost nothing meanwhile.
+time a hypervisor took from them). The other engines of the run wait for their turn in a
+poll and do almost nothing meanwhile.
 
 What this does not see: work that keeps the GPU busy with its host idle. Any process that
 imports torch, compiles or runs Python shows on the CPU.
