@@ -176,11 +176,31 @@ def _steps_apart(case: Case, a: Any, b: Any) -> tuple[float, int, bool]:
     return float((gap / cache_step).max()), int((a != b).sum()), bool((gap <= bound).all())
 
 
-def run_case(case: Case, device: Any) -> Outcome:
+#: Faults the check must find, each made on vLLM's side of a case: the rotation turned the
+#: other way, and every position one later. A check that passed them could not fail.
+CONTROLS = ("sine negated", "positions one later")
+
+
+def _faulty(control: str | None, positions: Any, cos_sin: Any) -> tuple[Any, Any]:
+    """The positions and rotary cache vLLM's side is given under ``control``."""
+    import torch
+
+    if control is None:
+        return positions, cos_sin
+    if control == "sine negated":
+        half = cos_sin.shape[-1] // 2
+        return positions, torch.cat((cos_sin[:, :half], -cos_sin[:, half:]), dim=-1)
+    if control == "positions one later":
+        return (positions + 1) % cos_sin.shape[0], cos_sin
+    raise ValueError(f"no control {control!r}")
+
+
+def run_case(case: Case, device: Any, control: str | None = None) -> Outcome:
+    """``case`` on both paths; with ``control``, vLLM's side given that fault (``CONTROLS``)."""
     import torch
     from vllm.model_executor.models.dflash_context_kv import ContextKVWriter
 
-    logger.debug("context K/V case %s", case.name)
+    logger.debug("context K/V case %s%s", case.name, f" ({control})" if control else "")
 
     dtype = getattr(torch, case.dtype)
     g = torch.Generator(device="cpu").manual_seed(case.tokens * 7 + case.layers)
@@ -198,7 +218,8 @@ def run_case(case: Case, device: Any) -> Outcome:
     cos_sin = _cos_sin(case.rotary_dim, 8192, dtype, device)
 
     stock, fused = _layers(case, blocks, device), _layers(case, blocks, device)
-    _stock(case, stock, weights, all_kv, positions, slots, cos_sin)
+    stock_positions, stock_cos_sin = _faulty(control, positions, cos_sin)
+    _stock(case, stock, weights, all_kv, stock_positions, slots, stock_cos_sin)
     writer = ContextKVWriter(fused, weights, 1e-6, case.kv_heads, case.head_dim, case.neox)
     writer.write(all_kv, positions, slots, cos_sin)
     torch.cuda.synchronize()

@@ -2,11 +2,12 @@
 replace, compiled on this GPU, before any engine serves them. Patch 37's context K/V write
 against vLLM's RMSNorm, RoPE and cache insert (``kernel_context``); patch 36's correction of
 computed tokens against 0.20.1's compiled function it replaces (``kernel_correction``).
+Beside patch 37's cases, its controls: vLLM's side given a fault the check must find.
 
 Run in the fixed engine's interpreter, its site and this checkout on ``PYTHONPATH``: it
 imports vLLM and torch, and of this toolchain only these modules. The JSON report is written
-whole or not at all. Exit 0 when every case passes, 1 when one does not, 2 without a CUDA
-device.
+whole or not at all. Exit 0 when every case passes and every control is caught, 1
+otherwise, 2 without a CUDA device.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .kernel_context import CASES, TOLERANCE_STEPS, run_case
+from .kernel_context import CASES, CONTROLS, TOLERANCE_STEPS, run_case
 from .kernel_correction import CHANGES, run_change
 
 NO_CUDA_EXIT = 2
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         return NO_CUDA_EXIT
     device = torch.device("cuda")
     context = [run_case(case, device) for case in CASES]
+    # The seed's drafter in bfloat16 and with an fp8 cache, each with every fault.
+    controls = [
+        (control, run_case(case, device, control)) for case in CASES[1:3] for control in CONTROLS
+    ]
     correction = [run_change(change, device) for change in CHANGES]
     report = {
         "device": torch.cuda.get_device_name(),
@@ -49,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
             "tolerance_steps": TOLERANCE_STEPS,
             "cases": [asdict(c) for c in CASES],
             "outcomes": [{**asdict(o), "ok": o.ok} for o in context],
+            "controls": [
+                {"control": name, "case": o.case, "worst_steps": o.worst_steps, "caught": not o.ok}
+                for name, o in controls
+            ],
         },
         "correction": {
             "changes": [asdict(c) for c in CHANGES],
@@ -65,13 +74,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{o.differing} of {o.elements} differ, {o.stray_rows} stray rows; host "
             f"{o.stock_host_us:.0f} us stock, {o.fused_host_us:.0f} us fused"
         )
+    for name, o in controls:
+        _answer(
+            f"context kv control {name} on {o.case}: "
+            f"{'caught' if not o.ok else 'NOT CAUGHT'}, worst {o.worst_steps} steps"
+        )
     for c in correction:
         _answer(
             f"correction {c.change}: {'ok' if c.ok else 'DIFFERS'}, {c.computed_differ} "
             f"computed and {c.accepted_differ} accepted differ; host "
             f"{c.stock_host_us:.0f} us stock, {c.kernel_host_us:.0f} us kernel"
         )
-    return 0 if all(o.ok for o in context) and all(c.ok for c in correction) else 1
+    passed = all(o.ok for o in context) and all(c.ok for c in correction)
+    return 0 if passed and not any(o.ok for _, o in controls) else 1
 
 
 if __name__ == "__main__":
