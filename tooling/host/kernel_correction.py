@@ -100,15 +100,23 @@ def _stock_function() -> Any:
     )
 
 
-def run_change(change: BatchChange, device: Any) -> CorrectionOutcome:
+#: The fault the check must find: 0.20.1's side told that every previous row accepted one
+#: token more. A check that passed it could not fail.
+CONTROL = "one more accepted"
+
+
+def run_change(change: BatchChange, device: Any, control: bool = False) -> CorrectionOutcome:
+    """``change`` on both paths; with ``control``, 0.20.1's side given ``CONTROL``."""
     import torch
     from vllm.v1.spec_decode import utils
 
-    logger.debug("correction case %s", change.name)
+    logger.debug("correction case %s%s", change.name, f" ({CONTROL})" if control else "")
     compiled = _stock_function()
     inputs = _inputs(change, device)
     stock = [t.clone() for t in inputs]
     fused = [t.clone() for t in inputs]
+    if control:
+        stock[3] += 1  # valid_sampled_token_count
     compiled(*stock)
     utils.update_num_computed_tokens_for_batch_change(*fused)
     torch.cuda.synchronize()

@@ -2,7 +2,7 @@
 replace, compiled on this GPU, before any engine serves them. Patch 37's context K/V write
 against vLLM's RMSNorm, RoPE and cache insert (``kernel_context``); patch 36's correction of
 computed tokens against 0.20.1's compiled function it replaces (``kernel_correction``).
-Beside patch 37's cases, its controls: vLLM's side given a fault the check must find.
+Beside each patch's cases, its controls: vLLM's side given a fault the check must find.
 
 Run in the fixed engine's interpreter, its site and this checkout on ``PYTHONPATH``: it
 imports vLLM and torch, and of this toolchain only these modules. The JSON report is written
@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .kernel_context import CASES, CONTROLS, TOLERANCE_STEPS, run_case
-from .kernel_correction import CHANGES, run_change
+from .kernel_correction import CHANGES, CONTROL, run_change
 
 NO_CUDA_EXIT = 2
 
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         (control, run_case(case, device, control)) for case in CASES[1:3] for control in CONTROLS
     ]
     correction = [run_change(change, device) for change in CHANGES]
+    # Batches in which many rows read a previous row that drafted.
+    correction_controls = [run_change(change, device, control=True) for change in CHANGES[2:4]]
     report = {
         "device": torch.cuda.get_device_name(),
         "context_kv": {
@@ -62,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         "correction": {
             "changes": [asdict(c) for c in CHANGES],
             "outcomes": [{**asdict(o), "ok": o.ok} for o in correction],
+            "controls": [
+                {"control": CONTROL, "change": c.change, "caught": not c.ok}
+                for c in correction_controls
+            ],
         },
     }
     partial = args.out.with_suffix(".partial")
@@ -85,8 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             f"computed and {c.accepted_differ} accepted differ; host "
             f"{c.stock_host_us:.0f} us stock, {c.kernel_host_us:.0f} us kernel"
         )
+    for c in correction_controls:
+        _answer(
+            f"correction control {CONTROL} on {c.change}: "
+            f"{'caught' if not c.ok else 'NOT CAUGHT'}, {c.computed_differ} computed and "
+            f"{c.accepted_differ} accepted differ"
+        )
     passed = all(o.ok for o in context) and all(c.ok for c in correction)
-    return 0 if passed and not any(o.ok for _, o in controls) else 1
+    missed = any(o.ok for _, o in controls) or any(c.ok for c in correction_controls)
+    return 0 if passed and not missed else 1
 
 
 if __name__ == "__main__":
