@@ -142,9 +142,9 @@ def test_the_speed_wait_brings_back_each_run_a_session_made_on_one_pair(tmp_path
 def test_the_verify_step_runs_tooling_verify_on_each_install_and_keeps_its_lines(
     tmp_path: Path,
 ) -> None:
-    """``verify`` runs the real ``tooling verify`` on the stock and the patched install, each
+    """``verify`` runs the real ``tooling verify`` on the patched and the stock install, each
     into a text of its own; an install with no vLLM is an error, not a verdict, and the
-    step's exit names it (a missing fix, 15, would be a verdict)."""
+    step's exit names it."""
     import os
 
     from tooling.host.layout import Layout
@@ -160,6 +160,18 @@ def test_the_verify_step_runs_tooling_verify_on_each_install_and_keeps_its_lines
     for engine in ("stock", "patched"):
         text = (layout.session / f"verify-{engine}.txt").read_text()
         assert text.strip() == f"error: no vllm-*.dist-info in {layout.engine(engine)}"
+
+
+def test_a_fix_missing_from_the_fixed_wheel_fails_the_verify_step_and_stocks_is_a_verdict():
+    from tooling.errors import VerifyFixMissingError
+    from tooling.host.session import verify_failure
+
+    missing = VerifyFixMissingError.exit_code
+    assert verify_failure("stock", missing) == 0
+    assert verify_failure("stock", 0) == 0
+    assert verify_failure("patched", 0) == 0
+    assert verify_failure("patched", missing) == missing
+    assert verify_failure("stock", 16) == 16
 
 
 @pytest.mark.slow

@@ -195,19 +195,27 @@ def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
         return run(speed, env=env, stdout=log, stderr=log)
 
 
+def verify_failure(engine: str, done: int) -> int:
+    """What ``tooling verify``'s exit ``done`` on ``engine`` makes of the step: 0 where it is
+    a verdict the install should give. Stock lacks the fixes (exit 15 is its verdict); the
+    fixed wheel lacking one is the step's failure, with verify's own exit."""
+    verdicts = (0, VerifyFixMissingError.exit_code) if engine == "stock" else (0,)
+    return 0 if done in verdicts else done
+
+
 def _verify(layout: Layout, step: Step, env: dict[str, str]) -> int:
-    """Each install's verdicts into ``$SESSION/STEP-ENGINE.txt``; 0 when both gave them (a
-    fix missing, exit 15, is a verdict: stock lacks the fixes), else the first other exit."""
+    """Each install's verdicts into ``$SESSION/STEP-ENGINE.txt``, the fixed wheel's first
+    (a session cut short keeps the verdicts that matter); the first failure's exit, else 0."""
     code = 0
     # verify takes the probes' interpreter as a path.
     probe = shutil.which(PYTHON, path=env.get("PATH")) or PYTHON
-    for engine in ("stock", "patched"):
+    for engine in ("patched", "stock"):
         cmd = [PYTHON, "-m", Modules.TOOLING, "verify"]
         cmd += ["--site-packages", str(layout.engine(engine)), "--probe-python", probe]
         with written(layout.session / f"{step.name}-{engine}.txt") as log:
             done = run(cmd, env={**env, "PYTHONPATH": str(layout.site)}, stdout=log, stderr=log)
         mark(f"verify {engine}: exit {done}")
-        code = code or (done if done not in (0, VerifyFixMissingError.exit_code) else 0)
+        code = code or verify_failure(engine, done)
     return code
 
 
