@@ -10,16 +10,23 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 
-def host_us(call: Callable[[], None], repeats: int = 50) -> float:
-    """Microseconds of host time a call, the device drained before and after, never between."""
+def device_sync() -> Callable[[], None]:
+    """What drains the device: CUDA's queue, or nothing where the checks run on the CPU (in
+    Triton's interpreter, where every launch has finished when it returns)."""
     import torch
 
+    return torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+
+
+def host_us(call: Callable[[], None], repeats: int = 50) -> float:
+    """Microseconds of host time a call, the device drained before and after, never between."""
+    drain = device_sync()
     call()
-    torch.cuda.synchronize()
+    drain()
     start = time.perf_counter()
     for _ in range(repeats):
         call()
     spent = time.perf_counter() - start
-    torch.cuda.synchronize()
+    drain()
     logger.debug("%d calls of %s: %.6f s of host time", repeats, call, spent)
     return spent / repeats * 1e6
