@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import HostStepError
@@ -325,13 +326,13 @@ def run_here(layout: Layout, pair: Path, args: list[str]) -> int:
     return code
 
 
-def wait(layout: Layout, wait_s: int, out: Path) -> int:
-    """Wait while a run or a draw is under way (at most ``wait_s``), then write each pair's
-    report (complete or so far) and one archive of every run folder's figures and logs into
-    ``out``; 1 while one still runs."""
+def wait(layout: Layout, wait_s: int, out: Path, busy: Callable[[], bool] = _busy) -> int:
+    """Wait while a run or a draw is under way (``busy``: on the host, any such process; at
+    most ``wait_s``), then write each pair's report (complete or so far) and one archive of
+    every run folder's figures and logs into ``out``; 1 while one still runs."""
     logger.debug("step: wait for the speed runs (at most %ds)", wait_s)
     limit = wait_s
-    while _busy() and limit > 0:
+    while busy() and limit > 0:
         time.sleep(5)
         limit -= 5
     out.mkdir(parents=True, exist_ok=True)
@@ -350,6 +351,6 @@ def wait(layout: Layout, wait_s: int, out: Path) -> int:
                         archive.add(found, arcname=f"{name}/{found.name}")
             for line in tail(work / "run.log", 8):
                 say(f"{work.name}: {line}")
-    still = _busy()
+    still = busy()
     say(f"speed runs: {'running' if still else 'ended'}")
     return 1 if still else 0
