@@ -20,7 +20,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from .kernel_timing import device_sync, host_us
+from .kernel_timing import drain, host_us
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def run_case(case: Case, device: Any, control: str | None = None) -> Outcome:
     _stock(case, stock, weights, all_kv, stock_positions, slots, stock_cos_sin)
     writer = ContextKVWriter(fused, weights, 1e-6, case.kv_heads, case.head_dim, case.neox)
     writer.write(all_kv, positions, slots, cos_sin)
-    device_sync()()
+    drain()
 
     worst, differing, elements, within = 0.0, 0, 0, True
     for a, b in zip(stock, fused, strict=True):

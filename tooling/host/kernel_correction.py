@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .kernel_timing import device_sync, host_us
+from .kernel_timing import drain, host_us
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def run_change(change: BatchChange, device: Any, control: bool = False) -> Corre
         stock[3] += 1  # valid_sampled_token_count
     compiled(*stock)
     utils.update_num_computed_tokens_for_batch_change(*fused)
-    device_sync()()
+    drain()
     computed = int((stock[0] != fused[0]).sum())
     accepted = int((stock[1] != fused[1]).sum())
     # Timed on the tensors already corrected: each call changes their values, not the work.

@@ -10,17 +10,17 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 
-def device_sync() -> Callable[[], None]:
-    """What drains the device: CUDA's queue, or nothing where the checks run on the CPU (in
-    Triton's interpreter, where every launch has finished when it returns)."""
+def drain() -> None:
+    """Wait for CUDA's queue; nothing where the checks run on the CPU (in Triton's
+    interpreter, every launch has finished when it returns)."""
     import torch
 
-    return torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def host_us(call: Callable[[], None], repeats: int = 50) -> float:
     """Microseconds of host time a call, the device drained before and after, never between."""
-    drain = device_sync()
     call()
     drain()
     start = time.perf_counter()

@@ -360,13 +360,7 @@ def _measure(
     the other engines' units (``turns``)."""
     before = compiles()
     compiled = watch.compiled_so_far()
-    figures: dict[str, Any] = {
-        "speed": {},
-        "steps": {},
-        "steady": {},
-        "profile": {},
-        "beside": [],
-    }
+    figures: dict[str, Any] = {"speed": {}, "steps": {}, "steady": {}, "profile": {}}
     if request.sustained:
         figures["sustained"] = {}
     held = whole_run(Path(request.lock)) if turns is None else contextlib.nullcontext()
