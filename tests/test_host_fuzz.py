@@ -138,50 +138,62 @@ def test_the_fuzz_step_settles_its_lossless_findings_with_the_referee(tmp_path, 
     assert "cannot import torch" in line
 
 
-def test_the_full_width_campaign_runs_each_side_alone_and_is_refused_on_an_h100(
+def test_the_full_width_campaign_serves_its_engines_one_at_a_time_on_an_h100(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``fuzz-seed-full``: the seed's pair at full width in noise mode at this width's plain
     noise, the fixed wheel's campaign alone, one engine pair with small KV caches that draws
-    workloads once its 27B-sized engines have started, the day's seed; on a GPU too small for
-    two such engines at once it is refused in one line before anything is drawn."""
+    workloads once its 27B-sized engines have started, the day's seed. An H200 holds both
+    engines at once; on an H100 they serve one after the other, each within a shorter limit;
+    a GPU too small for one of them is refused in one line before anything is drawn."""
     import stat
     import time
 
     from tooling.errors import HostStepError
     from tooling.host.fuzz import NOISY, PAIRS
-    from tooling.host.layout import Layout
     from tooling.host.session import (
         FULL_ENGINES,
         FULL_GPU_GIB,
         FULL_KV_GIB,
         FULL_NOISE,
+        FULL_ONE_GPU_GIB,
+        FULL_ONE_PAIR_S,
         FULL_PAIR_S,
-        full_width_ready,
         fuzz_settings,
     )
+    from tooling.trained.gpu_fit import gpu_memory_gib
 
     day = time.strptime("2026-12-06", "%Y-%m-%d")
-    which, full = fuzz_settings("seed-full", day)
-    assert which == "seed-full" and which in PAIRS and which in NOISY
-    assert full.noise == FULL_NOISE
-    value = {full.args[i]: full.args[i + 1] for i in range(len(full.args) - 1)}
-    assert value["--kv-cache-memory-bytes"] == str(FULL_KV_GIB << 30)
-    assert value["--settings"] == "1" and value["--seed"] == "20261206"
-    assert FULL_ENGINES == ("patched",)
-    # Workloads are drawn until the pair's limit less 300 s; the engines' start takes 250.
-    assert int(value["--pair-seconds"]) == FULL_PAIR_S and FULL_PAIR_S - 300 >= 250 + 300
-    assert STEPS["fuzz-seed-full"].variant == "seed-full"
-    # nvidia-smi's answer on a host of one H100 (80 GB).
+    # nvidia-smi's answers, MiB: one H200 (141 GB), one H100 (80 GB), one A100 (40 GB).
     tool = tmp_path / "bin" / "nvidia-smi"
     tool.parent.mkdir()
-    tool.write_text("#!/bin/sh\necho 81559\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
-    out = tmp_path / "out"
-    with pytest.raises(HostStepError, match=f"needs a GPU of {FULL_GPU_GIB} GiB or more"):
-        full_width_ready(Layout(tmp_path / "work"), out)
-    assert not out.exists()
+
+    def on(mib: int) -> float | None:
+        tool.write_text(f"#!/bin/sh\necho {mib}\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+        return gpu_memory_gib()
+
+    h200, h100, a100 = on(143771), on(81559), on(40960)
+    assert h200 is not None and h100 is not None and a100 is not None
+    assert h200 >= FULL_GPU_GIB > h100 >= FULL_ONE_GPU_GIB > a100
+    for gib, limit, alone in ((h200, FULL_PAIR_S, False), (h100, FULL_ONE_PAIR_S, True)):
+        which, full = fuzz_settings("seed-full", day, gpu_gib=gib)
+        assert which == "seed-full" and which in PAIRS and which in NOISY
+        assert full.noise == FULL_NOISE
+        value = {full.args[i]: full.args[i + 1] for i in range(len(full.args) - 1)}
+        assert value["--kv-cache-memory-bytes"] == str(FULL_KV_GIB << 30)
+        assert value["--settings"] == "1" and value["--seed"] == "20261206"
+        assert full.args.count("--pair-seconds") == 1 and int(value["--pair-seconds"]) == limit
+        assert ("--one-engine-at-a-time" in full.args) is alone
+    # Workloads are drawn until the limit less 300 s; the engines' start takes 250. One at a
+    # time, both engines' limits fit one session's 1800 device seconds with its staging.
+    assert FULL_PAIR_S - 300 >= 250 + 300 and FULL_ONE_PAIR_S - 300 >= 250 + 150
+    assert 2 * FULL_ONE_PAIR_S + 250 <= 1800
+    assert FULL_ENGINES == ("patched",)
+    assert STEPS["fuzz-seed-full"].variant == "seed-full"
+    with pytest.raises(HostStepError, match=f"needs a GPU of {FULL_ONE_GPU_GIB} GiB or more"):
+        fuzz_settings("seed-full", day, gpu_gib=a100)
 
 
 def test_the_host_fuzz_command_needs_the_noise_of_a_random_weight_pair(tmp_path: Path) -> None:

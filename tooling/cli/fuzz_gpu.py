@@ -87,6 +87,13 @@ MAX_WORKLOADS = 10_000
     show_default=True,
     help="Each engine's KV cache (fixed, so two engines share the GPU).",
 )
+@click.option(
+    "--one-engine-at-a-time",
+    "one_at_a_time",
+    is_flag=True,
+    help="Each pair's DFlash engine serves alone, then its plain engine the same workloads: "
+    "for a GPU that holds one engine of the pair only (twice the GPU time a pair).",
+)
 @fuzz_campaign_options(
     Path("build/fuzz/gpu"),
     "Start no engine pair after this long (each finishes its workloads and shrinks).",
@@ -107,11 +114,13 @@ def gpu_command(
     noise: float | None,
     reference_acceptance: float | None,
     kv_cache_memory_bytes: int,
+    one_at_a_time: bool,
     no_shrink: bool,
     replay: tuple[Path, ...],
     out_dir: Path,
 ) -> None:
-    """Serve drawn settings and workloads on a DFlash engine and a plain engine at once.
+    """Serve drawn settings and workloads on a DFlash engine and a plain engine at once
+    (or one after the other, with --one-engine-at-a-time).
 
     Every request must finish within a step bound with the engine making progress, no
     engine may crash or hang, greedy DFlash output must equal plain's but at plain's near
@@ -143,6 +152,7 @@ def gpu_command(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         max_k=shape.max_k,
         join_hold=found.join_hold,
+        one_at_a_time=one_at_a_time,
     )
     install_key = sha256_bytes(vllm_at.encode())[:12]
     target = GpuTarget(

@@ -83,6 +83,9 @@ class GpuPlan:
     join_hold: bool = False
     """The vLLM under test takes fix 33's ``join_hold_steps`` (``gpu_pair.Interpreter``):
     only then is it drawn, as stock vLLM refuses the key. A replay serves its cases as saved."""
+    one_at_a_time: bool = False
+    """Each pair's engines serve one after the other (``gpu_pair.run_pair``): a GPU that
+    holds one engine of the pair only."""
 
 
 def alone(settings: GpuSettings) -> tuple[GpuReq, ...]:
@@ -321,6 +324,7 @@ def campaign_runner(target: GpuTarget, plan: GpuPlan) -> PairRunner:
             number=number,
             workloads=0 if replay else workloads,
             replay=replay,
+            one_at_a_time=plan.one_at_a_time,
         )
 
     return serve

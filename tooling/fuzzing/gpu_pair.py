@@ -180,6 +180,64 @@ def _read(progress: Path, result: Path) -> dict[str, Any]:
     return {"start_error": "the engine process wrote nothing", "workloads": []}
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What both engine processes of a pair are started with; ``start`` gives one role's."""
+
+    target: GpuTarget
+    settings: GpuSettings
+    work: Path
+    limit_s: float
+    kv_cache_memory_bytes: int
+    seed: int
+    number: int
+    workloads: int
+
+    @property
+    def figures(self) -> Path:
+        return self.work / "figures.json"
+
+    def files(self, role: str) -> tuple[Path, Path]:
+        return self.work / f"{role}.in.json", self.work / f"{role}.out.json"
+
+    def start(self, role: str, replay: list[tuple[GpuReq, ...]] | None) -> subprocess.Popen[bytes]:
+        limit_s = self.limit_s
+        request = {
+            "role": role,
+            "target": str(self.target.target),
+            "drafter": str(self.target.drafter) if role == "dflash" else None,
+            "settings": asdict(self.settings),
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "figures_file": str(self.figures),
+            "progress": str(self.work / f"{role}.progress.json"),
+            "seed": self.seed,
+            "number": self.number,
+            "workloads": 0 if replay else self.workloads,
+            "replay": [[asdict(r) for r in w] for w in replay or []],
+            "vocab_size": self.target.vocab_size,
+            # Room for the last workload to end before the pair is stopped, which would
+            # read as a hang.
+            "seconds": max(limit_s - max(300.0, limit_s / 3), 30.0),
+            "cut_after": max(limit_s - CUT_MARGIN_S, limit_s / 2),
+            "figures_timeout_s": limit_s,
+        }
+        in_file, out_file = self.files(role)
+        in_file.write_text(json.dumps(request))
+        out_file.unlink(missing_ok=True)
+        cache = self.target.cache_root or self.work.parent / "vllm-cache"
+        env = {
+            **self.target.env,
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CACHE_ROOT": str(cache / role),
+        }
+        cmd = [str(self.target.python), "-m", MODULE, str(in_file), str(out_file)]
+        log = self.work / f"{role}.log"
+        return start_group(cmd, log=log, env=env, cwd=REPO_DIR, truncate_log=True)
+
+    def read(self, role: str) -> dict[str, Any]:
+        return _read(self.work / f"{role}.progress.json", self.files(role)[1])
+
+
 def run_pair(
     target: GpuTarget,
     settings: GpuSettings,
@@ -191,52 +249,62 @@ def run_pair(
     number: int = 0,
     workloads: int = 0,
     replay: list[tuple[GpuReq, ...]] | None = None,
+    one_at_a_time: bool = False,
 ) -> PairRun:
     """Both engines of ``settings`` over the workloads (``workloads`` drawn, or ``replay``),
-    at once, each stopped after ``limit_s``; files and logs under ``work``."""
+    at once, each stopped after ``limit_s``; files and logs under ``work``. With
+    ``one_at_a_time`` (a GPU that holds one engine only), the DFlash engine serves first,
+    alone, and the plain engine then serves exactly the workloads DFlash was given."""
     work.mkdir(parents=True, exist_ok=True)
-    figures = work / "figures.json"
-    figures.unlink(missing_ok=True)
-    procs, files = {}, {}
+    launch = _Launch(
+        target, settings, work, limit_s, kv_cache_memory_bytes, seed, number, workloads
+    )
+    launch.figures.unlink(missing_ok=True)
     started = time.monotonic()
+    if one_at_a_time:
+        runs, stopped = _one_at_a_time(launch, replay)
+        return PairRun(runs, time.monotonic() - started, stopped, target.vocab_size)
+    procs = {}
     try:
         for role in ROLES:
-            request = {
-                "role": role,
-                "target": str(target.target),
-                "drafter": str(target.drafter) if role == "dflash" else None,
-                "settings": asdict(settings),
-                "kv_cache_memory_bytes": kv_cache_memory_bytes,
-                "figures_file": str(figures),
-                "progress": str(work / f"{role}.progress.json"),
-                "seed": seed,
-                "number": number,
-                "workloads": workloads,
-                "replay": [[asdict(r) for r in w] for w in replay or []],
-                "vocab_size": target.vocab_size,
-                # Room for the last workload to end before the pair is stopped, which would
-                # read as a hang.
-                "seconds": max(limit_s - max(300.0, limit_s / 3), 30.0),
-                "cut_after": max(limit_s - CUT_MARGIN_S, limit_s / 2),
-                "figures_timeout_s": limit_s,
-            }
-            files[role] = (work / f"{role}.in.json", work / f"{role}.out.json")
-            files[role][0].write_text(json.dumps(request))
-            files[role][1].unlink(missing_ok=True)
-            env = {
-                **target.env,
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "VLLM_CACHE_ROOT": str((target.cache_root or work.parent / "vllm-cache") / role),
-            }
-            cmd = [str(target.python), "-m", MODULE, *(str(f) for f in files[role])]
-            log = work / f"{role}.log"
-            procs[role] = start_group(cmd, log=log, env=env, cwd=REPO_DIR, truncate_log=True)
-        stopped = wait_pair(procs, figures, started + limit_s)
+            procs[role] = launch.start(role, replay)
+        stopped = wait_pair(procs, launch.figures, started + limit_s)
     finally:
         for proc in procs.values():
             stop_group(proc, grace_s=10.0)
-    runs = {role: _read(work / f"{role}.progress.json", files[role][1]) for role in procs}
+    runs = {role: launch.read(role) for role in procs}
     return PairRun(runs, time.monotonic() - started, stopped, target.vocab_size)
+
+
+def given_workloads(run: Mapping[str, Any]) -> list[tuple[GpuReq, ...]]:
+    """The workloads an engine process was given, in order: those it recorded, then the one
+    it was in when it ended (a hang or a crash, which the other engine is asked too)."""
+    given = [tuple(GpuReq(**r) for r in w["requests"]) for w in run.get("workloads", [])]
+    if run.get("current") is not None and run.get("current_requests") is not None:
+        given.append(tuple(GpuReq(**r) for r in run["current_requests"]))
+    return given
+
+
+def _one_at_a_time(
+    launch: _Launch, replay: list[tuple[GpuReq, ...]] | None
+) -> tuple[dict[str, dict[str, Any]], dict[str, bool]]:
+    """The DFlash engine alone until it ends (or ``limit_s``), then the plain engine alone
+    over the workloads DFlash was given; none when DFlash was given none (refused, or it
+    never started), as at once the plain engine is stopped then."""
+    runs: dict[str, dict[str, Any]] = {}
+    stopped: dict[str, bool] = {}
+    for role in ROLES:
+        given = replay if role == "dflash" else given_workloads(runs["dflash"])
+        if role == "plain" and not given:
+            logger.info("the DFlash engine served no workload: the plain engine is not started")
+            break
+        proc = launch.start(role, given)
+        try:
+            stopped |= wait_pair({role: proc}, launch.figures, time.monotonic() + launch.limit_s)
+        finally:
+            stop_group(proc, grace_s=10.0)
+        runs[role] = launch.read(role)
+    return runs, stopped
 
 
 def vet_settings(

@@ -43,27 +43,32 @@ FUZZ_S = 360
 FUZZ_PAIR_S = 600
 FUZZ_NOISE = "0.1251"
 FUZZ_ARGS = ("--settings", "8", "--pair-seconds", str(FUZZ_PAIR_S), "--no-shrink")
-#: ``fuzz-seed-full``: the seed's pair at full width (two 27B-sized engines a pair, which fit
-#: only a GPU of an H200's size, with small KV caches), the fixed wheel's campaign alone:
-#: stock's fails on the smaller pairs already, and two campaigns of 27B-sized engines, one
-#: after the other, do not fit one session's device time. One engine pair, stopped at
-#: FULL_PAIR_S; its engines' start (compile and capture) takes about 250 s of it, and it
-#: draws workloads until FULL_PAIR_S less 300 s. A KV cache of FULL_KV_GIB holds two
-#: requests at K = 15 (1.51 GiB each at this width), so a workload's other requests wait for
-#: blocks, as a full server's do. Its logprobs differ by up to FULL_NOISE between two plain
-#: runs (2026-12-02, check 10 at this width).
+#: ``fuzz-seed-full``: the seed's pair at full width, the fixed wheel's campaign alone: stock's
+#: fails on the smaller pairs already, and two campaigns of 27B-sized engines, one after the
+#: other, do not fit one session's device time. One engine pair. A KV cache of FULL_KV_GIB
+#: holds two requests at K = 15 (1.51 GiB each at this width), so a workload's other requests
+#: wait for blocks, as a full server's do. Its logprobs differ by up to FULL_NOISE between two
+#: plain runs (2026-12-02, check 10 at this width).
 FULL_ENGINES = ("patched",)
 FULL_S = 60
-FULL_PAIR_S = 900
 FULL_KV_GIB = 4
 FULL_NOISE = "0.3120"
 FULL_ARGS = (
-    *("--settings", "1", "--pair-seconds", str(FULL_PAIR_S), "--no-shrink"),
+    *("--settings", "1", "--no-shrink"),
     *("--kv-cache-memory-bytes", str(FULL_KV_GIB << 30)),
 )
-#: The least GPU memory the full-width campaign starts on, GiB: two engines of 50 GiB of
-#: weights each, the drafter's, their KV caches, activations and graphs.
+#: The least GPU memory both engines of the pair serve on at once, GiB: two engines of 50
+#: GiB of weights each, the drafter's, their KV caches, activations and graphs. The pair is
+#: stopped at FULL_PAIR_S; its engines' start (compile and capture) takes about 250 s of
+#: it, and it draws workloads until FULL_PAIR_S less 300 s.
 FULL_GPU_GIB = 125
+FULL_PAIR_S = 900
+#: The least GPU memory one engine of the pair serves on alone, GiB (an H100 has 79): there
+#: the DFlash engine serves first and the plain engine then the same workloads, each stopped
+#: at FULL_ONE_PAIR_S. The DFlash engine draws workloads until FULL_ONE_PAIR_S less 300 s,
+#: about 200 s of them after its start, so that both engines fit one session's device time.
+FULL_ONE_GPU_GIB = 70
+FULL_ONE_PAIR_S = 750
 #: What fits one session with the recipe's training beside the smokes.
 DEFAULT_STEPS = ("seed", "seed-stock", "trained")
 
@@ -245,14 +250,17 @@ def fuzz_settings(
     day: time.struct_time,
     reference: float | None = None,
     cases: tuple[Path, ...] = (),
+    gpu_gib: float | None = None,
 ) -> tuple[str, FuzzSettings]:
     """The pair a fuzz step's campaigns run on and their settings: drawn from the day's seed
-    (``seed``: noise mode; ``trained``: lossless, the acceptance oracle against the recipe's
-    ``reference`` when known), or the kept ``cases`` replayed (``replay``)."""
+    (``seed``: noise mode; ``seed-full``: the same at full width, on a GPU of ``gpu_gib``;
+    ``trained``: lossless, the acceptance oracle against the recipe's ``reference`` when
+    known), or the kept ``cases`` replayed (``replay``)."""
     if variant == "seed":
         return "seed", FuzzSettings(FUZZ_S, FUZZ_NOISE, fuzz_args(day))
     if variant == "seed-full":
-        return "seed-full", FuzzSettings(FULL_S, FULL_NOISE, fuzz_args(day, FULL_ARGS))
+        more = (*FULL_ARGS, *full_width_pairing(gpu_gib))
+        return "seed-full", FuzzSettings(FULL_S, FULL_NOISE, fuzz_args(day, more))
     if variant == "trained":
         more = ("--reference-acceptance", f"{reference:.3f}") if reference else ()
         return "trained", FuzzSettings(FUZZ_S, None, (*fuzz_args(day), *more))
@@ -283,7 +291,8 @@ def _fuzz(layout: Layout, step: Step, out: Path, env: dict[str, str]) -> int:
                 return 1
     try:
         cases = tuple(sorted(GPU_CASES.glob("*.json")))
-        which, settings = fuzz_settings(step.variant, time.gmtime(), _reference(layout), cases)
+        gib = gpu_memory_gib() if step.variant == "seed-full" else None
+        which, settings = fuzz_settings(step.variant, time.gmtime(), _reference(layout), cases, gib)
         mark(f"fuzz: {which} pair, {' '.join(settings.args)}")
         # The seed-shaped pair is written once, before the two campaigns would race to it.
         pair = layout.work / "seed-pair"
@@ -302,7 +311,7 @@ def _fuzz(layout: Layout, step: Step, out: Path, env: dict[str, str]) -> int:
 
     if which == "seed-full":
         try:
-            full_width_ready(layout, out)
+            full_width_pair(layout, out)
         except (HostStepError, OSError) as e:
             mark(f"fuzz: {e}")
             return 1
@@ -311,16 +320,18 @@ def _fuzz(layout: Layout, step: Step, out: Path, env: dict[str, str]) -> int:
         return max(pool.map(one, FUZZ_ENGINES))
 
 
-def full_width_ready(layout: Layout, out: Path) -> None:
-    """The full-width campaign's GPU checked (refused on one smaller than FULL_GPU_GIB, in
-    one line) and its pair drawn, before the campaign starts."""
-    gib = gpu_memory_gib()
-    if gib is not None and gib < FULL_GPU_GIB:
-        raise HostStepError(
-            f"the seed's pair at full width needs a GPU of {FULL_GPU_GIB} GiB or more for a "
-            f"DFlash engine and a plain one at once; this one has {gib:.0f} GiB (an H200 has 140)"
-        )
-    full_width_pair(layout, out)
+def full_width_pairing(gib: float | None) -> tuple[str, ...]:
+    """How the full-width pair's engines share a GPU of ``gib``: at once where both fit (or
+    its memory is not known), one after the other where one fits; a GPU smaller than that is
+    refused in one line, before anything is drawn."""
+    if gib is None or gib >= FULL_GPU_GIB:
+        return ("--pair-seconds", str(FULL_PAIR_S))
+    if gib >= FULL_ONE_GPU_GIB:
+        return ("--pair-seconds", str(FULL_ONE_PAIR_S), "--one-engine-at-a-time")
+    raise HostStepError(
+        f"the seed's pair at full width needs a GPU of {FULL_ONE_GPU_GIB} GiB or more for one "
+        f"of its engines alone; this one has {gib:.0f} GiB (an H100 has 79)"
+    )
 
 
 def background(parts: Path, steps: list[str], layout: Layout) -> int:
