@@ -49,6 +49,9 @@ STANDIN_MAIN = textwrap.dedent(
     time.sleep(float(os.environ.get("STANDIN_DELAY", "0")))
     stock = os.environ.get("STANDIN_MODE") == "stock"
     spec = json.loads(args.speculative_config) if args.speculative_config else None
+    if spec and os.environ.get("STANDIN_SPECS"):
+        with open(os.environ["STANDIN_SPECS"], "a") as f:
+            f.write(json.dumps({"by": "serve", **spec}) + "\\n")
     print("INFO vLLM API server version stand-in", flush=True)
     if args.block_size:
         block = int(args.block_size)
@@ -181,6 +184,9 @@ STANDIN_LLM = textwrap.dedent(
             self.hybrid = "text_config" in config
             self.vocab = (config.get("text_config") or config)["vocab_size"]
             self.k = (speculative_config or {}).get("num_speculative_tokens", 0)
+            if speculative_config and os.environ.get("STANDIN_SPECS"):
+                with open(os.environ["STANDIN_SPECS"], "a") as f:
+                    f.write(json.dumps({"by": "LLM", **speculative_config}) + "\\n")
             compilation = NS(cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_capture_sizes=[1])
             self.llm_engine = NS(
                 model_executor=NS(driver_worker=NS(worker=NS(model_runner=None))),

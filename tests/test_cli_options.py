@@ -96,6 +96,9 @@ def test_bundle_reads_the_wheel_from_dist(tmp_path):
         (("--tiny-hidden-size", "0"), "'--tiny-hidden-size': 0 is not in the range x>=1"),
         (("--min-acceptance-length", "1"), "1.0 is not in the range x>1.0"),
         (("--fidelity-gate", "0"), "'--fidelity-gate': 0.0 is not in the range 0.0<x<=1.0"),
+        (("--speculative-option", "model=x"), "model: the smoke sets it itself (give --drafter)"),
+        (("--speculative-option", "dflash_full_cudagraphs"), "not KEY=VALUE"),
+        (("--speculative-option", "a b=1"), "not KEY=VALUE"),
     ],
 )
 def test_a_smoke_figure_out_of_range_is_a_usage_error_before_any_plan(tmp_path, args, message):
@@ -191,3 +194,25 @@ def test_probes_that_reach_no_verdict_are_exit_12_after_their_table(tmp_path):
     assert [r["status"] for r in document["results"]] == ["unknown"]
     assert result.stderr.startswith("error: 1 of 1 probes reached no verdict; layer_offset: ")
     assert result.stderr.count("\n") == 1
+
+
+def test_a_speculative_option_reaches_every_dflash_engine_of_the_plan(tmp_path):
+    """``--speculative-option KEY=VALUE`` adds KEY to the DFlash engines' speculative config
+    with VALUE's JSON type (text where it is not JSON); the plan names what it adds."""
+    args = (
+        "smoke", "--tiny", "--dry-run", "--gpus", "1x141", "--workdir", str(tmp_path / "w"),
+        "--speculative-option", "dflash_full_cudagraphs=true",
+        "--speculative-option", "join_hold_steps=4", "--speculative-option", "name=abc",
+    )  # fmt: skip
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert (
+        "every DFlash engine's --speculative-config adds: dflash_full_cudagraphs=true, "
+        'join_hold_steps=4, name="abc"'
+    ) in result.stdout
+    plan = json.loads(run(*args, "--json").stdout)
+    assert plan["plan"]["engine"]["speculative_options"] == [
+        ["dflash_full_cudagraphs", True],
+        ["join_hold_steps", 4],
+        ["name", "abc"],
+    ]

@@ -12,6 +12,7 @@ import pytest
 
 from tooling.smoke import GpuFacts, SmokeConfig, Timeouts, describe_plan, format_table, run_smoke
 from tooling.smoke.checks import FAIL, INFO, PASS, SKIP
+from tooling.smoke.config import EngineSettings
 
 from .smoke_runner_helpers import _config, standin_vllm_fixture  # noqa: F401 (fixture)
 
@@ -52,6 +53,24 @@ def test_fixed_build_passes_server_checks(tmp_path, standin_vllm, monkeypatch) -
     assert "Using auxiliary layers" in (tmp_path / "smoke/logs/serve-dflash.log").read_text()
     assert any("server ready" in m for m in messages)
     assert "smoke passed" in format_table(report)
+
+
+def test_a_speculative_option_reaches_the_dflash_server_and_the_in_process_engines(
+    tmp_path, standin_vllm, monkeypatch
+) -> None:
+    """``--speculative-option``'s keys reach every DFlash engine the smoke starts: the
+    DFlash server's ``--speculative-config`` and each in-process engine's
+    ``speculative_config`` (the first-token check's), each recorded by the stand-in."""
+    monkeypatch.setenv("STANDIN_MODE", "fixed")
+    specs = tmp_path / "specs.jsonl"
+    monkeypatch.setenv("STANDIN_SPECS", str(specs))
+    engine = EngineSettings(speculative_options=(("dflash_full_cudagraphs", True),))
+    report = run_smoke(_config(tmp_path, *standin_vllm, engine=engine), notify=lambda m: None)
+    assert report.passed
+    seen = [json.loads(line) for line in specs.read_text().splitlines()]
+    assert {s["by"] for s in seen} == {"serve", "LLM"}
+    assert all(s["dflash_full_cudagraphs"] is True for s in seen), seen
+    assert all(s["method"] == "dflash" and s["num_speculative_tokens"] == 3 for s in seen)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

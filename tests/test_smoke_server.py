@@ -113,7 +113,27 @@ def test_serve_command_for_dflash_server() -> None:
     assert "--enable-prompt-tokens-details" in cmd
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "model": "/m/drafter", "num_speculative_tokens": 3}
-    assert spec == speculative_config("/m/drafter", 3)
+    assert spec == speculative_config("/m/drafter", EngineSettings())
+
+
+def test_serve_command_carries_the_speculative_options_a_user_adds() -> None:
+    """``--speculative-option``'s keys reach the DFlash server's ``--speculative-config``
+    beside the smoke's own, with their JSON types; the plain server has none."""
+    engine = EngineSettings(
+        num_speculative_tokens=15,
+        speculative_options=(("dflash_full_cudagraphs", True), ("join_hold_steps", 4)),
+    )
+    cmd = build_serve_command(ServeOptions(target="/m/t", drafter="/m/d", engine=engine))
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "dflash",
+        "model": "/m/d",
+        "num_speculative_tokens": 15,
+        "dflash_full_cudagraphs": True,
+        "join_hold_steps": 4,
+    }
+    plain = build_serve_command(ServeOptions(target="/m/t", drafter=None, engine=engine))
+    assert "--speculative-config" not in plain
 
 
 def test_serve_command_for_a_shared_gpu_and_a_hybrid_target() -> None:

@@ -3,6 +3,7 @@ run time (stage: ``tooling.smoke``)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,15 @@ if TYPE_CHECKING:
     metavar="COUNTxGIB",
     help="Plan for these GPUs (e.g. 2x141) instead of those the serving interpreter sees.",
 )
+@click.option(
+    "--speculative-option",
+    "speculative_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda _ctx, _param, values: speculative_options(values),
+    help="One more key of every DFlash engine's --speculative-config, VALUE read as JSON "
+    '(true, 4, "text"), e.g. dflash_full_cudagraphs=true (repeatable).',
+)
 @click.option("--enforce-eager", is_flag=True, help="Eager mode (default: compiled + CUDA graphs).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="e.g. fp8.")
 @click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
@@ -174,6 +184,32 @@ def smoke_command(ctx: click.Context, **options: Any) -> None:
         raise SmokeError(outcome.failure)
 
 
+#: The keys the smoke sets itself in every DFlash engine's ``speculative_config``.
+OWN_KEYS = {
+    "method": "",
+    "model": "--drafter",
+    "num_speculative_tokens": "--num-speculative-tokens",
+}
+
+
+def speculative_options(values: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    """``--speculative-option``'s KEY=VALUE pairs, each VALUE as JSON where it reads as JSON
+    (``true``, ``4``), else as text; a key the smoke sets itself is refused, naming it."""
+    pairs: dict[str, Any] = {}
+    for value in values:
+        key, sep, text = value.partition("=")
+        if not sep or not key.isidentifier():
+            raise click.BadParameter(f"{value!r}: not KEY=VALUE with KEY a config key")
+        if key in OWN_KEYS:
+            own = f" (give {OWN_KEYS[key]})" if OWN_KEYS[key] else ""
+            raise click.BadParameter(f"{key}: the smoke sets it itself{own}")
+        try:
+            pairs[key] = json.loads(text)
+        except ValueError:
+            pairs[key] = text
+    return tuple(pairs.items())
+
+
 @dataclass(frozen=True)
 class SmokeOptions:
     """The command's options as typed (each field one option's parameter)."""
@@ -188,6 +224,7 @@ class SmokeOptions:
     fidelity_gate: float
     no_fidelity: bool
     num_speculative_tokens: int
+    speculative_options: tuple[tuple[str, Any], ...]
     gpu_memory_utilization: float
     kv_cache_memory_bytes: int | None
     time_limit: float | None
@@ -223,6 +260,7 @@ class SmokeOptions:
             tiny=self.tiny,
             engine=EngineSettings(
                 num_speculative_tokens=self.num_speculative_tokens,
+                speculative_options=self.speculative_options,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                 enforce_eager=self.enforce_eager,

@@ -74,6 +74,9 @@ STEPS = {
             "--tiny-arch seed --num-speculative-tokens 15 --quick",
         ),
         Step("tiny", Kind.SMOKE, "default"),
+        # Patch 22's option through the production smoke: fidelity, lossless, slot audit, load.
+        Step("tiny-graphs", Kind.SMOKE, "drafter-graphs"),
+        Step("seed-graphs", Kind.SMOKE, "seed-graphs"),
         Step("ray", Kind.SMOKE, "ray"),
         Step("ray-tp2", Kind.SMOKE, "ray-tp2"),
         Step("seed-full", Kind.SMOKE, "seed-full"),

@@ -85,6 +85,10 @@ class EngineSettings:
     """The engine flags every run shares (servers and the in-process run alike)."""
 
     num_speculative_tokens: int = 3
+    speculative_options: tuple[tuple[str, Any], ...] = ()
+    """More keys of every DFlash engine's ``speculative_config`` (the server's, the
+    in-process runs'), as a user adds them to ``--speculative-config``: an option of this
+    wheel's, such as ``dflash_full_cudagraphs``."""
     attention_backend: str = "FLASH_ATTN"
     max_model_len: int = 1024
     gpu_memory_utilization: float = 0.3

@@ -70,6 +70,7 @@ def first_tokens_child(run: SmokeRun, plan: SmokePlan, step: Step) -> JsonChild:
         max_num_seqs=engine.max_num_seqs,
         enforce_eager=engine.enforce_eager,
         engine_args=engine_args,
+        speculative_args=dict(engine.speculative_options),
     )
     d = plan.deadlines
     return JsonChild(run, step, request, d.child_s(d.engine_run, run.first_start_s))
@@ -102,6 +103,7 @@ def _engine_request(run: SmokeRun, plan: SmokePlan, step: Step, *, batch: bool) 
         "lengths": list(FIDELITY_LENGTHS),
         "max_tokens": config.fidelity_max_tokens,
         "num_speculative_tokens": engine.num_speculative_tokens,
+        "speculative_options": dict(engine.speculative_options),
         "attention_backend": engine.attention_backend,
         "max_model_len": engine.max_model_len,
         "gpu_memory_utilization": engine.gpu_memory_utilization,

@@ -53,12 +53,13 @@ class ServeOptions:
         return f"http://{self.host}:{self.port}"
 
 
-def speculative_config(drafter: str, num_speculative_tokens: int) -> dict[str, Any]:
+def speculative_config(drafter: str, engine: EngineSettings) -> dict[str, Any]:
     """The ``--speculative-config`` value for a DFlash drafter."""
     return {
         "method": "dflash",
         "model": drafter,
-        "num_speculative_tokens": num_speculative_tokens,
+        "num_speculative_tokens": engine.num_speculative_tokens,
+        **dict(engine.speculative_options),
     }
 
 
@@ -117,7 +118,7 @@ def build_serve_command(options: ServeOptions, python: str | None = None) -> lis
     if backend is not None:
         cmd += ["--distributed-executor-backend", backend]
     if options.drafter is not None:
-        spec = speculative_config(options.drafter, engine.num_speculative_tokens)
+        spec = speculative_config(options.drafter, engine)
         cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     cmd += list(options.extra_args)
     return cmd

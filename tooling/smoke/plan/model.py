@@ -4,6 +4,7 @@ command lines the steps run."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -208,6 +209,9 @@ def render(plan: SmokePlan) -> str:
         f"{d.request.times:g} x (at least {d.request.floor_s:.0f} s); whole run "
         + ("unbounded" if d.total_s is None else f"{d.total_s:.0f} s"),
     ]
+    if plan.engine.speculative_options:
+        more = ", ".join(f"{k}={json.dumps(v)}" for k, v in plan.engine.speculative_options)
+        lines.append(f"every DFlash engine's --speculative-config adds: {more}")
     backend = plan.engine.distributed_executor_backend
     if backend is not None:
         lines.append(

@@ -2,38 +2,37 @@
 
 Runs on the GPU host as ``python -m tooling.smoke.serving.engine_run IN.json OUT.json`` with
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the model runner lives in this process. Before the
-engine exists, ``DFlashProposer.propose`` is wrapped to record, per call and request row,
-the bonus token (the target's sampled next token), its position and the drafted tokens, and
-the context features the target handed the drafter (the concatenated aux hidden states, per
+engine exists, ``DFlashProposer.propose`` is wrapped to record, per call and request row, the
+bonus token (the target's sampled next token), its position and the drafted tokens, and the
+context features the target handed the drafter (the concatenated aux hidden states, per
 position). After start-up it reads the window each drafter attention layer computes with
 (``impl.sliding_window``) and the aux layers the runner derives from the drafter config. The
-fidelity prompts run one at a time; then (``concurrent``) a batch of shared-prefix prompts
-of several lengths runs at once, with the lookahead-slot audit (``slotaudit``) on every
-first drafter pass. That run then serves the boundary prompt alone
-(``slotaudit.boundary_prompt_length`` tokens, the drafter group's manager block size read
-from the scheduler): its first pass ends on a block's first slot, the one slot a K-slot
-reservation leaves out, which a hybrid target's large blocks seldom meet otherwise. It is no
-fidelity prompt: nothing of it is recorded but the audit.
+fidelity prompts run one at a time; then (``concurrent``) a batch of shared-prefix prompts of
+several lengths runs at once, with the lookahead-slot audit (``slotaudit``) on every first
+drafter pass. That run then serves the boundary prompt alone
+(``slotaudit.boundary_prompt_length`` tokens, the drafter group's manager block size read from
+the scheduler): its first pass ends on a block's first slot, the one slot a K-slot reservation
+leaves out, which a hybrid target's large blocks seldom meet otherwise (no fidelity prompt:
+nothing of it is recorded but the audit).
 
-Rows are matched to prompts by the request's prompt token ids (every prompt
-is distinct), so proposals of a concurrent batch are attributed correctly.
+Rows are matched to prompts by the request's prompt token ids (every prompt is distinct), so
+proposals of a concurrent batch are attributed correctly.
 
-The audit's ownership snapshot: ``Scheduler.schedule`` is wrapped to record,
-on the SchedulerOutput it returns, the manager blocks every live request owns
-after that step's allocation; ``GPUModelRunner.propose_draft_token_ids``
-receives that same object (in-process engine) and the first pass is audited
-against it. With async scheduling the scheduler may already have planned the
-next step, but blocks are freed only when a step's output is processed, so
-the snapshot taken for step N is what step N's writes must respect.
+The audit's ownership snapshot: ``Scheduler.schedule`` is wrapped to record, on the
+SchedulerOutput it returns, the manager blocks every live request owns after that step's
+allocation; ``GPUModelRunner.propose_draft_token_ids`` receives that same object (in-process
+engine) and the first pass is audited against it. With async scheduling the scheduler may
+already have planned the next step, but blocks are freed only when a step's output is
+processed, so the snapshot taken for step N is what step N's writes must respect.
 
 Attribute paths checked against vLLM 0.20.1:
 ``LLM.llm_engine.model_executor`` (v1/engine/llm_engine.py, in-process only)
 ``LLM.llm_engine.engine_core.engine_core.scheduler`` (core_client.py: InprocClient, core.py)
-``.driver_worker.worker.model_runner`` (uniproc_executor.py, worker_base.py)
-``.drafter`` (gpu_model_runner.py: DFlashProposer) ``.model`` (DFlashQwen3ForCausalLM),
+``.driver_worker.worker.model_runner`` (uniproc_executor.py, worker_base.py) ``.drafter``
+(gpu_model_runner.py: DFlashProposer) ``.model`` (DFlashQwen3ForCausalLM),
 ``DFlashProposer.positions`` (dflash.py: query positions, bonus first),
-``DFlashProposer.set_inputs_first_pass`` (returns the query CommonAttentionMetadata
-whose ``slot_mapping`` the kernel wrote), ``runner.input_batch.req_ids``,
+``DFlashProposer.set_inputs_first_pass`` (returns the query CommonAttentionMetadata whose
+``slot_mapping`` the kernel wrote), ``runner.input_batch.req_ids``,
 ``runner.requests[id].prompt_token_ids``, ``Scheduler.kv_cache_manager.coordinator
 .single_type_managers[g].req_to_blocks``, ``runner.input_batch.block_table.block_tables``.
 """
@@ -56,8 +55,8 @@ from .slotaudit import SlotAudit, audit_first_pass, boundary_prompt_length
 
 logger = logging.getLogger(__name__)
 
+#: Token ids of the seeded random prompts: in any tokenizer's vocabulary.
 RANDOM_IDS = (10, 1000)
-"""Token ids of the seeded random prompts: in any tokenizer's vocabulary."""
 
 
 @dataclass
@@ -70,6 +69,8 @@ class EngineRunInput:
     lengths: list[int]
     max_tokens: int = 40
     num_speculative_tokens: int = 3
+    speculative_options: dict[str, Any] = field(default_factory=dict)
+    """More of the drafter's ``speculative_config`` (``tooling smoke --speculative-option``)."""
     attention_backend: str = "FLASH_ATTN"
     max_model_len: int = 1024
     gpu_memory_utilization: float = 0.3
@@ -329,10 +330,8 @@ class SlotAuditor:
 def serve_boundary_prompt(
     llm: Any, request: EngineRunInput, prompts: list[list[int]], gid: int
 ) -> dict[str, Any]:
-    """Serve the boundary prompt alone; what the result records of it.
-
-    ``gid``: the drafter's KV-cache group, whose manager block size the audit uses.
-    """
+    """Serve the boundary prompt alone; what the result records of it. ``gid``: the
+    drafter's KV-cache group, whose manager block size the audit uses."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -424,6 +423,7 @@ def run(request: EngineRunInput) -> dict[str, Any]:
             "method": "dflash",
             "model": request.drafter,
             "num_speculative_tokens": request.num_speculative_tokens,
+            **request.speculative_options,
         },
         **optional,
     )
