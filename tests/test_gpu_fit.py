@@ -214,6 +214,25 @@ def test_the_seed_step_draws_the_seeds_width_and_serves_each_engine_alone_up_to_
     assert drafted.constant_logits and drafted.kv_cache_gib >= 32 * 1.51
 
 
+def test_the_seed_step_measures_1_and_8_on_an_h100_and_refuses_a_smaller_gpu():
+    """On an H100 the seed's DFlash engine cannot hold 32 requests beside its 53 GiB of
+    weights: ``speed-seed`` measures 1 and 8 there, with a KV cache that holds 8 (1.51 GiB a
+    request at K = 15) and what an engine needs beside it within the card; on a GPU too small
+    for one such engine it is refused in one line."""
+    from tooling.errors import HostStepError
+    from tooling.host import speed
+    from tooling.trained.gpu_fit import ENGINE_OVERHEAD_GIB
+
+    assert speed.seed_args(141.0) == speed.seed_args(None) == speed.SEED_ARGS
+    small = speed.seed_args(H100_GIB)
+    value = {small[i]: small[i + 1] for i in range(len(small) - 1)}
+    assert value["--levels"] == "1,8" and "--one-at-a-time" in small
+    kv = int(value["--drafted-kv-gib"])
+    assert 8 * 1.51 <= kv and 53 + kv + ENGINE_OVERHEAD_GIB <= H100_GIB
+    with pytest.raises(HostStepError, match="needs a GPU of 70 GiB or more"):
+        speed.seed_args(40.0)
+
+
 def test_the_drawn_stock_step_is_the_stock_steps_run_on_the_recipes_shapes():
     """``speed-shape-stock`` runs ``speed-stock``'s engines and levels on the drawn shapes:
     plain's step does the same work whatever its weights (every request makes exactly its

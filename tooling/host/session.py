@@ -25,7 +25,7 @@ from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, ta
 from .layout import detached as in_background
 from .proof import seed_pair
 from .setup import SetupStep, setup
-from .speed import drawn_arch, speed_args
+from .speed import drawn_arch, seed_args, speed_args
 from .steps import STEPS, Kind, Step, session_ablations
 from .trained import RECIPE, TrainSettings, provide_pair
 
@@ -191,12 +191,18 @@ def _speed_shape(layout: Layout, step: Step, env: dict[str, str]) -> int:
     arch = drawn_arch(step.variant)
     pair = layout.session / step.name / "models" / arch
     host = [PYTHON, "-m", Modules.TOOLING, "host", "speed"]
+    try:
+        variant = step.variant or "shape"
+        args = seed_args(gpu_memory_gib()) if variant == "seed" else speed_args(variant)
+    except HostStepError as e:
+        mark(f"{step.name}: {e}")
+        return 1
     with written(layout.session / f"{step.name}.txt") as log:
         draw = [*host, "draw", arch, str(pair), "cuda"]
         code = run(draw, env=env, stdout=log, stderr=log)
         if code != 0:
             return code
-        speed = [*host, "run", str(pair), *speed_args(step.variant or "shape")]
+        speed = [*host, "run", str(pair), *args]
         return run(speed, env=env, stdout=log, stderr=log)
 
 
