@@ -79,6 +79,25 @@ def test_the_hold_is_drawn_last_and_only_for_a_vllm_that_takes_it():
     ]
 
 
+def test_the_drafters_full_graphs_are_drawn_after_the_hold_for_a_vllm_that_takes_them():
+    """Fix 22's ``dflash_full_cudagraphs`` is drawn in about half the pairs of a vLLM that
+    takes it, never otherwise, and after the hold: every other setting of a seed is the one
+    a vLLM without it is served; a case without it is saved as before it was drawn, and the
+    shrink tries it off first, beside the hold."""
+    from tooling.fuzzing.gpu_shrink import settings_candidates
+
+    both = [draw_settings(s, n, hold=True, graphs=True) for s in range(3) for n in range(100)]
+    held = [draw_settings(s, n, hold=True) for s in range(3) for n in range(100)]
+    assert 100 < sum(x.drafter_full_graphs for x in both) < 200
+    assert not any(x.drafter_full_graphs for x in held)
+    assert [replace(x, drafter_full_graphs=False) for x in both] == held
+    assert "drafter_full_graphs" not in CASE.to_json()["settings"]
+    graphs = replace(CASE, settings=replace(CASE.settings, drafter_full_graphs=True))
+    assert graphs.to_json()["settings"]["drafter_full_graphs"] is True
+    assert GpuCase.from_json(json.loads(json.dumps(graphs.to_json()))) == graphs
+    assert settings_candidates(graphs)[0] == CASE
+
+
 def test_workloads_concentrate_on_the_boundary_lengths():
     """K, K+1, K+2, the engine's own block +- 1, the step budget +- 1 and +- (K + 1), and
     max_model_len less a little, all drawn; with prefixes, aborts, stops and logprobs."""
@@ -303,3 +322,30 @@ def test_an_engine_pair_judged_hang_crash_and_refusal():
     refused = PairRun({"dflash": {"refused": "ValueError: no"}, "plain": {}}, 1.0)
     judged = judge_pair(refused, Mode())
     assert judged.refused == "ValueError: no" and judged.verdicts == []
+
+
+@pytest.mark.slow
+def test_the_interpreter_check_finds_the_fixed_wheels_options_and_not_stocks(
+    probe_python, patched_0201, upstream_0201
+):
+    """What the campaign asks the interpreter before it draws (``gpu_pair.CHECK``), run by a
+    real interpreter on each tree: the fixed tree takes fixes 33 and 22's keys, so both are
+    drawn for it; stock 0.20.1 takes neither, so neither is drawn for it, which would refuse
+    them. No GPU here, which the check says in its own key."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from tooling.fuzzing.gpu_pair import CHECK
+
+    def answer(tree: Path) -> dict:
+        env = {**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""}
+        done = subprocess.run(
+            [str(probe_python), "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
+        )
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    fixed, stock = answer(Path(patched_0201.work_dir)), answer(upstream_0201.source_dir)
+    assert (fixed["join_hold"], fixed["drafter_graphs"]) == (True, True)
+    assert (stock["join_hold"], stock["drafter_graphs"]) == (False, False)
+    assert fixed["gpu"] is False and stock["vllm"].startswith(str(upstream_0201.source_dir))

@@ -152,6 +152,7 @@ def gpu_command(
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         max_k=shape.max_k,
         join_hold=found.join_hold,
+        drafter_graphs=found.drafter_graphs,
         one_at_a_time=one_at_a_time,
     )
     install_key = sha256_bytes(vllm_at.encode())[:12]

@@ -83,6 +83,8 @@ class GpuPlan:
     join_hold: bool = False
     """The vLLM under test takes fix 33's ``join_hold_steps`` (``gpu_pair.Interpreter``):
     only then is it drawn, as stock vLLM refuses the key. A replay serves its cases as saved."""
+    drafter_graphs: bool = False
+    """The vLLM under test takes fix 22's ``dflash_full_cudagraphs``: only then is it drawn."""
     one_at_a_time: bool = False
     """Each pair's engines serve one after the other (``gpu_pair.run_pair``): a GPU that
     holds one engine of the pair only."""
@@ -167,7 +169,8 @@ class Campaign:
         return kept
 
     def _draw(self, number: int) -> GpuSettings:
-        return draw_settings(self.plan.seed, number, self.plan.max_k, self.plan.join_hold)
+        plan = self.plan
+        return draw_settings(plan.seed, number, plan.max_k, plan.join_hold, plan.drafter_graphs)
 
     def _serve(
         self, settings: GpuSettings, number: int, replay: list[tuple[GpuReq, ...]] | None, name: str

@@ -47,7 +47,8 @@ CUT_MARGIN_S = 60.0
 MIN_VOCAB = 64
 #: What the interpreter is asked before a campaign: a GPU, where its vLLM is, and whether
 #: that vLLM takes fix 33's ``join_hold_steps`` (as ``_schedfuzz.has_join_hold`` asks a
-#: tree). A vLLM whose config cannot be imported is taken to lack it: stock refuses the key.
+#: tree) and fix 22's ``dflash_full_cudagraphs``. A vLLM whose config cannot be imported is
+#: taken to lack them: stock refuses the keys.
 CHECK = (
     "import importlib.util, json\n"
     "try:\n"
@@ -57,15 +58,17 @@ CHECK = (
     "except ImportError as e:\n"
     "    gpu, why = False, f'cannot import torch ({e})'\n"
     "spec = importlib.util.find_spec('vllm')\n"
-    "hold = False\n"
+    "keys = {}\n"
     "if spec:\n"
     "    try:\n"
     "        from vllm.config import SpeculativeConfig\n"
-    "        hold = 'join_hold_steps' in getattr(SpeculativeConfig, '__dataclass_fields__', {})\n"
+    "        keys = getattr(SpeculativeConfig, '__dataclass_fields__', {})\n"
     "    except Exception:\n"
     "        pass\n"
     "where = spec.origin if spec else None\n"
-    "print(json.dumps({'gpu': gpu, 'why': why, 'vllm': where, 'join_hold': hold}))\n"
+    "print(json.dumps({'gpu': gpu, 'why': why, 'vllm': where,\n"
+    "                  'join_hold': 'join_hold_steps' in keys,\n"
+    "                  'drafter_graphs': 'dflash_full_cudagraphs' in keys}))\n"
 )
 
 
@@ -133,6 +136,8 @@ class Interpreter:
     """Where its vLLM is."""
     join_hold: bool = False
     """Its vLLM takes ``join_hold_steps`` in the speculative config (fix 33)."""
+    drafter_graphs: bool = False
+    """Its vLLM takes ``dflash_full_cudagraphs`` in the speculative config (fix 22)."""
 
 
 def check_interpreter(python: Path, env: Mapping[str, str]) -> Interpreter:
@@ -151,7 +156,11 @@ def check_interpreter(python: Path, env: Mapping[str, str]) -> Interpreter:
         raise FuzzNoGpuError(f"{python}: no GPU ({answer['why']}): the GPU fuzzer needs one")
     if not answer["vllm"]:
         raise VllmNotFoundError(f"{python}: no vLLM to fuzz (vllm is not importable there)")
-    return Interpreter(str(answer["vllm"]), answer.get("join_hold") is True)
+    return Interpreter(
+        str(answer["vllm"]),
+        answer.get("join_hold") is True,
+        answer.get("drafter_graphs") is True,
+    )
 
 
 @dataclass

@@ -49,12 +49,14 @@ def workload_candidates(case: GpuCase) -> list[GpuCase]:
 
 def settings_candidates(case: GpuCase) -> list[GpuCase]:
     """``case`` with one setting back at vLLM's default (K one step smaller), in the order
-    a user most often leaves them: fix 33's opt-in hold first, which is off unless set."""
+    a user most often leaves them: fixes 33 and 22's opt-in options first, which are off
+    unless set."""
     s = case.settings
     simpler: list[GpuSettings] = [
         replace(s, **{name: getattr(DEFAULTS, name)})
         for name in (
             "join_hold_steps",
+            "drafter_full_graphs",
             "async_scheduling",
             "long_prefill_token_threshold",
             "kv_cache_dtype",

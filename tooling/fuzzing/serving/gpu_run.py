@@ -120,11 +120,19 @@ def _engine_request(request: GpuRunRequest) -> DistributionRequest:
             "max_logprobs": MAX_LOGPROBS,
             "disable_log_stats": False,
         },
-        # Only where set: a vLLM without fix 33 refuses the key, even as 0.
-        speculative_args=(
-            {"join_hold_steps": s.join_hold_steps} if request.drafter and s.join_hold_steps else {}
-        ),
+        speculative_args=_options(s) if request.drafter else {},
     )
+
+
+def _options(s: GpuSettings) -> dict[str, Any]:
+    """The DFlash engine's opt-in keys, only where set: a vLLM without fixes 33 and 22's
+    options refuses each key, even as 0 or false."""
+    options: dict[str, Any] = {}
+    if s.join_hold_steps:
+        options["join_hold_steps"] = s.join_hold_steps
+    if s.drafter_full_graphs:
+        options["dflash_full_cudagraphs"] = True
+    return options
 
 
 def _figures(engine: Any) -> EngineFigures:
