@@ -100,3 +100,63 @@ def test_a_replay_is_given_to_dflash_and_a_refusal_starts_no_plain_engine(tmp_pa
     assert not (tmp_path / "work" / "plain.in.json").exists()
     judged = judge_pair(pair, Mode())
     assert judged.refused == "ValueError: not this setting" and judged.verdicts == []
+
+
+#: The same stand-in for the whole command: it answers the campaign's interpreter check (a
+#: GPU, a vLLM with both options), fails the settings' vetting (so the pair starts as drawn),
+#: and serves as each engine: DFlash one workload of its own and ends, plain what it is given.
+COMMAND_ALONE = """#!{python}
+import json, os, sys
+if sys.argv[1] == "-c":
+    print(json.dumps({{"gpu": True, "why": "", "vllm": "/standin/vllm/__init__.py",
+                      "join_hold": True, "drafter_graphs": True}}))
+    sys.exit(0)
+module, in_file, out_file = sys.argv[2:5]
+if module.endswith("gpu_vet"):
+    sys.exit(1)
+request = json.load(open(in_file))
+work = os.path.dirname(request["progress"])
+given = request["replay"] or [[{{"arrival": 0, "prompt_len": 17, "max_tokens": 4}}]]
+progress = {{
+    "role": request["role"],
+    "other_ended": os.path.exists(os.path.join(work, "dflash.out.json")),
+    "workloads": [{{"index": i, "bound": 100, "requests": w}} for i, w in enumerate(given)],
+}}
+if request["role"] == "dflash":
+    json.dump({{"block_size": 16}}, open(request["figures_file"], "w"))
+json.dump(progress, open(request["progress"], "w"))
+json.dump({{"ok": True, **progress}}, open(out_file, "w"))
+"""
+
+
+def test_the_command_serves_each_pair_one_engine_at_a_time(tmp_path):
+    """``tooling fuzz gpu --one-engine-at-a-time``: the campaign's pair serves its plain
+    engine after its DFlash engine has ended, with the workload DFlash served; without the
+    flag, both start at once and each draws the workloads itself."""
+    import json
+
+    from .helpers import run_tooling
+    from .smoke_models import write_seed_pair
+
+    pair = tmp_path / "pair"
+    write_seed_pair(pair / "target", pair / "drafter", 10**9)
+    python = tmp_path / "python"
+    python.write_text(COMMAND_ALONE.format(python=sys.executable))
+    python.chmod(0o755)
+    seen = {}
+    for flag in ("--one-engine-at-a-time", None):
+        out = tmp_path / f"out-{bool(flag)}"
+        args = ["--pair", str(pair), "--python", str(python), "--settings", "1"]
+        args += ["--workloads", "1", "--pair-seconds", "60", "--no-shrink", "--out", str(out)]
+        done = run_tooling("fuzz", "gpu", *args, *([flag] if flag else []), timeout=300)
+        assert done.returncode in (0, 25), done.stderr
+        (folder,) = (out / "pairs").iterdir()
+        plain = json.loads((folder / "plain.progress.json").read_text())
+        request = json.loads((folder / "plain.in.json").read_text())
+        seen[flag] = plain["other_ended"], request["replay"]
+    one_at_a_time = seen["--one-engine-at-a-time"]
+    assert one_at_a_time[0] is True
+    assert [[r["prompt_len"] for r in w] for w in one_at_a_time[1]] == [[17]]
+    # At once, the stand-in's DFlash engine may end before the plain one starts: only what
+    # each was given tells the two modes apart there.
+    assert seen[None][1] == []
