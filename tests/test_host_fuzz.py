@@ -153,14 +153,13 @@ def test_the_full_width_campaign_serves_its_engines_one_at_a_time_on_an_h100(
     from tooling.host.fuzz import NOISY, PAIRS
     from tooling.host.session import (
         FULL_ENGINES,
-        FULL_GPU_GIB,
         FULL_KV_GIB,
         FULL_NOISE,
-        FULL_ONE_GPU_GIB,
         FULL_ONE_PAIR_S,
         FULL_PAIR_S,
         fuzz_settings,
     )
+    from tooling.host.speed import ONE_WIDE_GPU_GIB, WIDE_GPU_GIB
     from tooling.trained.gpu_fit import gpu_memory_gib
 
     day = time.strptime("2026-12-06", "%Y-%m-%d")
@@ -176,7 +175,7 @@ def test_the_full_width_campaign_serves_its_engines_one_at_a_time_on_an_h100(
 
     h200, h100, a100 = on(143771), on(81559), on(40960)
     assert h200 is not None and h100 is not None and a100 is not None
-    assert h200 >= FULL_GPU_GIB > h100 >= FULL_ONE_GPU_GIB > a100
+    assert h200 >= WIDE_GPU_GIB > h100 >= ONE_WIDE_GPU_GIB > a100
     for gib, limit, alone in ((h200, FULL_PAIR_S, False), (h100, FULL_ONE_PAIR_S, True)):
         which, full = fuzz_settings("seed-full", day, gpu_gib=gib)
         assert which == "seed-full" and which in PAIRS and which in NOISY
@@ -192,7 +191,7 @@ def test_the_full_width_campaign_serves_its_engines_one_at_a_time_on_an_h100(
     assert 2 * FULL_ONE_PAIR_S + 250 <= 1800
     assert FULL_ENGINES == ("patched",)
     assert STEPS["fuzz-seed-full"].variant == "seed-full"
-    with pytest.raises(HostStepError, match=f"needs a GPU of {FULL_ONE_GPU_GIB} GiB or more"):
+    with pytest.raises(HostStepError, match=f"needs a GPU of {ONE_WIDE_GPU_GIB} GiB or more"):
         fuzz_settings("seed-full", day, gpu_gib=a100)
 
 

@@ -325,7 +325,7 @@ def campaign_runner(target: GpuTarget, plan: GpuPlan) -> PairRunner:
             kv_cache_memory_bytes=plan.kv_cache_memory_bytes,
             seed=plan.seed,
             number=number,
-            workloads=0 if replay else workloads,
+            workloads=workloads,
             replay=replay,
             one_at_a_time=plan.one_at_a_time,
         )

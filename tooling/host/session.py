@@ -25,7 +25,7 @@ from .layout import PYTHON, Layout, Modules, run, running, say, shown, since, ta
 from .layout import detached as in_background
 from .proof import seed_pair
 from .setup import SetupStep, setup
-from .speed import drawn_arch, seed_args, speed_args
+from .speed import drawn_arch, seed_args, speed_args, wide_gpu
 from .steps import STEPS, Kind, Step, session_ablations
 from .trained import RECIPE, TrainSettings, provide_pair
 
@@ -57,17 +57,14 @@ FULL_ARGS = (
     *("--settings", "1", "--no-shrink"),
     *("--kv-cache-memory-bytes", str(FULL_KV_GIB << 30)),
 )
-#: The least GPU memory both engines of the pair serve on at once, GiB: two engines of 50
-#: GiB of weights each, the drafter's, their KV caches, activations and graphs. The pair is
-#: stopped at FULL_PAIR_S; its engines' start (compile and capture) takes about 250 s of
-#: it, and it draws workloads until FULL_PAIR_S less 300 s.
-FULL_GPU_GIB = 125
+#: Where both engines of the pair fit the GPU at once (``speed.wide_gpu``), the pair is
+#: stopped at FULL_PAIR_S; its engines' start (compile and capture) takes about 250 s of it,
+#: and it draws workloads until FULL_PAIR_S less 300 s.
 FULL_PAIR_S = 900
-#: The least GPU memory one engine of the pair serves on alone, GiB (an H100 has 79): there
-#: the DFlash engine serves first and the plain engine then the same workloads, each stopped
-#: at FULL_ONE_PAIR_S. The DFlash engine draws workloads until FULL_ONE_PAIR_S less 300 s,
-#: about 200 s of them after its start, so that both engines fit one session's device time.
-FULL_ONE_GPU_GIB = 70
+#: Where one engine fits alone, the DFlash engine serves first and the plain engine then the
+#: same workloads, each stopped at FULL_ONE_PAIR_S. The DFlash engine draws workloads until
+#: FULL_ONE_PAIR_S less 300 s, about 200 s of them after its start, so that both engines fit
+#: one session's device time.
 FULL_ONE_PAIR_S = 750
 #: What fits one session with the recipe's training beside the smokes.
 DEFAULT_STEPS = ("seed", "seed-stock", "trained")
@@ -327,17 +324,11 @@ def _fuzz(layout: Layout, step: Step, out: Path, env: dict[str, str]) -> int:
 
 
 def full_width_pairing(gib: float | None) -> tuple[str, ...]:
-    """How the full-width pair's engines share a GPU of ``gib``: at once where both fit (or
-    its memory is not known), one after the other where one fits; a GPU smaller than that is
-    refused in one line, before anything is drawn."""
-    if gib is None or gib >= FULL_GPU_GIB:
+    """How the full-width pair's engines share a GPU of ``gib``: at once where both fit,
+    one after the other where one fits (``speed.wide_gpu``, which refuses a smaller one)."""
+    if wide_gpu(gib, "the seed's pair at full width"):
         return ("--pair-seconds", str(FULL_PAIR_S))
-    if gib >= FULL_ONE_GPU_GIB:
-        return ("--pair-seconds", str(FULL_ONE_PAIR_S), "--one-engine-at-a-time")
-    raise HostStepError(
-        f"the seed's pair at full width needs a GPU of {FULL_ONE_GPU_GIB} GiB or more for one "
-        f"of its engines alone; this one has {gib:.0f} GiB (an H100 has 79)"
-    )
+    return ("--pair-seconds", str(FULL_ONE_PAIR_S), "--one-engine-at-a-time")
 
 
 def background(parts: Path, steps: list[str], layout: Layout) -> int:

@@ -208,12 +208,16 @@ SEED_ARGS = (
     *("--levels", "1,8,32", "--passes", "3", "--profile-levels", ""),
     *("--time-limit", "900"),
 )
-#: The least GPU memory ``speed-seed``'s DFlash engine holds 32 requests on, GiB (an H200
-#: has 140). On a smaller GPU of SEED_SMALL_GPU_GIB or more (an H100), beside its 53 GiB of
-#: weights, a KV cache of SEED_SMALL_KV_GIB holds 8 requests at K = 15 (1.51 GiB each at
-#: this width): the table's 1 and 8 are measured there, 32 is not.
-SEED_GPU_GIB = 125
-SEED_SMALL_GPU_GIB = 70
+#: The least GPU memory, GiB, that holds what a step at the seed's full width asks at once:
+#: ``speed-seed``'s DFlash engine with 32 requests, ``fuzz-seed-full``'s two engines (an
+#: H200 has 140).
+WIDE_GPU_GIB = 125
+#: The least that holds one engine of the seed's width alone, GiB: 53 GiB of weights, a
+#: small KV cache, activations and graphs (an H100 has 79).
+ONE_WIDE_GPU_GIB = 70
+#: ``speed-seed`` on a GPU under WIDE_GPU_GIB: beside the weights, a KV cache of
+#: SEED_SMALL_KV_GIB holds 8 requests at K = 15 (1.51 GiB each at this width), so the
+#: table's 1 and 8 are measured there, and 32 is not.
 SEED_SMALL_KV_GIB = 13
 SEED_SMALL_ARGS = (
     *("--engines", ",".join(SEED_ENGINES), "--one-at-a-time"),
@@ -222,19 +226,25 @@ SEED_SMALL_ARGS = (
 )
 
 
+def wide_gpu(gib: float | None, step: str) -> bool:
+    """Whether a GPU of ``gib`` holds what ``step`` at the seed's full width asks at once
+    (True also where its memory is not known), or one engine of that width alone (False);
+    HostStepError, one line naming ``step``, on a smaller one, before anything is drawn."""
+    if gib is None or gib >= WIDE_GPU_GIB:
+        return True
+    if gib >= ONE_WIDE_GPU_GIB:
+        return False
+    raise HostStepError(
+        f"{step} needs a GPU of {ONE_WIDE_GPU_GIB} GiB or more for one engine of the seed's "
+        f"width; this one has {gib:.0f} GiB (an H100 has 79)"
+    )
+
+
 def seed_args(gib: float | None) -> tuple[str, ...]:
     """``speed-seed``'s options on a GPU of ``gib``: the table's three levels where its
-    DFlash engine holds 32 requests (or the GPU is not known), 1 and 8 on a smaller one
-    that holds one engine of the seed's width; HostStepError (one line) on a GPU smaller
-    than that, before anything is drawn."""
-    if gib is None or gib >= SEED_GPU_GIB:
-        return SEED_ARGS
-    if gib >= SEED_SMALL_GPU_GIB:
-        return SEED_SMALL_ARGS
-    raise HostStepError(
-        f"speed-seed needs a GPU of {SEED_SMALL_GPU_GIB} GiB or more for one engine of the "
-        f"seed's width; this one has {gib:.0f} GiB (an H100 has 79)"
-    )
+    DFlash engine holds 32 requests, 1 and 8 where it holds one engine of the seed's width
+    (``wide_gpu``)."""
+    return SEED_ARGS if wide_gpu(gib, "speed-seed") else SEED_SMALL_ARGS
 
 
 #: A session step's variant and the speed run's options for it; any other variant runs the
