@@ -1,6 +1,7 @@
 """One engine pair of the GPU fuzzer: what it needs before it starts (a pair it can serve, an
 interpreter that sees a GPU and imports vLLM), its two processes (``serving.gpu_run``,
-DFlash and plain, at once on one GPU), and the oracles over what they recorded."""
+DFlash and plain, at once on one GPU, or one after the other where it holds one), and the
+oracles over what they recorded."""
 
 from __future__ import annotations
 
@@ -300,20 +301,27 @@ def _one_at_a_time(
     """The DFlash engine alone until it ends (or ``limit_s``), then the plain engine alone
     over the workloads DFlash was given; none when DFlash was given none (refused, or it
     never started), as at once the plain engine is stopped then."""
-    runs: dict[str, dict[str, Any]] = {}
-    stopped: dict[str, bool] = {}
-    for role in ROLES:
-        given = replay if role == "dflash" else given_workloads(runs["dflash"])
-        if role == "plain" and not given:
-            logger.info("the DFlash engine served no workload: the plain engine is not started")
-            break
-        proc = launch.start(role, given)
-        try:
-            stopped |= wait_pair({role: proc}, launch.figures, time.monotonic() + launch.limit_s)
-        finally:
-            stop_group(proc, grace_s=10.0)
-        runs[role] = launch.read(role)
+    runs, stopped = {}, {}
+    runs["dflash"], stopped["dflash"] = _alone(launch, "dflash", replay)
+    given = given_workloads(runs["dflash"])
+    if not given:
+        logger.info("the DFlash engine served no workload: the plain engine is not started")
+        return runs, stopped
+    runs["plain"], stopped["plain"] = _alone(launch, "plain", given)
     return runs, stopped
+
+
+def _alone(
+    launch: _Launch, role: str, given: list[tuple[GpuReq, ...]] | None
+) -> tuple[dict[str, Any], bool]:
+    """One engine process of the pair over ``given``, alone on the GPU: what it recorded,
+    and whether it was still running at ``limit_s`` (and so stopped)."""
+    proc = launch.start(role, given)
+    try:
+        stopped = wait_pair({role: proc}, launch.figures, time.monotonic() + launch.limit_s)
+    finally:
+        stop_group(proc, grace_s=10.0)
+    return launch.read(role), stopped[role]
 
 
 def vet_settings(
