@@ -1,4 +1,4 @@
-"""Fix 22: with ``dflash_full_cudagraphs``, DFlash's drafter replays full CUDA graphs.
+"""Fix 22: DFlash's drafter replays full CUDA graphs, by default (``dflash_full_cudagraphs``).
 
 The drafter's first pass queries K + 1 tokens for every request (the bonus token and K
 masks), a uniform batch. vLLM 0.20.1 gives a drafter PIECEWISE graphs only, so each of its
@@ -11,16 +11,17 @@ The drafter's model is stood in for by one that records the forward context it r
 and the full-graph wrapper by a pass-through (a CPU captures no graph); the proposer, its
 dispatcher, its buffers and its capture loop are vLLM's:
 
-- one request, then one again, then three: the mode each first pass runs in, its batch
-  descriptor, and the addresses of the query starts and sequence lengths the attention
-  reads (a full graph reads the addresses it was captured with);
+- with the speculative config as users leave it: one request, then one again, then three:
+  the mode each first pass runs in, its batch descriptor, and the addresses of the query
+  starts and sequence lengths the attention reads (a full graph reads the addresses it was
+  captured with);
 - the capture: every full key of the drafter's dispatcher captured under FULL after a
   warm-up, its query slots the padding slot (it writes no KV);
-- control: the same tree without the option keeps PIECEWISE.
+- control: ``"dflash_full_cudagraphs": false`` keeps PIECEWISE (a tree without the option
+  is its own control).
 
 Fixed: each pass replays FULL with a uniform descriptor of its requests, at the same
-addresses every step, and every key is captured. Absent: PIECEWISE, moving addresses, or
-the config refuses the option (no such option).
+addresses every step, and every key is captured. Absent: PIECEWISE, or moving addresses.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .spec_prefill_dispatch import _runner_and_scheduler, option_config
 
 NAME = "drafter_full_graphs"
 K = 15
-OPTION = {"dflash_full_cudagraphs": True}
+OFF = {"dflash_full_cudagraphs": False}
 PASSES = (1, 1, 3)
 
 
@@ -193,26 +194,34 @@ def _said(mode: str, desc: Any) -> str:
     return f"{mode} {desc.num_tokens} tokens, uniform={desc.uniform}, num_reqs={desc.num_reqs}"
 
 
+def _control(pair: Any) -> tuple[set[str], str]:
+    """The modes of the drafter's first passes with the option off, and how it was turned
+    off: a tree that refuses the option has only its default."""
+    config = option_config(NAME, "", pair, K, OFF, OFF)
+    said = "dflash_full_cudagraphs false"
+    if isinstance(config, ProbeResult):
+        config = _harness.vllm_config(pair, num_speculative_tokens=K)
+        said = "no such option, the default"
+    recorder = _Recorder()
+    drafter, hidden, _ = _drafter(config, recorder)
+    _passes(config, drafter, hidden)
+    return {m for m, _, _, _ in recorder.seen}, said
+
+
 def run() -> ProbeResult:
     _harness.install_cpu_platform()
     pair = _harness.hybrid_pair()
-    config = option_config(NAME, "no full graphs for the drafter here", pair, K, OPTION, OPTION)
-    if isinstance(config, ProbeResult):
-        return config
+    config = _harness.vllm_config(pair, num_speculative_tokens=K)
     from vllm.v1.spec_decode import dflash
 
     recorder = _Recorder()
-    drafter, hidden, mode = _drafter(config, recorder)
     # A CPU captures no graph: whatever wraps the drafter's model runs it.
     with _harness.replaced(dflash, CUDAGraphWrapper=_PassThrough):
+        drafter, hidden, mode = _drafter(config, recorder)
         addresses = _passes(config, drafter, hidden)
         passes = [(m, d) for m, d, _, _ in recorder.seen]
         keys, captured, ran = _captured(config, drafter, recorder)
-    control_recorder = _Recorder()
-    control = _harness.vllm_config(pair, num_speculative_tokens=K)
-    control_drafter, control_hidden, _ = _drafter(control, control_recorder)
-    _passes(control, control_drafter, control_hidden)
-    control_modes = {m for m, _, _, _ in control_recorder.seen}
+        control_modes, control_said = _control(pair)
 
     full = all(
         m == "FULL" and d is not None and d.uniform and d.num_reqs == n
@@ -220,18 +229,19 @@ def run() -> ProbeResult:
     )
     stable = len(set(addresses)) == 1
     evidence = (
-        f"hybrid target, K = {K}, FULL_AND_PIECEWISE, the drafter's dispatcher in {mode}: "
+        f"hybrid target, K = {K}, FULL_AND_PIECEWISE, defaults: the drafter's dispatcher in "
+        f"{mode}: "
         + "; ".join(
             f"{n} request(s): {_said(m, d)}" for (m, d), n in zip(passes, PASSES, strict=True)
         )
         + f"; attention metadata at {len(set(addresses))} address(es) over {len(addresses)} "
         f"passes; capture: {captured} of {keys} full keys"
         + ("" if ran else " (no capture here)")
-        + f"; without the option: {', '.join(sorted(control_modes))}"
+        + f"; {control_said}: {', '.join(sorted(control_modes))}"
     )
     if control_modes != {"PIECEWISE"}:
         status = UNKNOWN
-        evidence = "without the option the drafter is not PIECEWISE: " + evidence
+        evidence = "with the option off the drafter is not PIECEWISE: " + evidence
     elif full and stable and keys and captured == keys:
         status = PRESENT
     else:
