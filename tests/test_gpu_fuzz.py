@@ -79,23 +79,25 @@ def test_the_hold_is_drawn_last_and_only_for_a_vllm_that_takes_it():
     ]
 
 
-def test_the_drafters_full_graphs_are_drawn_after_the_hold_for_a_vllm_that_takes_them():
-    """Fix 22's ``dflash_full_cudagraphs`` is drawn in about half the pairs of a vLLM that
-    takes it, never otherwise, and after the hold: every other setting of a seed is the one
-    a vLLM without it is served; a case without it is saved as before it was drawn, and the
-    shrink tries it off first, beside the hold."""
+def test_the_drafters_full_graphs_are_turned_off_after_the_hold_for_a_vllm_that_takes_them():
+    """Fix 22's ``dflash_full_cudagraphs`` (on by default in the fixed wheel) is drawn false
+    in about half the pairs of a vLLM that takes it, left unset otherwise and on any other
+    vLLM, and after the hold: every other setting of a seed is the one a vLLM without it is
+    served; an unset one is saved as before it was drawn, a false one is saved as false,
+    and the shrink tries it unset first, beside the hold."""
     from tooling.fuzzing.gpu_shrink import settings_candidates
 
     both = [draw_settings(s, n, hold=True, graphs=True) for s in range(3) for n in range(100)]
     held = [draw_settings(s, n, hold=True) for s in range(3) for n in range(100)]
-    assert 100 < sum(x.drafter_full_graphs for x in both) < 200
-    assert not any(x.drafter_full_graphs for x in held)
-    assert [replace(x, drafter_full_graphs=False) for x in both] == held
+    assert {x.drafter_full_graphs for x in both} == {None, False}
+    assert 100 < sum(x.drafter_full_graphs is False for x in both) < 200
+    assert all(x.drafter_full_graphs is None for x in held)
+    assert [replace(x, drafter_full_graphs=None) for x in both] == held
     assert "drafter_full_graphs" not in CASE.to_json()["settings"]
-    graphs = replace(CASE, settings=replace(CASE.settings, drafter_full_graphs=True))
-    assert graphs.to_json()["settings"]["drafter_full_graphs"] is True
-    assert GpuCase.from_json(json.loads(json.dumps(graphs.to_json()))) == graphs
-    assert settings_candidates(graphs)[0] == CASE
+    off = replace(CASE, settings=replace(CASE.settings, drafter_full_graphs=False))
+    assert off.to_json()["settings"]["drafter_full_graphs"] is False
+    assert GpuCase.from_json(json.loads(json.dumps(off.to_json()))) == off
+    assert settings_candidates(off)[0] == CASE
 
 
 def test_workloads_concentrate_on_the_boundary_lengths():

@@ -138,10 +138,10 @@ def test_only_the_dflash_engine_is_given_the_hold():
     assert _engine_request(request).speculative_args == {"join_hold_steps": 4}
     plain = _engine_request(replace(request, drafter=None, role="plain"))
     assert plain.speculative_args == {} and plain.drafter is None
-    both = replace(request, settings=replace(held, drafter_full_graphs=True))
+    both = replace(request, settings=replace(held, drafter_full_graphs=False))
     assert _engine_request(both).speculative_args == {
         "join_hold_steps": 4,
-        "dflash_full_cudagraphs": True,
+        "dflash_full_cudagraphs": False,
     }
     assert _engine_request(replace(both, drafter=None, role="plain")).speculative_args == {}
 

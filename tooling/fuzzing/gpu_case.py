@@ -7,9 +7,9 @@ budget T), workload W from S, N, W and those figures. The drawing is the schedul
 (``tooling/probes/_schedfuzz.py``: its settings, its boundary lengths and its workloads),
 narrowed to what the GPU pair serves (K in 1, 3, 7, 15) and widened by what only a GPU has:
 the CUDA-graph mode, and requests that ask for logprobs. On a vLLM with fix 33 the settings
-also draw its ``join_hold_steps``, and on one with fix 22 whether the drafter replays full
-CUDA graphs of its own (``dflash_full_cudagraphs``), last, so that every other setting and
-workload of a campaign is drawn as on a vLLM without them.
+also draw its ``join_hold_steps``, and on one with fix 22 whether the drafter's full CUDA
+graphs (``dflash_full_cudagraphs``, on by default there) are turned off, last, so that every
+other setting and workload of a campaign is drawn as on a vLLM without them.
 
 Pure: the driver on the GPU host (``serving.gpu_run``) imports it to draw the same
 workloads in the DFlash and the plain engine's processes.
@@ -74,9 +74,10 @@ class GpuSettings:
     join_hold_steps: int = 0
     """``join_hold_steps`` of the DFlash engine's speculative config (fix 33); 0: not set,
     as stock vLLM, which refuses the key, must be served."""
-    drafter_full_graphs: bool = False
+    drafter_full_graphs: bool | None = None
     """``dflash_full_cudagraphs`` of the DFlash engine's speculative config (fix 22's
-    option); False: not set, as stock vLLM refuses the key."""
+    option); None: not set, the wheel's default (on where fix 22 is; stock vLLM refuses
+    the key)."""
 
 
 #: The settings a shrink moves a finding back toward, one at a time.
@@ -111,9 +112,10 @@ class GpuCase:
         settings = asdict(self.settings)
         # Unset, as in every case saved before fixes 33 and 22's options were drawn: such a
         # case reads the same anywhere.
-        for option in ("join_hold_steps", "drafter_full_graphs"):
-            if not settings[option]:
-                del settings[option]
+        if not settings["join_hold_steps"]:
+            del settings["join_hold_steps"]
+        if settings["drafter_full_graphs"] is None:
+            del settings["drafter_full_graphs"]
         return {"settings": settings, "requests": [asdict(r) for r in self.requests]}
 
     @classmethod
@@ -170,7 +172,7 @@ def draw_settings(
     drawn again among ``KS``: the pair always drafts; a K past ``max_k``, the drafter's
     block, the largest of ``KS`` within it), a CUDA-graph mode, with ``hold`` (the vLLM
     under test has fix 33) a ``join_hold_steps``, and with ``graphs`` (it has fix 22's
-    option) whether the drafter replays full graphs, in half the draws."""
+    option, on by default) the option set false in half the draws."""
     rng = random.Random(f"gpu:{seed}:{number}")
     drawn = draw_scheduler_settings(rng)
     k = drawn.k or rng.choice(KS)
@@ -184,8 +186,8 @@ def draw_settings(
     # serves the same pairs on stock as on the fixed wheel, but for the hold.
     if hold:
         values["join_hold_steps"] = rng.choice(JOIN_HOLDS)
-    if graphs:
-        values["drafter_full_graphs"] = rng.random() < 0.5
+    if graphs and rng.random() < 0.5:
+        values["drafter_full_graphs"] = False
     return GpuSettings(**values)
 
 

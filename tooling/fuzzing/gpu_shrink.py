@@ -49,8 +49,8 @@ def workload_candidates(case: GpuCase) -> list[GpuCase]:
 
 def settings_candidates(case: GpuCase) -> list[GpuCase]:
     """``case`` with one setting back at vLLM's default (K one step smaller), in the order
-    a user most often leaves them: fixes 33 and 22's opt-in options first, which are off
-    unless set."""
+    a user most often leaves them: fixes 33 and 22's options first, unset (the wheel's
+    default)."""
     s = case.settings
     simpler: list[GpuSettings] = [
         replace(s, **{name: getattr(DEFAULTS, name)})

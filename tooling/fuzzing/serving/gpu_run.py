@@ -125,13 +125,13 @@ def _engine_request(request: GpuRunRequest) -> DistributionRequest:
 
 
 def _options(s: GpuSettings) -> dict[str, Any]:
-    """The DFlash engine's opt-in keys, only where set: a vLLM without fixes 33 and 22's
-    options refuses each key, even as 0 or false."""
+    """The DFlash engine's keys of fixes 33 and 22, only where set: a vLLM without them
+    refuses each key, even as 0 or false."""
     options: dict[str, Any] = {}
     if s.join_hold_steps:
         options["join_hold_steps"] = s.join_hold_steps
-    if s.drafter_full_graphs:
-        options["dflash_full_cudagraphs"] = True
+    if s.drafter_full_graphs is not None:
+        options["dflash_full_cudagraphs"] = s.drafter_full_graphs
     return options
 
 
