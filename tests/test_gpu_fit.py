@@ -355,15 +355,16 @@ def test_the_host_step_measures_patches_36_and_37_and_patch_22s_option_in_one_st
 
 def test_the_one_request_graphs_step_puts_patch_22_beside_the_bar_engines_on_one_h100():
     """``speed-one-graphs``: plain, DFlash and DFlash with the drafter's full graphs (patch
-    22's option), one request alone, profiled, so that the query pass's host time is timed
-    with the option and without it; fit one H100 in turns."""
+    22, on by default) off, one request alone, profiled, so that the query pass's host time
+    is timed with them and without; fit one H100 in turns."""
     from tooling.host import speed
     from tooling.host.steps import STEPS, Kind, session_ablations
 
     step = STEPS["speed-one-graphs"]
     assert step.kind is Kind.SPEED_SHAPE
-    assert speed.step_engines(step.variant) == ("plain", "dflash", "dflash-drafter-graphs")
-    assert ENGINES["dflash-drafter-graphs"].speculative_args == {"dflash_full_cudagraphs": True}
+    assert speed.step_engines(step.variant) == ("plain", "dflash", "dflash-no-drafter-graphs")
+    off = ENGINES["dflash-no-drafter-graphs"].speculative_args
+    assert off == {"dflash_full_cudagraphs": False}
     assert session_ablations(["speed-one-graphs"]) == []
     args = speed.speed_args(step.variant)
     value = {args[i]: args[i + 1] for i in range(len(args) - 1)}

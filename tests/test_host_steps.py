@@ -126,7 +126,7 @@ def test_the_speed_wait_brings_back_each_run_a_session_made_on_one_pair(tmp_path
     layout = Layout(tmp_path / "work")
     work = layout.work / "speed" / "hybrid-pair"
     (work / "earlier-1").mkdir(parents=True)
-    for folder, engine in ((work / "earlier-1", "dflash-hold"), (work, "dflash-drafter-graphs")):
+    for folder, engine in ((work / "earlier-1", "dflash-hold"), (work, "dflash-no-drafter-graphs")):
         (folder / "engines.json").write_text("[]")
         (folder / f"{engine}.out.json").write_text("{}")
     out = tmp_path / "out"
@@ -135,7 +135,7 @@ def test_the_speed_wait_brings_back_each_run_a_session_made_on_one_pair(tmp_path
     with tarfile.open(out / ARCHIVE) as archive:
         names = set(archive.getnames())
     assert "hybrid-pair/earlier-1/dflash-hold.out.json" in names
-    assert "hybrid-pair/dflash-drafter-graphs.out.json" in names
+    assert "hybrid-pair/dflash-no-drafter-graphs.out.json" in names
     assert (out / "hybrid-pair-report.md").is_file()
     assert (out / "hybrid-pair-earlier-1-report.md").is_file()
 

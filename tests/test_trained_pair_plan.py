@@ -19,12 +19,12 @@ def test_plan_writes_one_request_per_engine_with_the_recipes_prompts(tmp_path: P
     names = [v.name for v in chosen]
     assert names[0] == "plain" and f"stock-k{K}" in names
     assert {f"no-{p}-k{K}" for p in hp.ABLATED} <= set(names)
-    # The fixed wheel with the drafter on full graphs of its own, and under a budget whose
-    # 16 at once verify fewer drafts: in the first call only.
-    (graphs,) = [v for v in chosen if v.drafter_graphs]
+    # The fixed wheel with the drafter's full graphs (its default) off, and under a budget
+    # whose 16 at once verify fewer drafts: in the first call only.
+    (graphs,) = [v for v in chosen if v.no_drafter_graphs]
     assert graphs.call == 1 and graphs.site == "patched" and graphs.k == K
     sent = json.loads((tmp_path / "work" / f"{graphs.name}.in.json").read_text())["engine"]
-    assert sent["speculative_args"] == hp.DRAFTER_GRAPHS
+    assert sent["speculative_args"] == hp.NO_DRAFTER_GRAPHS == {"dflash_full_cudagraphs": False}
     # The budget's 16 at once verify no drafts, on the fixed wheel and, as its control, on
     # the wheel without the fix of the state such a step reads.
     budgets = [v for v in chosen if v.budget]

@@ -103,7 +103,7 @@ if TYPE_CHECKING:
     metavar="KEY=VALUE",
     callback=lambda _ctx, _param, values: speculative_options(values),
     help="One more key of every DFlash engine's --speculative-config, VALUE read as JSON "
-    '(true, 4, "text"), e.g. dflash_full_cudagraphs=true (repeatable).',
+    '(true, 4, "text"), e.g. dflash_full_cudagraphs=false (repeatable).',
 )
 @click.option("--enforce-eager", is_flag=True, help="Eager mode (default: compiled + CUDA graphs).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="e.g. fp8.")

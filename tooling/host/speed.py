@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 #: measured in turns pass by pass, on batches and with the batch kept full (five engines fit
 #: one H200, the last sized for 16 requests). Beside DFlash as shipped: prefix caching off, to
 #: tell whether the aligned Gated DeltaNet states are what a step with a prompt joining costs
-#: DFlash, and the drafter's full graphs, where a step is CPU time.
+#: DFlash, and the drafter's full graphs (on by default) off, where a step is CPU time.
 def kept_full(engines: tuple[str, ...]) -> tuple[str, ...]:
     """The speed run's options for ``engines`` measured in turns, pass by pass, on batches
     and with the batch kept full, its requests of staggered lengths: with one length for all,
@@ -42,7 +42,7 @@ SPEED_ENGINES = (
     "plain",
     "dflash",
     "dflash-no-prefix-caching",
-    "dflash-drafter-graphs",
+    "dflash-no-drafter-graphs",
 )
 SPEED_ARGS = (
     *kept_full(SPEED_ENGINES),
@@ -139,11 +139,12 @@ BAR_ARGS = bar_run(BAR_ENGINES)
 #: to its own plain, say what the option changes.
 HOLD_ENGINES = ("plain", "dflash-hold")
 HOLD_ARGS = bar_run(HOLD_ENGINES)
-#: ``speed-graphs``: patch 22's option (the drafter's uniform pass on full CUDA graphs of
-#: its own) against plain at the bar's levels its engine's KV cache holds (16 requests):
-#: whether it keeps the acceptance, and how far it moves the bar at one request, where a
-#: step is host time, profiled there.
-GRAPHS_ENGINES = ("plain", "dflash-drafter-graphs")
+#: ``speed-graphs``: DFlash with patch 22's full graphs of the drafter's uniform pass (on by
+#: default) turned off, against plain at the bar's levels its engine's KV cache holds (16
+#: requests), as ``speed-hold`` measures its option: the ratio beside ``speed-bar``'s says
+#: what the graphs keep of the acceptance and of the bar at one request, where a step is host
+#: time, profiled there.
+GRAPHS_ENGINES = ("plain", "dflash-no-drafter-graphs")
 GRAPHS_ARGS = bar_run(GRAPHS_ENGINES, "1,16", "1")
 #: ``speed-stock``: issue 45's other bar, plain on the fixed wheel within 2% of plain on stock
 #: 0.20.1 at the bar's levels (the series touches code plain serving runs), judged on steady
@@ -174,8 +175,8 @@ GREEDY_ARGS = bar_run(GREEDY_ENGINES, "1,16", "1")
 CONTEXT_ENGINES = ("plain", "dflash-16", "dflash-no-context-kv")
 CONTEXT_ARGS = bar_run(CONTEXT_ENGINES, "1,16", "1")
 #: ``speed-host``: one engine start for what the host's time a step at one request is made
-#: of: patches 36 and 37 each against the fixed wheel without it, and patch 22's option beside
-#: them (the drafter's forward on full CUDA graphs), at one request, profiled: the level where
+#: of: patches 36 and 37 each against the fixed wheel without it, and without patch 22's full
+#: graphs of the drafter's forward (its default), at one request, profiled: the level where
 #: the bar is short and a step is host time, alone, so that the step fits what a session has
 #: left after a few starts that found no machine. The steps it joins (``speed-context``,
 #: ``speed-one-graphs``) each start their engines anew.
@@ -184,7 +185,7 @@ HOST_ENGINES = (
     "dflash-16",
     "dflash-no-correction",
     "dflash-no-context-kv",
-    "dflash-drafter-graphs",
+    "dflash-no-drafter-graphs",
 )
 HOST_ARGS = bar_run(HOST_ENGINES, "1", "1")
 #: ``speed-one``: DFlash as shipped against plain at one request alone, where the bar asks
@@ -192,10 +193,10 @@ HOST_ARGS = bar_run(HOST_ENGINES, "1", "1")
 #: speed run times its regions (the runner's inputs in parts) only at a profiled level, in a
 #: window of its own with no profiler.
 ONE_ARGS = bar_run(BAR_ENGINES, "1", "1")
-#: ``speed-one-graphs``: the same with patch 22's option beside them (the drafter's forward on
-#: full CUDA graphs): whether it takes the query pass's launches, the largest part of the
-#: drafter's host time at one request that no region names.
-ONE_GRAPHS_ENGINES = (*BAR_ENGINES, "dflash-drafter-graphs")
+#: ``speed-one-graphs``: the same with DFlash without patch 22's full graphs of the drafter's
+#: forward (its default) beside them: what the graphs take of the query pass's launches, the
+#: largest part of the drafter's host time at one request that no region names.
+ONE_GRAPHS_ENGINES = (*BAR_ENGINES, "dflash-no-drafter-graphs")
 ONE_GRAPHS_ARGS = bar_run(ONE_GRAPHS_ENGINES, "1", "1")
 #: ``speed-seed``: issue 45's table at the seed's scale (Qwen3.6-27B's full width, random
 #: weights): plain and DFlash at K = 15, each alone on the GPU (two 27B-sized engines do not

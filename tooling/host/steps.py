@@ -74,9 +74,10 @@ STEPS = {
             "--tiny-arch seed --num-speculative-tokens 15 --quick",
         ),
         Step("tiny", Kind.SMOKE, "default"),
-        # Patch 22's option through the production smoke: fidelity, lossless, slot audit, load.
-        Step("tiny-graphs", Kind.SMOKE, "drafter-graphs"),
-        Step("seed-graphs", Kind.SMOKE, "seed-graphs"),
+        # Patch 22's option set false through the production smoke: fidelity, lossless, slot
+        # audit, load, as a user who turns the drafter's full graphs off is served.
+        Step("tiny-no-graphs", Kind.SMOKE, "no-drafter-graphs"),
+        Step("seed-no-graphs", Kind.SMOKE, "seed-no-graphs"),
         Step("ray", Kind.SMOKE, "ray"),
         Step("ray-tp2", Kind.SMOKE, "ray-tp2"),
         Step("seed-full", Kind.SMOKE, "seed-full"),
@@ -118,7 +119,7 @@ STEPS = {
         Step("speed-host", Kind.SPEED_SHAPE, "host"),
         # DFlash against plain at one request alone, profiled there: where its host time goes.
         Step("speed-one", Kind.SPEED_SHAPE, "one"),
-        # The same with patch 22's drafter graphs beside them.
+        # The same with DFlash without patch 22's drafter graphs (its default) beside them.
         Step("speed-one-graphs", Kind.SPEED_SHAPE, "one-graphs"),
         # The seed's full width drawn: issue 45's seed-scale table, on a GPU of an H200's size.
         Step("speed-seed", Kind.SPEED_SHAPE, "seed"),

@@ -8,9 +8,9 @@ from enum import StrEnum
 
 #: The seed-shaped pair at K = 15.
 SEED = ("--tiny-arch", "seed", "--num-speculative-tokens", "15")
-#: Patch 22's option: the drafter's uniform pass replays full CUDA graphs of its own; opt-in
-#: until the production smoke has checked its drafts against the reference drafter's.
-GRAPHS = ("--speculative-option", "dflash_full_cudagraphs=true")
+#: Patch 22's full CUDA graphs of the drafter's uniform pass, the fixed wheel's default,
+#: turned off: the way a user who sets the option false is served is checked too.
+NO_GRAPHS = ("--speculative-option", "dflash_full_cudagraphs=false")
 #: 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
 #: (stock too): the servers use NCCL's (docs/serving.md, "Two GPUs: TP=2").
 TP2 = ("--tensor-parallel-size", "2", "--disable-custom-all-reduce")
@@ -64,8 +64,8 @@ VARIANTS = {
         Variant("ray", (*SEED, *RAY)),
         Variant("ray-tp2", (*SEED, *TP2, *RAY)),
         Variant("seed", SEED),
-        Variant("drafter-graphs", GRAPHS),
-        Variant("seed-graphs", (*SEED, *GRAPHS)),
+        Variant("no-drafter-graphs", NO_GRAPHS),
+        Variant("seed-no-graphs", (*SEED, *NO_GRAPHS)),
         Variant("seed-full", ("--tiny-arch", "seed", "--tiny-hidden-size", "5120", *SEED[2:])),
         Variant(
             "pair",

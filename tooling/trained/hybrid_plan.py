@@ -53,10 +53,11 @@ ABLATED = ("dflash-layer-id-offset", "dflash-swa-config", "eagle-cache-drop")
 FULL_DRAFTER_FIX = "fa3-schedule-per-group"
 FULL_DRAFTER = "drafter-full-attention"
 #: The option the first call serves the fixed wheel with beside it (patch 22): the drafter's
-#: forward on full CUDA graphs of its own, held to every check of the fixed wheel, the
-#: acceptance against the reference's first (a graph that reads stale metadata drafts worse,
-#: and the target's verification hides it from the lossless checks).
-DRAFTER_GRAPHS = {"dflash_full_cudagraphs": True}
+#: forward on full CUDA graphs of its own is the fixed wheel's default, so its control is the
+#: fixed wheel with them off, held to the same checks: the acceptance of the two side by side
+#: (a graph that reads stale metadata drafts worse, and the target's verification hides it
+#: from the lossless checks).
+NO_DRAFTER_GRAPHS = {"dflash_full_cudagraphs": False}
 #: The option the first call also serves the fixed wheel with (patch 32): a Gated DeltaNet
 #: verify step that keeps one state a request and replays the accepted tokens' rows the next
 #: step. It needs prefix caching off, which the engine is served with.
@@ -107,8 +108,8 @@ class Variant:
     is not the pair's, so only the lossless checks judge it."""
     budget: bool = False
     """The fixed wheel under the speculation budget ``budget_schedule`` gives."""
-    drafter_graphs: bool = False
-    """The fixed wheel with ``DRAFTER_GRAPHS``."""
+    no_drafter_graphs: bool = False
+    """The fixed wheel with ``NO_DRAFTER_GRAPHS``."""
     replay: bool = False
     """The fixed wheel with ``REPLAY``, prefix caching off."""
 
@@ -119,7 +120,7 @@ class Variant:
 
 def variants(ks: tuple[int, ...]) -> list[Variant]:
     """The engines, one call per K (the seed's K first): the fixed wheel and stock in each;
-    the plain engine, the fixed wheel with ``DRAFTER_GRAPHS``, with ``REPLAY``, and under a
+    the plain engine, the fixed wheel with ``NO_DRAFTER_GRAPHS``, with ``REPLAY``, and under a
     speculation budget with its control (the wheel without ``STATE_FIX``) in the first; the
     ablations of ``ABLATED`` in the others (in the only one where there is one).
 
@@ -148,12 +149,12 @@ def variants(ks: tuple[int, ...]) -> list[Variant]:
                 ]
             out += [
                 Variant(
-                    f"patched-k{k}-drafter-graphs",
+                    f"patched-k{k}-no-drafter-graphs",
                     "patched",
                     k,
                     call,
                     kv_cache_gib=kv,
-                    drafter_graphs=True,
+                    no_drafter_graphs=True,
                 ),
                 Variant(f"patched-k{k}-replay", "patched", k, call, kv_cache_gib=kv, replay=True),
             ]
@@ -265,7 +266,7 @@ def plan(pair: Path, work: Path, only: tuple[str, ...] = ()) -> list[Variant]:
                 "engine_args": engine_args,
                 "speculative_args": {
                     **(budget_schedule(v.k) if v.budget else {}),
-                    **(DRAFTER_GRAPHS if v.drafter_graphs else {}),
+                    **(NO_DRAFTER_GRAPHS if v.no_drafter_graphs else {}),
                     **(REPLAY if v.replay else {}),
                 },
             },

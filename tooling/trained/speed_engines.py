@@ -54,14 +54,14 @@ ENGINES = {
         ),
         # Patch 17's budget: K = 15 up to 16 running requests, 7 above.
         SpeedEngine("dflash-budget", "patched", True, KV_GIB_DRAFTED, speculative_args=BUDGETED),
-        # Patch 22's option: the drafter's uniform pass on full CUDA graphs of its own, where a
+        # Patch 22's full drafter graphs (on by default) turned off: what they save where a
         # step is CPU time (up to 16 requests: a fifth engine of 64 would not fit one H200).
         SpeedEngine(
-            "dflash-drafter-graphs",
+            "dflash-no-drafter-graphs",
             "patched",
             True,
             KV_GIB_DRAFTED_16,
-            speculative_args={"dflash_full_cudagraphs": True},
+            speculative_args={"dflash_full_cudagraphs": False},
         ),
         # Patch 23's budget: drafting off above 8 running requests (their steps verify none,
         # and on this hybrid target read the state the drafts before them left, patch 24).
