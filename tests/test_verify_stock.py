@@ -111,6 +111,7 @@ def test_stock_0220_has_fix_1_in_upstream_form(tmp_path, upstream_0220, probe_py
         35: "absent",
         36: "absent",
         37: "absent",
+        38: "absent",
     }
     assert by_number(states(report)) == expected
     assert [f.number for f in report.missing_fixes] == [
