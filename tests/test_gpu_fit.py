@@ -331,9 +331,9 @@ def test_a_patch_step_measures_it_against_its_ablation_on_one_h100(
     assert fitted(settings, [ENGINES[n] for n in getattr(speed, engines)], H100_GIB) is settings
 
 
-def test_the_host_step_measures_patches_36_and_37_and_patch_22s_option_in_one_start():
-    """``speed-host``: plain, the fixed wheel, the wheel without patch 36 and without patch
-    37 (each its ``no-`` install, built by the session), and patch 22's option, at one
+def test_the_host_step_measures_patches_37_and_38_and_patch_22s_graphs_in_one_start():
+    """``speed-host``: plain, the fixed wheel, the wheel without patch 38 and without patch
+    37 (each its ``no-`` install, built by the session), and patch 22's graphs off, at one
     request in turns, profiled, all five fitting one H100 at once."""
     from tooling.host import speed
     from tooling.host.steps import STEPS, Kind, session_ablations
@@ -341,10 +341,10 @@ def test_the_host_step_measures_patches_36_and_37_and_patch_22s_option_in_one_st
     step = STEPS["speed-host"]
     assert step.kind is Kind.SPEED_SHAPE
     assert speed.step_engines(step.variant) == speed.HOST_ENGINES
-    assert ENGINES["dflash-no-correction"].site == "no-correction-one-launch"
+    assert ENGINES["dflash-no-metadata-reuse"].site == "no-spec-metadata-reuse"
     assert sorted(session_ablations(["speed-host"])) == [
         "context-kv-one-launch",
-        "correction-one-launch",
+        "spec-metadata-reuse",
     ]
     args = speed.speed_args(step.variant)
     value = {args[i]: args[i + 1] for i in range(len(args) - 1)}

@@ -175,7 +175,7 @@ GREEDY_ARGS = bar_run(GREEDY_ENGINES, "1,16", "1")
 CONTEXT_ENGINES = ("plain", "dflash-16", "dflash-no-context-kv")
 CONTEXT_ARGS = bar_run(CONTEXT_ENGINES, "1,16", "1")
 #: ``speed-host``: one engine start for what the host's time a step at one request is made
-#: of: patches 36 and 37 each against the fixed wheel without it, and without patch 22's full
+#: of: patches 37 and 38 each against the fixed wheel without it, and without patch 22's full
 #: graphs of the drafter's forward (its default), at one request, profiled: the level where
 #: the bar is short and a step is host time, alone, so that the step fits what a session has
 #: left after a few starts that found no machine. The steps it joins (``speed-context``,
@@ -183,7 +183,7 @@ CONTEXT_ARGS = bar_run(CONTEXT_ENGINES, "1,16", "1")
 HOST_ENGINES = (
     "plain",
     "dflash-16",
-    "dflash-no-correction",
+    "dflash-no-metadata-reuse",
     "dflash-no-context-kv",
     "dflash-no-drafter-graphs",
 )

@@ -115,7 +115,7 @@ STEPS = {
         Step("speed-greedy", Kind.SPEED_SHAPE, "greedy"),
         # Patch 37 against the same wheel without it, on the drawn shapes.
         Step("speed-context", Kind.SPEED_SHAPE, "context"),
-        # Patches 36 and 37 and patch 22's option in one engine start.
+        # Patches 37 and 38, and patch 22's graphs off, in one engine start.
         Step("speed-host", Kind.SPEED_SHAPE, "host"),
         # DFlash against plain at one request alone, profiled there: where its host time goes.
         Step("speed-one", Kind.SPEED_SHAPE, "one"),
