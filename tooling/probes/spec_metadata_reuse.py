@@ -25,9 +25,12 @@ logits indices in a kernel on the device), or steps that do not run as written.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from . import _harness
 from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
 from .accepted_state import CannotStep, K, NotServedByV1, _Served
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
@@ -53,9 +56,9 @@ class Work:
     computation alone says the step did the work again)."""
 
 
-def _watching(runner: Any, work: Work) -> dict[str, Any]:
-    """Count into ``work`` what the metadata's computation does; the attributes set, to
-    take back."""
+@contextmanager
+def _watching(runner: Any, work: Work) -> Iterator[None]:
+    """Count into ``work``, for the ``with`` body, what the metadata's computation does."""
     inside = [False]
     calc = runner._calc_spec_decode_metadata
     cumsum = runner._get_cumsum_and_arange
@@ -72,30 +75,23 @@ def _watching(runner: Any, work: Work) -> dict[str, Any]:
         work.layouts += inside[0]
         return cumsum(*args, **kwargs)
 
-    replaced = {
-        "_calc_spec_decode_metadata": calc_counted,
-        "_get_cumsum_and_arange": cumsum_counted,
-    }
-    for name, value in replaced.items():
-        setattr(runner, name, value)
-    if upload is not None:
-        copy = upload.copy_to_gpu
+    with ExitStack() as stack:
+        stack.enter_context(
+            _harness.replaced(
+                runner,
+                _calc_spec_decode_metadata=calc_counted,
+                _get_cumsum_and_arange=cumsum_counted,
+            )
+        )
+        if upload is not None:
+            copy = upload.copy_to_gpu
 
-        def copied(*args: Any, **kwargs: Any) -> Any:
-            work.uploads += inside[0]
-            return copy(*args, **kwargs)
+            def copied(*args: Any, **kwargs: Any) -> Any:
+                work.uploads += inside[0]
+                return copy(*args, **kwargs)
 
-        upload.copy_to_gpu = copied
-    return {"runner": runner, "upload": upload}
-
-
-def _unwatch(watched: dict[str, Any]) -> None:
-    runner, upload = watched["runner"], watched["upload"]
-    # spec_inputs_upload's counting takes its own wrapper of the first, and ours with it.
-    for name in ("_calc_spec_decode_metadata", "_get_cumsum_and_arange"):
-        runner.__dict__.pop(name, None)
-    if upload is not None:
-        del upload.copy_to_gpu
+            stack.enter_context(_harness.replaced(upload, copy_to_gpu=copied))
+        yield
 
 
 def _step(served: _Served, out: Any, salt: int) -> tuple[Seen, Work]:
@@ -104,11 +100,8 @@ def _step(served: _Served, out: Any, salt: int) -> tuple[Seen, Work]:
     drafts = [[salt + 100 + 10 * i + j for j in range(K)] for i in range(len(RIDS))]
     _handed_on(served, sampled, drafts)
     work = Work()
-    watched = _watching(served.runner, work)
-    try:
+    with _watching(served.runner, work):
         seen = _read(served, out, sampled, drafts, Count())
-    finally:
-        _unwatch(watched)
     return seen, work
 
 
