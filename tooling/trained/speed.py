@@ -34,6 +34,7 @@ from .speed_engines import DRAFTED, ENGINES, PLAIN, STOCK, SpeedEngine
 from .speed_tables import (
     allocator_table,
     beside_lines,
+    clock_lines,
     compile_table,
     dispatch_table,
     first_token_table,
@@ -332,6 +333,9 @@ def report(work: Path) -> tuple[str, bool]:
     names = [e.name for e in chosen]
     lines += ["", "## Other work on the host while each unit measured", ""]
     lines += beside_lines(names, results)
+    clocks = clock_lines(names, results)
+    if clocks:
+        lines += ["", "## The GPU's SM clock while each unit measured", "", *clocks]
     lines += ["", "## Decode tokens/s", "", *speed_table(chosen, results)]
     if any(r.get("sustained") for r in results.values()):
         asked = [work / f"{n}.in.json" for n in names]

@@ -260,3 +260,34 @@ def beside_lines(names: list[str], results: dict[str, dict[str, Any]]) -> list[s
         lines += ["", f"**Not measured alone** (above {beside.LIMIT} CPU-s a second):", ""]
         lines += [f"- {line}" for line in crowded]
     return lines
+
+
+def clock_lines(names: list[str], results: dict[str, dict[str, Any]]) -> list[str]:
+    """The GPU's SM clock while each kind of unit measured, one column per engine: the median
+    of its units' mean clocks, their lowest sample and the time capped by power or heat
+    (``serving.gpu_clock``); nothing where no unit of the run read the clock."""
+    by_unit: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for name in names:
+        for unit in results[name].get("beside") or []:
+            if "sm_mhz_mean" in unit:
+                by_unit.setdefault(unit["unit"], {}).setdefault(name, []).append(unit)
+    if not by_unit:
+        return []
+    lines = [
+        "| unit | " + " | ".join(f"{name}: MHz (lowest; capped s)" for name in names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
+    for unit_name, engines in by_unit.items():
+        cells = []
+        for name in names:
+            units = engines.get(name, [])
+            if not units:
+                cells.append("-")
+                continue
+            mean = statistics.median(u["sm_mhz_mean"] for u in units)
+            lowest = min(u["sm_mhz_min"] for u in units)
+            capped = sum(u.get("power_capped_s", 0.0) for u in units)
+            capped += sum(u.get("thermal_capped_s", 0.0) for u in units)
+            cells.append(f"{mean:.0f} ({lowest:.0f}; {capped:.1f})")
+        lines.append(f"| {unit_name} | " + " | ".join(cells) + " |")
+    return lines

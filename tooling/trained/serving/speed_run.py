@@ -28,7 +28,8 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
   ``timed_sustained``), since a profile slows the host until the GPU never keeps it waiting.
 
 Around each unit it reads what else the host did meanwhile (``beside``): a unit measured
-beside other work measures that work too.
+beside other work measures that work too; and the GPU's clock (``gpu_clock``): the same
+kernels run slower in a window where the clock is held down.
 
 Across the measured units it also reports anything compiled, captured or autotuned again
 (vLLM's compilation counter, Dynamo's counters, the entries of every Triton autotuner, and
@@ -53,7 +54,7 @@ from typing import Any
 
 from ...smoke.serving.child import exit_now, serve
 from ...smoke.serving.distribution import DistributionRequest, RunningCounter, start_engine
-from . import beside, sustained
+from . import beside, gpu_clock, sustained
 from .recompiles import compiles, grown
 from .regions import Measure, profiled, timed
 from .sustained import acceptance_length
@@ -340,13 +341,15 @@ def _constant_logits(llm: Any, request: SpeedRunRequest) -> dict[str, Any]:
 def run_unit(
     name: str, unit: Callable[[], None], figures: dict[str, Any], turns: Turns | None
 ) -> None:
-    """One unit in its turn, and what else the host did meanwhile (``beside``)."""
+    """One unit in its turn, what else the host did meanwhile (``beside``) and the GPU's
+    clock (``gpu_clock``)."""
     with turns.turn() if turns is not None else contextlib.nullcontext():
-        host = beside.sample()
+        host, clock = beside.sample(), gpu_clock.mark()
         unit()
         other = beside.beside(host, beside.sample())
-    if other is not None:
-        figures.setdefault("beside", []).append({"unit": name, **other})
+        clocked = gpu_clock.since(clock)
+    if other is not None or clocked is not None:
+        figures.setdefault("beside", []).append({"unit": name, **(other or {}), **(clocked or {})})
 
 
 def _measure(
