@@ -20,6 +20,10 @@ GPU host with the trained pair; ``python -m tooling.trained.speed`` writes them,
   turns); else every measure it has. Single passes and windows with prompts joining spread far more
   than 2% on a shared host (docs/notebook/2026-12-05-trained-speed.md).
 
+Where the run read the GPU's SM clock (``serving.gpu_clock``), plain's judged lines are each
+followed by the clock in the two engines' units: a few percent between them can be the
+clock, not the code. It decides nothing.
+
 A run in which any engine's unit had other work beside it on the host (more than
 ``serving.beside.LIMIT`` CPU-s a second) is not judged: each such unit is named as missed.
 
@@ -56,6 +60,13 @@ MEASURES = {"speed": "batch passes", "sustained": "batch kept full"}
 #: steps of the windows with the batch kept full, then steady decode windows, in turns.
 DECODE = ("decode", "decode steps, batch kept full")
 STEADY = ("steady", "steady windows")
+#: The speed run's unit each measure is taken in, at a level (``serving.speed_run``).
+UNITS = {
+    "speed": "pass at {}",
+    "sustained": "sustained window at {}",
+    DECODE[0]: "sustained window at {}",
+    STEADY[0]: "steps at {}",
+}
 
 
 def rates(result: dict[str, Any], level: int, key: str = "speed") -> list[float]:
@@ -144,12 +155,29 @@ def _judge_plain(
             lines.append(shown if judged else f"{shown} (shown, not judged)")
             if not judged:
                 continue
+            lines += clock_lines(plain_result, stock, UNITS[key].format(level))
             if n < MIN_PASSES:
                 missed.append(f"plain at {level}, {measure}: {n} windows, fewer than {MIN_PASSES}")
             elif plain < 1.0 - PLAIN_TOLERANCE:
                 missed.append(
                     f"plain at {level}, {measure}: {plain:.3f}x stock, slower by more than 2%"
                 )
+
+
+def _clock_mhz(result: dict[str, Any], unit: str) -> float | None:
+    means = [u.get("sm_mhz_mean") for u in result.get("beside", []) if u.get("unit") == unit]
+    means = [m for m in means if isinstance(m, (int, float))]
+    return statistics.median(means) if means else None
+
+
+def clock_lines(ours: dict[str, Any], floor: dict[str, Any], unit: str) -> list[str]:
+    """The GPU's SM clock in the two engines' units the measure is taken in, where the run
+    read it (``serving.gpu_clock``): shown beside the verdict, since the same kernels run
+    slower at a lower clock whatever the code; it decides nothing."""
+    a, b = _clock_mhz(ours, unit), _clock_mhz(floor, unit)
+    if a is None or b is None:
+        return []
+    return [f"  GPU clock in '{unit}': {a:.0f} against {b:.0f} MHz ({(a / b - 1) * 100:+.1f}%)"]
 
 
 def main() -> int:

@@ -83,3 +83,36 @@ def test_a_run_that_read_no_clock_has_no_clock_section(tiny_pair: Path, tmp_path
     text, _ = speed.report(work)
     assert "SM clock" not in text
     assert "## Other work on the host while each unit measured" in text
+
+
+def test_the_bench_shows_the_clock_beside_plains_verdict_and_decides_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    from tooling.paths import REPO_DIR
+
+    def figures(step_ms: float, mhz: float) -> dict:
+        windows = [{"joined_ms": {"0": [step_ms] * 40}} for _ in range(5)]
+        units = [_clocked("sustained window at 64", mhz, mhz - 100) for _ in range(5)]
+        return {"ok": True, "speed": {}, "sustained": {"64": windows}, "beside": units}
+
+    (tmp_path / "plain.out.json").write_text(json.dumps(figures(4.92, 1890)))
+    (tmp_path / "plain-stock.out.json").write_text(json.dumps(figures(4.72, 1980)))
+    bench = REPO_DIR / "bench" / "bench_dflash_speed.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), str(tmp_path), "--plain-only"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = done.stdout.splitlines()
+    at_64 = out.index("plain at 64, decode steps, batch kept full: 0.959x stock over 5")
+    assert out[at_64 + 1] == (
+        "  GPU clock in 'sustained window at 64': 1890 against 1980 MHz (-4.5%)"
+    )
+    # The verdict is the measure's alone: 4% slower is a miss whatever the clock says.
+    assert (
+        "missed: plain at 64, decode steps, batch kept full: 0.959x stock, slower by more than 2%"
+        in out
+    )
+    assert done.returncode == 1
