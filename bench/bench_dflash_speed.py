@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tooling.trained.serving import gpu_clock
 from tooling.trained.serving.beside import crowded
 
 #: Concurrency -> the least ratio to plain DFlash must reach (issue 45).
@@ -165,8 +166,7 @@ def _judge_plain(
 
 
 def _clock_mhz(result: dict[str, Any], unit: str) -> float | None:
-    means = [u.get("sm_mhz_mean") for u in result.get("beside", []) if u.get("unit") == unit]
-    means = [m for m in means if isinstance(m, (int, float))]
+    means = [u["sm_mhz_mean"] for u in gpu_clock.clocked(result, unit)]
     return statistics.median(means) if means else None
 
 

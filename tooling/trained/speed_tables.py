@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from .serving import beside
+from .serving import beside, gpu_clock
 from .serving.trace_split import outermost
 
 
@@ -268,9 +268,8 @@ def clock_lines(names: list[str], results: dict[str, dict[str, Any]]) -> list[st
     (``serving.gpu_clock``); nothing where no unit of the run read the clock."""
     by_unit: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for name in names:
-        for unit in results[name].get("beside") or []:
-            if "sm_mhz_mean" in unit:
-                by_unit.setdefault(unit["unit"], {}).setdefault(name, []).append(unit)
+        for unit in gpu_clock.clocked(results[name]):
+            by_unit.setdefault(unit["unit"], {}).setdefault(name, []).append(unit)
     if not by_unit:
         return []
     lines = [

@@ -51,6 +51,12 @@ def summary(mhz: list[int], before: Mark, after: Mark) -> dict[str, float] | Non
     }
 
 
+def clocked(result: dict[str, Any], unit: str | None = None) -> list[dict[str, Any]]:
+    """An engine's figures' units that read the clock (all, or those named ``unit``)."""
+    units = result.get("beside") or []
+    return [u for u in units if "sm_mhz_mean" in u and unit in (None, u.get("unit"))]
+
+
 @cache
 def _nvml() -> tuple[Any, Any] | None:
     """vLLM's NVML bindings and this process's GPU, or None where they do not answer."""
