@@ -3,12 +3,25 @@ that runner, and where the steps they drive do not run as written."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from . import _harness
 from .result import UNKNOWN, ProbeResult
+
+T = TypeVar("T")
 
 #: What the steps a probe drives raise where the tree's runner or scheduler differs from the
 #: one the probe is written for (a renamed method or field, a step refused).
 NOT_AS_WRITTEN = (ValueError, TypeError, AttributeError, KeyError)
+
+
+class CannotStep(Exception):
+    """The tree's runner or scheduler does not run a step as the probe drives it."""
+
+
+class NotServedByV1(Exception):
+    """The V1 runner does not serve the config (from 0.29.0 the config may choose V2's)."""
 
 
 def without_v1_runner(probe: str, why: str) -> ProbeResult | None:
@@ -27,6 +40,17 @@ def not_as_written(probe: str, error: Exception) -> ProbeResult:
         status=UNKNOWN,
         evidence="the steps did not run as written: " + " ".join(str(error).split())[:300],
     )
+
+
+def v1_steps(probe: str, why: str, steps: Callable[[], T]) -> T | ProbeResult:
+    """What ``steps`` found on a tree with the V1 runner; else unknown: with ``why`` where the
+    tree has no such runner, or with the error where the steps did not run as written."""
+    if (unknown := without_v1_runner(probe, why)) is not None:
+        return unknown
+    try:
+        return steps()
+    except (CannotStep, NotServedByV1, *NOT_AS_WRITTEN) as e:
+        return not_as_written(probe, e)
 
 
 def draw_fault(seed: int, error: Exception) -> str:

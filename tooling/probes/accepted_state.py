@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _harness
-from ._v1 import without_v1_runner
+from ._v1 import CannotStep, NotServedByV1, without_v1_runner
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 from .spec_prefill_dispatch import _request
 
@@ -85,14 +85,6 @@ V2 = (
     "the V2 runner keeps each request's accepted count in its own request state, which this "
     "probe does not drive"
 )
-
-
-class CannotStep(Exception):
-    """The tree's runner or scheduler does not run a step as the probe drives it."""
-
-
-class NotServedByV1(Exception):
-    """The V1 runner does not serve the config (from 0.29.0 the config may choose V2's)."""
 
 
 class _Forward(Exception):

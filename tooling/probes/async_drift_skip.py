@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
-from .accepted_state import PROMPT, CannotStep, K, NotServedByV1, _Served
+from ._v1 import CannotStep, v1_steps
+from .accepted_state import PROMPT, K, _Served
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 from .spec_prefill_dispatch import _request
 
@@ -109,12 +109,9 @@ def _steps() -> dict[str, tuple[bool, bool]]:
 
 def run() -> ProbeResult:
     why = "the V2 runner keeps computed tokens on the device (the ledger's reading)"
-    if (unknown := without_v1_runner(NAME, why)) is not None:
-        return unknown
-    try:
-        seen = _steps()
-    except (CannotStep, NotServedByV1, *NOT_AS_WRITTEN) as e:
-        return not_as_written(NAME, e)
+    seen = v1_steps(NAME, why, _steps)
+    if isinstance(seen, ProbeResult):
+        return seen
     ran_without, same_without = seen["after no drafts"]
     evidence = (
         "hybrid target, DFlash K=3, asynchronous spec decode: the step after no drafts "

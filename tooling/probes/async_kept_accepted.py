@@ -25,8 +25,8 @@ runner serves (it keeps the counts by request, on the device).
 
 from __future__ import annotations
 
-from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
-from .accepted_state import CannotStep, K, NotServedByV1, _Served
+from ._v1 import CannotStep, v1_steps
+from .accepted_state import K, _Served
 from .async_drift_skip import _asynchronous
 from .result import ABSENT, PRESENT, ProbeResult
 
@@ -75,12 +75,9 @@ def _slots() -> dict[str, int]:
 
 def run() -> ProbeResult:
     why = "the V2 runner keeps each request's accepted count on the device, by request"
-    if (unknown := without_v1_runner(NAME, why)) is not None:
-        return unknown
-    try:
-        slots = _slots()
-    except (CannotStep, NotServedByV1, *NOT_AS_WRITTEN) as e:
-        return not_as_written(NAME, e)
+    slots = v1_steps(NAME, why, _slots)
+    if isinstance(slots, ProbeResult):
+        return slots
     expected = {rid: n - 1 for rid, n in ACCEPTED.items()}
     evidence = (
         f"hybrid target, DFlash K={K}, asynchronous scheduling: after a verify step accepting "

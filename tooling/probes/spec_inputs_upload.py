@@ -37,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
-from .accepted_state import CannotStep, K, NotServedByV1, _Served
+from ._v1 import CannotStep, v1_steps
+from .accepted_state import K, _Served
 from .async_drift_skip import _asynchronous
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
@@ -209,12 +209,9 @@ def _steps() -> dict[str, Seen]:
 
 def run() -> ProbeResult:
     why = "the V2 runner keeps its inputs in device buffers of its own (the ledger's reading)"
-    if (unknown := without_v1_runner(NAME, why)) is not None:
-        return unknown
-    try:
-        seen = _steps()
-    except (CannotStep, NotServedByV1, *NOT_AS_WRITTEN) as e:
-        return not_as_written(NAME, e)
+    seen = v1_steps(NAME, why, _steps)
+    if isinstance(seen, ProbeResult):
+        return seen
     wrong = {step: s.wrong for step, s in seen.items() if s.wrong}
     uniform = seen["uniform"].count
     details = {

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _harness
-from ._v1 import NOT_AS_WRITTEN, not_as_written, without_v1_runner
-from .accepted_state import CannotStep, K, NotServedByV1, _Served
+from ._v1 import CannotStep, v1_steps
+from .accepted_state import K, _Served
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 from .spec_inputs_upload import RIDS, UNEVEN, Count, Seen, _handed_on, _read
 
@@ -124,12 +124,9 @@ def _steps() -> dict[str, tuple[Seen, Work]]:
 
 def run() -> ProbeResult:
     why = "the V2 runner computes a step's logits indices in a kernel on the device"
-    if (unknown := without_v1_runner(NAME, why)) is not None:
-        return unknown
-    try:
-        steps = _steps()
-    except (CannotStep, NotServedByV1, *NOT_AS_WRITTEN) as e:
-        return not_as_written(NAME, e)
+    steps = v1_steps(NAME, why, _steps)
+    if isinstance(steps, ProbeResult):
+        return steps
     work = {name: (w.layouts, w.uploads) for name, (_, w) in steps.items()}
     details = {"layouts_and_uploads": work}
     wrong = {name: seen.wrong for name, (seen, _) in steps.items() if seen.wrong}
