@@ -197,6 +197,16 @@ class RecipeConfig:
         if self.min_acceptance_length and not self.floor_speculative_tokens:
             raise ValueError("min_acceptance_length needs floor_speculative_tokens")
 
+    def drafter_cap_s(self, left_s: float) -> float:
+        """The drafter's time cap where ``left_s`` of the wall budget is left after its
+        reserve. With an acceptance floor the drafter trains its whole cap, over the budget if
+        need be: on a slower GPU the stages before it spend the budget, and a drafter cut
+        short fails the floor, so the run writes no pair for all its target's training.
+        Without a floor the drafter yields to the budget, down to a quarter of its cap."""
+        if self.min_acceptance_length:
+            return self.drafter_time_cap_s
+        return min(self.drafter_time_cap_s, max(left_s, 0.25 * self.drafter_time_cap_s))
+
     @property
     def speculative_tokens(self) -> tuple[int, ...]:
         """Every K the reference measures, block_size - 1 first."""

@@ -334,8 +334,9 @@ def _train_drafter(
     dconf = drafter_config(cfg, target.config, MASK_ID)
     drafter = build_drafter(dconf, cfg.seed + 1, device)
     left = deadline - time.perf_counter() - cfg.reserve_s
-    cap = min(cfg.drafter_time_cap_s, max(left, 0.25 * cfg.drafter_time_cap_s))
-    log(logger, f"drafter: {count_params(drafter) / 1e6:.1f}M parameters; time cap {cap:.0f}s")
+    cap = cfg.drafter_cap_s(left)
+    over = f" ({cap - left:.0f}s over the wall budget)" if cap > left else ""
+    log(logger, f"drafter: {count_params(drafter) / 1e6:.1f}M params; time cap {cap:.0f}s{over}")
     dres = train(drafter, target.model, data, cfg, cap, log)
     lap("drafter_train")
     drafter, drafter_equal = _saved_in_bf16(drafter, work.drafter, load_drafter, device)
