@@ -87,6 +87,33 @@ def test_a_kernel_counts_under_the_innermost_region_that_launched_it():
     assert figures["top_kernels"][0]["name"].startswith("fused_sigmoid_gating")
 
 
+def test_marked_steps_with_others_between_them_count_only_what_began_inside_a_mark():
+    """Prompts joining, each marked to its first token, with unmarked decode steps between:
+    a decode step's launches, kernels and regions are not the joins', nor is its time."""
+    joins = _two_steps()
+    # The second step moved on by 3000 us, and an unmarked decode step of 1000 us between.
+    for e in joins[10:20]:
+        e["ts"] += 3000.0
+    between = [
+        _cpu("gpu_model_runner: forward", 1500, 300),
+        _launch(1550, 77),
+        _kernel("decode_kernel", 1560, 300, 77),
+        _cpu("gpu_model_runner: draft", 1900, 400),
+    ]
+    events = joins[:20] + between
+    marks = trace_split.step_marks(events, STEP)
+    assert marks == [(0.0, 1000.0), (4000.0, 5000.0)]
+    steps, window = trace_split.step_window(events, STEP)
+    figures = trace_split.split(events, steps, window, marks).per_step()
+    assert figures["step_ms"] == 1.0
+    assert figures["kernels"] == 3.0
+    assert figures["cpu_ms"]["gpu_model_runner: draft"] == 0.4
+    assert "decode_kernel" not in {k["name"] for k in figures["top_kernels"]}
+    # Without the marks the decode step between counts as the joins' own.
+    spanned = trace_split.split(events, steps, window).per_step()
+    assert spanned["kernels"] == 3.5 and spanned["step_ms"] == 2.5
+
+
 def test_the_forwards_cpu_time_splits_by_its_outermost_operations():
     """An op's own runtime calls count inside it; a launch outside any op counts alone; what
     no op covers is the forward's Python; operations outside the forward are not its."""

@@ -179,7 +179,8 @@ def profiled(measure: Measure) -> dict[str, Any]:
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text()).get("traceEvents", [])
     steps, span = trace_split.step_window(events, STEP_REGION)
-    figures = trace_split.split(events, steps, span).per_step()
+    marks = trace_split.step_marks(events, STEP_REGION)
+    figures = trace_split.split(events, steps, span, marks).per_step()
     figures["slowest_forward"] = trace_split.slowest_forward(events, span)
     return {**figures, "window": window, "regions_missing": missing}
 

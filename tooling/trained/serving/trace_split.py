@@ -179,11 +179,27 @@ def _category(region: str | None, kernel: str) -> str:
     return category
 
 
-def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float]) -> Split:
+def split(
+    events: list[dict[str, Any]],
+    steps: int,
+    window: tuple[float, float],
+    marks: list[tuple[float, float]] | None = None,
+) -> Split:
     """The time of ``steps`` engine steps whose first began at ``window[0]`` and last ended at
-    ``window[1]`` (trace microseconds), from the trace's ``events``."""
+    ``window[1]`` (trace microseconds), from the trace's ``events``; with ``marks`` (each
+    step's span, ``step_marks``), only what began inside a step counts, and the steps' own
+    time: a window whose marked steps have others between them (prompts joining, each
+    marked to its first token) is not charged for those."""
     begin, end = window
     inside = [e for e in events if e.get("ph") == "X" and begin <= float(e.get("ts", -1)) <= end]
+    if marks is not None:
+        starts = [start for start, _ in marks]
+
+        def marked(ts: float) -> bool:
+            at = bisect.bisect_right(starts, ts) - 1
+            return at >= 0 and ts <= marks[at][1]
+
+        inside = [e for e in inside if marked(float(e["ts"]))]
     by_thread: dict[Any, list[_Region]] = defaultdict(list)
     cpu_ms: defaultdict[str, float] = defaultdict(float)
     for e in inside:
@@ -231,7 +247,7 @@ def split(events: list[dict[str, Any]], steps: int, window: tuple[float, float])
     top = sorted(per_kernel.items(), key=lambda i: -i[1][0])[:25]
     return Split(
         steps=steps,
-        window_ms=(end - begin) / 1000.0,
+        window_ms=((end - begin if marks is None else sum(b - a for a, b in marks)) / 1000.0),
         gpu_busy_ms=_union_ms(intervals),
         gpu_ms=dict(gpu_ms),
         cpu_ms=dict(cpu_ms),
@@ -317,6 +333,13 @@ def slowest_forward(events: list[dict[str, Any]], window: tuple[float, float]) -
         for e in inside[:FORWARD_EVENTS]
     ]
     return {"ms": round(dur / 1000.0, 3), "events": len(inside), "rows": rows}
+
+
+def step_marks(events: list[dict[str, Any]], marker: str) -> list[tuple[float, float]]:
+    """Each step ``speed_run`` marked (``user_annotation`` events named ``marker``): its
+    start and end, in order."""
+    marks = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == marker]
+    return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in marks)
 
 
 def step_window(events: list[dict[str, Any]], marker: str) -> tuple[int, tuple[float, float]]:
