@@ -410,3 +410,63 @@ def test_every_profiled_region_names_a_method_the_release_has(patched_0201) -> N
         inherited = set().union(*(classes[b][0] for b in bases if b in classes))
         assert method in own | inherited, f"{cls}.{method} ({region})"
         assert region in trace_split.REGION_CATEGORIES, region
+
+
+def test_prompts_joining_are_marked_one_at_a_time_from_arrival_to_first_token():
+    """``JoinMarks`` in a window of one completion: a prompt arriving inside it is marked
+    until its first token; one arriving while that mark is open is not (marks never overlap),
+    nor one arriving with the window's completions all in (its first token would fall outside
+    the window); without a marker nothing is marked."""
+    from contextlib import contextmanager
+
+    from tooling.trained.serving.sustained import JoinMarks
+
+    seen: list[str] = []
+
+    @contextmanager
+    def mark():
+        seen.append("open")
+        yield
+        seen.append("closed")
+
+    window = Window(level=1, warm=1, measured=1)
+    window.began, window.completed = 1.0, 1
+    marks = JoinMarks(window, mark)
+    for rid in ("a", "b"):
+        window.made[rid] = 0
+        window.added_at[rid] = time.perf_counter()
+        marks.arrived(rid)
+    assert seen == ["open"] and marks.open == "a"
+    window.take("a", 0, False)
+    marks.settle()  # no token yet: still open
+    assert seen == ["open"]
+    window.take("a", 1, False)
+    marks.settle()
+    assert seen == ["open", "closed"] and marks.joins == 1 and marks.open is None
+    window.take("a", 2, True)  # the window's last completion
+    window.made["c"] = 0
+    window.added_at["c"] = time.perf_counter()
+    marks.arrived("c")
+    assert seen == ["open", "closed"] and marks.open is None
+    marks.close()
+    unmarked = JoinMarks(window, None)
+    unmarked.arrived("c")
+    unmarked.settle()
+    assert unmarked.open is None and unmarked.joins == 0
+
+
+def test_the_report_gives_prompts_joining_at_one_request_their_own_tables(tiny_pair, tmp_path):
+    work = tmp_path / "work"
+    speed.plan(tiny_pair, work, ["plain", "dflash"], speed.Settings(k=15, levels=(1,)))
+    joining = {"1": {"step_ms": 21.5, "cpu_ms": {"gdn: metadata": 0.75}}}
+    steady = {"1": {"step_ms": 2.0}}
+    for name in ("plain", "dflash"):
+        figures = {"ok": True, "profile": steady, "timed": steady}
+        figures |= {"profile_joining": joining, "timed_joining": joining}
+        (work / f"{name}.out.json").write_text(json.dumps(figures))
+    text, _ = speed.report(work)
+    profiled, timed = text.split("## The same steps, no profiler")
+    heading = "### 1 concurrent, a prompt joining{}: ms from its arrival to its first token"
+    assert heading.format("") in profiled and "| step_ms | 21.50 | 21.50 |" in profiled
+    assert heading.format(", no profiler") in timed
+    assert "| CPU: gdn: metadata | 0.750 | 0.750 |" in timed

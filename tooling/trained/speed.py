@@ -362,6 +362,7 @@ def report(work: Path) -> tuple[str, bool]:
     lines += ["", "## Engine steps", "", *step_table(names, results)]
     lines += ["", "## Where a step's time goes", *profile_table(names, results)]
     lines += profile_table(names, results, "profile_sustained")
+    lines += profile_table(names, results, "profile_joining")
     if not any(r.get("profile") or r.get("timed") for r in results.values()):
         # The run times its regions only at a level it profiles (--profile-levels).
         lines += ["", "No level was profiled, so no region was timed."]
@@ -373,6 +374,7 @@ def report(work: Path) -> tuple[str, bool]:
         lines += ["", "## The same steps, no profiler: CPU by region and the host's waits", ""]
         lines += profile_table(names, results, "timed")
         lines += profile_table(names, results, "timed_sustained")
+        lines += profile_table(names, results, "timed_joining")
     for e in chosen:
         constant = results[e.name].get("constant_logits")
         if not constant:

@@ -53,11 +53,16 @@ def profile_table(
     names: list[str], results: dict[str, dict[str, Any]], key: str = "profile"
 ) -> list[str]:
     """Per profiled level (``profile``: steady decode; ``profile_sustained``: the batch kept
-    full; ``timed`` and ``timed_sustained``: the same with no profiler): GPU ms per step by
-    what launched it, the GPU's idle time, CPU ms per region and host waits."""
+    full; ``profile_joining``: prompts joining one at a time, each from its arrival to its
+    first token; ``timed``, ``timed_sustained`` and ``timed_joining``: the same with no
+    profiler): GPU ms per step (or per prompt joining) by what launched it, the GPU's idle
+    time, CPU ms per region and host waits."""
     lines: list[str] = []
+    joining = key.endswith("_joining")
     kind = ", batch kept full" if key.endswith("_sustained") else ""
+    kind += ", a prompt joining" if joining else ""
     kind += ", no profiler" if key.startswith("timed") else ""
+    unit = "ms from its arrival to its first token" if joining else "ms per engine step"
     levels = sorted({int(lv) for r in results.values() for lv in r.get(key, {})})
     for level in levels:
         profiles = {name: results.get(name, {}).get(key, {}).get(str(level), {}) for name in names}
@@ -76,7 +81,7 @@ def profile_table(
             continue
         lines += [
             "",
-            f"### {level} concurrent{kind}: ms per engine step",
+            f"### {level} concurrent{kind}: {unit}",
             "",
             "| | " + " | ".join(profiles) + " |",
             "|---" * (len(profiles) + 1) + "|",

@@ -22,10 +22,13 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
 - **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
   ``torch.profiler``, split by ``trace_split`` into GPU time by what launched it, CPU time by
   region and host waits; with ``sustained``, one such window profiled too
-  (``profile_sustained``); vLLM's own profiling scopes are on only inside a profile;
+  (``profile_sustained``), and at one request, where a prompt joins one step in a hundred,
+  ``JOINS`` prompts one after another, each from its arrival to its first token
+  (``profile_joining``); vLLM's own profiling scopes are on only inside a profile;
 - **timed** (the same levels): the same windows again with no profiler, each region and each
   wait of the host for the GPU timed by a clock (``regions.timed``: ``timed``,
-  ``timed_sustained``), since a profile slows the host until the GPU never keeps it waiting.
+  ``timed_sustained``, ``timed_joining``), since a profile slows the host until the GPU
+  never keeps it waiting.
 
 Around each unit it reads what else the host did meanwhile (``beside``): a unit measured
 beside other work measures that work too; and the GPU's clock (``gpu_clock``): the same
@@ -254,6 +257,32 @@ def _window(llm: Any, request: SpeedRunRequest, watch: Watch, level: int, **kwar
     return window
 
 
+#: A joining window's prompts (``_joining_window``): how many are marked, and the tokens each
+#: makes (its first, then a verify step or a decode before the next prompt joins).
+JOINS = 16
+JOIN_TOKENS = 2
+
+
+def _joining_window(
+    llm: Any,
+    request: SpeedRunRequest,
+    watch: Watch,
+    mark: Callable[[], AbstractContextManager[Any]],
+) -> dict[str, Any]:
+    """``JOINS`` prompts at one request, each marked from its arrival to its first token."""
+    return sustained.run_window(
+        llm,
+        request.prompts,
+        1,
+        JOIN_TOKENS,
+        watch.dispatches.take,
+        marker=mark,
+        measured=JOINS,
+        joined=watch.joins.take,
+        joins=True,
+    )
+
+
 def _units(
     llm: Any,
     request: SpeedRunRequest,
@@ -301,6 +330,13 @@ def _units(
                             llm, request, watch, level, marker=mark, measured=level
                         ),
                     )
+                )
+            # At one request a joining step is rare and long (ten decode steps' time), so its
+            # own window: prompts of a few tokens each, one after another, each marked from
+            # its arrival to its first token.
+            elif request.sustained:
+                windows.append(
+                    ("_joining", lambda mark: _joining_window(llm, request, watch, mark))
                 )
             runner = _runner(llm)
             how: list[tuple[str, Callable[[Measure], dict[str, Any]]]] = [

@@ -155,14 +155,17 @@ def run_window(
     joined: Callable[[], int] = int,
     stalls: Callable[[], dict[str, Any]] | None = None,
     staggered: bool = False,
+    joins: bool = False,
 ) -> dict:
     """One window at ``level`` on ``llm`` (vLLM's offline ``LLM``, in-process engine).
     ``dispatched`` gives the forwards dispatched since it was last called (``Dispatches.take``),
     ``joined`` the prompts admitted (``Joins.take``), ``stalls`` what stalled a step
     (``Stalls.take``; None: not filed so); with ``marker``, each step inside the
-    window runs inside ``marker()`` (a profiler's region, a clock's step); ``measured``:
-    requests to finish inside it, if not ``measured_completions``; ``staggered``: each request
-    makes ``staggered_length`` tokens, not ``max_new_tokens``."""
+    window runs inside ``marker()`` (a profiler's region, a clock's step), or with ``joins``
+    each prompt that joins inside it, from its arrival to its first token, one at a time
+    (``JoinMarks``); ``measured``: requests to finish inside it, if not
+    ``measured_completions``; ``staggered``: each request makes ``staggered_length`` tokens,
+    not ``max_new_tokens``."""
     from vllm.inputs import TokensPrompt
 
     from ...smoke.serving.distribution import greedy_params
@@ -170,6 +173,8 @@ def run_window(
 
     engine = llm.llm_engine
     window = Window(level, warm=level, measured=measured or measured_completions(level))
+    marks = JoinMarks(window, marker if joins else None)
+    step_marker = None if joins else marker
     added = 0
 
     def add() -> None:
@@ -182,6 +187,7 @@ def run_window(
         window.made[rid] = 0
         if window.inside:
             window.added_at[rid] = time.perf_counter()
+            marks.arrived(rid)
         added += 1
 
     for _ in range(level):
@@ -195,7 +201,7 @@ def run_window(
             if stalls is not None:
                 stalls()
         begin = time.perf_counter()
-        with marker() if marker is not None and inside else contextlib.nullcontext():
+        with step_marker() if step_marker is not None and inside else contextlib.nullcontext():
             outputs = engine.step()
         now = time.perf_counter()
         if inside:
@@ -208,16 +214,56 @@ def run_window(
         for out in outputs:
             if window.take(out.request_id, len(out.outputs[0].token_ids), out.finished):
                 add()
+        marks.settle()
         opened = window.began is None
         window.after_step(now)
         if opened and window.began is not None:
             before = _spec(llm)
         if window.ended is not None:
             after = _spec(llm)
+    marks.close()
     engine.abort_request(list(window.made))
     while engine.has_unfinished_requests():
         engine.step()
-    return _figures(window, before, after)
+    figures = _figures(window, before, after)
+    return {**figures, "joins_marked": marks.joins} if joins else figures
+
+
+class JoinMarks:
+    """A window's prompts joining, each marked (``marker``: a profiler's region, a clock's
+    step) from its arrival to its first token: what a prompt joining costs, apart from the
+    decode steps around it. One at a time, so that no two marks overlap; a prompt that
+    arrives once the window has all its completions is not marked (its first token would
+    fall outside the window). No marker: nothing is marked."""
+
+    def __init__(
+        self, window: Window, marker: Callable[[], AbstractContextManager[Any]] | None
+    ) -> None:
+        self.window = window
+        self.marker = marker
+        self.open: str | None = None
+        self.joins = 0
+        self._mark = contextlib.ExitStack()
+
+    def arrived(self, request_id: str) -> None:
+        window = self.window
+        if self.marker is None or self.open is not None:
+            return
+        if window.completed >= window.warm + window.measured:
+            return
+        self._mark.enter_context(self.marker())
+        self.open = request_id
+
+    def settle(self) -> None:
+        """Close the mark of the prompt that has had its first token since."""
+        if self.open is not None and self.open not in self.window.added_at:
+            self._mark.close()
+            self.open = None
+            self.joins += 1
+
+    def close(self) -> None:
+        self._mark.close()
+        self.open = None
 
 
 def acceptance_length(before: dict[str, float], after: dict[str, float]) -> float | None:
