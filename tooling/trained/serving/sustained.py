@@ -102,8 +102,13 @@ class Window:
         self.steps += 1
         if self.began is None and self.completed >= self.warm:
             self.began, self.began_step = now, self.steps
-        elif self.ended is None and self.completed >= self.warm + self.measured:
+        elif self.ended is None and self.all_completed:
             self.ended, self.ended_step = now, self.steps
+
+    @property
+    def all_completed(self) -> bool:
+        """Whether the window has had every completion it measures."""
+        return self.completed >= self.warm + self.measured
 
     @property
     def done(self) -> bool:
@@ -246,10 +251,7 @@ class JoinMarks:
         self._mark = contextlib.ExitStack()
 
     def arrived(self, request_id: str) -> None:
-        window = self.window
-        if self.marker is None or self.open is not None:
-            return
-        if window.completed >= window.warm + window.measured:
+        if self.marker is None or self.open is not None or self.window.all_completed:
             return
         self._mark.enter_context(self.marker())
         self.open = request_id

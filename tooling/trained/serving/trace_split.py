@@ -345,9 +345,7 @@ def step_marks(events: list[dict[str, Any]], marker: str) -> list[tuple[float, f
 def step_window(events: list[dict[str, Any]], marker: str) -> tuple[int, tuple[float, float]]:
     """The engine steps ``speed_run`` marked (``user_annotation`` events named ``marker``):
     their count and the span from the first's start to the last's end."""
-    marks = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == marker]
+    marks = step_marks(events, marker)
     if not marks:
         raise ValueError(f"the trace has no {marker!r} regions")
-    first = min(float(e["ts"]) for e in marks)
-    last = max(float(e["ts"]) + float(e.get("dur", 0.0)) for e in marks)
-    return len(marks), (first, last)
+    return len(marks), (marks[0][0], max(end for _, end in marks))
