@@ -277,7 +277,8 @@ def _joining_window(
         JOIN_TOKENS,
         watch.dispatches.take,
         marker=mark,
-        measured=JOINS,
+        # The prompt after the first completion arrives before the window opens.
+        measured=JOINS + 1,
         joined=watch.joins.take,
         joins=True,
     )
