@@ -19,7 +19,10 @@ drafter, at K = 3 and K = 15. Cases, each on a fresh runner:
 - the first step of two (K+1)-token prompts in one batch;
 - control: the decode step after the first case, verifying K drafts. It must
   stay a uniform decode (FULL graph): a tree that stops replaying verification
-  graphs altogether has not fixed the dispatch, and reads unknown.
+  graphs altogether has not fixed the dispatch, and reads unknown;
+- control, plain serving (no drafter, V1 only): the decode step after a prompt, which
+  must stay a uniform decode on the FULL graph too: the fix asks nothing of a step
+  without speculation.
 
 Fixed means no prefill case is dispatched as a uniform decode while every
 control is.
@@ -150,6 +153,20 @@ def _cases(config: Any, k: int) -> list[Dispatch]:
     return found
 
 
+def _plain_control(config: Any) -> Dispatch:
+    """Plain serving (no drafter): the decode step after a prompt. It must stay a uniform
+    decode on the FULL graph: the fix asks nothing of a step without speculation."""
+    runner, sched = _runner_and_scheduler(config)
+    sched.add_request(_request("plain", BLOCK, 1))
+    out = sched.schedule()
+    _dispatch(runner, out)
+    sched.update_from_output(out, _harness.model_output("plain", [7]))
+    out = sched.schedule()
+    if out.num_scheduled_tokens.get("plain") != 1:
+        raise CannotDispatch("the plain decode step did not schedule one token")
+    return Dispatch("plain decode (control)", 0, *_dispatch(runner, out))
+
+
 class _V2Batch:
     """The V2 runner's batch classification over its request state (see the module)."""
 
@@ -218,9 +235,13 @@ def _v2_cases(config: Any, k: int) -> list[Dispatch]:
     return found
 
 
+def _name(d: Dispatch) -> str:
+    return f"K={d.num_spec_tokens} {d.case}" if d.num_spec_tokens else d.case
+
+
 def _describe(d: Dispatch) -> str:
     kind = "uniform decode" if d.uniform else "mixed"
-    return f"K={d.num_spec_tokens} {d.case}: {d.mode + ' ' if d.mode else ''}{kind}"
+    return f"{_name(d)}: {d.mode + ' ' if d.mode else ''}{kind}"
 
 
 def run() -> ProbeResult:
@@ -232,10 +253,12 @@ def run() -> ProbeResult:
         dispatches = [
             d for k in KS for d in cases(_harness.vllm_config(pair, num_speculative_tokens=k), k)
         ]
+        if not v2:
+            dispatches.append(_plain_control(_harness.vllm_config(pair, method=None)))
     except CannotDispatch as e:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence=f"cannot run a case: {e}")
-    controls = [d for d in dispatches if d.case.startswith("decode")]
-    prefills = [d for d in dispatches if not d.case.startswith("decode")]
+    controls = [d for d in dispatches if d.case.endswith("(control)")]
+    prefills = [d for d in dispatches if not d.case.endswith("(control)")]
     evidence = (
         f"hybrid target, FULL_AND_PIECEWISE, the {runner} runner's dispatch of each step: "
         + "; ".join(_describe(d) for d in dispatches)
@@ -243,7 +266,7 @@ def run() -> ProbeResult:
     # The V2 runner's classification is the uniform count alone; its graph comes after.
     if not all(d.uniform and (v2 or d.mode == "FULL") for d in controls):
         status = UNKNOWN
-        evidence = "a spec decode is not dispatched to the FULL graph: " + evidence
+        evidence = "a decode step is not dispatched to the FULL graph: " + evidence
     else:
         status = ABSENT if any(d.uniform for d in prefills) else PRESENT
     return ProbeResult(
@@ -251,9 +274,6 @@ def run() -> ProbeResult:
         status=status,
         evidence=evidence,
         details={
-            "dispatch": {
-                f"K={d.num_spec_tokens} {d.case}": {"mode": d.mode, "uniform": d.uniform}
-                for d in dispatches
-            }
+            "dispatch": {_name(d): {"mode": d.mode, "uniform": d.uniform} for d in dispatches}
         },
     )
