@@ -5,7 +5,7 @@ Case N of campaign S is drawn from S and N alone: its settings first, then, once
 engine of those settings has reported its own figures (its attention block B and step
 budget T), workload W from S, N, W and those figures. The drawing is the scheduler fuzzer's
 (``tooling/probes/_schedfuzz.py``: its settings, its boundary lengths and its workloads),
-narrowed to what the GPU pair serves (K in 1, 3, 7, 15) and widened by what only a GPU has:
+narrowed to what the GPU pair serves (K in 1, 3, 5, 7, 15) and widened by what only a GPU has:
 the CUDA-graph mode, and requests that ask for logprobs. On a vLLM with fix 33 the settings
 also draw its ``join_hold_steps``, and on one with fix 22 whether the drafter's full CUDA
 graphs (``dflash_full_cudagraphs``, on by default there) are turned off, last, so that every
@@ -39,8 +39,9 @@ from .gpu_oracles import Evidence, ranked
 logger = logging.getLogger(__name__)
 
 FORMAT = "dflash-gpufuzz-case/1"
-#: num_speculative_tokens the pair is served with.
-KS = (1, 3, 7, 15)
+#: num_speculative_tokens the pair is served with; K = 5 for a verify width (6) that is no
+#: power of two, which the drafter's 16-token block is not a multiple of.
+KS = (1, 3, 5, 7, 15)
 #: ``compilation_config.cudagraph_mode``; "eager" is ``enforce_eager`` (no graphs at all).
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "FULL_DECODE_ONLY", "eager")
 #: logprobs a request asks for: never fewer than two, so plain's top-2 margin is known at

@@ -42,7 +42,8 @@ JOIN_HOLDS = (0, 0, 1, 4, 16)
 def draw_settings(rng: random.Random, hold: bool = False) -> Settings:
     """A case's settings. ``hold``: the tree has fix 33's ``join_hold_steps``, drawn last so
     that a tree without it draws every other setting and workload as before."""
-    k = rng.choice((0, 1, 3, 7, 7, 15, 15, 15))
+    # K = 5: a verify width of 6, no power of two as every other K + 1 here is.
+    k = rng.choice((0, 1, 3, 5, 7, 7, 15, 15, 15))
     seqs = rng.choice((None, None, 1, 2, 4, 8, 16, 16, 32, 64, 128, 256, 1024))
     drawn: int | str | None = rng.choice(
         (None, None, "tight", 256, 384, 480, 512, 512, 768, 1024, 2048, 8192, "any")
