@@ -22,7 +22,7 @@ the run's lock throughout, or, interleaved, takes turns with the other engines u
 - **profile** (levels in ``profile_levels``): ``profile_steps`` such steps under
   ``torch.profiler``, split by ``trace_split`` into GPU time by what launched it, CPU time by
   region and host waits; with ``sustained``, one such window profiled too
-  (``profile_sustained``), and at one request, where a prompt joins one step in a hundred,
+  (``profile_sustained``), and at one request, where a prompt joins few steps,
   ``JOINS`` prompts one after another, each from its arrival to its first token
   (``profile_joining``); vLLM's own profiling scopes are on only inside a profile;
 - **timed** (the same levels): the same windows again with no profiler, each region and each
@@ -332,7 +332,7 @@ def _units(
                         ),
                     )
                 )
-            # At one request a joining step is rare and long (ten decode steps' time), so its
+            # At one request a joining step is rare and far longer than a decode step, so its
             # own window: prompts of a few tokens each, one after another, each marked from
             # its arrival to its first token.
             elif request.sustained:
