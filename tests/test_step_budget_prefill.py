@@ -5,18 +5,17 @@ DFlash, give them 4370 a step."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from tooling.paths import REPO_DIR
+from .helpers import run_on_tree
 
 SCRIPT = textwrap.dedent(
     """
     import json
+    import sys
     import tempfile
     from pathlib import Path
 
@@ -39,19 +38,17 @@ SCRIPT = textwrap.dedent(
                 "facts": outcome.facts,
                 "prefill_steps": [n for n in steps if n],
             }
-    print(json.dumps(out))
+    Path(sys.argv[2]).write_text(json.dumps(out))
     """
 )
 
 
 @pytest.mark.slow
-def test_readme_line_prefills_with_plains_budget(patched_0201, probe_python):
-    env = {**os.environ, "PYTHONPATH": f"{patched_0201.work_dir}{os.pathsep}{REPO_DIR}"}
-    done = subprocess.run(
-        [str(probe_python), "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600
+def test_readme_line_prefills_with_plains_budget(patched_0201, probe_python, tmp_path):
+    assert patched_0201.ok
+    result = run_on_tree(
+        probe_python, Path(patched_0201.work_dir), tmp_path, SCRIPT, "", timeout=600
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     default, by_hand = result["default"], result["8192 set"]
     assert default["outcome"] == by_hand["outcome"] == "pass", result
     # The default widened by 273 sequences' 14 drafting slots; the scheduler keeps 8192.
