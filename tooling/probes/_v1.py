@@ -24,6 +24,20 @@ class NotServedByV1(Exception):
     """The V1 runner does not serve the config (from 0.29.0 the config may choose V2's)."""
 
 
+class RecordedEvent:
+    """Stands in for the CUDA event the runner records after a copy to the host: counts its
+    records; a CPU runner's copies are done when made, so a wait returns at once."""
+
+    def __init__(self) -> None:
+        self.recorded = 0
+
+    def record(self) -> None:
+        self.recorded += 1
+
+    def synchronize(self) -> None:
+        pass
+
+
 def without_v1_runner(probe: str, why: str) -> ProbeResult | None:
     """Unknown, with ``why``, where the probed tree has no V1 model runner (0.34.0 has the V2
     one alone); None where it has one. The CPU platform is installed first either way."""

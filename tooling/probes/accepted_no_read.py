@@ -19,7 +19,9 @@ records each ``.cpu()``, ``.numpy()`` of a device buffer and copy into the host'
 
 Present: after the step of one token each, the counts read 1 on the host and on the device,
 with no read back and no event recorded, in both modes; the "align" mode's state copy runs
-after each step as before; and the verify step's counts are right. Absent: the counts of
+after it as before, and at most once after the verify step (fix 39 leaves it out where no
+request can complete a block, as in this batch of none); and the verify step's counts are
+right. Absent: the counts of
 the step without drafts are read back from the device. Unknown: any count that is wrong, or
 a state copy run where it should not be or missing where it should.
 """
@@ -30,7 +32,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import _harness
-from ._v1 import without_v1_runner
+from ._v1 import RecordedEvent, without_v1_runner
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "accepted_no_read"
@@ -38,17 +40,6 @@ K = 3
 ONE_TOKEN = [[5], [6], [7], [8]]
 VERIFY = [[5, -1, -1, -1], [5, 6, 7, -1], [5, 6, 7, 8], [5, 6, -1, -1]]
 MODES = ("align", "none")
-
-
-class _Event:
-    def __init__(self) -> None:
-        self.recorded = 0
-
-    def record(self) -> None:
-        self.recorded += 1
-
-    def synchronize(self) -> None:
-        pass
 
 
 def _runner(mode: str) -> Any:
@@ -65,7 +56,9 @@ def _runner(mode: str) -> Any:
     # model's copy functions), which the recorder of that copy does not read.
     runner.kv_cache_config = None
     runner.model = SimpleNamespace(get_mamba_state_copy_func=lambda: ())
-    runner._get_mamba_copy_bufs = lambda: None
+    # The block size is all fix 39's test of whether a block can complete reads of them.
+    bufs = SimpleNamespace(mamba_spec=SimpleNamespace(block_size=16))
+    runner._get_mamba_copy_bufs = lambda: bufs
     runner._get_mamba_bufs = lambda: None
     runner.mamba_state_idx = {}
     return runner
@@ -96,7 +89,7 @@ def _after(runner: Any, tokens: list[list[int]]) -> dict[str, Any]:
                 reads.append("copy_ to the host")
             return func(*args, **(kwargs or {}))
 
-    event = _Event()
+    event = RecordedEvent()
     runner.num_accepted_tokens_event = event
     copies: list[bool] = []
     # The release's state copy of the "align" mode, whatever its name there (0.22.0 fused it
@@ -164,11 +157,14 @@ def run() -> ProbeResult:
         + f"; after a verify step, counts {found['verify']['host']}"
         for mode, found in seen.items()
     )
+    # After the verify step the "align" mode's copy may be left out where no request can
+    # complete a block (fix 39; this batch holds none), so only the "none" mode is held there.
     wrong += [
         f"{mode}, {step}: the state copy ran {found[step]['state_copies']} times"
         for mode, found in seen.items()
         for step in wants
-        if found[step]["state_copies"] != (mode == "align")
+        if found[step]["state_copies"] > (mode == "align")
+        or (step == "one token" and found[step]["state_copies"] != (mode == "align"))
     ]
     if wrong:
         return ProbeResult(probe=NAME, status=UNKNOWN, evidence="wrong counts: " + "; ".join(wrong))
