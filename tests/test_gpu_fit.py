@@ -307,12 +307,14 @@ def test_the_stock_step_at_64_profiles_both_plain_engines_there():
     [
         ("speed-greedy", "GREEDY_ENGINES", "dflash-no-greedy-verify", "greedy-verify-direct"),
         ("speed-context", "CONTEXT_ENGINES", "dflash-no-context-kv", "context-kv-one-launch"),
+        ("speed-align", "ALIGN_ENGINES", "dflash-no-align-deferred", "align-counts-deferred"),
     ],
 )
 def test_a_patch_step_measures_it_against_its_ablation_on_one_h100(
     name: str, engines: str, ablated: str, patch: str
 ):
-    """``speed-greedy`` (patch 35) and ``speed-context`` (patch 37): plain, DFlash and DFlash
+    """``speed-greedy`` (patch 35), ``speed-context`` (patch 37) and ``speed-align`` (patch
+    39): plain, DFlash and DFlash
     without the patch (its ``no-`` install, built by the session), at 1 and 16 requests in
     turns, one request profiled, fit one H100."""
     from tooling.host import speed

@@ -174,6 +174,11 @@ GREEDY_ARGS = bar_run(GREEDY_ENGINES, "1,16", "1")
 #: step at one request profiled so that the drafter's context region is timed.
 CONTEXT_ENGINES = ("plain", "dflash-16", "dflash-no-context-kv")
 CONTEXT_ARGS = bar_run(CONTEXT_ENGINES, "1,16", "1")
+#: ``speed-align``: patch 39 the same way (with prefix caching, a verify step in which no
+#: block can complete does not wait for its accepted counts), one request profiled, so that
+#: the region of the counts is timed.
+ALIGN_ENGINES = ("plain", "dflash-16", "dflash-no-align-deferred")
+ALIGN_ARGS = bar_run(ALIGN_ENGINES, "1,16", "1")
 #: ``speed-host``: one engine start for what the host's time a step at one request is made
 #: of: patches 37 and 38 each against the fixed wheel without it, and without patch 22's full
 #: graphs of the drafter's forward (its default), at one request, profiled: the level where
@@ -266,6 +271,7 @@ VARIANT_ARGS = {
     "one-graphs": ONE_GRAPHS_ARGS,
     "greedy": GREEDY_ARGS,
     "context": CONTEXT_ARGS,
+    "align": ALIGN_ARGS,
     "host": HOST_ARGS,
     "stock-64": STOCK_64_ARGS,
 }

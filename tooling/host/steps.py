@@ -115,6 +115,8 @@ STEPS = {
         Step("speed-greedy", Kind.SPEED_SHAPE, "greedy"),
         # Patch 37 against the same wheel without it, on the drawn shapes.
         Step("speed-context", Kind.SPEED_SHAPE, "context"),
+        # Patch 39 against the same wheel without it, on the drawn shapes.
+        Step("speed-align", Kind.SPEED_SHAPE, "align"),
         # Patches 37 and 38, and patch 22's graphs off, in one engine start.
         Step("speed-host", Kind.SPEED_SHAPE, "host"),
         # DFlash against plain at one request alone, profiled there: where its host time goes.

@@ -112,6 +112,11 @@ ENGINES = {
         # Patch 38 left out: every verify step's speculative metadata computed with numpy and
         # uploaded, as vLLM 0.20.1 does (in patch 34's one copy).
         SpeedEngine("dflash-no-metadata-reuse", "no-spec-metadata-reuse", True, KV_GIB_DRAFTED_16),
+        # Patch 39 left out: with prefix caching, every verify step's accepted counts read back
+        # with a wait before the drafter launches, as vLLM 0.20.1 does.
+        SpeedEngine(
+            "dflash-no-align-deferred", "no-align-counts-deferred", True, KV_GIB_DRAFTED_16
+        ),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
