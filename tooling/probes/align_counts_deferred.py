@@ -33,8 +33,9 @@ Present: after step 1 the counts are not read back at once (they reach the host 
 and an event, or go to a state copy made on the GPU); after steps 2 and 3 the state copy
 decides by the counts the step accepted. Absent: step 1 reads the counts back at once.
 Unknown: a count that is wrong, a state copy missing after step 2 or 3 or deciding by wrong
-counts, or a tree the probe cannot drive (the V2 runner keeps its accepted counts and
-"align" copies on the device).
+counts, ranges other than planned (a tree that schedules the prompts otherwise), or a tree
+the probe cannot drive (the V2 runner keeps its accepted counts and "align" copies on the
+device).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class After:
     events: int = 0
     copies: list[dict[str, int]] = field(default_factory=list)
     """The counts ``postprocess_mamba`` was handed, one entry a call."""
+    completes: list[str] = field(default_factory=list)
+    """The requests whose range of kept tokens held a block's end, by the step's own
+    counts: the probe's premise, checked before its verdict."""
 
 
 class _Served:
@@ -91,7 +95,7 @@ class _Served:
         runner.may_reinitialize_input_batch(kv_cache, [BLOCK] * len(kv_cache.kv_cache_groups))
         runner.model = SimpleNamespace(get_mamba_state_copy_func=lambda: ())
         spec = kv_cache.kv_cache_groups[-1].kv_cache_spec
-        bufs = SimpleNamespace(mamba_spec=spec, mamba_group_ids=[1], offset=0)
+        bufs = SimpleNamespace(mamba_spec=spec)
         runner._get_mamba_copy_bufs = lambda: bufs
         runner._get_mamba_bufs = lambda: bufs
         runner.mamba_state_idx = {}
@@ -114,6 +118,11 @@ class _Served:
         with set_current_vllm_config(runner.vllm_config):
             runner._update_states(out)
         rows = list(runner.input_batch.req_ids)
+        completes = []
+        for rid in rows:
+            end = runner.requests[rid].num_computed_tokens + out.num_scheduled_tokens[rid]
+            if end // BLOCK * BLOCK >= end - drafts[rid]:
+                completes.append(rid)
         counts = dict.fromkeys(rows, 1) if accepted is None else accepted
         tokens = torch.full((len(rows), 1 if accepted is None else K + 1), -1, dtype=torch.int32)
         for i, rid in enumerate(rows):
@@ -165,7 +174,7 @@ class _Served:
         if accepted is None:
             return None
         found = {rid: int(host[i]) for i, rid in enumerate(rows)}
-        return After(found, reads, event.recorded, copies)
+        return After(found, reads, event.recorded, copies, completes)
 
 
 def _request(rid: str, length: int, first_token: int) -> Any:
@@ -197,7 +206,11 @@ def _steps() -> list[After]:
     else:
         raise CannotStep("the prompts did not finish prefilling")
     steps = [served.step(accepted) for accepted in ACCEPTED]
-    return [after for after in steps if after is not None]
+    found = [after for after in steps if after is not None]
+    ranges = [after.completes for after in found]
+    if ranges != [[rid] if rid else [] for rid in COMPLETES]:
+        raise CannotStep(f"the verify steps' ranges held a block's end for {ranges}")
+    return found
 
 
 def _waited(after: After) -> bool:
