@@ -3,8 +3,9 @@ that runner, and where the steps they drive do not run as written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from . import _harness
 from .result import UNKNOWN, ProbeResult
@@ -36,6 +37,55 @@ class RecordedEvent:
 
     def synchronize(self) -> None:
         pass
+
+
+#: Tensor methods that read a tensor back to the host, waiting for the GPU where it is there.
+WAITS = ("cpu", "numpy", "tolist", "item")
+
+
+@contextmanager
+def count_reads(device: Any, host: Any = None) -> Iterator[list[str]]:
+    """The names of the ``WAITS`` called on ``device`` (a buffer, or a view into it) while
+    the block runs, and with ``host`` each ``copy_`` from ``device`` into ``host``."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    reads: list[str] = []
+
+    def _of(tensor: Any, buffer: Any) -> bool:
+        start = buffer.data_ptr()
+        end = start + buffer.numel() * buffer.element_size()
+        return isinstance(tensor, torch.Tensor) and start <= tensor.data_ptr() < end
+
+    class _Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            name = getattr(func, "__name__", "")
+            if name in WAITS and args and _of(args[0], device):
+                reads.append(name)
+            copied = name == "copy_" and host is not None and len(args) > 1
+            if copied and _of(args[0], host) and _of(args[1], device):
+                reads.append("copy_ to the host")
+            return func(*args, **(kwargs or {}))
+
+    with _Reads():
+        yield reads
+
+
+@contextmanager
+def state_copies_recorded(prefix: str, record: Callable[..., None]) -> Iterator[None]:
+    """The V1 runner's Mamba state copies (``mamba_utils``' functions named from ``prefix``,
+    whatever a release calls them) replaced by ``record`` while the block runs."""
+    from vllm.v1.worker import gpu_model_runner
+
+    utils = gpu_model_runner.mamba_utils
+    real = {name: getattr(utils, name) for name in dir(utils) if name.startswith(prefix)}
+    for name in real:
+        setattr(utils, name, record)
+    try:
+        yield
+    finally:
+        for name, function in real.items():
+            setattr(utils, name, function)
 
 
 def without_v1_runner(probe: str, why: str) -> ProbeResult | None:

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import _harness
-from ._v1 import RecordedEvent, without_v1_runner
+from ._v1 import RecordedEvent, count_reads, state_copies_recorded, without_v1_runner
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "accepted_no_read"
@@ -68,46 +68,23 @@ def _after(runner: Any, tokens: list[list[int]]) -> dict[str, Any]:
     """What the runner does after a step that sampled ``tokens``: the counts it keeps on the
     host and the device, the reads back it made, the events it recorded."""
     import torch
-    from torch.overrides import TorchFunctionMode
-    from vllm.v1.worker import gpu_model_runner
 
     device = runner.num_accepted_tokens.gpu
     host = runner.input_batch.num_accepted_tokens_cpu_tensor
-    reads: list[str] = []
-
-    def _of(tensor: Any, buffer: Any) -> bool:
-        start = buffer.data_ptr()
-        end = start + buffer.numel() * buffer.element_size()
-        return isinstance(tensor, torch.Tensor) and start <= tensor.data_ptr() < end
-
-    class _Reads(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            name = getattr(func, "__name__", "")
-            if name in ("cpu", "numpy", "tolist", "item") and args and _of(args[0], device):
-                reads.append(name)
-            if name == "copy_" and len(args) > 1 and _of(args[0], host) and _of(args[1], device):
-                reads.append("copy_ to the host")
-            return func(*args, **(kwargs or {}))
-
     event = RecordedEvent()
     runner.num_accepted_tokens_event = event
     copies: list[bool] = []
-    # The release's state copy of the "align" mode, whatever its name there (0.22.0 fused it
-    # on the GPU as postprocess_mamba_align_gpu).
-    utils = gpu_model_runner.mamba_utils
-    real = {name: getattr(utils, name) for name in dir(utils) if name.startswith("postprocess_")}
-    for name in real:
-        setattr(utils, name, lambda *a, **k: copies.append(True))
     n = len(tokens)
     host[:n] = 0
     device[:n] = 0
     step = SimpleNamespace(num_scheduled_tokens={}, scheduled_spec_decode_tokens={})
-    try:
-        with _Reads():
-            runner._update_states_after_model_execute(torch.tensor(tokens, dtype=torch.int32), step)
-    finally:
-        for name, function in real.items():
-            setattr(utils, name, function)
+    # The release's state copy of the "align" mode, whatever its name there (0.22.0 fused it
+    # on the GPU as postprocess_mamba_align_gpu).
+    with (
+        state_copies_recorded("postprocess_", lambda *a, **k: copies.append(True)),
+        count_reads(device, host) as reads,
+    ):
+        runner._update_states_after_model_execute(torch.tensor(tokens, dtype=torch.int32), step)
     return {
         "host": [int(c) for c in host[:n].tolist()],
         "device": [int(c) for c in device[:n].tolist()],

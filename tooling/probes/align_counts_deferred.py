@@ -45,7 +45,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import _harness
-from ._v1 import CannotStep, NotServedByV1, RecordedEvent, v1_steps
+from ._v1 import (
+    CannotStep,
+    NotServedByV1,
+    RecordedEvent,
+    count_reads,
+    state_copies_recorded,
+    v1_steps,
+)
 from .result import ABSENT, PRESENT, UNKNOWN, ProbeResult
 
 NAME = "align_counts_deferred"
@@ -59,7 +66,6 @@ PROMPTS = {END: 26, START: 26}
 ACCEPTED = ({END: 2, START: 1}, {END: 4, START: 4}, {END: 3, START: 2})
 #: The request whose range holds a block's end in each verify step.
 COMPLETES = (None, END, START)
-WAITS = ("cpu", "numpy", "tolist", "item")
 
 
 @dataclass
@@ -104,10 +110,8 @@ class _Served:
         """One scheduled step through the runner: a prefill (``accepted`` None) or a verify
         step accepting ``accepted[r]`` tokens of each request; K drafts each follow."""
         import torch
-        from torch.overrides import TorchFunctionMode
         from vllm.config import set_current_vllm_config
         from vllm.v1.outputs import DraftTokenIds
-        from vllm.v1.worker import gpu_model_runner
 
         sched, runner = self.scheduler, self.runner
         out = sched.schedule()
@@ -127,21 +131,7 @@ class _Served:
         tokens = torch.full((len(rows), 1 if accepted is None else K + 1), -1, dtype=torch.int32)
         for i, rid in enumerate(rows):
             tokens[i, : counts[rid]] = 9
-        device = runner.num_accepted_tokens.gpu
         host = runner.input_batch.num_accepted_tokens_cpu
-        reads: list[str] = []
-
-        def _of(tensor: Any) -> bool:
-            start = device.data_ptr()
-            end = start + device.numel() * device.element_size()
-            return isinstance(tensor, torch.Tensor) and start <= tensor.data_ptr() < end
-
-        class _Reads(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                if getattr(func, "__name__", "") in WAITS and args and _of(args[0]):
-                    reads.append(func.__name__)
-                return func(*args, **(kwargs or {}))
-
         copies: list[dict[str, int]] = []
 
         def _copy(*args: Any, **kwargs: Any) -> None:
@@ -153,16 +143,11 @@ class _Served:
         event = RecordedEvent()
         runner.num_accepted_tokens_event = event
         host[: len(rows)] = 0
-        utils = gpu_model_runner.mamba_utils
-        real = {n: getattr(utils, n) for n in dir(utils) if n.startswith("postprocess_mamba")}
-        for name in real:
-            setattr(utils, name, _copy)
-        try:
-            with _Reads():
-                runner._update_states_after_model_execute(tokens, out)
-        finally:
-            for name, function in real.items():
-                setattr(utils, name, function)
+        with (
+            state_copies_recorded("postprocess_mamba", _copy),
+            count_reads(runner.num_accepted_tokens.gpu) as reads,
+        ):
+            runner._update_states_after_model_execute(tokens, out)
         # A prefill chunk short of its prompt's end samples nothing the scheduler keeps.
         # (The scheduler counts a step's tokens computed when it schedules them.)
         done = [r for r in rows if sched.requests[r].num_computed_tokens >= PROMPTS[r]]
