@@ -373,3 +373,28 @@ def test_the_one_request_graphs_step_puts_patch_22_beside_the_bar_engines_on_one
     assert value["--levels"] == "1" == value["--profile-levels"]
     settings = Settings(interleave=True)
     assert fitted(settings, [ENGINES[n] for n in speed.ONE_GRAPHS_ENGINES], H100_GIB) is settings
+
+
+def test_the_step_graphs_step_puts_patch_40s_option_beside_dflash_as_shipped_on_one_h100():
+    """``speed-step``: plain, DFlash as shipped and DFlash with patch 40's option (a decode
+    step's drafter replayed as one graph, off by default), at 1 and 16 in turns, one request
+    profiled, all three fitting one H100; no ablation to build. ``tiny-step-graphs`` gives
+    the production smoke the same option, so that its fidelity check sees those drafts."""
+    from tooling.host import speed
+    from tooling.host.steps import STEPS, Kind, session_ablations
+    from tooling.host.variants import VARIANTS
+
+    step = STEPS["speed-step"]
+    assert step.kind is Kind.SPEED_SHAPE
+    assert speed.step_engines(step.variant) == ("plain", "dflash-16", "dflash-step-graphs")
+    assert ENGINES["dflash-step-graphs"].speculative_args == {"dflash_step_graphs": True}
+    assert ENGINES["dflash-step-graphs"].site == ENGINES["dflash-16"].site == "patched"
+    assert session_ablations(["speed-step"]) == []
+    args = speed.speed_args(step.variant)
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1)}
+    assert value["--levels"] == "1,16" and value["--profile-levels"] == "1"
+    settings = Settings(interleave=True)
+    assert fitted(settings, [ENGINES[n] for n in speed.STEP_ENGINES], H100_GIB) is settings
+    smoke = STEPS["tiny-step-graphs"]
+    assert smoke.kind is Kind.SMOKE
+    assert VARIANTS[smoke.variant].args == ("--speculative-option", "dflash_step_graphs=true")

@@ -179,6 +179,11 @@ CONTEXT_ARGS = bar_run(CONTEXT_ENGINES, "1,16", "1")
 #: the region of the counts is timed.
 ALIGN_ENGINES = ("plain", "dflash-16", "dflash-no-align-deferred")
 ALIGN_ARGS = bar_run(ALIGN_ENGINES, "1,16", "1")
+#: ``speed-step``: patch 40's option (a decode step's drafter replayed as one graph, off by
+#: default) against DFlash as shipped and plain, at 1 and 16, one request profiled so that
+#: the drafter's host regions show what the graph took off.
+STEP_ENGINES = ("plain", "dflash-16", "dflash-step-graphs")
+STEP_ARGS = bar_run(STEP_ENGINES, "1,16", "1")
 #: ``speed-host``: one engine start for what the host's time a step at one request is made
 #: of: patches 37 and 38 each against the fixed wheel without it, and without patch 22's full
 #: graphs of the drafter's forward (its default), at one request, profiled: the level where
@@ -272,6 +277,7 @@ VARIANT_ARGS = {
     "greedy": GREEDY_ARGS,
     "context": CONTEXT_ARGS,
     "align": ALIGN_ARGS,
+    "step": STEP_ARGS,
     "host": HOST_ARGS,
     "stock-64": STOCK_64_ARGS,
 }

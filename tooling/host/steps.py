@@ -78,6 +78,10 @@ STEPS = {
         # audit, load, as a user who turns the drafter's full graphs off is served.
         Step("tiny-no-graphs", Kind.SMOKE, "no-drafter-graphs"),
         Step("seed-no-graphs", Kind.SMOKE, "seed-no-graphs"),
+        # Patch 40's option (off by default) through the production smoke: whether a decode
+        # step replayed as one graph drafts what the reference drafter drafts.
+        Step("tiny-step-graphs", Kind.SMOKE, "step-graphs"),
+        Step("seed-step-graphs", Kind.SMOKE, "seed-step-graphs"),
         Step("ray", Kind.SMOKE, "ray"),
         Step("ray-tp2", Kind.SMOKE, "ray-tp2"),
         Step("seed-full", Kind.SMOKE, "seed-full"),
@@ -117,6 +121,8 @@ STEPS = {
         Step("speed-context", Kind.SPEED_SHAPE, "context"),
         # Patch 39 against the same wheel without it, on the drawn shapes.
         Step("speed-align", Kind.SPEED_SHAPE, "align"),
+        # Patch 40's option against DFlash as shipped, on the drawn shapes.
+        Step("speed-step", Kind.SPEED_SHAPE, "step"),
         # Patches 37 and 38, and patch 22's graphs off, in one engine start.
         Step("speed-host", Kind.SPEED_SHAPE, "host"),
         # DFlash against plain at one request alone, profiled there: where its host time goes.

@@ -11,6 +11,9 @@ SEED = ("--tiny-arch", "seed", "--num-speculative-tokens", "15")
 #: Patch 22's full CUDA graphs of the drafter's uniform pass, the fixed wheel's default,
 #: turned off: the way a user who sets the option false is served is checked too.
 NO_GRAPHS = ("--speculative-option", "dflash_full_cudagraphs=false")
+#: Patch 40's option: a decode step's drafter replays one graph of its whole step. Off by
+#: default until the smoke's fidelity check has compared its drafts with the reference's.
+STEP_GRAPHS = ("--speculative-option", "dflash_step_graphs=true")
 #: 0.20.1's custom all-reduce faults capturing a hybrid DFlash server's graphs at TP=2
 #: (stock too): the servers use NCCL's (docs/serving.md, "Two GPUs: TP=2").
 TP2 = ("--tensor-parallel-size", "2", "--disable-custom-all-reduce")
@@ -66,6 +69,8 @@ VARIANTS = {
         Variant("seed", SEED),
         Variant("no-drafter-graphs", NO_GRAPHS),
         Variant("seed-no-graphs", (*SEED, *NO_GRAPHS)),
+        Variant("step-graphs", STEP_GRAPHS),
+        Variant("seed-step-graphs", (*SEED, *STEP_GRAPHS)),
         Variant("seed-full", ("--tiny-arch", "seed", "--tiny-hidden-size", "5120", *SEED[2:])),
         Variant(
             "pair",

@@ -117,6 +117,15 @@ ENGINES = {
         SpeedEngine(
             "dflash-no-align-deferred", "no-align-counts-deferred", True, KV_GIB_DRAFTED_16
         ),
+        # Patch 40's option (off by default): a decode step's drafter replays one graph of
+        # its whole step.
+        SpeedEngine(
+            "dflash-step-graphs",
+            "patched",
+            True,
+            KV_GIB_DRAFTED_16,
+            speculative_args={"dflash_step_graphs": True},
+        ),
         # Patch 18 left out: the KV-cache groups vLLM 0.20.1 sizes by the drafter's layers.
         SpeedEngine("dflash-no-kv-groups", "no-drafter-kv-groups", True, KV_GIB_DRAFTED),
         # Patch 19 left out: every Gated DeltaNet group's metadata built in full each step.
