@@ -21,13 +21,16 @@ def test_skipping_a_patch_another_is_written_on_names_both():
         "skip dflash-fp8-kv-cache too",
     ):
         series.without(["dflash-swa-config"])
-    # Patch 22 is written on patch 5's lines in turn, patch 32 on patch 22's and 33 on 32's.
+    # Patch 22 is written on patch 5's lines in turn, patches 32 and 40 on patch 22's and 33
+    # on 32's.
     with pytest.raises(SeriesError, match="patch gdn-spec-replay is written on it"):
         series.without(["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs"])
     four = ["dflash-swa-config", "dflash-fp8-kv-cache", "drafter-full-graphs", "gdn-spec-replay"]
     with pytest.raises(SeriesError, match="patch join-hold is written on it"):
         series.without(four)
-    chain = series.without([*four, "join-hold"])
+    with pytest.raises(SeriesError, match="patch dflash-step-graphs is written on it"):
+        series.without([*four, "join-hold"])
+    chain = series.without([*four, "join-hold", "dflash-step-graphs"])
     assert "dflash-fp8-kv-cache" not in {p.id for p in chain.patches}
 
 
