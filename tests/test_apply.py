@@ -145,8 +145,8 @@ def test_keep_going_reports_every_later_patch(tmp_path, touched, series, cache):
         apply_options(None, cache, keep_going=True),
     )
     # Patch 5 is written on patch 2's lines in the same file, so it conflicts too, and so
-    # do patch 22, written on patch 5's, patch 32, on patch 22's, and patch 33, on patch 32's;
-    # every other later patch is still tried and applied.
+    # do patch 22, written on patch 5's, patches 32 and 40, on patch 22's, and patch 33, on
+    # patch 32's; every other later patch is still tried and applied.
     statuses = {o.patch_id: o.status for o in report.outcomes}
     conflicting = {
         "dflash-swa-config",
@@ -154,6 +154,7 @@ def test_keep_going_reports_every_later_patch(tmp_path, touched, series, cache):
         "drafter-full-graphs",
         "gdn-spec-replay",
         "join-hold",
+        "dflash-step-graphs",
     }
     assert statuses == {p.id: CONFLICT if p.id in conflicting else APPLIED for p in series.patches}
 

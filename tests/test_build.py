@@ -278,12 +278,13 @@ def build_without_probes(work_dir: Path, dist: Path, env: dict[str, str]) -> dic
 
 @pytest.mark.slow
 def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache):
-    # Patch 5 is written on patch 2's lines, patch 22 on patch 5's, patch 32 on patch 22's and
-    # patch 33 on patch 32's: leaving out patch 2 means leaving out all five. Patch 37 is the
-    # other that changes the DFlash model's file, which the build then leaves as it was.
+    # Patch 5 is written on patch 2's lines, patch 22 on patch 5's, patches 32 and 40 on patch
+    # 22's and patch 33 on patch 32's: leaving out patch 2 means leaving out all six. Patch 37
+    # is the other that changes the DFlash model's file, which the build then leaves as it was.
     skip = [
         "context-kv-one-launch",
         "dflash-fp8-kv-cache",
+        "dflash-step-graphs",
         "dflash-swa-config",
         "drafter-full-graphs",
         "gdn-spec-replay",
@@ -295,7 +296,8 @@ def test_skip_is_in_version_and_manifest(tmp_path, upstream_0201, series, cache)
     result = build_precompiled(upstream, partial, report, BuildOptions(dist_dir=tmp_path))
     assert result.version == (
         f"0.20.1+dflash.{len(partial.patches)}.{partial.digest[:8]}"
-        ".skip.contextkvonelaunch.dflashfp8kvcache.dflashswaconfig.drafterfullgraphs"
+        ".skip.contextkvonelaunch.dflashfp8kvcache.dflashstepgraphs.dflashswaconfig"
+        ".drafterfullgraphs"
         ".gdnspecreplay.joinhold"
     )
     assert partial.digest != series.digest
